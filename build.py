@@ -37,6 +37,8 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 # Files taken from the llama.cpp copy vendored in that sdist (see tests/ and tools/).
 VENDORED = ("models/ggml-vocab-gemma-4.gguf", "models/ggml-vocab-gemma-4.gguf.inp",
             "models/ggml-vocab-gemma-4.gguf.out", "convert_hf_to_gguf.py")
+# The converter's own package and the gguf-py it was written against (tools/ only).
+VENDORED_DIRS = ("conversion/", "gguf-py/")
 # Pure-Python wheels Pyodide's runtime wants next to it (served from dist/, never a CDN).
 PYODIDE_WHEELS = ("micropip", "packaging")
 
@@ -101,15 +103,8 @@ def ensure_vendored() -> Path:
     with tarfile.open(sdist) as tf:
         for m in tf.getmembers():
             rel = m.name.split("/vendor/llama.cpp/", 1)
-            if len(rel) == 2 and rel[1] in VENDORED:
-                f = tf.extractfile(m)
-                (out / rel[1]).parent.mkdir(parents=True, exist_ok=True)
-                (out / rel[1]).write_bytes(f.read())
-        # gguf-py from the same llama.cpp: the converter must match its writer.
-        for m in tf.getmembers():
-            rel = m.name.split("/vendor/llama.cpp/gguf-py/", 1)
-            if len(rel) == 2 and m.isfile():
-                dest = out / "gguf-py" / rel[1]
+            if len(rel) == 2 and m.isfile() and (rel[1] in VENDORED or rel[1].startswith(VENDORED_DIRS)):
+                dest = out / rel[1]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(tf.extractfile(m).read())
     missing = [f for f in VENDORED if not (out / f).exists()]
@@ -122,13 +117,10 @@ def ensure_vendored() -> Path:
 def _pip_download_sdist(dest: Path) -> None:
     """Fetch the sdist file itself through pip, without building its metadata."""
     py = str(VPY if VPY.exists() else sys.executable)
-    # `pip download` insists on preparing metadata for sdists; resolving the URL
-    # with --report under --dry-run would too. Downloading with --no-deps into a
-    # wheel-less index makes pip stop right after fetching: we accept its failure
-    # at the metadata step as long as the archive landed.
+    # pip prepares the sdist's metadata (about a minute: it installs its build
+    # backend in isolation) before keeping the archive; nothing is compiled.
     subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    "--no-build-isolation", "-d", str(dest), LLAMA_CPP_PYTHON],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "-d", str(dest), LLAMA_CPP_PYTHON])
     if not list(dest.glob("llama_cpp_python-*.tar.gz")):
         raise SystemExit(f"could not download {LLAMA_CPP_PYTHON} from PyPI")
 
