@@ -1,0 +1,193 @@
+"""Command line: python -m pyapp {info,tokenize,logits,generate,chat,bench} MODEL.gguf ...
+
+See DESIGN.md's "Interfaces other code relies on". `--backend reference` runs the
+numpy oracle; `native` runs our WGSL kernels through wgpu-native.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _open(path):
+    from .gguf import read_gguf
+    return read_gguf(path)
+
+
+def _tokenizer(gguf):
+    from .tokenizer import Tokenizer
+    return Tokenizer.from_metadata(gguf.metadata)
+
+
+def _model(gguf, backend: str):
+    if backend == "reference":
+        from .reference.forward import ReferenceModel
+        return ReferenceModel(gguf)
+    from .engine import Engine
+    return Engine.open(gguf, backend=backend)
+
+
+def cmd_info(args) -> int:
+    from .gguf import summarize
+    from .model.config import ConfigError, Gemma4Config
+    g = _open(args.model)
+    s = summarize(g)
+    print(f"file:          {args.model}")
+    print(f"GGUF version:  {g.version}, {len(g.tensors)} tensors, {s['total_bytes'] / 2**20:.1f} MiB of tensor data")
+    print(f"architecture:  {g.architecture}")
+    for key in ("general.name", "general.file_type", "general.size_label"):
+        if key in g.metadata:
+            print(f"{key + ':':<15}{g.metadata[key]}")
+    try:
+        print(f"config:        {Gemma4Config.from_gguf(g).describe()}")
+    except ConfigError as e:
+        print(f"config:        not runnable here: {e}")
+    print("tensor types:")
+    for name, row in sorted(s["by_type"].items(), key=lambda kv: -kv[1]["bytes"]):
+        print(f"  {name:<8} {row['count']:>5} tensors {row['bytes'] / 2**20:>10.2f} MiB")
+    print(f"parameters:    {s['n_elements']:,}")
+    return 0
+
+
+def cmd_tokenize(args) -> int:
+    tok = _tokenizer(_open(args.model))
+    print(" ".join(map(str, tok.encode(args.text, add_bos=args.bos))))
+    return 0
+
+
+def cmd_logits(args) -> int:
+    import numpy as np
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    model = _model(_open(args.model), args.backend)
+    logits = np.asarray(model.forward(tokens), dtype=np.float32)
+    np.save(args.out, logits)
+    print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
+    return 0
+
+
+def _prompt_ids(tok, text: str, raw: bool) -> list[int]:
+    if raw:
+        return tok.encode(text, add_bos=True)
+    from .chat import render
+    return tok.encode(render([{"role": "user", "content": text}]), add_bos=False)
+
+
+def cmd_generate(args) -> int:
+    g = _open(args.model)
+    tok = _tokenizer(g)
+    ids = _prompt_ids(tok, args.prompt, args.raw)
+    if args.backend == "reference":
+        from .reference.forward import ReferenceModel
+        out = ReferenceModel(g).generate_greedy(ids, args.max_tokens)
+        print(tok.decode([t for t in out if t not in tok.stop_ids]))
+        return 0
+    from .engine import Engine, SamplingParams
+    engine = Engine.open(g, backend=args.backend)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    for piece in engine.generate_text(ids, tok, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .chat import Conversation
+    from .engine import Engine, SamplingParams
+    g = _open(args.model)
+    tok = _tokenizer(g)
+    engine = Engine.open(g, backend=args.backend)
+    conv = Conversation(system=args.system)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    print("Gemma 4 chat. Empty line or Ctrl-D quits.")
+    while True:
+        try:
+            text = input("> ")
+        except EOFError:
+            break
+        if not text.strip():
+            break
+        conv.add_user(text)
+        ids = tok.encode(conv.prompt(), add_bos=False)
+        reply = []
+        for piece in engine.generate_text(ids, tok, params):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        conv.add_assistant("".join(reply))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .engine import Engine
+    g = _open(args.model)
+    engine = Engine.open(g, backend=args.backend)
+    result = engine.bench(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("info", help="architecture, hyperparameters, tensor/quant summary")
+    p.add_argument("model")
+    p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("tokenize", help="print token ids (no BOS unless --bos)")
+    p.add_argument("model")
+    p.add_argument("--text", required=True)
+    p.add_argument("--bos", action="store_true")
+    p.set_defaults(fn=cmd_tokenize)
+
+    p = sub.add_parser("logits", help="write float32 [n_tokens, vocab] logits to .npy")
+    p.add_argument("model")
+    p.add_argument("--tokens", required=True, help="comma-separated token ids")
+    p.add_argument("--out", required=True)
+    p.add_argument("--backend", choices=["native", "reference"], default="native")
+    p.set_defaults(fn=cmd_logits)
+
+    for name, fn in (("generate", cmd_generate), ("chat", cmd_chat)):
+        p = sub.add_parser(name)
+        p.add_argument("model")
+        if name == "generate":
+            p.add_argument("--prompt", required=True)
+            p.add_argument("--raw", action="store_true", help="no chat template")
+        else:
+            p.add_argument("--system", default=None)
+        p.add_argument("--max-tokens", type=int, default=256)
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--backend", choices=["native", "reference"], default="native")
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("bench", help="prefill and decode tokens/s")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--backend", choices=["native"], default="native")
+    p.set_defaults(fn=cmd_bench)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except Exception as e:  # our errors carry the message a user needs
+        from .gguf import GGUFError
+        from .model.config import ConfigError
+        if isinstance(e, (GGUFError, ConfigError, OSError)):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
