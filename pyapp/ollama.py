@@ -1,0 +1,686 @@
+"""Ollama's models folder: manifests -> blobs -> a list of installed models.
+
+Layout (as Ollama writes it; the folder is ~/.ollama/models by default):
+
+    manifests/<host>/<namespace>/<model>/<tag>   JSON, schemaVersion 2:
+        {"config": Layer, "layers": [Layer, ...]}
+        Layer = {"mediaType": ..., "digest": "sha256:<hex>", "size": N}
+    blobs/sha256-<hex>                           content-addressed layers
+
+`gemma4:e2b` lives at manifests/registry.ollama.ai/library/gemma4/e2b. The
+layer with media type application/vnd.ollama.image.model is the GGUF file; the
+others are small text/JSON blobs (template, params, system, license) and the
+config blob (JSON: model_family, model_type, file_type, ...).
+
+All I/O goes through a tiny `Directory` protocol (paths are "/"-joined and
+relative to the folder the user picked) so the browser can back it with File
+System Access handles. The logic is written once, as generators that *yield*
+I/O requests; `_run` answers them with a sync Directory, `_run_async` with an
+`AsyncDirectory` (coroutines). Neither parsing nor walking is duplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from .source import ByteSource, FileSource, SourceError
+
+DEFAULT_HOST = "registry.ollama.ai"
+DEFAULT_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+
+MEDIA_PREFIX = "application/vnd.ollama.image."
+MEDIA_MODEL = MEDIA_PREFIX + "model"
+MEDIA_TEMPLATE = MEDIA_PREFIX + "template"
+MEDIA_PROMPT = MEDIA_PREFIX + "prompt"  # old name of template
+MEDIA_PARAMS = MEDIA_PREFIX + "params"
+MEDIA_SYSTEM = MEDIA_PREFIX + "system"
+MEDIA_LICENSE = MEDIA_PREFIX + "license"
+MEDIA_PROJECTOR = MEDIA_PREFIX + "projector"
+MEDIA_ADAPTER = MEDIA_PREFIX + "adapter"
+MEDIA_TENSOR = MEDIA_PREFIX + "tensor"  # safetensors-style models (not GGUF)
+
+TEXT_LIMIT = 1 << 20  # template/system/params/config blobs larger than this are not read
+LICENSE_LIMIT = 256 << 10
+HASH_CHUNK = 8 << 20
+
+# llama.cpp's llama_ftype (GGUF general.file_type) -> name; gaps are removed types.
+FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+    10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+    16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
+    22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
+    28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+    37: "TQ2_0", 38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
+}
+
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+# Name parts as Ollama validates them (types/model/name.go).
+_PART = {
+    "host": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}$"),
+    "namespace": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,79}$"),
+    "model": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$"),
+    "tag": re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$"),
+}
+
+
+class OllamaError(Exception):
+    """Not an Ollama models folder, or no such model."""
+
+
+class ModelNotFound(OllamaError, LookupError):
+    pass
+
+
+# ---------------------------------------------------------------- directories
+
+class Directory(Protocol):
+    """Read-only folder. Paths are relative, "/"-separated; "" is the root."""
+
+    def list(self, path: str) -> list[tuple[str, bool]]: ...  # (name, is_dir); FileNotFoundError if absent
+    def open(self, path: str) -> ByteSource: ...  # FileNotFoundError if absent
+    def exists(self, path: str) -> bool: ...
+
+
+class AsyncSource(Protocol):
+    size: int
+
+    async def read(self, offset: int, n: int) -> bytes: ...
+
+
+class AsyncDirectory(Protocol):
+    """Same as Directory with coroutines (FileSystemDirectoryHandle is async)."""
+
+    async def list(self, path: str) -> list[tuple[str, bool]]: ...
+    async def open(self, path: str) -> AsyncSource: ...
+    async def exists(self, path: str) -> bool: ...
+
+
+class LocalDirectory:
+    """A folder on the local disk (CPython)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = os.fspath(root)
+
+    def _p(self, path: str) -> str:
+        parts = [p for p in path.split("/") if p]
+        if any(p == ".." for p in parts):
+            raise ValueError(f"path leaves the folder: {path!r}")
+        return os.path.join(self.root, *parts)
+
+    def list(self, path: str) -> list[tuple[str, bool]]:
+        with os.scandir(self._p(path)) as it:
+            return sorted((e.name, e.is_dir()) for e in it)
+
+    def open(self, path: str) -> FileSource:
+        p = self._p(path)
+        if os.path.isdir(p):
+            raise IsADirectoryError(p)
+        return FileSource(p)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._p(path))
+
+    def __repr__(self):
+        return f"LocalDirectory({self.root!r})"
+
+
+def as_directory(d) -> Directory:
+    """Accept a Directory or a local path."""
+    return d if hasattr(d, "list") and hasattr(d, "open") else LocalDirectory(d)
+
+
+# ---------------------------------------------------------------- data
+
+@dataclass
+class ModelName:
+    host: str = DEFAULT_HOST
+    namespace: str = DEFAULT_NAMESPACE
+    model: str = ""
+    tag: str = DEFAULT_TAG
+
+    @classmethod
+    def parse(cls, s: str) -> "ModelName":
+        """Parse [host/][namespace/]model[:tag][@digest], filling Ollama's defaults."""
+        s = s.strip().split("@", 1)[0]
+        s = s.split("://", 1)[-1]  # a scheme, as in https://host/ns/model
+        tag = DEFAULT_TAG
+        if s.rfind(":") > s.rfind("/"):  # a ":" after the last "/" is the tag, not host:port
+            s, tag = s.rsplit(":", 1)
+        parts = s.split("/")
+        if len(parts) > 3:
+            raise ValueError(f"not a model name: {s!r}")
+        parts = [DEFAULT_HOST, DEFAULT_NAMESPACE][: 3 - len(parts)] + parts
+        n = cls(parts[0], parts[1], parts[2], tag)
+        if not n.is_valid():
+            raise ValueError(f"not a model name: {s!r}")
+        return n
+
+    def is_valid(self) -> bool:
+        return all(_PART[k].match(getattr(self, k)) for k in _PART)
+
+    @property
+    def parts(self) -> tuple[str, str, str, str]:
+        return (self.host, self.namespace, self.model, self.tag)
+
+    @property
+    def display(self) -> str:
+        """Shortest form, like `ollama list`: gemma4:e2b, me/x:latest, host/ns/x:latest."""
+        if self.host.lower() != DEFAULT_HOST:
+            return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        if self.namespace.lower() != DEFAULT_NAMESPACE:
+            return f"{self.namespace}/{self.model}:{self.tag}"
+        return f"{self.model}:{self.tag}"
+
+    def same(self, other: "ModelName") -> bool:
+        return [p.lower() for p in self.parts] == [p.lower() for p in other.parts]
+
+    def __str__(self):
+        return "/".join(self.parts[:3]) + ":" + self.tag
+
+
+@dataclass
+class Layer:
+    media_type: str
+    digest: str  # "sha256:<hex>"
+    size: int
+    path: str = ""  # blob path relative to the Directory
+    name: str = ""  # tensor name (safetensors-style layers)
+
+    def __post_init__(self):
+        if not self.path:
+            self.path = blob_path(self.digest)
+
+    @property
+    def kind(self) -> str:
+        """Short media type: model, template, params, ... (or the full type)."""
+        t = self.media_type
+        return t[len(MEDIA_PREFIX):] if t.startswith(MEDIA_PREFIX) else t
+
+
+@dataclass
+class OllamaModel:
+    name: str  # display name, e.g. "gemma4:e2b"
+    ref: ModelName
+    manifest_path: str
+    digest: str = ""  # sha256 of the manifest file (Ollama's model ID)
+    layers: list[Layer] = field(default_factory=list)
+    config_layer: Layer | None = None
+    model: Layer | None = None  # the GGUF blob
+    template: str | None = None
+    system: str | None = None
+    license: str | None = None
+    params: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # config blob JSON
+    # From the GGUF header (or the config blob when the header was not read):
+    architecture: str | None = None
+    file_type: str | None = None  # quantization, e.g. "Q4_K_M"
+    parameter_count: int | None = None
+    context_length: int | None = None
+    general_name: str | None = None
+    header_read: bool = False
+    error: str | None = None  # why this model cannot be used
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.digest[:12]
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and self.model is not None
+
+    @property
+    def size(self) -> int:
+        return sum(l.size for l in self.layers) + (self.config_layer.size if self.config_layer else 0)
+
+    @property
+    def parameter_size(self) -> str | None:
+        """Like Ollama's "4.3B"; from the header, else the config blob."""
+        if self.parameter_count:
+            return human_number(self.parameter_count)
+        return self.config.get("model_type") or None
+
+    def layers_of(self, kind: str) -> list[Layer]:
+        return [l for l in self.layers if l.kind == kind]
+
+
+def blob_path(digest: str, root: str = "") -> str:
+    m = _DIGEST.match(digest or "")
+    if not m:
+        raise OllamaError(f"invalid digest {digest!r} (want sha256:<64 hex>)")
+    return f"{root}blobs/sha256-{m.group(1).lower()}"
+
+
+def human_number(n: int) -> str:
+    """Ollama's format.HumanNumber: 4300000000 -> "4.3B", 270000000 -> "270M"."""
+    for unit, scale, decimals in (("B", 10**9, 1), ("M", 10**6, 2)):
+        if n >= scale:
+            x = n / scale
+            return f"{x:.0f}{unit}" if x == int(x) else f"{x:.{decimals}f}{unit}"
+    return f"{n / 1000:.0f}K" if n >= 1000 else str(n)
+
+
+def file_type_name(ft) -> str | None:
+    if ft is None:
+        return None
+    return FILE_TYPES.get(int(ft), f"type {int(ft)}")
+
+
+def is_gemma4(model: OllamaModel) -> bool:
+    """Trust the GGUF header when read, else the config blob, else the name."""
+    if model.architecture:
+        return model.architecture == "gemma4"
+    fam = [model.config.get("model_family")] + list(model.config.get("model_families") or [])
+    if any(f == "gemma4" for f in fam):
+        return True
+    return model.ref.model.lower().startswith("gemma4")
+
+
+def gemma4_models(models: list[OllamaModel], usable_only: bool = False) -> list[OllamaModel]:
+    """The models the UI offers: Gemma 4 ones (optionally only the usable ones)."""
+    return [m for m in models if is_gemma4(m) and (m.usable or not usable_only)]
+
+
+# ---------------------------------------------------------------- pure parsing
+
+def parse_manifest(data: bytes, root: str = "") -> tuple[Layer | None, list[Layer]]:
+    """Manifest JSON -> (config layer, layers). Raises ValueError with a reason."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"manifest is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
+        raise ValueError("manifest has no 'layers' list")
+
+    def layer(d) -> Layer:
+        if not isinstance(d, dict):
+            raise ValueError(f"manifest layer is not an object: {d!r}")
+        digest, size = d.get("digest"), d.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"manifest layer {digest!r} has a bad size {size!r}")
+        try:
+            path = blob_path(digest, root)
+        except OllamaError as e:
+            raise ValueError(str(e)) from None
+        return Layer(str(d.get("mediaType", "")), digest, size, path, str(d.get("name", "")))
+
+    cfg = doc.get("config")
+    config = layer(cfg) if isinstance(cfg, dict) and cfg.get("digest") else None
+    return config, [layer(d) for d in doc["layers"]]
+
+
+def apply_header(model: OllamaModel, gguf) -> None:
+    """Copy what the UI shows from a parsed GGUF header (pyapp.gguf.read_gguf)."""
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    model.architecture = arch
+    model.file_type = file_type_name(meta.get("general.file_type")) or model.file_type
+    model.general_name = meta.get("general.name")
+    ctx = meta.get(f"{arch}.context_length")
+    model.context_length = int(ctx) if ctx is not None else None
+    count = sum(_n_elements(t) for t in gguf.tensors.values())
+    model.parameter_count = count or meta.get("general.parameter_count") or None
+    model.header_read = True
+
+
+def _n_elements(t) -> int:
+    n = getattr(t, "n_elements", None)
+    if n is None:
+        n = 1
+        for d in t.shape:
+            n *= int(d)
+    return int(n)
+
+
+def _apply_config(model: OllamaModel) -> None:
+    """Fallbacks from the config blob until the GGUF header is read."""
+    c = model.config
+    model.file_type = model.file_type or c.get("file_type") or None
+
+
+def _read_json(data: bytes, what: str):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{what} is not valid JSON ({e})") from None
+
+
+# ---------------------------------------------------------------- I/O steps
+# Each step is a generator: `x = yield (op, *args)` asks the driver for I/O.
+# ops: list(path), exists(path), size(path), read(path, offset, n), gguf(path).
+
+def _find_root():
+    # Accept the models folder itself, or ~/.ollama, or the home folder.
+    for root in ("", "models/", ".ollama/models/"):
+        if (yield ("exists", root + "manifests")):
+            return root
+    raise OllamaError(
+        "no manifests/ folder here: pick Ollama's models folder "
+        "(~/.ollama/models; on Windows %USERPROFILE%\\.ollama\\models; "
+        "Linux service installs: /usr/share/ollama/.ollama/models; or $OLLAMA_MODELS)")
+
+
+def _manifest_paths(root: str):
+    """All 4-deep manifest files (host/namespace/model/tag), like Ollama's glob."""
+    found = []
+    base = root + "manifests"
+
+    def dirs(path):
+        entries = yield ("list", path)
+        return [(n, d) for n, d in entries if not n.startswith(".")]
+
+    for host, h_dir in (yield from dirs(base)):
+        if not h_dir:
+            continue
+        for ns, n_dir in (yield from dirs(f"{base}/{host}")):
+            if not n_dir:
+                continue
+            for model, m_dir in (yield from dirs(f"{base}/{host}/{ns}")):
+                if not m_dir:
+                    continue
+                for tag, t_dir in (yield from dirs(f"{base}/{host}/{ns}/{model}")):
+                    name = ModelName(host, ns, model, tag)
+                    if not t_dir and name.is_valid():
+                        found.append((name, f"{base}/{host}/{ns}/{model}/{tag}"))
+    return found
+
+
+def _read_all(path: str, limit: int):
+    """Whole small blob, or None when larger than limit."""
+    size = yield ("size", path)
+    if size > limit:
+        return None
+    return (yield ("read", path, 0, size))
+
+
+def _load(name: ModelName, manifest_path: str, root: str, header: bool):
+    m = OllamaModel(name=name.display, ref=name, manifest_path=manifest_path)
+    try:
+        data = yield from _read_all(manifest_path, TEXT_LIMIT)
+        if data is None:
+            raise ValueError("manifest is larger than 1 MiB: not a manifest")
+        m.digest = hashlib.sha256(data).hexdigest()
+        m.config_layer, m.layers = parse_manifest(data, root)
+    except (ValueError, OSError, SourceError) as e:
+        m.error = f"{manifest_path}: {e}"
+        return m
+
+    if m.config_layer:
+        try:
+            m.config = _read_json((yield from _read_all(m.config_layer.path, TEXT_LIMIT)) or b"{}", "config blob")
+            _apply_config(m)
+        except (ValueError, OSError, SourceError) as e:
+            m.warnings.append(f"config blob: {_why(e)}")
+
+    for layer in m.layers:
+        kind = layer.kind
+        if kind == "model" and m.model is None:
+            m.model = layer
+        elif kind in ("template", "prompt", "system", "license", "params"):
+            try:
+                data = yield from _read_all(layer.path, LICENSE_LIMIT if kind == "license" else TEXT_LIMIT)
+            except (OSError, SourceError) as e:
+                m.warnings.append(f"{kind} blob: {_why(e)}")
+                continue
+            if data is None:
+                m.warnings.append(f"{kind} blob is too large to show ({layer.size} bytes)")
+            elif kind == "params":
+                try:
+                    params = _read_json(data, "params blob")
+                    if not isinstance(params, dict):
+                        raise ValueError("params blob is not a JSON object")
+                    m.params = params
+                except ValueError as e:
+                    m.warnings.append(str(e))
+            else:
+                text = data.decode("utf-8", errors="replace")
+                setattr(m, "template" if kind == "prompt" else kind, text)
+
+    if m.model is None:
+        if m.layers_of("tensor"):
+            m.error = "stored as safetensors tensor layers, not GGUF: not supported here"
+        else:
+            m.error = "manifest has no model layer (application/vnd.ollama.image.model)"
+        return m
+
+    try:
+        size = yield ("size", m.model.path)
+    except (OSError, SourceError) as e:
+        m.error = f"model blob {m.model.path} is missing: {_why(e)} (re-pull with `ollama pull {m.name}`)"
+        return m
+    if size != m.model.size:
+        m.error = (f"model blob {m.model.path} is {size} bytes, the manifest says {m.model.size}: "
+                   "incomplete or corrupt download")
+        return m
+    if header:
+        yield from _header(m)
+    return m
+
+
+def _header(m: OllamaModel):
+    try:
+        apply_header(m, (yield ("gguf", m.model.path)))
+    except ImportError:  # our bug, not the file's
+        raise
+    except Exception as e:  # any reader failure on a bad file is a per-model error, not a crash
+        m.error = f"model blob {m.model.path} is not a readable GGUF file: {_why(e)}"
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError):
+        return "file not found"
+    return str(e) or type(e).__name__
+
+
+def _list(header: bool):
+    root = yield from _find_root()
+    models = []
+    for name, path in (yield from _manifest_paths(root)):
+        models.append((yield from _load(name, path, root, header)))
+    models.sort(key=lambda m: m.name.lower())
+    return models
+
+
+def _resolve(name: str, header: bool):
+    want = ModelName.parse(name)
+    root = yield from _find_root()
+    path = root + "manifests/" + "/".join(want.parts)
+    if (yield ("exists", path)):
+        found = want
+    else:  # names are case-insensitive in Ollama
+        candidates = yield from _manifest_paths(root)
+        match = [(n, p) for n, p in candidates if n.same(want)]
+        if not match:
+            have = ", ".join(sorted(n.display for n, _ in candidates)) or "none"
+            raise ModelNotFound(f"model {want.display!r} is not in this folder (installed: {have})")
+        found, path = match[0]
+    return (yield from _load(found, path, root, header))
+
+
+def _verify(layer: Layer, progress, chunk: int):
+    want = blob_path(layer.digest)[len("blobs/sha256-"):]
+    try:
+        total = yield ("size", layer.path)
+    except (OSError, SourceError) as e:
+        raise OllamaError(f"blob {layer.path} is missing or unreadable: {_why(e)}") from e
+    if total != layer.size:
+        return False
+    h = hashlib.sha256()
+    done = 0
+    while done < total:
+        n = min(chunk, total - done)
+        h.update((yield ("read", layer.path, done, n)))
+        done += n
+        if progress:
+            progress(done, total)
+    return h.hexdigest() == want
+
+
+# ---------------------------------------------------------------- drivers
+
+def _run(steps, directory: Directory):
+    """Answer a step generator's I/O requests with a sync Directory."""
+    opened: dict[str, ByteSource] = {}
+
+    def source(path):
+        if path not in opened:
+            opened[path] = directory.open(path)
+        return opened[path]
+
+    def do(op, path, *args):
+        if op == "list":
+            return directory.list(path)
+        if op == "exists":
+            return directory.exists(path)
+        if op == "size":
+            return source(path).size
+        if op == "read":
+            return source(path).read(*args)
+        if op == "gguf":
+            from .gguf import read_gguf
+            return read_gguf(source(path))
+        raise ValueError(op)
+
+    try:
+        request = next(steps)
+        while True:
+            try:
+                result = do(*request)
+            except Exception as e:
+                request = steps.throw(e)
+            else:
+                request = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        for s in opened.values():
+            if hasattr(s, "close"):
+                s.close()
+
+
+async def _run_async(steps, directory: AsyncDirectory):
+    """Same as _run for an AsyncDirectory."""
+    opened: dict = {}
+
+    async def source(path):
+        if path not in opened:
+            opened[path] = await directory.open(path)
+        return opened[path]
+
+    async def do(op, path, *args):
+        if op == "list":
+            return await directory.list(path)
+        if op == "exists":
+            return await directory.exists(path)
+        if op == "size":
+            return (await source(path)).size
+        if op == "read":
+            return await (await source(path)).read(*args)
+        if op == "gguf":
+            return await _read_gguf_async(await source(path))
+        raise ValueError(op)
+
+    try:
+        request = next(steps)
+        while True:
+            try:
+                result = await do(*request)
+            except Exception as e:
+                request = steps.throw(e)
+            else:
+                request = steps.send(result)
+    except StopIteration as stop:
+        return stop.value
+
+
+class _PrefixSource:
+    """The first bytes of an async source, posing as the whole (sync) source.
+
+    The GGUF reader is synchronous; async callers fetch a prefix, parse, and
+    fetch a longer one if the header ran past it (`wanted`).
+    """
+
+    def __init__(self, data: bytes, size: int):
+        self.data, self.size, self.wanted = data, size, 0
+
+    def read(self, offset: int, n: int) -> bytes:
+        end = offset + n
+        if offset < 0 or n < 0 or end > self.size:
+            raise SourceError(f"read of {n} bytes at offset {offset} is outside the file ({self.size} bytes)")
+        if end > len(self.data):
+            self.wanted = max(self.wanted, end)
+            raise SourceError("header is longer than the bytes fetched so far")
+        return self.data[offset:end]
+
+
+async def _read_gguf_async(src: AsyncSource, first: int = 4 << 20):
+    from .gguf import read_gguf
+    n = min(src.size, first)
+    while True:
+        prefix = _PrefixSource(await src.read(0, n), src.size)
+        try:
+            return read_gguf(prefix)
+        except Exception:
+            if not prefix.wanted or n >= src.size:
+                raise
+            n = min(src.size, max(prefix.wanted, 4 * n))
+
+
+# ---------------------------------------------------------------- public API
+
+def list_models(directory, header: bool = True) -> list[OllamaModel]:
+    """Every installed model, sorted by name. Broken ones carry `error`.
+
+    header=False skips the GGUF headers (fast listing); call read_header later.
+    """
+    return _run(_list(header), as_directory(directory))
+
+
+def resolve(directory, name: str, header: bool = True) -> OllamaModel:
+    """One model by name: "gemma4", "gemma4:e2b", "me/x:tag", "host/ns/x:tag"."""
+    return _run(_resolve(name, header), as_directory(directory))
+
+
+def read_header(directory, model: OllamaModel) -> OllamaModel:
+    """Fill architecture, quantization, parameter count, context length."""
+    if model.model is not None and not model.header_read:
+        _run(_header(model), as_directory(directory))
+    return model
+
+
+def verify_digest(directory, layer: Layer, progress: Callable[[int, int], None] | None = None,
+                  chunk: int = HASH_CHUNK) -> bool:
+    """Stream the blob through sha256; progress(done_bytes, total_bytes) per chunk."""
+    return _run(_verify(layer, progress, chunk), as_directory(directory))
+
+
+def open_model(directory, model: OllamaModel) -> ByteSource:
+    """The GGUF blob as a byte source (for pyapp.gguf.read_gguf / the engine)."""
+    if model.model is None:
+        raise OllamaError(model.error or f"{model.name} has no model layer")
+    return as_directory(directory).open(model.model.path)
+
+
+async def list_models_async(directory: AsyncDirectory, header: bool = True) -> list[OllamaModel]:
+    return await _run_async(_list(header), directory)
+
+
+async def resolve_async(directory: AsyncDirectory, name: str, header: bool = True) -> OllamaModel:
+    return await _run_async(_resolve(name, header), directory)
+
+
+async def read_header_async(directory: AsyncDirectory, model: OllamaModel) -> OllamaModel:
+    if model.model is not None and not model.header_read:
+        await _run_async(_header(model), directory)
+    return model
+
+
+async def verify_digest_async(directory: AsyncDirectory, layer: Layer, progress=None,
+                              chunk: int = HASH_CHUNK) -> bool:
+    return await _run_async(_verify(layer, progress, chunk), directory)
