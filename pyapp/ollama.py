@@ -130,6 +130,11 @@ class LocalDirectory:
         return f"LocalDirectory({self.root!r})"
 
 
+def default_models_dir() -> str:
+    """Where a local Ollama keeps models: $OLLAMA_MODELS, else ~/.ollama/models (CPython)."""
+    return os.environ.get("OLLAMA_MODELS") or os.path.join(os.path.expanduser("~"), ".ollama", "models")
+
+
 def as_directory(d) -> Directory:
     """Accept a Directory or a local path."""
     return d if hasattr(d, "list") and hasattr(d, "open") else LocalDirectory(d)
@@ -440,6 +445,8 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
                     m.warnings.append(str(e))
             else:
                 text = data.decode("utf-8", errors="replace")
+                if kind == "license" and m.license:  # a model may carry several licenses
+                    text = m.license + "\n\n" + text
                 setattr(m, "template" if kind == "prompt" else kind, text)
 
     if m.model is None:

@@ -310,3 +310,11 @@ def test_async_gguf_prefix_grows(folder, models):
     gg = asyncio.run(go())
     assert gg.metadata["general.architecture"] == "gemma4"
     assert gg.metadata["gemma4.context_length"] == 131072
+
+
+def test_default_models_dir(monkeypatch, folder):
+    monkeypatch.setenv("OLLAMA_MODELS", str(folder.root))
+    assert ollama.default_models_dir() == str(folder.root)
+    monkeypatch.delenv("OLLAMA_MODELS")
+    monkeypatch.setenv("HOME", "/home/x")
+    assert ollama.default_models_dir() == "/home/x/.ollama/models"
