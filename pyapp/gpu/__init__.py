@@ -1,0 +1,248 @@
+"""One small GPU interface, two backends (native wgpu-py, browser navigator.gpu).
+
+The engine talks only to `Device`, `Buffer`, `Pipeline`, `BindGroup` and `Plan`:
+
+    dev = get_device()                              # or await get_device_async()
+    w = dev.buffer(n_bytes)                         # storage, COPY_DST|COPY_SRC
+    dev.upload(w, source, offset, n_bytes)          # chunked from a ByteSource
+    p = dev.pipeline("matvec", prelude=quant_prelude("Q4_0"), constants={...})
+    bg = dev.bind_group(p, [w, x, y, params])       # bindings 0..n-1 of group 0
+    plan = dev.plan(); plan.dispatch(p, bg, rows)   # built once per shape
+    dev.submit(plan)                                # replayed per token: one submit
+    ids = dev.read(out, 0, 4)                       # await dev.read_async(...) in the browser
+
+Command buffers are single use in WebGPU, so a Plan is a list of dispatches and
+copies that the backend re-encodes on every submit (the browser backend does it
+in one JS call, so a token costs a handful of FFI crossings, not one per op).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+SHADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shaders")
+
+# Upload chunk: big enough to amortise calls, small enough for wasm32's heap.
+UPLOAD_CHUNK = 8 << 20
+
+
+class GPUError(Exception):
+    """No adapter, a lost device, or a shader/pipeline the device rejects."""
+
+
+@dataclass(eq=False)
+class Buffer:
+    handle: object
+    size: int
+    kind: str
+    label: str = ""
+
+
+@dataclass(eq=False)
+class Pipeline:
+    handle: object
+    key: tuple
+
+
+@dataclass(eq=False)
+class BindGroup:
+    handle: object
+
+
+@dataclass(eq=False)
+class Plan:
+    """Dispatches and copies in submission order; re-encoded on every submit."""
+
+    ops: list = field(default_factory=list)
+    _native: object = None  # backend cache (e.g. the JS arrays), dropped on change
+
+    def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> "Plan":
+        self.ops.append(("d", pipeline, bind_group, int(x), int(y), int(z)))
+        self._native = None
+        return self
+
+    def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, size: int) -> "Plan":
+        self.ops.append(("c", src, int(src_offset), dst, int(dst_offset), int(size)))
+        self._native = None
+        return self
+
+    def extend(self, other: "Plan") -> "Plan":
+        self.ops.extend(other.ops)
+        self._native = None
+        return self
+
+
+# WebGPU limits the engine cares about, snake_case. Both backends fill them.
+LIMIT_NAMES = (
+    "max_buffer_size", "max_storage_buffer_binding_size", "max_uniform_buffer_binding_size",
+    "max_storage_buffers_per_shader_stage", "max_compute_workgroup_storage_size",
+    "max_compute_invocations_per_workgroup", "max_compute_workgroup_size_x",
+    "max_compute_workgroups_per_dimension", "min_storage_buffer_offset_alignment",
+    "min_uniform_buffer_offset_alignment",
+)
+
+
+def load_wgsl(name: str) -> str:
+    path = os.path.join(SHADER_DIR, name if name.endswith(".wgsl") else name + ".wgsl")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+_INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.M)
+
+
+def shader_source(name: str, prelude: str = "") -> str:
+    """WGSL of shaders/<name>.wgsl with `//!include other` lines expanded, after `prelude`."""
+    seen: set[str] = set()
+
+    def expand(n: str) -> str:
+        if n in seen:
+            return ""
+        seen.add(n)
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), load_wgsl(n))
+
+    return prelude + "\n" + expand(name)
+
+
+class Device:
+    """Backend-independent device. Subclasses implement the `_`-prefixed hooks."""
+
+    backend = "?"
+
+    def __init__(self):
+        self.info: dict = {}
+        self.features: set[str] = set()
+        self.limits: dict[str, int] = {}
+        self._pipelines: dict[tuple, Pipeline] = {}
+        self._sources: dict[str, str] = {}
+
+    # -- capabilities ------------------------------------------------------
+    @property
+    def has_f16(self) -> bool:
+        return "shader-f16" in self.features
+
+    @property
+    def has_subgroups(self) -> bool:
+        return "subgroups" in self.features
+
+    @property
+    def has_timestamps(self) -> bool:
+        return "timestamp-query" in self.features
+
+    def describe(self) -> str:
+        i = self.info
+        return f"{self.backend}: {i.get('vendor', '?')} {i.get('device') or i.get('architecture') or i.get('description', '')}".strip()
+
+    # -- buffers -----------------------------------------------------------
+    def buffer(self, size: int, kind: str = "storage", label: str = "") -> Buffer:
+        """kind: storage (read/write, copy src+dst), uniform (copy dst), readback (map read)."""
+        if kind not in ("storage", "uniform", "readback"):
+            raise ValueError(f"unknown buffer kind {kind!r}")
+        size = max(16, (int(size) + 15) & ~15)  # writes/copies need 4-byte multiples; 16 suits vec4
+        if size > self.limits.get("max_buffer_size", size):
+            raise GPUError(f"buffer {label or ''} of {size} bytes exceeds the device's maxBufferSize "
+                           f"({self.limits['max_buffer_size']}); split the tensor")
+        return Buffer(self._create_buffer(size, kind, label), size, kind, label)
+
+    def write(self, buf: Buffer, data, offset: int = 0) -> None:
+        """Queue a write of bytes-like `data` (padded to 4 bytes) at `offset`."""
+        mv = memoryview(data).cast("B")
+        if len(mv) % 4:
+            mv = memoryview(bytes(mv) + bytes(4 - len(mv) % 4))
+        if offset + len(mv) > buf.size:
+            raise GPUError(f"write of {len(mv)} bytes at {offset} overflows buffer {buf.label} ({buf.size})")
+        self._write(buf, offset, mv)
+
+    def upload(self, buf: Buffer, source, src_offset: int, n: int, dst_offset: int = 0,
+               chunk: int = UPLOAD_CHUNK) -> None:
+        """Copy n bytes of a ByteSource (`read(offset, n)`) into buf, one chunk at a time."""
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            self.write(buf, source.read(src_offset + done, k), dst_offset + done)
+            done += k
+
+    async def upload_async(self, buf: Buffer, source, src_offset: int, n: int, dst_offset: int = 0,
+                           chunk: int = UPLOAD_CHUNK) -> None:
+        """As upload(), for sources whose read() is a coroutine (browser Blobs)."""
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            data = source.read(src_offset + done, k)
+            if hasattr(data, "__await__"):
+                data = await data
+            self.write(buf, data, dst_offset + done)
+            done += k
+
+    # -- pipelines ---------------------------------------------------------
+    def pipeline(self, shader: str, entry: str = "main", constants: dict | None = None,
+                 prelude: str = "") -> Pipeline:
+        """Compute pipeline from shaders/<shader>.wgsl; cached by (shader, entry, prelude, constants).
+
+        `prelude` is WGSL prepended to the file (type aliases, const block sizes);
+        `constants` set the file's `override` declarations.
+        """
+        consts = tuple(sorted((constants or {}).items()))
+        key = (shader, entry, prelude, consts)
+        p = self._pipelines.get(key)
+        if p is None:
+            src = shader_source(shader, prelude)
+            p = Pipeline(self._create_pipeline(src, entry, dict(consts), f"{shader}:{entry}"), key)
+            self._pipelines[key] = p
+        return p
+
+    def bind_group(self, pipeline: Pipeline, resources: list) -> BindGroup:
+        """Bind resources to @group(0) @binding(i) in order: a Buffer or (Buffer, offset, size)."""
+        entries = []
+        for i, r in enumerate(resources):
+            if isinstance(r, Buffer):
+                entries.append((i, r, 0, r.size))
+            else:
+                b, off, size = r
+                entries.append((i, b, int(off), int(size)))
+        return BindGroup(self._create_bind_group(pipeline, entries))
+
+    # -- work --------------------------------------------------------------
+    def plan(self) -> Plan:
+        return Plan()
+
+    def submit(self, plan: Plan) -> None:
+        self._submit(plan)
+
+    def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        """Synchronous readback (native only); waits for all submitted work."""
+        raise GPUError(f"{self.backend} backend cannot read synchronously; use read_async")
+
+    async def read_async(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        return self.read(buf, offset, size)
+
+    # -- backend hooks -----------------------------------------------------
+    def _create_buffer(self, size: int, kind: str, label: str): raise NotImplementedError
+    def _write(self, buf: Buffer, offset: int, data: memoryview): raise NotImplementedError
+    def _create_pipeline(self, source: str, entry: str, constants: dict, label: str): raise NotImplementedError
+    def _create_bind_group(self, pipeline: Pipeline, entries: list): raise NotImplementedError
+    def _submit(self, plan: Plan): raise NotImplementedError
+
+
+def get_device(backend: str = "auto") -> Device:
+    """A ready device: 'native' (wgpu-py), 'browser' (needs await: use get_device_async) or 'auto'."""
+    if backend in ("auto", "native"):
+        try:
+            from .native import NativeDevice
+        except ImportError as e:
+            if backend == "native":
+                raise GPUError(f"native GPU backend needs the 'wgpu' package: {e}") from e
+        else:
+            return NativeDevice.create()
+    raise GPUError("the browser backend is asynchronous: use `await get_device_async('browser')`")
+
+
+async def get_device_async(backend: str = "auto") -> Device:
+    """As get_device; in Pyodide ('auto' or 'browser') requests navigator.gpu's adapter."""
+    import sys
+    if backend == "browser" or (backend == "auto" and sys.platform == "emscripten"):
+        from .browser import BrowserDevice
+        return await BrowserDevice.create()
+    return get_device(backend)

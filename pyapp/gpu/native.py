@@ -1,0 +1,114 @@
+"""Native backend: wgpu-native through the `wgpu` package (CPython only)."""
+
+from __future__ import annotations
+
+import time
+
+import wgpu
+
+from . import LIMIT_NAMES, Device, GPUError, Plan
+
+_USAGE = {
+    "storage": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC,
+    "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
+    "readback": wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+}
+
+
+class NativeDevice(Device):
+    backend = "native"
+
+    @classmethod
+    def create(cls, power_preference: str = "high-performance") -> "NativeDevice":
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except Exception as e:  # wgpu raises various types when no driver is present
+            raise GPUError(f"no WebGPU adapter (install a Vulkan/Metal/D3D12 driver, "
+                           f"e.g. mesa-vulkan-drivers for lavapipe): {e}") from e
+        if adapter is None:
+            raise GPUError("no WebGPU adapter found")
+        return cls(adapter)
+
+    def __init__(self, adapter):
+        super().__init__()
+        self.adapter = adapter
+        avail = set(adapter.features)
+        # wgpu-native spells the subgroup feature 'subgroup'; the WebGPU spec 'subgroups'.
+        want = [f for f in ("shader-f16", "subgroups", "subgroup", "timestamp-query") if f in avail]
+        limits = {k: v for k, v in adapter.limits.items()
+                  if k in {n.replace("_", "-") for n in LIMIT_NAMES}}
+        self.device = adapter.request_device_sync(required_features=want, required_limits=limits)
+        self.queue = self.device.queue
+        self.features = {("subgroups" if f == "subgroup" else f) for f in want}
+        self.limits = {k.replace("-", "_"): int(v) for k, v in self.device.limits.items()}
+        info = adapter.info
+        self.info = {k: info.get(k, "") for k in ("vendor", "architecture", "device", "description",
+                                                   "adapter_type", "backend_type")}
+
+    def _create_buffer(self, size, kind, label):
+        return self.device.create_buffer(size=size, usage=_USAGE[kind], label=label)
+
+    def _write(self, buf, offset, data):
+        self.queue.write_buffer(buf.handle, offset, data)
+
+    def _create_pipeline(self, source, entry, constants, label):
+        try:
+            module = self.device.create_shader_module(code=source, label=label)
+            stage = {"module": module, "entry_point": entry}
+            if constants:
+                stage["constants"] = constants
+            return self.device.create_compute_pipeline(layout="auto", compute=stage, label=label)
+        except Exception as e:
+            raise GPUError(f"pipeline {label}: {e}") from e
+
+    def _create_bind_group(self, pipeline, entries):
+        layout = pipeline.handle.get_bind_group_layout(0)
+        return self.device.create_bind_group(layout=layout, entries=[
+            {"binding": i, "resource": {"buffer": b.handle, "offset": off, "size": size}}
+            for i, b, off, size in entries])
+
+    def _encode(self, plan: Plan):
+        enc = self.device.create_command_encoder()
+        cpass = None
+        for op in plan.ops:
+            if op[0] == "d":
+                if cpass is None:
+                    cpass = enc.begin_compute_pass()
+                _, p, bg, x, y, z = op
+                cpass.set_pipeline(p.handle)
+                cpass.set_bind_group(0, bg.handle)
+                cpass.dispatch_workgroups(x, y, z)
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                _, src, so, dst, do, n = op
+                enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
+        if cpass is not None:
+            cpass.end()
+        return enc.finish()
+
+    def _submit(self, plan):
+        self.queue.submit([self._encode(plan)])
+
+    def read(self, buf, offset=0, size=None):
+        size = buf.size - offset if size is None else size
+        return bytes(self.queue.read_buffer(buf.handle, offset, size))
+
+    def sync(self) -> None:
+        """Wait until the queue is idle (benchmarks)."""
+        self.queue.read_buffer(self._sync_buffer(), 0, 4)
+
+    def _sync_buffer(self):
+        if not hasattr(self, "_syncbuf"):
+            self._syncbuf = self.buffer(16, label="sync").handle
+        return self._syncbuf
+
+    def time_plan(self, plan: Plan, repeat: int = 10) -> float:
+        """Seconds per submit of `plan` (wall clock, queue drained before and after)."""
+        self.sync()
+        t = time.perf_counter()
+        for _ in range(repeat):
+            self._submit(plan)
+        self.sync()
+        return (time.perf_counter() - t) / repeat

@@ -1,0 +1,42 @@
+// Decode matvec: y[r] = sum_k W[r, k] * x[k], W quantized (any type in quants.wgsl).
+//
+// Mirrors ggml_mul_mat for a single token (llama.cpp's mul_mat_vec kernels).
+// W: raw GGUF bytes of a [N, K] tensor (ne0 = K contiguous; row r starts at byte
+//    r * (K / QK) * QB). X: K floats as vec4. Y: N floats.
+// K (multiple of QK) and N are override constants: the plan is built per shape.
+// A workgroup of WG threads handles WG / TPR rows, TPR threads per row, each
+// thread striding over 4-weight groups; then a tree reduction in shared memory.
+// Dispatch: ceil(N / (WG / TPR)) workgroups, split into (x, y) above 65535.
+
+override K: u32;
+override N: u32;
+override TPR: u32 = 64u;      // threads per row, power of two, <= WG
+override WG: u32 = 256u;
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+
+//!include quants
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
+    let t = lid % TPR;
+    let gpb = QK / 4u;                    // 4-weight groups per block
+    let rowbase = min(row, N - 1u) * (K / QK) * QB;
+    var acc = 0.0;
+    for (var g = t; g < K / 4u; g += TPR) {
+        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]);
+    }
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { red[lid] += red[lid + s]; }
+        workgroupBarrier();
+    }
+    if (t == 0u && row < N) { Y[row] = red[lid]; }
+}
