@@ -104,3 +104,26 @@ def test_matvec(dev, qtype):
     plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y)
     dev.submit(plan)
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
+
+
+def u32(dev, *vals, kind="uniform"):
+    a = np.array(vals + (0,) * (-len(vals) % 4), dtype=np.uint32)
+    b = dev.buffer(a.nbytes, kind)
+    dev.write(b, a.tobytes())
+    return b
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
+def test_matmul(dev, qtype):
+    rng = np.random.default_rng(100 + K.TYPE_IDS[qtype])
+    qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
+    rows, t = 45, 19
+    k = 256 if qk == 256 else 4 * 29 if qk == 4 else 32 * 5
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k))
+    y = dev.buffer(4 * rows * t)
+    plan = K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, u32(dev, t), n_tokens=t)
+    dev.submit(plan)
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    assert_close_dot(got, x, w, x @ w.T)
