@@ -127,3 +127,143 @@ def test_matmul(dev, qtype):
     dev.submit(plan)
     got = read_f32(dev, y, rows * t).reshape(t, rows)
     assert_close_dot(got, x, w, x @ w.T)
+
+
+# ---- per-token kernels ------------------------------------------------------------
+
+try:
+    from pyapp.reference.forward import gelu_tanh, rms_norm, rope_neox, softcap  # noqa: E402
+except ImportError:  # reference.quants not there yet: same formulas, kept in step with forward.py
+    def rms_norm(x, w, eps):
+        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y * w if w is not None else y
+
+    def gelu_tanh(x):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    def softcap(x, cap):
+        return np.tanh(x / cap) * cap
+
+    def rope_neox(x, positions, dims, base, ff=None):
+        half = dims // 2
+        inv = base ** (-np.arange(half) * 2.0 / dims) / (1.0 if ff is None else ff[:half].astype(np.float64))
+        ang = positions[:, None].astype(np.float64) * inv[None]
+        cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+        out = x.copy()
+        a, b = x[..., :half], x[..., half:dims]
+        out[..., :half], out[..., half:dims] = a * cos - b * sin, b * cos + a * sin
+        return out
+
+
+@pytest.mark.parametrize("weighted,rpt", [(True, 1), (False, 3)])
+def test_rms_norm(dev, weighted, rpt):
+    rng = np.random.default_rng(5)
+    t, d = 7, 333
+    x = rng.standard_normal((t * rpt, d)).astype(np.float32) * 3
+    w = rng.standard_normal(d).astype(np.float32) if weighted else None
+    y = dev.buffer(x.nbytes)
+    dev.submit(K.rms_norm(dev, d, f32(dev, x), y, f32(dev, w) if weighted else None, u32(dev, t),
+                          max_tokens=t, rows_per_token=rpt, eps=1e-6))
+    np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hd,nrot,ff", [(68, 68, False), (68, 36, True)])
+def test_rope(dev, hd, nrot, ff):
+    rng = np.random.default_rng(6)
+    t, h, pos0 = 5, 3, 41
+    x = rng.standard_normal((t, h, hd)).astype(np.float32)
+    f = np.where(np.arange(nrot // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
+    buf = f32(dev, x)
+    dev.submit(K.rope(dev, buf, u32(dev, t, pos0), h, hd, nrot, 10000.0, max_tokens=t,
+                      freq_factors=f32(dev, f) if ff else None))
+    ref = rope_neox(x, np.arange(pos0, pos0 + t), nrot, 10000.0, f)
+    np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, atol=2e-5)
+
+
+def test_elementwise(dev):
+    rng = np.random.default_rng(7)
+    t, d = 3, 101
+    a = (rng.standard_normal((t, d)) * 4).astype(np.float32)
+    b = rng.standard_normal((t, d)).astype(np.float32)
+    a[0, :3] = [80.0, -80.0, 0.0]                          # tanh saturation must not give NaN
+    step = u32(dev, t)
+    ab, bb, out = f32(dev, a), f32(dev, b), dev.buffer(a.nbytes)
+    dev.submit(K.elementwise(dev, "geglu", d, ab, step, t, b=bb, out=out))
+    np.testing.assert_allclose(read_f32(dev, out, a.size).reshape(t, d), gelu_tanh(a) * b, rtol=1e-5, atol=1e-5)
+
+    plan = K.elementwise(dev, "add", d, ab, step, t, b=bb)
+    K.elementwise(dev, "scale", d, ab, step, t, scale=0.5, b=f32(dev, [3.0]), plan=plan)
+    K.elementwise(dev, "mul", d, ab, step, t, b=bb, plan=plan)
+    K.elementwise(dev, "softcap", d, ab, step, t, cap=30.0, plan=plan)
+    dev.submit(plan)                                         # four dependent dispatches, one submit
+    ref = softcap((a + b) * 1.5 * b, 30.0)
+    np.testing.assert_allclose(read_f32(dev, ab, a.size).reshape(t, d), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k", "q6_k"])
+def test_embed(dev, qtype):
+    rng = np.random.default_rng(8)
+    v = 23
+    d = 256 * 2 if qtype in ("q4_k", "q6_k") else 32 * 7
+    raw = random_tensor(qtype, v, d, rng)
+    table = dequantize(qtype, raw, v, d)
+    ids = np.array([5, 0, 22, 5, 17], np.uint32)
+    out = dev.buffer(4 * len(ids) * d)
+    dev.submit(K.embed(dev, qtype, d, weight_buffer(dev, raw), u32(dev, *ids, kind="storage"), out,
+                       u32(dev, len(ids)), max_tokens=len(ids), scale=math.sqrt(d)))
+    got = read_f32(dev, out, len(ids) * d).reshape(len(ids), d)
+    np.testing.assert_allclose(got, table[ids] * math.sqrt(d), rtol=1e-6, atol=1e-6)
+
+
+def test_argmax(dev):
+    rng = np.random.default_rng(9)
+    v = 262_147
+    logits = rng.standard_normal(v).astype(np.float32)
+    logits[[1000, 200_000]] = 9.0                          # tie: lowest index wins
+    logits[5] = np.nan
+    out = dev.buffer(16)
+    dev.submit(K.argmax(dev, v, f32(dev, logits), out))
+    assert np.frombuffer(dev.read(out, 0, 4), np.uint32)[0] == 1000
+
+
+def attention_ref(q, keys, values, positions, window):
+    """numpy mirror of reference.forward attention; keys/values [kv_heads, total, hd]."""
+    total = keys.shape[1]
+    allowed = np.arange(total)[None, :] <= positions[:, None]
+    if window:
+        allowed &= positions[:, None] - np.arange(total)[None, :] < window
+    g = q.shape[1] // keys.shape[0]
+    kq, vq = np.repeat(keys, g, axis=0), np.repeat(values, g, axis=0)
+    s = np.einsum("nhd,htd->hnt", q, kq)
+    s = np.where(allowed[None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hnt,htd->nhd", p, vq)
+
+
+@pytest.mark.parametrize("window,hd", [(0, 36), (13, 136)])
+def test_attention_prefill_then_decode(dev, window, hd):
+    rng = np.random.default_rng(10)
+    h, hkv, ctx, t = 4, 2, 300, 150                       # 150 keys: more than one 128-key chunk
+    ks = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
+    vs = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
+    q = rng.standard_normal((t + 1, h, hd)).astype(np.float32) * 0.3
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    out = dev.buffer(4 * (t + 1) * h * hd)
+
+    # prefill: T tokens at positions 0..T-1
+    step = u32(dev, t, 0)
+    plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
+    K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan)
+    dev.submit(plan)
+    keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
+    ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)
+    np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=2e-5)
+
+    # decode: one more token at position T
+    step1 = u32(dev, 1, t)
+    plan = K.kv_store(dev, f32(dev, ks[t:]), f32(dev, vs[t:]), kc, vc, step1, hkv, hd, ctx, max_tokens=1)
+    K.attention(dev, f32(dev, q[t:]), kc, vc, out, step1, h, hkv, hd, ctx, max_tokens=1, window=window, plan=plan)
+    dev.submit(plan)
+    ref = attention_ref(q[t:], keys, values, np.array([t]), window)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=2e-5)

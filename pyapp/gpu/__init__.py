@@ -146,6 +146,13 @@ class Device:
                            f"({self.limits['max_buffer_size']}); split the tensor")
         return Buffer(self._create_buffer(size, kind, label), size, kind, label)
 
+    @property
+    def dummy(self) -> Buffer:
+        """A small storage buffer to fill bindings a pipeline declares but won't read."""
+        if getattr(self, "_dummy", None) is None:
+            self._dummy = self.buffer(256, label="dummy")
+        return self._dummy
+
     def write(self, buf: Buffer, data, offset: int = 0) -> None:
         """Queue a write of bytes-like `data` (padded to 4 bytes) at `offset`."""
         mv = memoryview(data).cast("B")
@@ -193,10 +200,13 @@ class Device:
             self._pipelines[key] = p
         return p
 
-    def bind_group(self, pipeline: Pipeline, resources: list) -> BindGroup:
-        """Bind resources to @group(0) @binding(i) in order: a Buffer or (Buffer, offset, size)."""
+    def bind_group(self, pipeline: Pipeline, resources: list | dict) -> BindGroup:
+        """Bind @group(0): a list binds 0..n-1 in order, a dict {binding: resource} those named
+        (an entry point's auto layout holds only the bindings it uses).
+        A resource is a Buffer or (Buffer, offset, size)."""
         entries = []
-        for i, r in enumerate(resources):
+        items = resources.items() if isinstance(resources, dict) else enumerate(resources)
+        for i, r in items:
             if isinstance(r, Buffer):
                 entries.append((i, r, 0, r.size))
             else:

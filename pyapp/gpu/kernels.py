@@ -75,3 +75,85 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y: Buffer, 
     bg = dev.bind_group(p, [w, x, y, params])
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // 32), -(-n_tokens // 32))
+
+
+def _threads(n: int, wg: int = 64) -> tuple[int, int]:
+    return groups(-(-n // wg))
+
+
+def rms_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, step: Buffer,
+             max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, plan: Plan | None = None) -> Plan:
+    """y = rms_norm(x) [* weight] over rows of d floats; step.x = tokens."""
+    p = dev.pipeline("norm", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "HAS_W": weight is not None})
+    bg = dev.bind_group(p, [x, y, weight if weight is not None else dev.dummy, step])
+    return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens * rows_per_token))
+
+
+def rope(dev: Device, x: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
+         max_tokens: int, freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """NeoX RoPE in place on x [T, heads, head_dim]; positions step.y + t."""
+    p = dev.pipeline("rope", constants={"H": heads, "HD": head_dim, "NROT": rot_dims, "BASE": base,
+                                        "HAS_FF": freq_factors is not None})
+    bg = dev.bind_group(p, [x, freq_factors if freq_factors is not None else dev.dummy, step])
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * heads * rot_dims // 2))
+
+
+def elementwise(dev: Device, op: str, d: int, a: Buffer, step: Buffer, max_tokens: int,
+                b: Buffer | None = None, out: Buffer | None = None, cap: float = 30.0,
+                scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """op in geglu (out = gelu(a) * b), softcap (a), add / mul (a op= b), scale (a *= scale [* b[0]])."""
+    consts = {"D": d}
+    res = {0: a, 2: step}
+    if op == "softcap":
+        consts["CAP"] = cap
+    elif op == "scale":
+        consts["SCALE"] = scale
+        consts["SCALE_BY_B"] = b is not None
+        res[1] = b if b is not None else dev.dummy
+    else:
+        res[1] = b
+    if op == "geglu":
+        res[3] = out
+    p = dev.pipeline("elementwise", entry=op, constants=consts)
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * d))
+
+
+def embed(dev: Device, qtype, d: int, table: Buffer, ids: Buffer, out: Buffer, step: Buffer,
+          max_tokens: int, scale: float = 1.0, row0: int = 0, nrows: int = 0xFFFFFFFF,
+          plan: Plan | None = None) -> Plan:
+    """out[t] = table[ids[t]] * scale for the table rows [row0, row0 + nrows) held by `table`."""
+    row_bytes(qtype, d)
+    p = dev.pipeline("embed", prelude=quant_prelude(qtype),
+                     constants={"D": d, "R0": row0, "RN": nrows, "SCALE": scale})
+    bg = dev.bind_group(p, [table, ids, out, step])
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d // 4))
+
+
+def argmax(dev: Device, v: int, logits: Buffer, out: Buffer, plan: Plan | None = None) -> Plan:
+    """out[0] = argmax(logits[:v]) as u32."""
+    p = dev.pipeline("sample", entry="argmax", constants={"V": v})
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, [logits, out]), 1)
+
+
+def _attn_consts(heads, kv_heads, head_dim, ctx, window=0, scale=1.0):
+    if heads % kv_heads or head_dim > 4 * 128:
+        raise ValueError(f"attention: {heads} heads over {kv_heads} kv heads, head_dim {head_dim} unsupported")
+    return {"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx, "WINDOW": window, "SCALE": scale}
+
+
+def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Buffer, kv_heads: int,
+             head_dim: int, ctx: int, max_tokens: int, plan: Plan | None = None) -> Plan:
+    """Write k, v [T, kv_heads, head_dim] into the caches [kv_heads, ctx, head_dim] at slots (step.y + t) % ctx."""
+    p = dev.pipeline("attention", entry="store", constants={"HKV": kv_heads, "HD": head_dim, "CTX": ctx})
+    bg = dev.bind_group(p, {1: kc, 2: vc, 4: step, 5: k, 6: v})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * kv_heads * head_dim))
+
+
+def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
+              kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
+              plan: Plan | None = None) -> Plan:
+    """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.y + t."""
+    c = _attn_consts(heads, kv_heads, head_dim, ctx, window, scale)
+    p = dev.pipeline("attention", entry="attend", constants=c)
+    bg = dev.bind_group(p, {0: q, 1: kc, 2: vc, 3: out, 4: step})
+    return (plan or dev.plan()).dispatch(p, bg, heads, max_tokens)

@@ -1,0 +1,109 @@
+// Attention over a KV cache: decode and prefill (causal, optional sliding window, GQA).
+//
+// Mirrors reference.forward attention: softmax(SCALE * q k^T + mask) v, keys at
+// positions j with j <= p and (WINDOW == 0 or p - j < WINDOW) for a query at p.
+// Q, O: f32 [T, H, HD]; token t is at position p = S.y + t, S.x = T.
+// KC, VC: f32 [HKV, CTX, HD]; position j lives in slot j % CTX (a ring of CTX
+// >= WINDOW slots serves sliding layers). Query head h reads kv head h / (H / HKV).
+//   store:  writes Kn, Vn [T, HKV, HD] into the caches. Dispatch ceil(T*HKV*HD/64).
+//   attend: one workgroup per (head, token), keys in chunks of WG with an online
+//           softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG).
+//           Dispatch (H, T).
+
+override H: u32;
+override HKV: u32;
+override HD: u32;
+override CTX: u32;
+override WINDOW: u32 = 0u;
+override SCALE: f32 = 1.0;
+override WG: u32 = 128u;
+
+@group(0) @binding(0) var<storage, read> Q: array<f32>;
+@group(0) @binding(1) var<storage, read_write> KC: array<f32>;
+@group(0) @binding(2) var<storage, read_write> VC: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(4) var<uniform> S: vec4<u32>;
+@group(0) @binding(5) var<storage, read> Kn: array<f32>;
+@group(0) @binding(6) var<storage, read> Vn: array<f32>;
+
+@compute @workgroup_size(64)
+fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.x + gid.y * nwg.x * 64u;
+    if (id >= S.x * HKV * HD) { return; }
+    let d = id % HD;
+    let kh = (id / HD) % HKV;
+    let t = id / (HD * HKV);
+    let dst = (kh * CTX + (S.y + t) % CTX) * HD + d;
+    KC[dst] = Kn[id];
+    VC[dst] = Vn[id];
+}
+
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<f32, HD>;
+var<workgroup> p: array<f32, WG>;
+var<workgroup> red: array<f32, WG>;
+
+fn reduce(lid: u32, is_max: bool) -> f32 {
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = select(red[lid] + red[lid + s], max(red[lid], red[lid + s]), is_max);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(WG)
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let t = wid.y;
+    let pos = S.y + t;
+    let kvh = h / (H / HKV);
+    var lo = 0u;
+    if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }
+    let qb = (t * H + h) * HD;
+    for (var d = lid; d < HD; d += WG) { qs[d] = Q[qb + d] * SCALE; }
+    workgroupBarrier();
+
+    var m = NEG;
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var c = lo; c <= pos; c += WG) {
+        let j = c + lid;
+        var s = NEG;
+        if (j <= pos) {
+            let kb = (kvh * CTX + j % CTX) * HD;
+            var dotv = 0.0;
+            for (var d = 0u; d < HD; d++) { dotv += qs[d] * KC[kb + d]; }
+            s = dotv;
+        }
+        red[lid] = s;
+        let m_new = max(m, reduce(lid, true));
+        let e = select(0.0, exp(s - m_new), j <= pos);
+        p[lid] = e;
+        red[lid] = e;
+        let alpha = exp(m - m_new);
+        l = l * alpha + reduce(lid, false);     // the barriers in reduce also publish p[]
+        let n = min(WG, pos + 1u - c);
+        for (var i = 0u; i < 4u; i++) {
+            let d = lid + i * WG;
+            if (d < HD) {
+                var a = acc[i] * alpha;
+                for (var jj = 0u; jj < n; jj++) {
+                    a += p[jj] * VC[(kvh * CTX + (c + jj) % CTX) * HD + d];
+                }
+                acc[i] = a;
+            }
+        }
+        workgroupBarrier();
+        m = m_new;
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let d = lid + i * WG;
+        if (d < HD) { O[qb + d] = acc[i] / l; }
+    }
+}
