@@ -92,7 +92,10 @@ def assert_close_dot(got, w, x, ref, tol=2e-5):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_matvec(dev, qtype):
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec(dev, qtype, subgroups):
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(K.TYPE_IDS[qtype])
     qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
     rows = 37
@@ -101,7 +104,7 @@ def test_matvec(dev, qtype):
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal(k)
     y = dev.buffer(4 * rows)
-    plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y)
+    plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, subgroups=subgroups)
     dev.submit(plan)
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
 
@@ -267,3 +270,19 @@ def test_attention_prefill_then_decode(dev, window, hd):
     dev.submit(plan)
     ref = attention_ref(q[t:], keys, values, np.array([t]), window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=2e-5)
+
+
+@pytest.mark.parametrize("tpr", [4, 32, 256])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_threads_per_row(dev, tpr, subgroups):
+    """Row splits narrower and wider than a subgroup (the subgroup kernel falls back below its width)."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(11)
+    rows, k = 70, 32 * 9
+    raw = random_tensor("q5_0", rows, k, rng)
+    w = dequantize("q5_0", raw, rows, k)
+    x = rng.standard_normal(k)
+    y = dev.buffer(4 * rows)
+    dev.submit(K.matvec(dev, "q5_0", k, rows, weight_buffer(dev, raw), f32(dev, x), y, tpr=tpr, subgroups=subgroups))
+    assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)

@@ -131,6 +131,10 @@ class Device:
     def has_timestamps(self) -> bool:
         return "timestamp-query" in self.features
 
+    def enables(self, *exts: str) -> str:
+        """WGSL `enable` lines for these extensions ('f16', 'subgroups'), as this backend wants them."""
+        return "".join(f"enable {e};\n" for e in exts)
+
     def describe(self) -> str:
         i = self.info
         return f"{self.backend}: {i.get('vendor', '?')} {i.get('device') or i.get('architecture') or i.get('description', '')}".strip()

@@ -55,10 +55,16 @@ def groups(n: int) -> tuple[int, int]:
 
 
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y: Buffer,
-           plan: Plan | None = None, tpr: int = 64, wg: int = 256) -> Plan:
-    """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w)."""
+           plan: Plan | None = None, tpr: int = 64, wg: int = 256, subgroups: bool | None = None) -> Plan:
+    """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
+
+    subgroups: use the subgroupAdd variant (default: when the device has the feature).
+    """
     row_bytes(qtype, k)
-    p = dev.pipeline("matvec", prelude=quant_prelude(qtype), constants={"K": k, "N": n, "TPR": tpr, "WG": wg})
+    sg = dev.has_subgroups if subgroups is None else subgroups
+    shader, prelude = ("matvec_sg", dev.enables("subgroups")) if sg else ("matvec", "")
+    p = dev.pipeline(shader, prelude=prelude + quant_prelude(qtype),
+                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg})
     bg = dev.bind_group(p, [w, x, y])
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))

@@ -45,6 +45,10 @@ class NativeDevice(Device):
         self.info = {k: info.get(k, "") for k in ("vendor", "architecture", "device", "description",
                                                    "adapter_type", "backend_type")}
 
+    def enables(self, *exts):
+        # naga enables subgroup ops with the device feature and rejects `enable subgroups;`
+        return super().enables(*(e for e in exts if e != "subgroups"))
+
     def _create_buffer(self, size, kind, label):
         return self.device.create_buffer(size=size, usage=_USAGE[kind], label=label)
 
