@@ -286,3 +286,16 @@ def test_matvec_threads_per_row(dev, tpr, subgroups):
     y = dev.buffer(4 * rows)
     dev.submit(K.matvec(dev, "q5_0", k, rows, weight_buffer(dev, raw), f32(dev, x), y, tpr=tpr, subgroups=subgroups))
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
+
+
+def test_upload_chunks_copy_and_limits(dev):
+    from pyapp.source import BytesSource
+    data = np.arange(1001, dtype=np.uint8).tobytes() * 3        # odd length: padded to 4 bytes
+    a = dev.buffer(len(data))
+    dev.upload(a, BytesSource(b"xx" + data), 2, len(data), chunk=100)
+    assert dev.read(a, 0, len(data)) == data
+    b = dev.buffer(64)
+    dev.submit(dev.plan().copy(a, 8, b, 4, 32))
+    assert dev.read(b, 4, 32) == data[8:40]
+    with pytest.raises(GPUError, match="maxBufferSize"):
+        dev.buffer(dev.limits["max_buffer_size"] + 1)

@@ -162,6 +162,8 @@ class Device:
         mv = memoryview(data).cast("B")
         if len(mv) % 4:
             mv = memoryview(bytes(mv) + bytes(4 - len(mv) % 4))
+        if offset % 4:
+            raise GPUError(f"buffer writes need 4-byte aligned offsets, got {offset}")
         if offset + len(mv) > buf.size:
             raise GPUError(f"write of {len(mv)} bytes at {offset} overflows buffer {buf.label} ({buf.size})")
         self._write(buf, offset, mv)
@@ -169,6 +171,7 @@ class Device:
     def upload(self, buf: Buffer, source, src_offset: int, n: int, dst_offset: int = 0,
                chunk: int = UPLOAD_CHUNK) -> None:
         """Copy n bytes of a ByteSource (`read(offset, n)`) into buf, one chunk at a time."""
+        chunk &= ~3  # every chunk but the last lands on a 4-byte aligned offset
         done = 0
         while done < n:
             k = min(chunk, n - done)
@@ -178,6 +181,7 @@ class Device:
     async def upload_async(self, buf: Buffer, source, src_offset: int, n: int, dst_offset: int = 0,
                            chunk: int = UPLOAD_CHUNK) -> None:
         """As upload(), for sources whose read() is a coroutine (browser Blobs)."""
+        chunk &= ~3
         done = 0
         while done < n:
             k = min(chunk, n - done)

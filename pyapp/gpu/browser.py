@@ -171,8 +171,10 @@ class BrowserDevice(Device):
         if blob is None:
             return await super().upload_async(buf, source, src_offset, n, dst_offset, chunk)
         self._check()
+        if dst_offset % 4:
+            raise GPUError(f"buffer writes need 4-byte aligned offsets, got {dst_offset}")
         try:
-            await self.js.uploadBlob(self.device, buf.handle, dst_offset, blob, src_offset, n, chunk)
+            await self.js.uploadBlob(self.device, buf.handle, dst_offset, blob, src_offset, n, chunk & ~3)
         except Exception as e:
             raise GPUError(f"reading the model file failed at byte {src_offset}: {e}") from e
 

@@ -97,7 +97,9 @@ class NativeDevice(Device):
 
     def read(self, buf, offset=0, size=None):
         size = buf.size - offset if size is None else size
-        return bytes(self.queue.read_buffer(buf.handle, offset, size))
+        if offset % 4:
+            raise GPUError(f"readback offset {offset} is not a multiple of 4")
+        return bytes(self.queue.read_buffer(buf.handle, offset, (size + 3) & ~3))[:size]
 
     def sync(self) -> None:
         """Wait until the queue is idle (benchmarks)."""
