@@ -24,6 +24,9 @@ MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 READ_CHUNK = 1 << 20
+# Header reads start small and double: a small header costs one small read and a
+# 30 MB vocabulary a dozen, with little read past the header into tensor data.
+FIRST_READ, MAX_READ = 2 << 10, 4 << 20
 
 # ggml type id -> (name, elements per block, bytes per block), from ggml.h / ggml.c
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
@@ -117,6 +120,7 @@ class _Cursor:
         self.pos = 0
         self.buf = b""
         self.base = 0  # file offset of buf[0]
+        self.chunk = FIRST_READ
 
     def need(self, n: int, what: str) -> None:
         """Ensure n bytes at pos are buffered, or fail naming what was being read."""
@@ -124,7 +128,8 @@ class _Cursor:
         if end > self.size:
             raise GGUFError(f"truncated: {what} needs {n} bytes but the file ends at byte {self.size}", self.pos)
         if end > self.base + len(self.buf):
-            want = min(self.size - self.pos, max(n, READ_CHUNK))
+            want = min(self.size - self.pos, max(n, self.chunk))
+            self.chunk = min(self.chunk * 2, MAX_READ)
             try:
                 self.buf = self.src.read(self.pos, want)
             except SourceError as e:
@@ -232,9 +237,9 @@ def read_gguf(path_or_source) -> GGUFFile:
     n_kv = cur.scalar("Q", "metadata count")
     # each key/value takes at least 8 + 4 + 1 bytes, each tensor info at least 8 + 4 + 8 + 4 + 8
     if n_kv * 13 > src.size:
-        raise GGUFError(f"absurd metadata count {n_kv} for a {src.size}-byte file", 16)
+        raise GGUFError(f"absurd metadata count {n_kv}: cannot fit in a {src.size}-byte file (truncated or corrupt)", 16)
     if n_tensors * 32 > src.size:
-        raise GGUFError(f"absurd tensor count {n_tensors} for a {src.size}-byte file", 8)
+        raise GGUFError(f"absurd tensor count {n_tensors}: cannot fit in a {src.size}-byte file (truncated or corrupt)", 8)
 
     metadata: dict = {}
     for i in range(n_kv):

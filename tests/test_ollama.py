@@ -188,7 +188,8 @@ def test_header_only_reads_the_header(folder):
     assert m.parameter_count == GEMMA_PARAMS_COUNT
     model_reads = [(off, n) for p, off, n in reads if p == m.model.path]
     assert model_reads, "header was not read through the Directory"
-    assert max(off + n for off, n in model_reads) < 4096 < m.model.size - 64 * 1024 * 4
+    # the header is ~400 bytes; reads may run a few KiB past it, never through the 256 KiB tensor
+    assert max(off + n for off, n in model_reads) <= 8192 < m.model.size // 32
 
 
 def test_listing_without_headers_is_cheap_and_header_can_follow(folder):

@@ -1,0 +1,23 @@
+"""Shared fixtures: where the vendored llama.cpp files are (build.py setup puts them there)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENDORED = Path(os.environ.get("GEMMA4_VENDORED", ROOT / ".cache" / "llama.cpp"))
+VOCAB = VENDORED / "models" / "ggml-vocab-gemma-4.gguf"
+
+
+@pytest.fixture(scope="session")
+def vocab_gguf_path() -> Path:
+    if not VOCAB.exists():
+        pytest.skip(f"{VOCAB} missing: run `python3 build.py setup`")
+    return VOCAB
+
+
+@pytest.fixture(scope="session")
+def vocab_gguf(vocab_gguf_path):
+    from pyapp.gguf import read_gguf
+    return read_gguf(vocab_gguf_path)
