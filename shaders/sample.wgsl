@@ -33,3 +33,158 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
     }
     if (lid == 0u) { OUT[0] = select(bi[0], 0u, bi[0] == 0xffffffffu); }
 }
+
+// ---------------------------------------------------------------------------
+// Full sampler: OUT[0] = sampled token id. Mirrors reference.sampling.sample:
+// repeat penalty on the recent ids, then greedy (TEMP <= 0) or top-k (k <= 256,
+// radix select on the logit bits) -> softmax(l / TEMP) -> top-p -> min-p ->
+// pick with the caller's uniform U. One workgroup of 256 threads.
+// LW: the logits (modified in place by the penalty); SP: the per-token parameters.
+// Ties at the k-th value are kept up to 256 candidates, then ordered by id.
+// Dispatch: 1 workgroup.
+
+struct SampleParams {
+    temperature: f32,
+    top_p: f32,
+    min_p: f32,
+    u: f32,
+    repeat_penalty: f32,
+    top_k: u32,
+    n_recent: u32,
+    _pad: u32,
+    recent: array<u32, 64>,
+}
+
+@group(0) @binding(3) var<storage, read_write> LW: array<f32>;
+@group(0) @binding(2) var<storage, read> SP: SampleParams;
+
+const MAXK: u32 = 256u;
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> cand_v: array<f32, MAXK>;
+var<workgroup> cand_i: array<u32, MAXK>;
+var<workgroup> n_cand: atomic<u32>;
+var<workgroup> sel: vec2<u32>;          // x: key prefix so far, y: how many still wanted at/below it
+
+// Float -> u32 that sorts the same way (NaN treated as the lowest).
+fn key_of(v: f32) -> u32 {
+    if (v != v) { return 0u; }
+    let b = bitcast<u32>(v);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// Does candidate a come before b (larger logit, then lower id)?
+fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
+    return va > vb || (va == vb && ia < ib);
+}
+
+@compute @workgroup_size(256)
+fn sample(@builtin(local_invocation_index) lid: u32) {
+    // 1. repeat penalty, once per distinct recent id
+    if (SP.repeat_penalty != 1.0 && lid < SP.n_recent) {
+        let id = SP.recent[lid];
+        var first = id < V;
+        for (var j = 0u; j < lid; j++) { if (SP.recent[j] == id) { first = false; } }
+        if (first) {
+            let v = LW[id];
+            LW[id] = select(v * SP.repeat_penalty, v / SP.repeat_penalty, v > 0.0);
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // 2. k: greedy is top-1
+    var k = select(min(SP.top_k, MAXK), MAXK, SP.top_k == 0u);
+    if (SP.temperature <= 0.0) { k = 1u; }
+    k = min(k, V);
+
+    // 3. radix select: the key of the k-th largest logit, 8 bits at a time
+    if (lid == 0u) { sel = vec2<u32>(0u, k); atomicStore(&n_cand, 0u); }
+    for (var round = 0u; round < 4u; round++) {
+        let shift = 24u - 8u * round;
+        let mask = select(0xffffffffu << (shift + 8u), 0u, round == 0u);
+        atomicStore(&hist[lid], 0u);
+        workgroupBarrier();
+        let prefix = sel.x;
+        for (var i = lid; i < V; i += 256u) {
+            let key = key_of(LW[i]);
+            if ((key & mask) == prefix) { atomicAdd(&hist[(key >> shift) & 255u], 1u); }
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            var want = sel.y;
+            var b = 255u;
+            loop {
+                let c = atomicLoad(&hist[b]);
+                if (c >= want || b == 0u) { break; }
+                want -= c;
+                b -= 1u;
+            }
+            sel = vec2<u32>(prefix | (b << shift), want);
+        }
+        workgroupBarrier();
+    }
+    // 4. gather every key at or above the threshold (ties past 256 slots are dropped)
+    let thr = sel.x;
+    for (var i = lid; i < V; i += 256u) {
+        if (key_of(LW[i]) >= thr) {
+            let s = atomicAdd(&n_cand, 1u);
+            if (s < MAXK) { cand_v[s] = LW[i]; cand_i[s] = i; }
+        }
+    }
+    workgroupBarrier();
+    let gathered = min(atomicLoad(&n_cand), MAXK);
+    if (lid >= gathered) { cand_v[lid] = -3.4e38; cand_i[lid] = 0xffffffffu; }
+    let n = min(gathered, k);
+    workgroupBarrier();
+
+    // 5. bitonic sort of the 256 slots, best first
+    for (var size = 2u; size <= MAXK; size <<= 1u) {
+        for (var stride = size >> 1u; stride > 0u; stride >>= 1u) {
+            let j = lid ^ stride;
+            if (j > lid) {
+                let desc = (lid & size) == 0u;
+                let a_first = before(cand_v[lid], cand_i[lid], cand_v[j], cand_i[j]);
+                if (a_first != desc) {
+                    let tv = cand_v[lid]; cand_v[lid] = cand_v[j]; cand_v[j] = tv;
+                    let ti = cand_i[lid]; cand_i[lid] = cand_i[j]; cand_i[j] = ti;
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+
+    // 6. softmax over the k, top-p, min-p, pick (serial: k <= 256)
+    if (lid == 0u) {
+        if (SP.temperature <= 0.0 || n == 1u) { OUT[0] = cand_i[0]; return; }
+        var total = 0.0;
+        let top = cand_v[0];
+        for (var i = 0u; i < n; i++) {
+            let p = exp((cand_v[i] - top) / SP.temperature);
+            cand_v[i] = p;
+            total += p;
+        }
+        var keep = n;
+        if (SP.top_p > 0.0 && SP.top_p < 1.0) {
+            var c = 0.0;
+            for (var i = 0u; i < n; i++) {
+                c += cand_v[i] / total;
+                if (c >= SP.top_p) { keep = i + 1u; break; }
+            }
+        }
+        if (SP.min_p > 0.0) {
+            var m = 0u;
+            for (var i = 0u; i < n; i++) { if (cand_v[i] / total >= SP.min_p * cand_v[0] / total) { m++; } }
+            keep = min(keep, m);
+        }
+        keep = max(keep, 1u);
+        var kept = 0.0;
+        for (var i = 0u; i < keep; i++) { kept += cand_v[i]; }
+        var c = 0.0;
+        var pick = keep - 1u;
+        for (var i = 0u; i < keep; i++) {
+            c += cand_v[i] / kept;
+            if (c > SP.u) { pick = i; break; }
+        }
+        OUT[0] = cand_i[pick];
+    }
+}

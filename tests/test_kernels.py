@@ -134,28 +134,7 @@ def test_matmul(dev, qtype):
 
 # ---- per-token kernels ------------------------------------------------------------
 
-try:
-    from pyapp.reference.forward import gelu_tanh, rms_norm, rope_neox, softcap  # noqa: E402
-except ImportError:  # reference.quants not there yet: same formulas, kept in step with forward.py
-    def rms_norm(x, w, eps):
-        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-        return y * w if w is not None else y
-
-    def gelu_tanh(x):
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-    def softcap(x, cap):
-        return np.tanh(x / cap) * cap
-
-    def rope_neox(x, positions, dims, base, ff=None):
-        half = dims // 2
-        inv = base ** (-np.arange(half) * 2.0 / dims) / (1.0 if ff is None else ff[:half].astype(np.float64))
-        ang = positions[:, None].astype(np.float64) * inv[None]
-        cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
-        out = x.copy()
-        a, b = x[..., :half], x[..., half:dims]
-        out[..., :half], out[..., half:dims] = a * cos - b * sin, b * cos + a * sin
-        return out
+from pyapp.reference.forward import gelu_tanh, rms_norm, rope_neox, softcap  # noqa: E402
 
 
 @pytest.mark.parametrize("weighted,rpt", [(True, 1), (False, 3)])
@@ -299,3 +278,101 @@ def test_upload_chunks_copy_and_limits(dev):
     assert dev.read(b, 4, 32) == data[8:40]
     with pytest.raises(GPUError, match="maxBufferSize"):
         dev.buffer(dev.limits["max_buffer_size"] + 1)
+
+
+# ---- sampling, MoE, PLE ---------------------------------------------------------
+
+SAMPLE_CASES = [  # (temperature, top_k, top_p, min_p, repeat_penalty)
+    (0.0, 40, 0.9, 0.0, 1.0), (0.0, 40, 0.9, 0.0, 1.3), (1.0, 40, 0.95, 0.0, 1.0), (0.7, 5, 1.0, 0.0, 1.1),
+    (1.3, 0, 0.5, 0.05, 1.0), (1.0, 300, 1.0, 0.0, 1.0), (0.8, 64, 0.95, 0.1, 1.2),
+]
+
+
+@pytest.mark.parametrize("case", SAMPLE_CASES, ids=lambda c: "t{}-k{}-p{}-m{}-r{}".format(*c))
+def test_sample_matches_reference(dev, case):
+    from pyapp.reference.sampling import sample as ref_sample
+    temperature, top_k, top_p, min_p, rp = case
+    rng = np.random.default_rng(hash(case) % 2**32)
+    v = 5003
+    for trial in range(6):
+        logits = (rng.standard_normal(v) * 3).astype(np.float32)
+        recent = [int(i) for i in np.argsort(-logits)[:3]] + [int(i) for i in rng.integers(0, v, 10)]
+        recent += recent[:2]                                          # duplicates count once
+        u = float(rng.uniform())
+        want = ref_sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=rp, recent=recent, u=u)
+        lb, out = f32(dev, logits), dev.buffer(16)
+        params = dev.buffer(K.SAMPLE_PARAMS_BYTES)
+        dev.write(params, K.pack_sample_params(temperature, top_k, top_p, min_p, rp, recent, u))
+        dev.submit(K.sample(dev, v, lb, out, params))
+        got = int(np.frombuffer(dev.read(out, 0, 4), np.uint32)[0])
+        assert got == want, f"trial {trial}: gpu {got} vs reference {want}"
+
+
+def test_sample_follows_the_distribution(dev):
+    """Many draws with spread-out u land on each candidate in proportion to its probability."""
+    logits = np.full(1000, -20.0, np.float32)
+    logits[[7, 500, 999]] = [2.0, 1.0, 0.0]
+    p = np.exp([2.0, 1.0, 0.0]) / np.exp([2.0, 1.0, 0.0]).sum()
+    counts = {7: 0, 500: 0, 999: 0}
+    lb, out, params = f32(dev, logits), dev.buffer(16), dev.buffer(K.SAMPLE_PARAMS_BYTES)
+    n = 60
+    for i in range(n):
+        dev.write(params, K.pack_sample_params(1.0, 3, 1.0, 0.0, 1.0, [], (i + 0.5) / n))
+        dev.submit(K.sample(dev, 1000, lb, out, params))
+        counts[int(np.frombuffer(dev.read(out, 0, 4), np.uint32)[0])] += 1
+    assert abs(counts[7] / n - p[0]) < 0.03 and abs(counts[999] / n - p[2]) < 0.03
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
+def test_moe_route_experts_combine(dev, qtype):
+    rng = np.random.default_rng(21)
+    t, e, ksel, hidden, ff = 3, 11, 4, 256, 64 if qtype != "q4_k" else 256
+    logits = rng.standard_normal((t, e)).astype(np.float32)
+    step = u32(dev, t)
+    ids, wts = dev.buffer(4 * t * ksel), dev.buffer(4 * t * ksel)
+    plan = K.moe_route(dev, e, ksel, f32(dev, logits), ids, wts, step, t)
+    # fused gate_up [e, 2ff, hidden] on the shared input, then down [e, hidden, ff] per slot
+    raw_gu = random_tensor(qtype, e * 2 * ff, hidden, rng)
+    raw_dn = random_tensor(qtype, e * hidden, ff, rng)
+    gu_w = dequantize(qtype, raw_gu, e * 2 * ff, hidden).reshape(e, 2 * ff, hidden)
+    dn_w = dequantize(qtype, raw_dn, e * hidden, ff).reshape(e, hidden, ff)
+    scale = rng.uniform(0.5, 2, e).astype(np.float32)
+    x = rng.standard_normal((t, hidden)).astype(np.float32)
+    gu, act = dev.buffer(4 * t * ksel * 2 * ff), dev.buffer(4 * t * ksel * ff)
+    ye, out = dev.buffer(4 * t * ksel * hidden), dev.buffer(4 * t * hidden)
+    K.moe_experts(dev, qtype, hidden, 2 * ff, e, ksel, weight_buffer(dev, raw_gu), f32(dev, x), gu, ids, step, t, plan=plan)
+    K.moe_geglu(dev, ff, ksel, gu, act, step, t, plan=plan)
+    K.moe_experts(dev, qtype, ff, hidden, e, ksel, weight_buffer(dev, raw_dn), act, ye, ids, step, t,
+                  per_slot_input=True, plan=plan)
+    K.moe_combine(dev, hidden, ksel, ye, ids, wts, out, step, t, down_scale=f32(dev, scale), plan=plan)
+    dev.submit(plan)
+
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :ksel]
+    w = np.take_along_axis(probs, top, -1)
+    w /= w.sum(-1, keepdims=True)
+    assert (np.frombuffer(dev.read(ids, 0, 4 * t * ksel), np.uint32).reshape(t, ksel) == top).all()
+    np.testing.assert_allclose(read_f32(dev, wts, t * ksel).reshape(t, ksel), w, rtol=1e-5)
+    want = np.zeros((t, hidden))
+    for i in range(t):
+        for j, ex in enumerate(top[i]):
+            g, up = gu_w[ex, :ff] @ x[i], gu_w[ex, ff:] @ x[i]
+            want[i] += w[i, j] * scale[ex] * (dn_w[ex] @ (gelu_tanh(g) * up))
+    got = read_f32(dev, out, t * hidden).reshape(t, hidden)
+    np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
+
+
+def test_ple_combine(dev):
+    rng = np.random.default_rng(22)
+    t, tmax, n_layers, pd, hidden = 3, 5, 4, 64, 96
+    proj = rng.standard_normal((t, n_layers, pd)).astype(np.float32) * 5
+    emb = rng.standard_normal((t, n_layers, pd)).astype(np.float32)
+    nw = rng.standard_normal(pd).astype(np.float32)
+    out = dev.buffer(4 * n_layers * tmax * pd)
+    dev.submit(K.ple_combine(dev, n_layers, pd, tmax, f32(dev, proj), f32(dev, emb), f32(dev, nw), out,
+                             u32(dev, t), hidden, 1e-6))
+    got = read_f32(dev, out, n_layers * tmax * pd).reshape(n_layers, tmax, pd)[:, :t]
+    want = (rms_norm(proj / math.sqrt(hidden), nw, 1e-6) + emb) / math.sqrt(2)
+    np.testing.assert_allclose(got, want.transpose(1, 0, 2), atol=1e-5)

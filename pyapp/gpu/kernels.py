@@ -163,3 +163,74 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     p = dev.pipeline("attention", entry="attend", constants=c)
     bg = dev.bind_group(p, {0: q, 1: kc, 2: vc, 3: out, 4: step})
     return (plan or dev.plan()).dispatch(p, bg, heads, max_tokens)
+
+
+def sample(dev: Device, v: int, logits: Buffer, out: Buffer, params: Buffer, plan: Plan | None = None) -> Plan:
+    """out[0] = token sampled from logits[:v] (modified in place by the repeat penalty).
+
+    params: storage buffer laid out as shaders/sample.wgsl's SampleParams (see pack_sample_params)."""
+    p = dev.pipeline("sample", entry="sample", constants={"V": v})
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {1: out, 2: params, 3: logits}), 1)
+
+
+SAMPLE_PARAMS_BYTES = 32 + 64 * 4
+MAX_RECENT = 64
+
+
+def pack_sample_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                       recent, u: float) -> bytes:
+    """Bytes of SampleParams: f32 temperature, top_p, min_p, u, repeat_penalty; u32 top_k, n_recent, pad; u32 recent[64]."""
+    import struct
+    recent = list(recent)[-MAX_RECENT:]
+    head = struct.pack("<5f3I", temperature, top_p, min_p, u, repeat_penalty, max(0, top_k), len(recent), 0)
+    return head + struct.pack(f"<{MAX_RECENT}I", *(recent + [0] * (MAX_RECENT - len(recent))))
+
+
+def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buffer, weights: Buffer,
+              step: Buffer, max_tokens: int, plan: Plan | None = None) -> Plan:
+    """ids/weights [T, k_used] = top-k of softmax(logits [T, n_experts]), renormalized."""
+    p = dev.pipeline("moe", entry="route", prelude=quant_prelude(0), constants={"E": n_experts, "KSEL": k_used})
+    bg = dev.bind_group(p, {3: step, 4: ids, 5: weights, 6: logits})
+    return (plan or dev.plan()).dispatch(p, bg, max_tokens)
+
+
+def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
+                y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
+                plan: Plan | None = None, tpr: int = 64, wg: int = 256) -> Plan:
+    """y[t*k_used + j] = W[ids[t, j]] [n, k] @ x[t or t*k_used + j] for W [n_experts, n, k]."""
+    row_bytes(qtype, k)
+    p = dev.pipeline("moe", entry="experts", prelude=quant_prelude(qtype),
+                     constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,
+                                "XPER": k_used if per_slot_input else 1})
+    bg = dev.bind_group(p, {0: w, 1: x, 2: y, 3: step, 4: ids})
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
+
+
+def moe_geglu(dev: Device, ff: int, k_used: int, gate_up: Buffer, out: Buffer, step: Buffer, max_tokens: int,
+              plan: Plan | None = None) -> Plan:
+    """out[s, f] = gelu(gate_up[s, f]) * gate_up[s, ff + f] over the T * k_used slots."""
+    p = dev.pipeline("moe", entry="geglu_fused", prelude=quant_prelude(0), constants={"KSEL": k_used, "F": ff})
+    bg = dev.bind_group(p, {2: out, 3: step, 7: gate_up})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * k_used * ff))
+
+
+def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,
+                out: Buffer, step: Buffer, max_tokens: int, down_scale: Buffer | None = None,
+                plan: Plan | None = None) -> Plan:
+    """out[t] = sum_j weights[t, j] * expert_out[t*k_used + j] (* down_scale[ids[t, j]])."""
+    p = dev.pipeline("moe", entry="combine", prelude=quant_prelude(0),
+                     constants={"KSEL": k_used, "D": d, "HAS_SC": down_scale is not None})
+    res = {2: out, 3: step, 4: ids, 5: weights, 8: expert_out}
+    if down_scale is not None:
+        res[9] = down_scale
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * d))
+
+
+def ple_combine(dev: Device, n_layers: int, ple_dim: int, max_tokens: int, proj: Buffer, emb: Buffer,
+                norm_w: Buffer, out: Buffer, step: Buffer, hidden: int, eps: float,
+                plan: Plan | None = None) -> Plan:
+    """out [L, max_tokens, ple_dim] = (rms_norm(proj / sqrt(hidden)) * norm_w + emb) / sqrt(2)."""
+    p = dev.pipeline("ple", constants={"L": n_layers, "PD": ple_dim, "TMAX": max_tokens,
+                                       "PSCALE": hidden ** -0.5, "EPS": eps})
+    bg = dev.bind_group(p, [proj, emb, norm_w, out, step])
+    return (plan or dev.plan()).dispatch(p, bg, n_layers, max_tokens)

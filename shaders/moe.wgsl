@@ -1,0 +1,121 @@
+// Mixture of experts: router top-k, expert matvecs gathered by expert id, combine.
+//
+// Mirrors reference.forward ReferenceModel.moe (Ollama's gemma4 TextMoE):
+//   route:   probs = softmax(LOG[t, :E]); the KSEL largest (lowest id on ties)
+//            -> IDS[t, k]; WTS[t, k] = their probs renormalized to sum 1.
+//            One workgroup per token, serial over E (E <= a few hundred). Dispatch (T).
+//   experts: Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k] for slots s = t*KSEL + j,
+//            W raw GGUF bytes of [E, N, K]; xrow = t (XPER = 1, shared input) or s
+//            (XPER = KSEL, one input row per slot). Like matvec.wgsl, TPR threads per
+//            row. Dispatch (ceil(N / (WG/TPR)), T * KSEL).
+//   geglu_fused: G[s, f] = gelu_tanh(GU[s, f]) * GU[s, F + f] for a fused gate_up
+//            output [T*KSEL, 2F]. Dispatch ceil(T*KSEL*F / 64).
+//   combine: C[t, d] = sum_j WTS[t, j] * YE[t*KSEL + j, d] * SC[IDS[t*KSEL + j]]
+//            (SC: per-expert down scale, 1 when HAS_SC is false). Dispatch ceil(T*D / 64).
+// S.x = T tokens (uniform step params).
+
+override E: u32 = 1u;
+override KSEL: u32 = 1u;
+override K: u32 = 4u;
+override N: u32 = 1u;
+override XPER: u32 = 1u;
+override F: u32 = 1u;
+override D: u32 = 1u;
+override HAS_SC: bool = false;
+override TPR: u32 = 64u;
+override WG: u32 = 256u;
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> S: vec4<u32>;
+@group(0) @binding(4) var<storage, read_write> IDS: array<u32>;
+@group(0) @binding(5) var<storage, read_write> WTS: array<f32>;
+@group(0) @binding(6) var<storage, read> LOG: array<f32>;
+@group(0) @binding(7) var<storage, read> GU: array<f32>;
+@group(0) @binding(8) var<storage, read> YE: array<f32>;
+@group(0) @binding(9) var<storage, read> SC: array<f32>;
+
+//!include quants
+
+@compute @workgroup_size(1)
+fn route(@builtin(workgroup_id) wid: vec3<u32>) {
+    let t = wid.x;
+    if (t >= S.x) { return; }
+    let base = t * E;
+    var m = -3.4e38;
+    for (var e = 0u; e < E; e++) { m = max(m, LOG[base + e]); }
+    var total = 0.0;
+    for (var e = 0u; e < E; e++) { total += exp(LOG[base + e] - m); }
+    var chosen_sum = 0.0;
+    for (var j = 0u; j < KSEL; j++) {
+        var best = 0xffffffffu;
+        var bv = -3.4e38;
+        for (var e = 0u; e < E; e++) {
+            var taken = false;
+            for (var i = 0u; i < j; i++) { if (IDS[t * KSEL + i] == e) { taken = true; } }
+            let v = LOG[base + e];
+            if (!taken && (best == 0xffffffffu || v > bv)) { best = e; bv = v; }
+        }
+        let p = exp(bv - m) / total;
+        IDS[t * KSEL + j] = best;
+        WTS[t * KSEL + j] = p;
+        chosen_sum += p;
+    }
+    for (var j = 0u; j < KSEL; j++) { WTS[t * KSEL + j] /= chosen_sum; }
+}
+
+var<workgroup> red: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let slot = wid.y;
+    if (slot >= S.x * KSEL) { return; }
+    let row = wid.x * (WG / TPR) + lid / TPR;
+    let t = lid % TPR;
+    let e = IDS[slot];
+    let xrow = select(slot / KSEL, slot, XPER > 1u);
+    let gpb = QK / 4u;
+    let rowbase = (e * N + min(row, N - 1u)) * (K / QK) * QB;
+    var acc = 0.0;
+    for (var g = t; g < K / 4u; g += TPR) {
+        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[xrow * (K / 4u) + g]);
+    }
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { red[lid] += red[lid + s]; }
+        workgroupBarrier();
+    }
+    if (t == 0u && row < N) { Y[slot * N + row] = red[lid]; }
+}
+
+fn tanh_safe(x: f32) -> f32 {
+    return tanh(clamp(x, -15.0, 15.0));
+}
+
+@compute @workgroup_size(64)
+fn geglu_fused(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    if (i >= S.x * KSEL * F) { return; }
+    let s = i / F;
+    let f = i % F;
+    let g = GU[s * 2u * F + f];
+    Y[i] = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g))) * GU[s * 2u * F + F + f];
+}
+
+@compute @workgroup_size(64)
+fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 64u;
+    if (i >= S.x * D) { return; }
+    let t = i / D;
+    let d = i % D;
+    var acc = 0.0;
+    for (var j = 0u; j < KSEL; j++) {
+        let s = t * KSEL + j;
+        var w = WTS[s];
+        if (HAS_SC) { w *= SC[IDS[s]]; }
+        acc += w * YE[s * D + d];
+    }
+    Y[i] = acc;
+}
