@@ -61,7 +61,10 @@ def cmd_logits(args) -> int:
     import numpy as np
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     model = _model(_open(args.model), args.backend)
-    logits = np.asarray(model.forward(tokens), dtype=np.float32)
+    rows = model.forward(tokens)
+    if args.backend != "reference":   # the engine returns raw little-endian f32 rows
+        rows = [np.frombuffer(r, dtype="<f4") for r in rows]
+    logits = np.asarray(rows, dtype=np.float32)
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -83,25 +86,35 @@ def cmd_generate(args) -> int:
         out = ReferenceModel(g).generate_greedy(ids, args.max_tokens)
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
-    from .engine import Engine, SamplingParams
-    engine = Engine.open(g, backend=args.backend)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    for piece in engine.generate_text(ids, tok, params):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    from .engine import Engine
+    engine = Engine.open(g, backend=args.backend, context_length=args.context)
+    res = engine.generate(ids, _params(args), on_token=_print_piece)
     sys.stdout.write("\n")
+    print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
+          f"{res.decode_tps:.1f} tok/s, {res.stop_reason}]", file=sys.stderr)
     return 0
+
+
+def _params(args):
+    from .engine import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+
+
+def _print_piece(_tok, piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def cmd_chat(args) -> int:
     from .chat import Conversation
-    from .engine import Engine, SamplingParams
+    from .engine import Engine
     g = _open(args.model)
     tok = _tokenizer(g)
-    engine = Engine.open(g, backend=args.backend)
+    engine = Engine.open(g, backend=args.backend, context_length=args.context)
     conv = Conversation(system=args.system)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    print("Gemma 4 chat. Empty line or Ctrl-D quits.")
+    params = _params(args)
+    print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
     while True:
         try:
             text = input("> ")
@@ -111,21 +124,24 @@ def cmd_chat(args) -> int:
             break
         conv.add_user(text)
         ids = tok.encode(conv.prompt(), add_bos=False)
-        reply = []
-        for piece in engine.generate_text(ids, tok, params):
-            reply.append(piece)
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        stop = []
+        try:
+            res = engine.generate(ids, params, on_token=_print_piece, should_stop=lambda: bool(stop))
+        except KeyboardInterrupt:
+            stop.append(True)
+            print("\n[stopped]")
+            conv.pop_last() if hasattr(conv, "pop_last") else None
+            continue
         sys.stdout.write("\n")
-        conv.add_assistant("".join(reply))
+        conv.add_assistant(res.text)
     return 0
 
 
 def cmd_bench(args) -> int:
     from .engine import Engine
     g = _open(args.model)
-    engine = Engine.open(g, backend=args.backend)
-    result = engine.bench(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens)
+    engine = Engine.open(g, backend=args.backend, context_length=args.context)
+    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens)
     if args.json:
         print(json.dumps(result))
     else:
@@ -165,7 +181,12 @@ def main(argv=None) -> int:
             p.add_argument("--system", default=None)
         p.add_argument("--max-tokens", type=int, default=256)
         p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--top-k", type=int, default=64)
+        p.add_argument("--top-p", type=float, default=0.95)
+        p.add_argument("--min-p", type=float, default=0.0)
+        p.add_argument("--repeat-penalty", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--context", type=int, default=4096, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         p.set_defaults(fn=fn)
 
@@ -174,6 +195,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
     p.set_defaults(fn=cmd_bench)
 
@@ -181,9 +203,11 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except Exception as e:  # our errors carry the message a user needs
+        from .engine import EngineError
         from .gguf import GGUFError
+        from .gpu import GPUError
         from .model.config import ConfigError
-        if isinstance(e, (GGUFError, ConfigError, OSError)):
+        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, OSError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

@@ -26,6 +26,9 @@ SHAPES = {
                 vocab=262144, window=512, pattern=5, shared=20, ple=256, double_wide=True, softcap=30.0),
     "e4b": dict(hidden=2560, layers=42, ffn=10240, heads=8, kv_heads=2, head_dim=256, global_head_dim=512,
                 vocab=262144, window=512, pattern=6, shared=18, ple=256, double_wide=False, softcap=30.0),
+    # E2B's structure at toy size (SSG SSG + 2 KV-shared), for engine-vs-reference tests
+    "tiny": dict(hidden=256, layers=8, ffn=512, heads=4, kv_heads=1, head_dim=64, global_head_dim=128,
+                 vocab=1000, window=8, pattern=3, shared=2, ple=64, double_wide=True, softcap=30.0),
 }
 
 # Bytes per block and where the f16 scale(s) sit inside it.

@@ -1,0 +1,367 @@
+"""Gemma 4 forward pass on the GPU: weights on the device and the dispatch plans.
+
+Mirrors pyapp/reference/forward.py (itself Ollama's model_text.go) op for op;
+each block below names the reference function it mirrors. The plans are built
+once per shape and replayed per step with only the small per-step buffers
+rewritten (token ids, positions, PLE rows, sampling parameters):
+
+  layers(T)   embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
+              (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill)
+  head(row)   final norm, output projection and softcap for one row of the last
+              step, then the sampler writes the next token id on the GPU
+
+Activations are f32; weights stay in their GGUF encoding and are dequantized
+inside the kernels. Tensors bigger than one storage binding are split by rows.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from dataclasses import dataclass
+
+from ..gpu import Buffer, Device, GPUError, Plan
+from ..gpu import kernels as K
+from .config import Gemma4Config, LayerConfig
+
+WEIGHT_PAD = 4  # kernels read whole u32 words: a block may end mid-word
+
+
+class ModelError(ValueError):
+    """The GGUF lacks a tensor the graph needs or stores one in a form we cannot run."""
+
+
+@dataclass
+class Part:
+    buffer: Buffer
+    row0: int
+    rows: int
+
+
+@dataclass
+class GpuTensor:
+    name: str
+    qtype: int
+    shape: tuple          # ggml order: shape[0] is the row length
+    parts: list           # [Part]: row ranges, each within one binding
+
+    @property
+    def buffer(self) -> Buffer:
+        if len(self.parts) != 1:
+            raise ModelError(f"{self.name} is split over {len(self.parts)} buffers; this op needs it whole")
+        return self.parts[0].buffer
+
+
+def f32_bytes(gguf, name: str) -> bytes:
+    """A small tensor (norm weights, scales) as little-endian f32 bytes, without numpy."""
+    t = gguf.tensor(name)
+    raw = gguf.read_tensor(name)
+    if t.type == 0:
+        return raw
+    if t.type == 1:
+        return array("f", struct.unpack(f"<{len(raw) // 2}e", raw)).tobytes()
+    if t.type == 30:
+        return array("I", [h << 16 for h in array("H", raw)]).tobytes()
+    raise ModelError(f"{name} is {t.type_name}; vectors must be F32, F16 or BF16")
+
+
+def _scaled(data: bytes, factor: float) -> bytes:
+    return array("f", [v * factor for v in array("f", data)]).tobytes()
+
+
+def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
+    """Yield (GpuTensor | None, Buffer, file offset, n bytes) for every matrix to upload.
+
+    Small f32 vectors are returned separately by `vectors`; `skip` names tensors
+    read per token from the file instead (the PLE table is as big as the model)."""
+    limit = min(dev.limits.get("max_storage_buffer_binding_size", 1 << 27),
+                dev.limits.get("max_buffer_size", 1 << 28))
+    for t in gguf.tensors.values():
+        if t.name in skip or len(t.shape) < 2:
+            continue
+        rows = t.n_elements // t.shape[0]
+        rb = t.row_bytes
+        per = rows if t.nbytes + WEIGHT_PAD <= limit else max(64, (limit - WEIGHT_PAD) // rb // 64 * 64)
+        if per * rb + WEIGHT_PAD > limit:
+            raise ModelError(f"{t.name}: one row block ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
+        parts = []
+        for r0 in range(0, rows, per):
+            n = min(per, rows - r0)
+            parts.append(Part(dev.buffer(n * rb + WEIGHT_PAD, label=t.name), r0, n))
+        gt = GpuTensor(t.name, t.type, t.shape, parts)
+        for p in parts:
+            yield gt, p.buffer, t.offset + p.row0 * rb, p.rows * rb
+
+
+class Gemma4Graph:
+    """Device buffers (weights, KV cache, activations) and the plans that use them."""
+
+    def __init__(self, dev: Device, cfg: Gemma4Config, gguf, weights: dict[str, GpuTensor],
+                 context_length: int, chunk: int = 64):
+        self.dev, self.cfg, self.gguf, self.w = dev, cfg, gguf, weights
+        self.ctx = context_length
+        self.chunk = chunk
+        self._check_supported()
+        self.vec = self._vectors()
+        self._alloc()
+        self._plans: dict = {}
+
+    # -- set-up ------------------------------------------------------------
+    def _check_supported(self):
+        for name, t in self.w.items():
+            if t.qtype not in K.QUANTS:
+                raise ModelError(f"{name} is stored as {self.gguf.tensor(name).type_name}, which has no GPU kernel "
+                                 f"(supported: {', '.join(sorted(n.upper() for n, _, _ in K.QUANTS.values()))})")
+        need = ["token_embd.weight", "output_norm.weight"]
+        for lc in self.cfg.layers:
+            p = f"blk.{lc.index}."
+            need += [p + "attn_norm.weight", p + "attn_q.weight", p + "attn_output.weight"]
+        missing = [n for n in need if n not in self.gguf.tensors]
+        if missing:
+            raise ModelError(f"the GGUF lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+
+    def _vectors(self) -> dict[str, Buffer]:
+        """Every 1-D tensor (norms, scales, rope freqs) as an f32 buffer; derived constants too."""
+        dev, cfg, g = self.dev, self.cfg, self.gguf
+        out = {}
+        for t in g.tensors.values():
+            if len(t.shape) == 1:
+                data = f32_bytes(g, t.name)
+                if t.name.endswith("ffn_gate_inp.scale"):
+                    data = _scaled(data, 1.0 / math.sqrt(cfg.hidden))  # router: rms_norm(h)/sqrt(d)*scale
+                b = dev.buffer(len(data), label=t.name)
+                dev.write(b, data)
+                out[t.name] = b
+        if cfg.is_moe:
+            for lc in cfg.layers:
+                if f"blk.{lc.index}.ffn_gate_inp.weight" in g.tensors and \
+                        f"blk.{lc.index}.ffn_gate_inp.scale" not in out:
+                    ones = array("f", [1.0 / math.sqrt(cfg.hidden)] * cfg.hidden).tobytes()
+                    b = dev.buffer(len(ones))
+                    dev.write(b, ones)
+                    out[f"blk.{lc.index}.ffn_gate_inp.scale"] = b
+        return out
+
+    def _alloc(self):
+        dev, cfg, T = self.dev, self.cfg, self.chunk
+        f = lambda n, label="": dev.buffer(4 * max(n, 4), label=label)  # noqa: E731
+        hd = max(lc.head_dim for lc in cfg.layers)
+        kvh = max(lc.n_kv_heads for lc in cfg.layers)
+        ff = max(lc.ffn_dim for lc in cfg.layers)
+        d, H = cfg.hidden, cfg.n_heads
+        self.step = dev.buffer(16, "uniform", "step")          # x: tokens this step, y: first position
+        self.one = dev.buffer(16, "uniform", "one")            # x = 1: for the per-row head ops
+        dev.write(self.one, struct.pack("<4I", 1, 0, 0, 0))
+        self.ids = dev.buffer(4 * T, label="ids")
+        self.iota = dev.buffer(4 * T, label="iota")
+        dev.write(self.iota, array("I", range(T)).tobytes())
+        for name in ("x", "xn", "o", "o2", "f", "f2"):
+            setattr(self, name, f(T * d, name))
+        self.qraw, self.q, self.attn = f(T * H * hd), f(T * H * hd), f(T * H * hd)
+        self.kraw, self.k, self.vraw, self.v = (f(T * kvh * hd) for _ in range(4))
+        self.gate, self.up, self.act = f(T * ff), f(T * ff), f(T * ff)
+        if cfg.is_moe:
+            E, KS, eff = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
+            self.rlog, self.rids, self.rwts = f(T * E), f(T * KS), f(T * KS)
+            self.gu, self.eact, self.ye = f(T * KS * 2 * eff), f(T * KS * eff), f(T * KS * d)
+            self.eg, self.eu = f(T * KS * eff), f(T * KS * eff)
+        if cfg.ple_dim:
+            L, pd = cfg.n_layers, cfg.ple_dim
+            table = self.gguf.tensor("per_layer_token_embd.weight")
+            self.ple_row_bytes = table.row_bytes
+            self.ple_rows = dev.buffer(T * table.row_bytes + WEIGHT_PAD, label="ple rows")
+            self.ple_emb, self.ple_proj = f(T * L * pd), f(T * L * pd)
+            self.ple_in = f(L * self._ple_stride(T) * pd, "ple in")
+            self.pg, self.pa, self.pp = f(T * pd), f(T * pd), f(T * d)
+        self.xlast, self.xlast_n = f(d), f(d)
+        self.logits = f(cfg.vocab_size, "logits")
+        self.token = dev.buffer(16, label="token")
+        self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
+        # KV cache: global layers hold the whole context; sliding layers a ring big
+        # enough for the window plus one chunk of new tokens.
+        self.kv = {}
+        for lc in cfg.layers:
+            if lc.shares_kv:
+                continue
+            n = self.kv_slots(lc)
+            size = lc.n_kv_heads * n * lc.head_dim
+            self.kv[lc.index] = (f(size, f"k cache {lc.index}"), f(size, f"v cache {lc.index}"), n)
+
+    def kv_slots(self, lc: LayerConfig) -> int:
+        if lc.sliding and self.cfg.sliding_window:
+            return min(self.ctx, self.cfg.sliding_window + self.chunk - 1)
+        return self.ctx
+
+    def _ple_stride(self, T: int) -> int:
+        """Tokens per layer slice of ple_in, so each slice starts on a bindable offset."""
+        align = self.dev.limits.get("min_storage_buffer_offset_alignment", 256)
+        s = T
+        while (s * self.cfg.ple_dim * 4) % align:
+            s += 1
+        return s
+
+    # -- plan pieces ----------------------------------------------------------
+    def _mm(self, plan: Plan, name: str, x: Buffer, y: Buffer, T: int):
+        """y[T, n] = x[T, k] @ W^T: matvec for one token, tiled matmul for a chunk."""
+        t = self.w[name]
+        k, n = t.shape[0], t.shape[1]
+        if T == 1:
+            for p in t.parts:
+                out = y if len(t.parts) == 1 else (y, 4 * p.row0, 4 * p.rows)
+                K.matvec(self.dev, t.qtype, k, p.rows, p.buffer, x, out, plan=plan)
+        else:
+            K.matmul(self.dev, t.qtype, k, n, t.buffer, x, y, self.step, n_tokens=T, plan=plan)
+
+    def _norm(self, plan, x, y, weight: str | None, d, T, rows_per_token=1, step=None):
+        w = self.vec[weight] if weight else None
+        K.rms_norm(self.dev, d, x, y, w, step or self.step, max_tokens=T, rows_per_token=rows_per_token,
+                   eps=self.cfg.eps, plan=plan)
+
+    def _embed(self, plan, T):
+        """reference: x = token_embd[tokens] * sqrt(hidden) (+ per-layer inputs)."""
+        cfg, dev = self.cfg, self.dev
+        t = self.w["token_embd.weight"]
+        for p in t.parts:
+            K.embed(dev, t.qtype, cfg.hidden, p.buffer, self.ids, self.x, self.step, T,
+                    scale=math.sqrt(cfg.hidden), row0=p.row0, nrows=p.rows, plan=plan)
+        if cfg.ple_dim:   # reference: per_layer_inputs
+            L, pd = cfg.n_layers, cfg.ple_dim
+            table = self.gguf.tensor("per_layer_token_embd.weight")
+            K.embed(dev, table.type, L * pd, self.ple_rows, self.iota, self.ple_emb, self.step, T,
+                    scale=math.sqrt(pd), plan=plan)
+            self._mm(plan, "per_layer_model_proj.weight", self.x, self.ple_proj, T)
+            K.ple_combine(dev, L, pd, self._ple_stride(T), self.ple_proj, self.ple_emb,
+                          self.vec["per_layer_proj_norm.weight"], self.ple_in, self.step, cfg.hidden,
+                          cfg.eps, plan=plan)
+
+    def _attention(self, plan, lc: LayerConfig, T):
+        """reference: ReferenceModel.attention on xn, result in self.o."""
+        cfg, dev, p = self.cfg, self.dev, f"blk.{lc.index}."
+        H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
+        ff = None if lc.sliding else self.vec.get("rope_freqs.weight")
+        self._mm(plan, p + "attn_q.weight", self.xn, self.qraw, T)
+        self._norm(plan, self.qraw, self.q, p + "attn_q_norm.weight", hd, T, rows_per_token=H)
+        K.rope(dev, self.q, self.step, H, hd, lc.rope_dims, lc.rope_base, T, freq_factors=ff, plan=plan)
+        kc, vc, slots = self.kv[lc.kv_source]
+        if not lc.shares_kv:
+            self._mm(plan, p + "attn_k.weight", self.xn, self.kraw, T)
+            vsrc = self.kraw          # no attn_v (attention_k_eq_v): V is the raw K projection
+            if p + "attn_v.weight" in self.w:
+                self._mm(plan, p + "attn_v.weight", self.xn, self.vraw, T)
+                vsrc = self.vraw
+            self._norm(plan, self.kraw, self.k, p + "attn_k_norm.weight", hd, T, rows_per_token=kvh)
+            self._norm(plan, vsrc, self.v, None, hd, T, rows_per_token=kvh)
+            K.rope(dev, self.k, self.step, kvh, hd, lc.rope_dims, lc.rope_base, T, freq_factors=ff, plan=plan)
+            K.kv_store(dev, self.k, self.v, kc, vc, self.step, kvh, hd, slots, T, plan=plan)
+        window = cfg.sliding_window if lc.sliding else 0
+        K.attention(dev, self.q, kc, vc, self.attn, self.step, H, kvh, hd, slots, T, window=window, plan=plan)
+        self._mm(plan, p + "attn_output.weight", self.attn, self.o, T)
+
+    def _mlp(self, plan, p: str, x: Buffer, out: Buffer, T: int, ff: int):
+        """reference: ReferenceModel.mlp (GeGLU)."""
+        self._mm(plan, p + "ffn_gate.weight", x, self.gate, T)
+        self._mm(plan, p + "ffn_up.weight", x, self.up, T)
+        K.elementwise(self.dev, "geglu", ff, self.gate, self.step, T, b=self.up, out=self.act, plan=plan)
+        self._mm(plan, p + "ffn_down.weight", self.act, out, T)
+
+    def _moe(self, plan, p: str, T: int, out: Buffer):
+        """reference: ReferenceModel.moe: router on the raw residual self.x, experts on pre_ffw_norm_2(x)."""
+        cfg, dev = self.cfg, self.dev
+        E, KS, eff, d = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.hidden
+        self._norm(plan, self.x, self.o2, p + "ffn_gate_inp.scale", d, T)
+        self._mm(plan, p + "ffn_gate_inp.weight", self.o2, self.rlog, T)
+        K.moe_route(dev, E, KS, self.rlog, self.rids, self.rwts, self.step, T, plan=plan)
+        self._norm(plan, self.x, self.xn, p + "pre_ffw_norm_2.weight", d, T)
+        if p + "ffn_gate_up_exps.weight" in self.w:
+            gu = self.w[p + "ffn_gate_up_exps.weight"]
+            K.moe_experts(dev, gu.qtype, d, 2 * eff, E, KS, gu.buffer, self.xn, self.gu, self.rids, self.step, T,
+                          plan=plan)
+            K.moe_geglu(dev, eff, KS, self.gu, self.eact, self.step, T, plan=plan)
+        else:
+            g, u = self.w[p + "ffn_gate_exps.weight"], self.w[p + "ffn_up_exps.weight"]
+            K.moe_experts(dev, g.qtype, d, eff, E, KS, g.buffer, self.xn, self.eg, self.rids, self.step, T, plan=plan)
+            K.moe_experts(dev, u.qtype, d, eff, E, KS, u.buffer, self.xn, self.eu, self.rids, self.step, T, plan=plan)
+            K.elementwise(dev, "geglu", KS * eff, self.eg, self.step, T, b=self.eu, out=self.eact, plan=plan)
+        dn = self.w[p + "ffn_down_exps.weight"]
+        K.moe_experts(dev, dn.qtype, eff, d, E, KS, dn.buffer, self.eact, self.ye, self.rids, self.step, T,
+                      per_slot_input=True, plan=plan)
+        K.moe_combine(dev, d, KS, self.ye, self.rids, self.rwts, out, self.step, T,
+                      down_scale=self.vec.get(p + "ffn_down_exps.scale"), plan=plan)
+
+    def _layer(self, plan, lc: LayerConfig, T: int):
+        """reference: ReferenceModel.layer; the residual stream lives in self.x."""
+        cfg, dev, p, d = self.cfg, self.dev, f"blk.{lc.index}.", self.cfg.hidden
+        add = lambda a, b: K.elementwise(dev, "add", d, a, self.step, T, b=b, plan=plan)  # noqa: E731
+        self._norm(plan, self.x, self.xn, p + "attn_norm.weight", d, T)
+        self._attention(plan, lc, T)
+        self._norm(plan, self.o, self.o2, p + "post_attention_norm.weight", d, T)
+        add(self.x, self.o2)                                              # h = x + attn
+        if p + "ffn_gate_inp.weight" in self.w:
+            self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
+            self._mlp(plan, p, self.xn, self.o, T, lc.ffn_dim)
+            self._norm(plan, self.o, self.f, p + "post_ffw_norm_1.weight", d, T)
+            self._moe(plan, p, T, self.o)
+            self._norm(plan, self.o, self.f2, p + "post_ffw_norm_2.weight", d, T)
+            add(self.f, self.f2)
+        else:
+            self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
+            self._mlp(plan, p, self.xn, self.f, T, lc.ffn_dim)
+        self._norm(plan, self.f, self.o2, p + "post_ffw_norm.weight", d, T)
+        add(self.x, self.o2)
+        if cfg.ple_dim:
+            pd = cfg.ple_dim
+            stride = self._ple_stride(T) * pd * 4
+            self._mm(plan, p + "inp_gate.weight", self.x, self.pg, T)
+            K.elementwise(dev, "geglu", pd, self.pg, self.step, T, b=(self.ple_in, lc.index * stride, stride),
+                          out=self.pa, plan=plan)
+            self._mm(plan, p + "proj.weight", self.pa, self.pp, T)
+            self._norm(plan, self.pp, self.o2, p + "post_norm.weight", d, T)
+            add(self.x, self.o2)
+        if p + "layer_output_scale.weight" in self.vec:
+            K.elementwise(dev, "scale", d, self.x, self.step, T, b=self.vec[p + "layer_output_scale.weight"], plan=plan)
+
+    # -- plans ------------------------------------------------------------------
+    def layers_plan(self, T: int) -> Plan:
+        """Embeddings and every layer for up to T tokens (T is 1 or the chunk size)."""
+        key = ("layers", T)
+        if key not in self._plans:
+            plan = self.dev.plan()
+            self._embed(plan, T)
+            for lc in self.cfg.layers:
+                self._layer(plan, lc, T)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def head_plan(self, row: int, sample: bool) -> Plan:
+        """Logits of row `row` of the last step (final norm, output, softcap) [+ sampling]."""
+        key = ("head", row, sample)
+        if key not in self._plans:
+            cfg, dev, d = self.cfg, self.dev, self.cfg.hidden
+            plan = dev.plan().copy(self.x, 4 * d * row, self.xlast, 0, 4 * d)
+            self._norm(plan, self.xlast, self.xlast_n, "output_norm.weight", d, 1, step=self.one)
+            head = self.w.get("output.weight") or self.w["token_embd.weight"]
+            for p in head.parts:
+                out = self.logits if len(head.parts) == 1 else (self.logits, 4 * p.row0, 4 * p.rows)
+                K.matvec(dev, head.qtype, d, p.rows, p.buffer, self.xlast_n, out, plan=plan)
+            if cfg.final_softcap:
+                K.elementwise(dev, "softcap", cfg.vocab_size, self.logits, self.one, 1, cap=cfg.final_softcap,
+                              plan=plan)
+            if sample:
+                K.sample(dev, cfg.vocab_size, self.logits, self.token, self.sample_params, plan=plan)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    # -- per-step inputs ----------------------------------------------------------
+    def write_step(self, tokens: list[int], pos0: int) -> None:
+        """Token ids, positions and (PLE models) the tokens' per-layer embedding rows."""
+        dev = self.dev
+        if not 0 < len(tokens) <= self.chunk:
+            raise GPUError(f"a step takes 1..{self.chunk} tokens, got {len(tokens)}")
+        dev.write(self.step, struct.pack("<4I", len(tokens), pos0, 0, 0))
+        dev.write(self.ids, array("I", tokens).tobytes())
+        if self.cfg.ple_dim:
+            t = self.gguf.tensor("per_layer_token_embd.weight")
+            rb = self.ple_row_bytes
+            rows = b"".join(self.gguf.source.read(t.offset + tok * rb, rb) for tok in tokens)
+            dev.write(self.ple_rows, rows)
