@@ -11,6 +11,7 @@
 
 override K: u32;
 override N: u32;
+override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W writes its columns of a wider Y
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
@@ -54,11 +55,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
+    let ldy = select(LDY, N, LDY == 0u);
     for (var b = 0u; b < 2u; b++) {
         let t = t0 + ty + 16u * b;
         if (t < T) {
-            if (r0 + tx < N) { Y[t * N + r0 + tx] = acc[b].x; }
-            if (r0 + tx + 16u < N) { Y[t * N + r0 + tx + 16u] = acc[b].y; }
+            if (r0 + tx < N) { Y[t * ldy + r0 + tx] = acc[b].x; }
+            if (r0 + tx + 16u < N) { Y[t * ldy + r0 + tx + 16u] = acc[b].y; }
         }
     }
 }

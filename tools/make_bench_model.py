@@ -29,7 +29,15 @@ SHAPES = {
     # E2B's structure at toy size (SSG SSG + 2 KV-shared), for engine-vs-reference tests
     "tiny": dict(hidden=256, layers=8, ffn=512, heads=4, kv_heads=1, head_dim=64, global_head_dim=128,
                  vocab=1000, window=8, pattern=3, shared=2, ple=64, double_wide=True, softcap=30.0),
+    # 26B-A4B's structure at toy size: dense MLP + 8 experts (2 used), no V on global layers
+    "tiny-moe": dict(hidden=256, layers=6, ffn=256, heads=4, kv_heads=2, head_dim=64, global_head_dim=128,
+                     vocab=1000, window=8, pattern=3, shared=0, ple=0, double_wide=False, softcap=30.0,
+                     experts=8, experts_used=2, expert_ffn=256, global_kv_heads=1, k_eq_v=True),
 }
+
+# Matrices up to this many elements get quantized real-valued weights; bigger ones
+# random quant blocks (fast to make; speed does not depend on the values).
+SMALL = 1 << 22
 
 # Bytes per block and where the f16 scale(s) sit inside it.
 BLOCKS = {
@@ -54,12 +62,23 @@ def random_blocks(rng, n_elements: int, qtype) -> np.ndarray:
 
 def add_matrix(w: GGUFWriter, rng, name: str, ne0: int, ne1: int, qtype, n3: int = 1):
     shape = (n3, ne1, ne0) if n3 > 1 else (ne1, ne0)   # numpy order (reversed GGUF ne)
+    n = ne0 * ne1 * n3
+    if n <= SMALL:
+        # toy sizes: real-valued weights (fan-in scaled, so activations stay O(1)), quantized
+        from pyapp.reference.quants import quantize
+        data = (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(ne0)).astype(np.float32)
+        if qtype == T.F16:
+            w.add_tensor(name, data.astype(np.float16))
+            return
+        raw = np.frombuffer(quantize(data, qtype.name), np.uint8)
+        w.add_tensor(name, raw.reshape(*shape[:-1], -1), raw_dtype=qtype)
+        return
     if qtype == T.F16:
-        data = (rng.standard_normal(ne0 * ne1 * n3, dtype=np.float32) * 0.02).astype(np.float16).reshape(shape)
+        data = (rng.standard_normal(n, dtype=np.float32) * 0.02).astype(np.float16).reshape(shape)
         w.add_tensor(name, data)
         return
     elems, size, _ = BLOCKS[qtype]
-    raw = random_blocks(rng, ne0 * ne1 * n3, qtype).reshape(*shape[:-1], ne0 // elems * size)
+    raw = random_blocks(rng, n, qtype).reshape(*shape[:-1], ne0 // elems * size)
     w.add_tensor(name, raw, raw_dtype=qtype)   # gguf-py takes the byte shape of quantized rows
 
 
@@ -84,7 +103,7 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
     w.add_embedding_length(s["hidden"])
     w.add_feed_forward_length(ffn)
     w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
+    w.add_head_count_kv([s["kv_heads"] if sl else s.get("global_kv_heads", s["kv_heads"]) for sl in pattern])
     w.add_rope_freq_base(1_000_000.0)
     w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
     w.add_layer_norm_rms_eps(1e-6)
@@ -96,6 +115,12 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
     w.add_sliding_window(s["window"])
     w.add_uint32(f"{arch}.attention.shared_kv_layers", s["shared"])
     w.add_uint32(f"{arch}.embedding_length_per_layer_input", s["ple"])
+    experts = s.get("experts", 0)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(s["experts_used"])
+        w.add_uint32(f"{arch}.expert_feed_forward_length", s["expert_ffn"])
+    kv_heads = [s["kv_heads"] if sl else s.get("global_kv_heads", s["kv_heads"]) for sl in pattern]
     w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
     w.add_rope_dimension_count(s["global_head_dim"])
     w.add_uint32(f"{arch}.rope.dimension_count_swa", s["head_dim"])
@@ -103,9 +128,10 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
 
     h, V, ple = s["hidden"], s["vocab"], s["ple"]
     add_matrix(w, rng, "token_embd.weight", h, V, qtype)
-    add_matrix(w, rng, "per_layer_token_embd.weight", ple * n, V, qtype)
-    add_matrix(w, rng, "per_layer_model_proj.weight", h, ple * n, T.F16)
-    add_vector(w, rng, "per_layer_proj_norm.weight", ple)
+    if ple:
+        add_matrix(w, rng, "per_layer_token_embd.weight", ple * n, V, qtype)
+        add_matrix(w, rng, "per_layer_model_proj.weight", h, ple * n, T.F16)
+        add_vector(w, rng, "per_layer_proj_norm.weight", ple)
     n_rot = s["global_head_dim"] // 8        # partial_rotary_factor 0.25 -> pairs rotated
     w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (s["global_head_dim"] // 2 - n_rot), np.float32))
     add_vector(w, rng, "output_norm.weight", h)
@@ -115,9 +141,10 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
         add_vector(w, rng, p + "attn_norm.weight", h)
         add_matrix(w, rng, p + "attn_q.weight", h, s["heads"] * hd, qtype)
         add_vector(w, rng, p + "attn_q_norm.weight", hd)
-        add_matrix(w, rng, p + "attn_k.weight", h, s["kv_heads"] * hd, qtype)
+        add_matrix(w, rng, p + "attn_k.weight", h, kv_heads[i] * hd, qtype)
         add_vector(w, rng, p + "attn_k_norm.weight", hd)
-        add_matrix(w, rng, p + "attn_v.weight", h, s["kv_heads"] * hd, qtype)
+        if pattern[i] or not s.get("k_eq_v"):
+            add_matrix(w, rng, p + "attn_v.weight", h, kv_heads[i] * hd, qtype)
         add_matrix(w, rng, p + "attn_output.weight", s["heads"] * hd, h, qtype)
         add_vector(w, rng, p + "post_attention_norm.weight", h)
         add_vector(w, rng, p + "ffn_norm.weight", h)
@@ -125,9 +152,19 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
         add_matrix(w, rng, p + "ffn_up.weight", h, ffn[i], qtype)
         add_matrix(w, rng, p + "ffn_down.weight", ffn[i], h, qtype)
         add_vector(w, rng, p + "post_ffw_norm.weight", h)
-        add_matrix(w, rng, p + "inp_gate.weight", h, ple, T.F16)
-        add_matrix(w, rng, p + "proj.weight", ple, h, T.F16)
-        add_vector(w, rng, p + "post_norm.weight", h)
+        if experts:
+            eff = s["expert_ffn"]
+            add_matrix(w, rng, p + "ffn_gate_inp.weight", h, experts, T.F16)
+            add_vector(w, rng, p + "ffn_gate_inp.scale", h)
+            add_matrix(w, rng, p + "ffn_gate_up_exps.weight", h, 2 * eff, qtype, n3=experts)
+            add_matrix(w, rng, p + "ffn_down_exps.weight", eff, h, qtype, n3=experts)
+            add_vector(w, rng, p + "ffn_down_exps.scale", experts)
+            for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                add_vector(w, rng, p + norm + ".weight", h)
+        if ple:
+            add_matrix(w, rng, p + "inp_gate.weight", h, ple, T.F16)
+            add_matrix(w, rng, p + "proj.weight", ple, h, T.F16)
+            add_vector(w, rng, p + "post_norm.weight", h)
         add_vector(w, rng, p + "layer_output_scale.weight", 1, value=0.5)
 
     w.write_header_to_file()
@@ -139,7 +176,7 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="e2b")
-    ap.add_argument("--quant", choices=[t.name for t in BLOCKS], default="Q4_K")
+    ap.add_argument("--quant", choices=[t.name for t in BLOCKS] + ["Q4_1", "Q5_0", "Q5_1"], default="Q4_K")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

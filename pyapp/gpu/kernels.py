@@ -70,14 +70,15 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y: Buffer,
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
-def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y: Buffer, params: Buffer,
-           n_tokens: int, plan: Plan | None = None) -> Plan:
+def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
+           n_tokens: int, plan: Plan | None = None, ldy: int = 0) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params (uniform, u32 x4) must hold t in .x.
 
-    n_tokens sizes the dispatch: the most tokens this plan will see.
+    n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
+    stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
-    p = dev.pipeline("matmul", prelude=quant_prelude(qtype), constants={"K": k, "N": n})
+    p = dev.pipeline("matmul", prelude=quant_prelude(qtype), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, [w, x, y, params])
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // 32), -(-n_tokens // 32))

@@ -82,6 +82,7 @@ def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
             continue
         rows = t.n_elements // t.shape[0]
         rb = t.row_bytes
+        # row blocks of a multiple of 64 rows: their outputs start on 256-byte aligned offsets
         per = rows if t.nbytes + WEIGHT_PAD <= limit else max(64, (limit - WEIGHT_PAD) // rb // 64 * 64)
         if per * rb + WEIGHT_PAD > limit:
             raise ModelError(f"{t.name}: one row block ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
@@ -210,8 +211,12 @@ class Gemma4Graph:
             for p in t.parts:
                 out = y if len(t.parts) == 1 else (y, 4 * p.row0, 4 * p.rows)
                 K.matvec(self.dev, t.qtype, k, p.rows, p.buffer, x, out, plan=plan)
-        else:
+        elif len(t.parts) == 1:
             K.matmul(self.dev, t.qtype, k, n, t.buffer, x, y, self.step, n_tokens=T, plan=plan)
+        else:   # row blocks write their columns of y: bound from the block's first column on
+            for p in t.parts:
+                K.matmul(self.dev, t.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
+                         self.step, n_tokens=T, plan=plan, ldy=n)
 
     def _norm(self, plan, x, y, weight: str | None, d, T, rows_per_token=1, step=None):
         w = self.vec[weight] if weight else None
