@@ -1,0 +1,126 @@
+"""Benchmarks: engine prefill/decode speed and matvec bandwidth, against the memory-bandwidth bound.
+
+    python bench/bench.py --models tests/fixtures/*.gguf            # committed fixtures
+    python bench/bench.py --make e2b:Q4_K --workdir /tmp            # full-size random-weight E2B
+    python bench/bench.py --kernels                                 # matvec GB/s per quant type
+
+Prints one JSON object per line. Decode reads every active weight once per token,
+so tokens/s <= bandwidth / bytes_per_token; `bound_tok_s` states that bound for the
+bandwidth given by --bandwidth (GB/s; default: the best matvec figure measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bytes_per_token(gguf) -> int:
+    """Weight bytes one decode step reads: every matrix once (the tied embedding as the head),
+    plus one row of the per-layer embedding table; MoE: only the routed experts."""
+    from pyapp.model.config import Gemma4Config
+    cfg = Gemma4Config.from_gguf(gguf)
+    total = 0
+    for t in gguf.tensors.values():
+        if t.name == "per_layer_token_embd.weight":
+            total += t.row_bytes
+        elif t.name == "token_embd.weight":
+            total += t.nbytes + t.row_bytes           # head reads it all, the lookup one row
+        elif "_exps." in t.name and len(t.shape) == 3:
+            total += t.nbytes * cfg.n_experts_used // cfg.n_experts
+        else:
+            total += t.nbytes
+    return total
+
+
+def bench_model(path: str, args) -> dict:
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    g = read_gguf(path)
+    t = time.perf_counter()
+    eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk)
+    load_s = time.perf_counter() - t
+    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+    bpt = bytes_per_token(g)
+    r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
+             bytes_per_token=bpt, chunk=args.chunk)
+    if args.bandwidth:
+        r["bound_tok_s"] = round(args.bandwidth * 1e9 / bpt, 1)
+    return r
+
+
+def bench_kernels(args) -> list[dict]:
+    """Matvec over an E2B-sized FFN matrix per quant type, 50 dispatches per submit."""
+    import numpy as np
+    from pyapp.gpu import get_device
+    from pyapp.gpu import kernels as K
+    dev = get_device("native")
+    n, k = 6144, 1536
+    out = []
+    rng = np.random.default_rng(0)
+    x = dev.buffer(4 * k)
+    dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
+    y = dev.buffer(4 * n)
+    for q in ("f32", "f16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
+        nbytes = K.row_bytes(q, k) * n
+        w = dev.buffer(nbytes + 4)
+        dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
+        for sg in sorted({False, dev.has_subgroups}):
+            plan = dev.plan()
+            for _ in range(50):
+                K.matvec(dev, q, k, n, w, x, y, plan=plan, subgroups=sg)
+            s = dev.time_plan(plan, repeat=5) / 50
+            out.append({"kernel": "matvec", "quant": q, "subgroups": sg, "rows": n, "cols": k,
+                        "us": round(s * 1e6, 2), "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()})
+    # the dispatch floor: an empty-ish elementwise op
+    step = dev.buffer(16, "uniform")
+    dev.write(step, (1).to_bytes(4, "little") * 4)
+    plan = dev.plan()
+    for _ in range(500):
+        K.elementwise(dev, "add", 4, y, step, 1, b=x, plan=plan)
+    s = dev.time_plan(plan, repeat=5) / 500
+    out.append({"kernel": "tiny-dispatch", "us": round(s * 1e6, 2), "adapter": dev.describe()})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="*", default=[])
+    ap.add_argument("--make", nargs="*", default=[], help="shape:QUANT for tools/make_bench_model.py, e.g. e2b:Q4_K")
+    ap.add_argument("--workdir", default="/tmp")
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--bandwidth", type=float, default=0.0, help="GB/s for the bound (0: best matvec measured)")
+    args = ap.parse_args()
+    if args.kernels:
+        rows = bench_kernels(args)
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        if not args.bandwidth:
+            args.bandwidth = max(r.get("gb_s", 0) for r in rows)
+    models = list(args.models)
+    for spec in args.make:
+        shape, quant = spec.split(":")
+        path = os.path.join(args.workdir, f"bench-{shape}-{quant}.gguf")
+        if not os.path.exists(path):
+            subprocess.run([sys.executable, str(ROOT / "tools" / "make_bench_model.py"), "--shape", shape,
+                            "--quant", quant, "--out", path], check=True)
+        models.append(path)
+    for m in models:
+        print(json.dumps(bench_model(m, args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
