@@ -104,22 +104,22 @@ class Engine:
 
     @staticmethod
     def _load_steps(dev: Device, gguf, progress, cancelled):
-        """Yield (buffer, offset, n) uploads; returns the weights dict."""
+        """Yield (buffer, file offset, n, buffer offset) uploads; returns the weights dict."""
         weights = {}
         uploads = []
         try:
-            for gt, buf, off, n in plan_uploads(dev, gguf):
+            for gt, buf, off, n, dst in plan_uploads(dev, gguf):
                 weights[gt.name] = gt
-                uploads.append((buf, off, n))
+                uploads.append((buf, off, n, dst))
         except GPUError as e:
             raise EngineError(f"out of GPU memory while allocating the weights: {e}") from e
         except ModelError as e:
             raise EngineError(str(e)) from e
-        total, done, t0 = sum(n for _, _, n in uploads), 0, time.perf_counter()
-        for buf, off, n in uploads:
+        total, done, t0 = sum(u[2] for u in uploads), 0, time.perf_counter()
+        for buf, off, n, dst in uploads:
             if cancelled and cancelled():
                 raise EngineError("loading cancelled")
-            yield buf, off, n
+            yield buf, off, n, dst
             done += n
             if progress:
                 progress(done, total, time.perf_counter() - t0)
@@ -145,8 +145,8 @@ class Engine:
         steps = cls._load_steps(dev, gguf, progress, cancelled)
         try:
             while True:
-                buf, off, n = next(steps)
-                dev.upload(buf, gguf.source, off, n)
+                buf, off, n, dst = next(steps)
+                dev.upload(buf, gguf.source, off, n, dst_offset=dst)
         except StopIteration as stop:
             weights = stop.value
         return cls._finish(dev, gguf, weights, ctx, chunk)
@@ -160,8 +160,8 @@ class Engine:
         steps = cls._load_steps(device, gguf, progress, cancelled)
         try:
             while True:
-                buf, off, n = next(steps)
-                await device.upload_async(buf, gguf.source, off, n)
+                buf, off, n, dst = next(steps)
+                await device.upload_async(buf, gguf.source, off, n, dst_offset=dst)
         except StopIteration as stop:
             weights = stop.value
         return cls._finish(device, gguf, weights, ctx, chunk)

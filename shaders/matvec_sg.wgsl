@@ -9,12 +9,26 @@ override K: u32;
 override N: u32;
 override TPR: u32 = 64u;
 override WG: u32 = 256u;
+override MODE: u32 = 0u;      // epilogue: 0 y = Wx; 1 GeGLU y = gelu(W[r]x) * W[N+r]x; 2 y = gelu(Wx) * B
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<storage, read> B: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
+var<workgroup> red2: array<f32, WG>;
+
+fn gelu_tanh(g: f32) -> f32 {
+    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
+}
+
+// The epilogue: what row `row` of Y gets from its dot product(s).
+fn finish(row: u32, a: f32, b: f32) -> f32 {
+    if (MODE == 1u) { return gelu_tanh(a) * b; }
+    if (MODE == 2u) { return gelu_tanh(a) * B[row]; }
+    return a;
+}
 
 //!include quants
 
@@ -26,26 +40,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = lid % TPR;
     let gpb = QK / 4u;
     let rowbase = min(row, N - 1u) * (K / QK) * QB;
+    let rowbase2 = rowbase + N * (K / QK) * QB;       // MODE 1: the up half, N rows further
     var acc = 0.0;
+    var acc2 = 0.0;
     for (var g = t; g < K / 4u; g += TPR) {
-        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]);
+        let x = X[g];
+        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), x);
+        if (MODE == 1u) { acc2 += dot(dq4(rowbase2 + (g / gpb) * QB, g % gpb), x); }
     }
     if (sg <= TPR) {
         let s = subgroupAdd(acc);
-        if (lane == 0u) { red[lid] = s; }
+        let s2 = subgroupAdd(acc2);
+        if (lane == 0u) {
+            red[lid] = s;
+            red2[lid] = s2;
+        }
         workgroupBarrier();
         if (t == 0u && row < N) {
             var tot = 0.0;
-            for (var k = 0u; k < TPR; k += sg) { tot += red[lid + k]; }
-            Y[row] = tot;
+            var tot2 = 0.0;
+            for (var k = 0u; k < TPR; k += sg) {
+                tot += red[lid + k];
+                tot2 += red2[lid + k];
+            }
+            Y[row] = finish(row, tot, tot2);
         }
     } else {
         red[lid] = acc;
+        red2[lid] = acc2;
         workgroupBarrier();
         for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-            if (t < s) { red[lid] += red[lid + s]; }
+            if (t < s) {
+                red[lid] += red[lid + s];
+                red2[lid] += red2[lid + s];
+            }
             workgroupBarrier();
         }
-        if (t == 0u && row < N) { Y[row] = red[lid]; }
+        if (t == 0u && row < N) { Y[row] = finish(row, red[lid], red2[lid]); }
     }
 }

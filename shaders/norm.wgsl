@@ -1,30 +1,39 @@
 // RMSNorm: y = x / sqrt(mean(x^2) + eps) [* w]   (Gemma 4 stores w as is, no +1)
 //
 // Mirrors reference.forward.rms_norm / ggml_rms_norm (+ ggml_mul by the weight).
-// X, Y: f32 [T * RPT, D] (RPT rows per token: 1 for hidden states, heads for
-// the per-head q/k/v norms). Wt: f32 [D] (bound but unused when HAS_W is false).
-// S.x = T (uniform step params). One workgroup per row, tree reduction.
-// Dispatch: T * RPT workgroups, split into (x, y) above 65535.
+// X: f32 [T * RPT, D] (RPT rows per token: 1 for hidden states, heads for the
+// per-head q/k/v norms). Wt: f32 [D] (unused when HAS_W is false). S.x = T.
+// One workgroup per row, tree reduction. Dispatch: T * RPT workgroups, split
+// into (x, y) above 65535. Entry points:
+//   main:       Y = norm(X) [* Wt]
+//   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
+//               optionally times layer_output_scale (saves two dispatches)
+//   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
+//               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
+//               / FF[i]); token t = row / RPT sits at position S.y + t.
 
 override D: u32;
 override RPT: u32 = 1u;
 override EPS: f32 = 1e-6;
 override HAS_W: bool = true;
+override HAS_SC: bool = false;
+override NROT: u32 = 0u;
+override BASE: f32 = 10000.0;
+override HAS_FF: bool = false;
 override WG: u32 = 256u;
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(2) var<storage, read> Wt: array<f32>;
 @group(0) @binding(3) var<uniform> S: vec4<u32>;
+@group(0) @binding(4) var<storage, read_write> A: array<f32>;
+@group(0) @binding(5) var<storage, read> SC: array<f32>;
+@group(0) @binding(6) var<storage, read> FF: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= S.x * RPT) { return; }       // uniform per workgroup: barriers stay legal
-    let base = row * D;
+// 1 / rms of row `base`, shared by every thread of the workgroup.
+fn inv_rms(base: u32, lid: u32) -> f32 {
     var ss = 0.0;
     for (var i = lid; i < D; i += WG) {
         let v = X[base + i];
@@ -36,10 +45,55 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (lid < s) { red[lid] += red[lid + s]; }
         workgroupBarrier();
     }
-    let inv = inverseSqrt(red[0] / f32(D) + EPS);
+    return inverseSqrt(red[0] / f32(D) + EPS);
+}
+
+fn weight(i: u32) -> f32 {
+    return select(1.0, Wt[i], HAS_W);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.x * RPT) { return; }       // uniform per workgroup: barriers stay legal
+    let base = row * D;
+    let inv = inv_rms(base, lid);
+    for (var i = lid; i < D; i += WG) { Y[base + i] = X[base + i] * inv * weight(i); }
+}
+
+@compute @workgroup_size(WG)
+fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.x * RPT) { return; }
+    let base = row * D;
+    let inv = inv_rms(base, lid);
+    var sc = 1.0;
+    if (HAS_SC) { sc = SC[0]; }
+    for (var i = lid; i < D; i += WG) { A[base + i] = (A[base + i] + X[base + i] * inv * weight(i)) * sc; }
+}
+
+@compute @workgroup_size(WG)
+fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.x * RPT) { return; }
+    let base = row * D;
+    let inv = inv_rms(base, lid);
+    let half = NROT / 2u;
+    let pos = f32(S.y + row / RPT);
     for (var i = lid; i < D; i += WG) {
-        var v = X[base + i] * inv;
-        if (HAS_W) { v *= Wt[i]; }
-        Y[base + i] = v;
+        if (i < half) {
+            var inv_freq = pow(BASE, -2.0 * f32(i) / f32(NROT));
+            if (HAS_FF) { inv_freq /= FF[i]; }
+            let a = pos * inv_freq;
+            let x0 = X[base + i] * inv * weight(i);
+            let x1 = X[base + i + half] * inv * weight(i + half);
+            Y[base + i] = x0 * cos(a) - x1 * sin(a);
+            Y[base + i + half] = x1 * cos(a) + x0 * sin(a);
+        } else if (i >= NROT) {
+            Y[base + i] = X[base + i] * inv * weight(i);
+        }
     }
 }

@@ -376,3 +376,47 @@ def test_ple_combine(dev):
     got = read_f32(dev, out, n_layers * tmax * pd).reshape(n_layers, tmax, pd)[:, :t]
     want = (rms_norm(proj / math.sqrt(hidden), nw, 1e-6) + emb) / math.sqrt(2)
     np.testing.assert_allclose(got, want.transpose(1, 0, 2), atol=1e-5)
+
+
+def test_add_normed_with_scale(dev):
+    rng = np.random.default_rng(23)
+    t, d = 5, 300
+    x, a = rng.standard_normal((t, d)).astype(np.float32), rng.standard_normal((t, d)).astype(np.float32)
+    w, sc = rng.standard_normal(d).astype(np.float32), np.float32(0.7)
+    ab = f32(dev, a)
+    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), u32(dev, t), t, scale=f32(dev, [sc])))
+    np.testing.assert_allclose(read_f32(dev, ab, t * d).reshape(t, d), (a + rms_norm(x, w, 1e-6)) * sc, atol=1e-5)
+
+
+@pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
+def test_norm_rope(dev, hd, nrot, ff):
+    rng = np.random.default_rng(24)
+    t, h, pos0 = 3, 4, 17
+    x = rng.standard_normal((t, h, hd)).astype(np.float32)
+    w = rng.standard_normal(hd).astype(np.float32)
+    ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
+    y = dev.buffer(x.nbytes)
+    dev.submit(K.norm_rope(dev, f32(dev, x), y, f32(dev, w), u32(dev, t, pos0), h, hd, nrot, 10000.0, t,
+                           freq_factors=f32(dev, ffv) if ff else None))
+    want = rope_neox(rms_norm(x, w, 1e-6), pos0 + np.arange(t), nrot, 10000.0, ffv)
+    np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), want, atol=3e-5)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k", "f16"])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_epilogues(dev, qtype, subgroups):
+    """geglu: one matvec over [gate; up] rows; gelu_times: gelu(Wx) * b (the PLE gate)."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(25)
+    n, k = 45, 512
+    raw = random_tensor(qtype, 2 * n, k, rng)
+    w = dequantize(qtype, raw, 2 * n, k)
+    x, b = rng.standard_normal(k), rng.standard_normal(n)
+    wb, xb = weight_buffer(dev, raw), f32(dev, x)
+    y = dev.buffer(4 * n)
+    dev.submit(K.matvec(dev, qtype, k, n, wb, xb, y, subgroups=subgroups, geglu=True))
+    gate, up = w[:n] @ x, w[n:] @ x
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
+    dev.submit(K.matvec(dev, qtype, k, n, wb, xb, y, subgroups=subgroups, gelu_times=f32(dev, b)))
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())

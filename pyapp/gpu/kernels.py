@@ -54,18 +54,22 @@ def groups(n: int) -> tuple[int, int]:
     return -(-n // y), y
 
 
-def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y: Buffer,
-           plan: Plan | None = None, tpr: int = 64, wg: int = 256, subgroups: bool | None = None) -> Plan:
+def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Plan | None = None,
+           tpr: int = 64, wg: int = 256, subgroups: bool | None = None, geglu: bool = False,
+           gelu_times: Buffer | tuple | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
+    geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
+    gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
     subgroups: use the subgroupAdd variant (default: when the device has the feature).
     """
     row_bytes(qtype, k)
     sg = dev.has_subgroups if subgroups is None else subgroups
     shader, prelude = ("matvec_sg", dev.enables("subgroups")) if sg else ("matvec", "")
+    mode = 1 if geglu else 2 if gelu_times is not None else 0
     p = dev.pipeline(shader, prelude=prelude + quant_prelude(qtype),
-                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg})
-    bg = dev.bind_group(p, [w, x, y])
+                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode})
+    bg = dev.bind_group(p, [w, x, y, gelu_times if gelu_times is not None else dev.dummy])
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
@@ -94,6 +98,24 @@ def rms_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, s
     p = dev.pipeline("norm", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "HAS_W": weight is not None})
     bg = dev.bind_group(p, [x, y, weight if weight is not None else dev.dummy, step])
     return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens * rows_per_token))
+
+
+def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step: Buffer, max_tokens: int,
+               eps: float = 1e-6, scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale)."""
+    p = dev.pipeline("norm", entry="add_normed", constants={"D": d, "EPS": eps, "HAS_SC": scale is not None})
+    res = {0: x, 2: weight, 3: step, 4: acc, 5: scale if scale is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
+
+
+def norm_rope(dev: Device, x: Buffer, y: Buffer, weight: Buffer, step: Buffer, heads: int, head_dim: int,
+              rot_dims: int, base: float, max_tokens: int, eps: float = 1e-6, freq_factors: Buffer | None = None,
+              plan: Plan | None = None) -> Plan:
+    """y = rope(rms_norm(x) * weight) per head of x [T, heads, head_dim] (q/k norm + RoPE in one pass)."""
+    p = dev.pipeline("norm", entry="norm_rope", constants={
+        "D": head_dim, "RPT": heads, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
+    res = {0: x, 1: y, 2: weight, 3: step, 6: freq_factors if freq_factors is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * heads))
 
 
 def rope(dev: Device, x: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
@@ -221,9 +243,7 @@ def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffe
     """out[t] = sum_j weights[t, j] * expert_out[t*k_used + j] (* down_scale[ids[t, j]])."""
     p = dev.pipeline("moe", entry="combine", prelude=quant_prelude(0),
                      constants={"KSEL": k_used, "D": d, "HAS_SC": down_scale is not None})
-    res = {2: out, 3: step, 4: ids, 5: weights, 8: expert_out}
-    if down_scale is not None:
-        res[9] = down_scale
+    res = {2: out, 3: step, 4: ids, 5: weights, 8: expert_out, 9: down_scale if down_scale is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * d))
 
 

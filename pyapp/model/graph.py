@@ -71,15 +71,29 @@ def _scaled(data: bytes, factor: float) -> bytes:
 
 
 def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
-    """Yield (GpuTensor | None, Buffer, file offset, n bytes) for every matrix to upload.
+    """Yield (GpuTensor, Buffer, file offset, n bytes, buffer offset) for every matrix to upload.
 
-    Small f32 vectors are returned separately by `vectors`; `skip` names tensors
-    read per token from the file instead (the PLE table is as big as the model)."""
+    Small f32 vectors are made by Gemma4Graph itself; `skip` names tensors read per
+    token from the file instead (the PLE table is as big as the model). A layer's
+    ffn_gate and ffn_up share one buffer (gate rows, then up rows) as
+    `blk.N.ffn_gate_up.weight`, so one dispatch computes both and the GeGLU."""
     limit = min(dev.limits.get("max_storage_buffer_binding_size", 1 << 27),
                 dev.limits.get("max_buffer_size", 1 << 28))
+    fused = set()
     for t in gguf.tensors.values():
-        if t.name in skip or len(t.shape) < 2:
+        if t.name in skip or t.name in fused or len(t.shape) < 2:
             continue
+        if t.name.endswith(".ffn_gate.weight"):
+            up = gguf.tensors.get(t.name.replace(".ffn_gate.", ".ffn_up."))
+            if up is not None and (up.type, up.shape) == (t.type, t.shape) and t.nbytes % 4 == 0 \
+                    and 2 * t.nbytes + WEIGHT_PAD <= limit:
+                fused.add(up.name)
+                buf = dev.buffer(2 * t.nbytes + WEIGHT_PAD, label=t.name)
+                gt = GpuTensor(t.name.replace(".ffn_gate.", ".ffn_gate_up."), t.type, (t.shape[0], 2 * t.shape[1]),
+                               [Part(buf, 0, 2 * t.shape[1])])
+                yield gt, buf, t.offset, t.nbytes, 0
+                yield gt, buf, up.offset, up.nbytes, t.nbytes
+                continue
         rows = t.n_elements // t.shape[0]
         rb = t.row_bytes
         # row blocks of a multiple of 64 rows: their outputs start on 256-byte aligned offsets
@@ -92,7 +106,7 @@ def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
             parts.append(Part(dev.buffer(n * rb + WEIGHT_PAD, label=t.name), r0, n))
         gt = GpuTensor(t.name, t.type, t.shape, parts)
         for p in parts:
-            yield gt, p.buffer, t.offset + p.row0 * rb, p.rows * rb
+            yield gt, p.buffer, t.offset + p.row0 * rb, p.rows * rb, 0
 
 
 class Gemma4Graph:
@@ -161,7 +175,7 @@ class Gemma4Graph:
             setattr(self, name, f(T * d, name))
         self.qraw, self.q, self.attn = f(T * H * hd), f(T * H * hd), f(T * H * hd)
         self.kraw, self.k, self.vraw, self.v = (f(T * kvh * hd) for _ in range(4))
-        self.gate, self.up, self.act = f(T * ff), f(T * ff), f(T * ff)
+        self.gate, self.up, self.act, self.gu_dense = f(T * ff), f(T * ff), f(T * ff), f(T * 2 * ff)
         if cfg.is_moe:
             E, KS, eff = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
             self.rlog, self.rids, self.rwts = f(T * E), f(T * KS), f(T * KS)
@@ -246,8 +260,8 @@ class Gemma4Graph:
         H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
         ff = None if lc.sliding else self.vec.get("rope_freqs.weight")
         self._mm(plan, p + "attn_q.weight", self.xn, self.qraw, T)
-        self._norm(plan, self.qraw, self.q, p + "attn_q_norm.weight", hd, T, rows_per_token=H)
-        K.rope(dev, self.q, self.step, H, hd, lc.rope_dims, lc.rope_base, T, freq_factors=ff, plan=plan)
+        K.norm_rope(dev, self.qraw, self.q, self.vec[p + "attn_q_norm.weight"], self.step, H, hd, lc.rope_dims,
+                    lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
         kc, vc, slots = self.kv[lc.kv_source]
         if not lc.shares_kv:
             self._mm(plan, p + "attn_k.weight", self.xn, self.kraw, T)
@@ -255,19 +269,29 @@ class Gemma4Graph:
             if p + "attn_v.weight" in self.w:
                 self._mm(plan, p + "attn_v.weight", self.xn, self.vraw, T)
                 vsrc = self.vraw
-            self._norm(plan, self.kraw, self.k, p + "attn_k_norm.weight", hd, T, rows_per_token=kvh)
+            K.norm_rope(dev, self.kraw, self.k, self.vec[p + "attn_k_norm.weight"], self.step, kvh, hd,
+                        lc.rope_dims, lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
             self._norm(plan, vsrc, self.v, None, hd, T, rows_per_token=kvh)
-            K.rope(dev, self.k, self.step, kvh, hd, lc.rope_dims, lc.rope_base, T, freq_factors=ff, plan=plan)
             K.kv_store(dev, self.k, self.v, kc, vc, self.step, kvh, hd, slots, T, plan=plan)
         window = cfg.sliding_window if lc.sliding else 0
         K.attention(dev, self.q, kc, vc, self.attn, self.step, H, kvh, hd, slots, T, window=window, plan=plan)
         self._mm(plan, p + "attn_output.weight", self.attn, self.o, T)
 
     def _mlp(self, plan, p: str, x: Buffer, out: Buffer, T: int, ff: int):
-        """reference: ReferenceModel.mlp (GeGLU)."""
-        self._mm(plan, p + "ffn_gate.weight", x, self.gate, T)
-        self._mm(plan, p + "ffn_up.weight", x, self.up, T)
-        K.elementwise(self.dev, "geglu", ff, self.gate, self.step, T, b=self.up, out=self.act, plan=plan)
+        """reference: ReferenceModel.mlp (GeGLU); gate and up fused when they share a buffer."""
+        dev = self.dev
+        if p + "ffn_gate_up.weight" in self.w:
+            gu = self.w[p + "ffn_gate_up.weight"]
+            if T == 1:
+                K.matvec(dev, gu.qtype, gu.shape[0], ff, gu.buffer, x, self.act, geglu=True, plan=plan)
+            else:
+                K.matmul(dev, gu.qtype, gu.shape[0], 2 * ff, gu.buffer, x, self.gu_dense, self.step, n_tokens=T,
+                         plan=plan)
+                K.moe_geglu(dev, ff, 1, self.gu_dense, self.act, self.step, T, plan=plan)
+        else:
+            self._mm(plan, p + "ffn_gate.weight", x, self.gate, T)
+            self._mm(plan, p + "ffn_up.weight", x, self.up, T)
+            K.elementwise(dev, "geglu", ff, self.gate, self.step, T, b=self.up, out=self.act, plan=plan)
         self._mm(plan, p + "ffn_down.weight", self.act, out, T)
 
     def _moe(self, plan, p: str, T: int, out: Buffer):
@@ -297,34 +321,38 @@ class Gemma4Graph:
     def _layer(self, plan, lc: LayerConfig, T: int):
         """reference: ReferenceModel.layer; the residual stream lives in self.x."""
         cfg, dev, p, d = self.cfg, self.dev, f"blk.{lc.index}.", self.cfg.hidden
-        add = lambda a, b: K.elementwise(dev, "add", d, a, self.step, T, b=b, plan=plan)  # noqa: E731
+        out_scale = self.vec.get(p + "layer_output_scale.weight")
+
+        def add_normed(y: Buffer, norm: str, last: bool = False):   # x = (x + norm(y)) [* layer scale]
+            K.add_normed(dev, d, y, self.x, self.vec[p + norm], self.step, T, eps=cfg.eps,
+                         scale=out_scale if last else None, plan=plan)
+
         self._norm(plan, self.x, self.xn, p + "attn_norm.weight", d, T)
         self._attention(plan, lc, T)
-        self._norm(plan, self.o, self.o2, p + "post_attention_norm.weight", d, T)
-        add(self.x, self.o2)                                              # h = x + attn
+        add_normed(self.o, "post_attention_norm.weight")                   # h = x + attn
         if p + "ffn_gate_inp.weight" in self.w:
             self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
             self._mlp(plan, p, self.xn, self.o, T, lc.ffn_dim)
             self._norm(plan, self.o, self.f, p + "post_ffw_norm_1.weight", d, T)
             self._moe(plan, p, T, self.o)
-            self._norm(plan, self.o, self.f2, p + "post_ffw_norm_2.weight", d, T)
-            add(self.f, self.f2)
+            K.add_normed(dev, d, self.o, self.f, self.vec[p + "post_ffw_norm_2.weight"], self.step, T, eps=cfg.eps,
+                         plan=plan)
         else:
             self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
             self._mlp(plan, p, self.xn, self.f, T, lc.ffn_dim)
-        self._norm(plan, self.f, self.o2, p + "post_ffw_norm.weight", d, T)
-        add(self.x, self.o2)
+        add_normed(self.f, "post_ffw_norm.weight", last=not cfg.ple_dim)
         if cfg.ple_dim:
             pd = cfg.ple_dim
             stride = self._ple_stride(T) * pd * 4
-            self._mm(plan, p + "inp_gate.weight", self.x, self.pg, T)
-            K.elementwise(dev, "geglu", pd, self.pg, self.step, T, b=(self.ple_in, lc.index * stride, stride),
-                          out=self.pa, plan=plan)
+            ple = (self.ple_in, lc.index * stride, stride)
+            gate = self.w[p + "inp_gate.weight"]
+            if T == 1:
+                K.matvec(dev, gate.qtype, d, pd, gate.buffer, self.x, self.pa, gelu_times=ple, plan=plan)
+            else:
+                self._mm(plan, p + "inp_gate.weight", self.x, self.pg, T)
+                K.elementwise(dev, "geglu", pd, self.pg, self.step, T, b=ple, out=self.pa, plan=plan)
             self._mm(plan, p + "proj.weight", self.pa, self.pp, T)
-            self._norm(plan, self.pp, self.o2, p + "post_norm.weight", d, T)
-            add(self.x, self.o2)
-        if p + "layer_output_scale.weight" in self.vec:
-            K.elementwise(dev, "scale", d, self.x, self.step, T, b=self.vec[p + "layer_output_scale.weight"], plan=plan)
+            add_normed(self.pp, "post_norm.weight", last=True)
 
     # -- plans ------------------------------------------------------------------
     def layers_plan(self, T: int) -> Plan:
