@@ -1,0 +1,215 @@
+"""Gemma 4 tokenizer from GGUF metadata, as llama.cpp runs tokenizer.ggml.model == "gemma4".
+
+SentencePiece-style BPE (llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GEMMA4):
+  1. special tokens: user-defined ones (<|channel>, <|"|>, ...) are always cut out of
+     the text; control ones (<bos>, <|turn>, ...) only when parse_special is on.
+     Longer tokens are cut first, as llama.cpp's tokenizer_st_partition does.
+  2. spaces become U+2581 (no space prefix is added).
+  3. the text is split into runs of newlines and runs of anything else; a run of
+     newlines that is itself a token stays whole.
+  4. each run is merged by BPE rank (lowest rank first, leftmost on ties), starting
+     from single characters; a final piece not in the vocabulary falls back to its
+     UTF-8 bytes as <0xXX> tokens.
+Decoding maps U+2581 back to spaces, byte tokens to their byte and drops control tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+
+SPACE = "\u2581"
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+_RUNS = re.compile(r"[^\n]+|\n+")
+_CACHE_LIMIT = 1 << 16
+# ids that end a turn besides eos, by their text (Gemma 4 and earlier Gemma templates)
+_END_OF_TURN = ("<turn|>", "<end_of_turn>", "<eos>")
+
+
+class TokenizerError(ValueError):
+    """The GGUF's tokenizer metadata is missing or not a Gemma 4 tokenizer."""
+
+
+class Tokenizer:
+    def __init__(self, tokens: list[str], types: list[int], merges: list[str], bos_id: int, eos_id: int,
+                 add_bos: bool = True, extra_stops=()):
+        self.tokens = tokens
+        self.types = types
+        self.n_vocab = len(tokens)
+        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
+        self.ids = {t: i for i, t in enumerate(tokens)}
+        self.ranks = {}
+        for rank, m in enumerate(merges):
+            cut = m.find(" ", 1)          # a merge is "left right"; left may itself start with a space
+            self.ranks[(m[:cut], m[cut + 1:])] = rank
+        self._byte_ids = [self.ids.get(f"<0x{b:02X}>") for b in range(256)]
+        specials = [i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED, UNKNOWN)]
+        specials.sort(key=lambda i: -len(tokens[i]))
+        self._specials = [(tokens[i], i, types[i] == USER_DEFINED) for i in specials if tokens[i]]
+        self.stop_ids = frozenset({eos_id, *extra_stops, *(self.ids[t] for t in _END_OF_TURN if t in self.ids)})
+        self._cache: dict[str, list[int]] = {}
+        self._pieces: list[bytes | None] = [None] * self.n_vocab
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> "Tokenizer":
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gemma4":
+            raise TokenizerError(f"tokenizer.ggml.model is {model!r}; this app reads Gemma 4 ('gemma4') vocabularies")
+        try:
+            tokens = meta["tokenizer.ggml.tokens"]
+            types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+            merges = meta["tokenizer.ggml.merges"]
+        except KeyError as e:
+            raise TokenizerError(f"GGUF metadata lacks {e.args[0]}") from None
+        extra = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
+        return cls(tokens, types, merges, int(meta.get("tokenizer.ggml.bos_token_id", 2)),
+                   int(meta.get("tokenizer.ggml.eos_token_id", 1)),
+                   bool(meta.get("tokenizer.ggml.add_bos_token", True)), extra)
+
+    # -- encoding ----------------------------------------------------------------
+    def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of text; special-token strings become their ids (control ones only with parse_special)."""
+        out = [self.bos_id] if add_bos else []
+        for frag in self._partition(text, parse_special):
+            if isinstance(frag, int):
+                out.append(frag)
+                continue
+            for run in _RUNS.findall(frag.replace(" ", SPACE)):
+                out.extend(self._encode_run(run))
+        return out
+
+    def _partition(self, text: str, parse_special: bool) -> list:
+        """Text fragments (str) and special token ids (int), longest special tokens cut first."""
+        frags: list = [text]
+        for piece, tid, user_defined in self._specials:
+            if not (parse_special or user_defined) or piece not in text:
+                continue
+            nxt = []
+            for f in frags:
+                if isinstance(f, int) or piece not in f:
+                    nxt.append(f)
+                    continue
+                parts = f.split(piece)
+                for j, p in enumerate(parts):
+                    if j:
+                        nxt.append(tid)
+                    if p:
+                        nxt.append(p)
+            frags = nxt
+        return frags
+
+    def _encode_run(self, run: str) -> list[int]:
+        ids = self._cache.get(run)
+        if ids is not None:
+            return ids
+        whole = self.ids.get(run) if run[0] == "\n" else None
+        if whole is not None:
+            ids = [whole]
+        else:
+            ids = []
+            for piece in self._bpe(run):
+                tid = self.ids.get(piece)
+                if tid is not None:
+                    ids.append(tid)
+                else:
+                    ids.extend(b for b in (self._byte_ids[c] for c in piece.encode("utf-8")) if b is not None)
+        if len(self._cache) < _CACHE_LIMIT:
+            self._cache[run] = ids
+        return ids
+
+    def _bpe(self, word: str) -> list[str]:
+        """Merge characters by rank: a heap of candidate pairs over a linked list of symbols."""
+        sym = list(word)
+        n = len(sym)
+        if n == 1:
+            return sym
+        nxt = list(range(1, n + 1))
+        prv = list(range(-1, n - 1))
+        ranks = self.ranks
+        heap = []
+        for i in range(n - 1):
+            r = ranks.get((sym[i], sym[i + 1]))
+            if r is not None:
+                heap.append((r, i, sym[i] + sym[i + 1]))
+        heapq.heapify(heap)
+        while heap:
+            r, i, merged = heapq.heappop(heap)
+            j = nxt[i] if i < n else n
+            if sym[i] is None or j >= n or sym[i] + sym[j] != merged:
+                continue                                  # stale: one side was merged since
+            sym[i] = merged
+            sym[j] = None
+            nxt[i] = nxt[j]
+            if nxt[j] < n:
+                prv[nxt[j]] = i
+            p = prv[i]
+            if p >= 0:
+                rr = ranks.get((sym[p], merged))
+                if rr is not None:
+                    heapq.heappush(heap, (rr, p, sym[p] + merged))
+            q = nxt[i]
+            if q < n:
+                rr = ranks.get((merged, sym[q]))
+                if rr is not None:
+                    heapq.heappush(heap, (rr, i, merged + sym[q]))
+        return [s for s in sym if s is not None]
+
+    # -- decoding ----------------------------------------------------------------
+    def token_to_piece(self, tid: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; control tokens are b"" unless special."""
+        if not 0 <= tid < self.n_vocab:
+            return b""
+        ty = self.types[tid]
+        if ty == CONTROL or ty == UNKNOWN:
+            return self.tokens[tid].encode("utf-8") if special else b""
+        cached = self._pieces[tid]
+        if cached is None:
+            text = self.tokens[tid]
+            if ty == BYTE:
+                cached = bytes([int(text[3:5], 16)])
+            elif ty == USER_DEFINED:
+                cached = text.encode("utf-8")
+            else:
+                cached = text.replace(SPACE, " ").encode("utf-8")
+            self._pieces[tid] = cached
+        return cached
+
+    def decode(self, ids, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(int(i), special) for i in ids).decode("utf-8", errors="replace")
+
+    def stream(self, special: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, special)
+
+    def id_of(self, piece: str) -> int | None:
+        return self.ids.get(piece)
+
+
+class StreamDecoder:
+    """Incremental detokenizer: push(id) returns only complete UTF-8 characters."""
+
+    def __init__(self, tok: Tokenizer, special: bool = False):
+        self.tok, self.special = tok, special
+        self.pending = b""
+
+    def push(self, tid: int) -> str:
+        data = self.pending + self.tok.token_to_piece(tid, self.special)
+        cut = _complete_prefix(data)
+        self.pending = data[cut:]
+        return data[:cut].decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        data, self.pending = self.pending, b""
+        return data.decode("utf-8", errors="replace")
+
+
+def _complete_prefix(data: bytes) -> int:
+    """Length of data without a trailing incomplete UTF-8 sequence (at most 3 bytes held back)."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b < 0x80:
+            return n                       # ASCII: everything before it is complete
+        if b >= 0xC0:                      # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return n if back >= need else n - back
+    return n                               # only continuation bytes: let decode replace them
