@@ -129,8 +129,14 @@ class Engine:
     def _finish(cls, dev, gguf, weights, ctx, chunk) -> "Engine":
         try:
             graph = Gemma4Graph(dev, Gemma4Config.from_gguf(gguf), gguf, weights, ctx, chunk)
+            # build the plans now: shader compilation belongs to loading, not to the first reply
+            graph.layers_plan(1)
+            graph.layers_plan(graph.chunk)
+            graph.head_plan(0, sample=True)
         except ModelError as e:
             raise EngineError(str(e)) from e
+        except GPUError as e:
+            raise EngineError(f"the GPU rejected the model: {e}") from e
         return cls(dev, gguf, graph)
 
     @classmethod

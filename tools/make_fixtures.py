@@ -88,10 +88,10 @@ def write_checkpoint(model, vocab: int, out: Path) -> None:
     write_tokenizer(reduce_vocab(read_gguf(VOCAB).metadata, vocab), out)
 
 
-def convert(ckpt: Path, outtype: str, dest: Path) -> None:
+def convert(ckpt: Path, outtype: str, dest: Path, name: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(VENDORED / "gguf-py"))   # the gguf-py the converter was written for
     subprocess.run([sys.executable, str(VENDORED / "convert_hf_to_gguf.py"), str(ckpt), "--outtype", outtype,
-                    "--outfile", str(dest)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--outfile", str(dest), "--model-name", name], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def requantize(src: Path, qtype: str, dest: Path) -> None:
@@ -182,7 +182,8 @@ def make(name: str, cfg_kw: dict, vocab: int, types: list[str], out_dir: Path, s
         ckpt = Path(tmp) / "hf"
         write_checkpoint(model, vocab, ckpt)
         f32 = Path(tmp) / "f32.gguf"
-        convert(ckpt, "f32", f32)
+        title = f"{name} (random weights, test model)"
+        convert(ckpt, "f32", f32, title)
         names = name_map(model, f32)
         for qtype in types:
             stem = (stems or {}).get(qtype, f"{name}-{qtype.lower()}")
@@ -190,7 +191,7 @@ def make(name: str, cfg_kw: dict, vocab: int, types: list[str], out_dir: Path, s
             if qtype == "F32":
                 shutil.copy(f32, dest)
             elif qtype in ("F16", "Q8_0"):
-                convert(ckpt, qtype.lower(), dest)
+                convert(ckpt, qtype.lower(), dest, title)
             else:
                 requantize(f32, qtype, dest)
             q = hf_model(cfg_kw, vocab, seed)

@@ -1,0 +1,287 @@
+"""The app's Python side, running in Pyodide inside web/worker.js (a dedicated Web Worker).
+
+worker.js calls these coroutines with plain values or JS handles and posts their
+results to the page; streaming events (load progress, tokens) go out through
+`emit`. Every command returns a dict; expected failures come back as
+{"error": message} so the page can show them and carry on.
+
+Model bytes never pass through here wholesale: the GGUF header and per-token
+PLE rows are read from the File with FileReaderSync (`BlobSource`), and weights
+go File -> GPU inside JS (pyapp.gpu.browser).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import to_js  # type: ignore[import-not-found]
+
+from . import ollama
+from .chat import render, split_thinking
+from .engine import Engine, EngineError, SamplingParams
+from .gguf import GGUFError, read_gguf, summarize
+from .gpu import GPUError, get_device_async
+from .model.config import ConfigError, Gemma4Config
+from .source import SourceError
+from .tokenizer import TokenizerError
+
+EXPECTED = (GGUFError, ConfigError, EngineError, GPUError, SourceError, TokenizerError, ollama.OllamaError,
+            OSError, ValueError)
+
+
+def emit(event: str, **data) -> None:
+    """Post an event to the page (progress, tokens, status)."""
+    js.postMessage(to_js({"event": event, **data}, dict_converter=js.Object.fromEntries))
+
+
+class BlobSource:
+    """A File/Blob as a synchronous ByteSource (FileReaderSync: workers only).
+
+    `.blob` lets BrowserDevice.upload_async copy ranges File -> GPU inside JS."""
+
+    def __init__(self, blob, name: str = ""):
+        self.blob = blob
+        self.size = int(blob.size)
+        self.name = name or getattr(blob, "name", "") or "model.gguf"
+        self._reader = js.FileReaderSync.new()
+
+    def read(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise SourceError(f"read of {n} bytes at {offset} is outside {self.name} ({self.size} bytes)")
+        try:
+            buf = self._reader.readAsArrayBuffer(self.blob.slice(offset, offset + n))
+        except Exception as e:   # NotReadableError: the file changed or was removed on disk
+            raise SourceError(f"cannot read {self.name} any more ({e}); did the file change on disk? "
+                              "Open it again.") from e
+        data = buf.to_bytes()
+        if len(data) != n:
+            raise SourceError(f"short read at byte {offset} of {self.name}: the file changed on disk?")
+        return data
+
+
+class AsyncBlobSource:
+    """A File as pyapp.ollama's AsyncSource (small reads: manifests, params, headers)."""
+
+    def __init__(self, blob):
+        self.blob, self.size = blob, int(blob.size)
+
+    async def read(self, offset: int, n: int) -> bytes:
+        buf = await self.blob.slice(offset, offset + n).arrayBuffer()
+        return buf.to_bytes()
+
+
+class JsDirectory:
+    """A FileSystemDirectoryHandle (picked folder or OPFS) as pyapp.ollama's AsyncDirectory."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def list(self, path: str) -> list[tuple[str, bool]]:
+        try:
+            entries = await js.fsList(self.handle, path)
+        except Exception as e:
+            raise FileNotFoundError(f"{path}: {e}") from e
+        return sorted((str(e[0]), bool(e[1])) for e in entries.to_py())
+
+    async def open(self, path: str):
+        try:
+            return AsyncBlobSource(await js.fsFile(self.handle, path))
+        except Exception as e:
+            raise FileNotFoundError(f"{path}: {e}") from e
+
+    async def file(self, path: str):
+        return await js.fsFile(self.handle, path)
+
+    async def exists(self, path: str) -> bool:
+        return bool(await js.fsExists(self.handle, path))
+
+
+class State:
+    device = None
+    gguf = None
+    model_info: dict = {}
+    params: dict = {}           # Ollama params layer of the chosen model
+    engine: Engine | None = None
+    folder: JsDirectory | None = None
+    models: dict = {}
+    stop = False
+    cancel_load = False
+
+
+S = State()
+
+
+def _fail(e: BaseException) -> dict:
+    return {"error": str(e) or type(e).__name__}
+
+
+# -- commands -----------------------------------------------------------------
+
+async def boot() -> dict:
+    """Request the WebGPU device; describe it."""
+    try:
+        S.device = await get_device_async("browser")
+    except GPUError as e:
+        return {"error": str(e), "webgpu": False}
+    d = S.device
+    return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
+            "limits": d.limits, "webgpu": True}
+
+
+def _describe(g, source_name: str) -> dict:
+    cfg = Gemma4Config.from_gguf(g)
+    s = summarize(g)
+    main_type = max(s["by_type"].items(), key=lambda kv: kv[1]["bytes"])[0] if s["by_type"] else "?"
+    ft = g.metadata.get("general.file_type")
+    return {"name": g.metadata.get("general.name") or source_name, "file": source_name,
+            "architecture": g.architecture, "quantization": ollama.file_type_name(ft) or main_type,
+            "parameters": s["n_elements"], "parameter_size": ollama.human_number(s["n_elements"]),
+            "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": cfg.describe(),
+            "test_model": "test model" in str(g.metadata.get("general.name", "")) or "demo" in source_name.lower()}
+
+
+def open_file(blob, name: str = "") -> dict:
+    """Parse a GGUF's header from a File; check it is a Gemma 4 model we can run."""
+    try:
+        src = BlobSource(blob, name)
+        g = read_gguf(src)
+        info = _describe(g, src.name)
+    except EXPECTED as e:
+        return _fail(e)
+    _unload()
+    S.gguf, S.model_info, S.params = g, info, {}
+    return {"model": info}
+
+
+async def open_folder(handle) -> dict:
+    """List the models of an Ollama models folder (Gemma 4 ones usable, others explained)."""
+    S.folder = JsDirectory(handle)
+    try:
+        models = await ollama.list_models_async(S.folder, header=True)
+    except EXPECTED as e:
+        return _fail(e)
+    S.models = {m.name: m for m in models}
+    rows = []
+    for m in models:
+        usable = m.usable and ollama.is_gemma4(m)
+        why = m.error or ("" if usable else f"architecture {m.architecture or '?'}: not a Gemma 4 model")
+        rows.append({"name": m.name, "size": m.size, "quantization": m.file_type, "parameters": m.parameter_size,
+                     "architecture": m.architecture, "usable": usable, "why": why})
+    return {"models": rows, "folder": str(getattr(handle, "name", ""))}
+
+
+async def open_folder_model(name: str) -> dict:
+    m = S.models.get(name)
+    if m is None or S.folder is None:
+        return {"error": f"{name} is not in the opened folder"}
+    try:
+        blob = await S.folder.file(m.model.path)
+        src = BlobSource(blob, name)
+        if src.size != m.model.size:
+            raise ollama.OllamaError(f"{name}: the model blob is {src.size} bytes, the manifest says "
+                                     f"{m.model.size}: incomplete download?")
+        g = read_gguf(src)
+        info = _describe(g, name)
+    except EXPECTED as e:
+        return _fail(e)
+    _unload()
+    S.gguf, S.model_info, S.params = g, info, dict(m.params or {})
+    return {"model": info, "params": _defaults()}
+
+
+def _defaults() -> dict:
+    p = SamplingParams.from_ollama(S.params)
+    return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "repeat_penalty": p.repeat_penalty, "seed": p.seed, "max_tokens": p.max_tokens,
+            "num_ctx": int(S.params.get("num_ctx") or 0)}
+
+
+def _unload() -> None:
+    if S.engine is not None:
+        S.engine.close()
+    S.engine = None
+
+
+async def load(context_length: int = 4096) -> dict:
+    """Upload the chosen model's weights to the GPU (progress events; cancel_load stops it)."""
+    if S.gguf is None:
+        return {"error": "choose a model first"}
+    if S.device is None:
+        return {"error": "no WebGPU device"}
+    _unload()
+    S.cancel_load = False
+    last = [0.0]
+
+    def progress(done, total, elapsed):
+        now = time.perf_counter()
+        if now - last[0] > 0.1 or done == total:
+            last[0] = now
+            rate = done / elapsed if elapsed > 0 else 0
+            emit("progress", done=done, total=total, eta=(total - done) / rate if rate else -1)
+
+    try:
+        t = time.perf_counter()
+        S.engine = await Engine.open_async(S.gguf, S.device, context_length=int(context_length), progress=progress,
+                                           cancelled=lambda: S.cancel_load)
+        err = S.device.last_error
+        if err:
+            S.engine = None
+            return {"error": f"the GPU rejected the model: {err}"}
+        return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
+                "model": S.model_info}
+    except EXPECTED as e:
+        S.engine = None
+        return _fail(e)
+
+
+def cancel_load() -> None:
+    S.cancel_load = True
+
+
+def stop() -> None:
+    S.stop = True
+
+
+async def chat(messages_json: str, params_json: str) -> dict:
+    """Generate the next assistant reply for a conversation; tokens stream as events."""
+    if S.engine is None:
+        return {"error": "no model loaded"}
+    messages = json.loads(messages_json)
+    p = json.loads(params_json)
+    thinking = bool(p.pop("thinking", False))
+    params = SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
+    eng = S.engine
+    prompt = render(messages, add_generation_prompt=True, thinking=thinking)
+    try:
+        ids = eng.tokenizer.encode(prompt)
+        if len(ids) + 1 >= eng.context_length:
+            return {"error": f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
+                             "start a new chat or shorten it"}
+        S.stop = False
+        res = await eng.generate_async(ids, params, on_token=lambda tok, text: emit("token", text=text),
+                                       should_stop=lambda: S.stop)
+    except EXPECTED as e:
+        return _fail(e)
+    thought, answer = split_thinking(res.text)
+    return {"text": res.text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
+            "tokens": len(res.tokens), "prompt_tokens": len(ids), "evaluated": res.prompt_tokens,
+            "prefill_s": res.prefill_s, "decode_tps": res.decode_tps, "context_used": eng.n_past + 1,
+            "context_length": eng.context_length}
+
+
+def count_tokens(messages_json: str) -> dict:
+    if S.engine is None:
+        return {"tokens": 0}
+    prompt = render(json.loads(messages_json), add_generation_prompt=False)
+    return {"tokens": len(S.engine.tokenizer.encode(prompt)), "context_length": S.engine.context_length}
+
+
+async def logits(tokens_json: str) -> dict:
+    """Logits for a token sequence (tests compare them with golden files)."""
+    if S.engine is None:
+        return {"error": "no model loaded"}
+    rows = await S.engine.forward_async(json.loads(tokens_json))
+    import array
+    return {"rows": [array.array("f", r).tolist() for r in rows]}

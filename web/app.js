@@ -1,0 +1,399 @@
+// The page: UI only. Python (Pyodide) and the GPU work live in worker.js.
+import { escapeHtml, renderMarkdown } from "./markdown.js";
+
+const $ = (id) => document.getElementById(id);
+const CHAT_KEY = "gemma4.chat.v1";
+const SETTINGS_KEY = "gemma4.settings.v1";
+const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
+const DEFAULTS = { temperature: 1, top_k: 64, top_p: 0.95, min_p: 0, repeat_penalty: 1, seed: "",
+                   max_tokens: 512, context_length: 4096 };
+
+// ---------------------------------------------------------------- worker RPC
+const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+const pending = new Map();
+let nextId = 1;
+const listeners = { token: [], progress: [], status: [] };
+
+function call(cmd, ...args) {
+  const id = nextId++;
+  return new Promise((resolve) => { pending.set(id, resolve); worker.postMessage({ id, cmd, args }); });
+}
+worker.onmessage = (ev) => {
+  const m = ev.data;
+  if (m.event) { (listeners[m.event] || []).forEach((f) => f(m)); return; }
+  const resolve = pending.get(m.id);
+  pending.delete(m.id);
+  if (resolve) resolve(m.result || {});
+};
+worker.onerror = (ev) => showError("model-error", `The app's worker failed: ${ev.message || ev}`);
+const on = (event, f) => listeners[event].push(f);
+
+// ---------------------------------------------------------------- state
+const state = {
+  chat: loadJSON(CHAT_KEY, { system: "", messages: [] }),
+  settings: { ...DEFAULTS, ...loadJSON(SETTINGS_KEY, {}) },
+  modelDefaults: { ...DEFAULTS },
+  model: null,
+  loaded: false,
+  busy: false,
+  streaming: null,
+};
+window.app = { call, state };   // for tests and the curious
+
+function loadJSON(key, fallback) {
+  try { return JSON.parse(localStorage.getItem(key)) ?? fallback; } catch { return fallback; }
+}
+function saveChat() { localStorage.setItem(CHAT_KEY, JSON.stringify(state.chat)); }
+function saveSettings() { localStorage.setItem(SETTINGS_KEY, JSON.stringify(state.settings)); }
+function setState(s) { document.body.dataset.state = s; updateButtons(); }
+
+function showError(where, text) {
+  const el = $(where);
+  el.textContent = text || "";
+  el.hidden = !text;
+}
+
+// ---------------------------------------------------------------- boot
+on("status", (m) => { if (!state.loaded) $("gpu").textContent = m.text; });
+
+async function boot() {
+  if (!("gpu" in navigator)) {
+    $("webgpu-reason").textContent = "This browser has no navigator.gpu.";
+    $("webgpu-help").hidden = false;
+  }
+  const r = await call("boot");
+  if (r.error) {
+    $("gpu").textContent = "No WebGPU";
+    $("webgpu-reason").textContent = r.error;
+    $("webgpu-help").hidden = false;
+    setState("no-webgpu");
+    return;
+  }
+  const mib = (n) => `${Math.round(n / 2 ** 20)} MiB`;
+  $("gpu").innerHTML = `<strong>${escapeHtml(r.adapter)}</strong> · f16 ${r.f16 ? "yes" : "no"} · subgroups ` +
+    `${r.subgroups ? "yes" : "no"} · max buffer ${mib(r.limits.max_buffer_size)} · max binding ` +
+    `${mib(r.limits.max_storage_buffer_binding_size)}`;
+  $("gpu").title = JSON.stringify(r.limits, null, 1);
+  setState("ready");
+  await offerReopen();
+}
+
+// ---------------------------------------------------------------- choosing a model
+function describe(m) {
+  const gib = (m.bytes / 2 ** 30).toFixed(m.bytes < 2 ** 30 ? 3 : 2);
+  const tag = m.test_model ? ' <span class="badge">test model: random weights, it talks nonsense</span>' : "";
+  return `<div class="info"><strong>${escapeHtml(m.name)}</strong>${tag}<br>` +
+    `${escapeHtml(m.quantization)} · ${escapeHtml(m.parameter_size)} parameters · ${gib} GiB<br>` +
+    `<small>${escapeHtml(m.config)}</small></div>`;
+}
+
+async function afterOpen(r) {
+  if (r.error) { showError("model-error", r.error); setState(state.loaded ? "loaded" : "ready"); return; }
+  showError("model-error", "");
+  state.model = r.model;
+  $("model-info").innerHTML = describe(r.model);
+  if (r.params) applyModelDefaults(r.params);
+  await loadModel();
+}
+
+async function openFile(file) {
+  if (!file || state.busy) return;
+  setState("opening");
+  await afterOpen(await call("open_file", file, file.name));
+}
+
+async function loadModel() {
+  state.loaded = false;
+  state.busy = true;
+  setState("loading");
+  $("load-box").hidden = false;
+  $("load-progress").value = 0;
+  $("load-text").textContent = "Uploading weights to the GPU…";
+  const r = await call("load", Number(state.settings.context_length) || 4096);
+  state.busy = false;
+  $("load-box").hidden = true;
+  if (r.error) {
+    showError("model-error", r.error);
+    setState("ready");
+    return;
+  }
+  state.loaded = true;
+  $("model-info").innerHTML = describe(r.model) +
+    `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
+  setState("loaded");
+  updateMeter(null);
+}
+
+on("progress", (m) => {
+  $("load-progress").value = m.total ? m.done / m.total : 0;
+  const eta = m.eta >= 0 ? ` · ${Math.ceil(m.eta)} s left` : "";
+  $("load-text").textContent = `${(m.done / 2 ** 20).toFixed(1)} / ${(m.total / 2 ** 20).toFixed(1)} MiB${eta}`;
+});
+$("cancel-load").onclick = () => call("cancel_load");
+
+$("file-input").onchange = (ev) => { openFile(ev.target.files[0]); ev.target.value = ""; };
+window.addEventListener("dragover", (ev) => { ev.preventDefault(); $("drop").classList.add("over"); });
+window.addEventListener("dragleave", () => $("drop").classList.remove("over"));
+window.addEventListener("drop", (ev) => {
+  ev.preventDefault();
+  $("drop").classList.remove("over");
+  const file = ev.dataTransfer && ev.dataTransfer.files[0];
+  if (file) openFile(file);
+});
+
+$("demo").onclick = async () => {
+  if (state.busy) return;
+  setState("opening");
+  const res = await fetch("models/demo.gguf");
+  if (!res.ok) { showError("model-error", "this build has no demo model"); setState("ready"); return; }
+  await openFile(new File([await res.blob()], "demo.gguf"));
+};
+
+// Ollama folder: File System Access API; the handle is kept in IndexedDB for next time.
+function idb() {
+  return new Promise((resolve, reject) => {
+    const req = indexedDB.open("gemma4", 1);
+    req.onupgradeneeded = () => req.result.createObjectStore("handles");
+    req.onsuccess = () => resolve(req.result);
+    req.onerror = () => reject(req.error);
+  });
+}
+async function idbDo(mode, f) {
+  const db = await idb();
+  return new Promise((resolve, reject) => {
+    const req = f(db.transaction("handles", mode).objectStore("handles"));
+    req.onsuccess = () => resolve(req.result);
+    req.onerror = () => reject(req.error);
+  });
+}
+
+async function offerReopen() {
+  try {
+    const h = await idbDo("readonly", (s) => s.get("ollama"));
+    if (h) {
+      $("reopen-folder").textContent = `Reopen "${h.name}"`;
+      $("reopen-folder").hidden = false;
+      $("reopen-folder").onclick = async () => {
+        const perm = h.requestPermission ? await h.requestPermission({ mode: "read" }) : "granted";
+        if (perm !== "granted") { showError("model-error", "Permission to read the folder was denied."); return; }
+        await openFolder(h);
+      };
+    }
+  } catch (e) { /* no IndexedDB (private mode): nothing to offer */ }
+}
+
+$("open-folder").onclick = async () => {
+  let handle;
+  try {
+    handle = window.__pickDirectory ? await window.__pickDirectory()
+                                    : await window.showDirectoryPicker({ id: "ollama-models", mode: "read" });
+  } catch (e) {
+    if (e.name !== "AbortError") {
+      showError("model-error", window.showDirectoryPicker ? `Could not open the folder: ${e.message}` :
+        "This browser cannot open folders (File System Access API); use Chrome or Edge, or open a GGUF file.");
+    }
+    return;
+  }
+  try { await idbDo("readwrite", (s) => s.put(handle, "ollama")); } catch (e) { /* not persisted */ }
+  await openFolder(handle);
+};
+
+async function openFolder(handle) {
+  setState("opening");
+  const r = await call("open_folder", handle);
+  setState(state.loaded ? "loaded" : "ready");
+  if (r.error) { showError("model-error", r.error); return; }
+  showError("model-error", "");
+  const list = $("model-list");
+  list.innerHTML = "";
+  if (!r.models.length) list.innerHTML = "<li>No models in this folder.</li>";
+  for (const m of r.models) {
+    const li = document.createElement("li");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "model";
+    b.disabled = !m.usable;
+    b.innerHTML = `<strong>${escapeHtml(m.name)}</strong> <small>${escapeHtml(m.parameters || "")} ` +
+      `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB</small>` +
+      (m.usable ? "" : `<br><small class="why">${escapeHtml(m.why)}</small>`);
+    b.onclick = async () => {
+      if (state.busy) return;
+      setState("opening");
+      await afterOpen(await call("open_folder_model", m.name));
+    };
+    li.append(b);
+    list.append(li);
+  }
+}
+
+// ---------------------------------------------------------------- settings
+function readSettings() {
+  for (const k of PARAMS) state.settings[k] = $(k).value;
+  state.chat.system = $("system").value;
+  state.chat.thinking = $("thinking").checked;
+  saveSettings();
+  saveChat();
+}
+function showSettings() {
+  for (const k of PARAMS) $(k).value = state.settings[k] ?? "";
+  $("system").value = state.chat.system || "";
+  $("thinking").checked = !!state.chat.thinking;
+}
+function applyModelDefaults(p) {
+  state.modelDefaults = { ...DEFAULTS, ...Object.fromEntries(Object.entries(p).filter(([, v]) => v !== null)) };
+  if (p.num_ctx) state.modelDefaults.context_length = Math.min(p.num_ctx, 32768);
+  state.settings = { ...state.modelDefaults };
+  showSettings();
+  saveSettings();
+}
+for (const k of [...PARAMS, "system", "thinking"]) $(k).addEventListener("change", readSettings);
+$("reset-settings").onclick = () => { state.settings = { ...state.modelDefaults }; showSettings(); saveSettings(); };
+
+function samplingParams() {
+  const s = state.settings;
+  const num = (v, d) => (v === "" || v === null || isNaN(Number(v)) ? d : Number(v));
+  return {
+    temperature: num(s.temperature, 1), top_k: Math.round(num(s.top_k, 64)), top_p: num(s.top_p, 0.95),
+    min_p: num(s.min_p, 0), repeat_penalty: num(s.repeat_penalty, 1),
+    seed: s.seed === "" || s.seed === null ? null : Math.round(Number(s.seed)),
+    max_tokens: Math.max(1, Math.round(num(s.max_tokens, 512))), thinking: !!state.chat.thinking,
+  };
+}
+
+// ---------------------------------------------------------------- chat
+function templateMessages() {
+  const head = state.chat.system ? [{ role: "system", content: state.chat.system }] : [];
+  return head.concat(state.chat.messages.map((m) => ({ role: m.role, content: m.content })));
+}
+
+function messageEl(m, i) {
+  const div = document.createElement("div");
+  div.className = `msg ${m.role}`;
+  div.dataset.index = i;
+  const body = document.createElement("div");
+  body.className = "body";
+  if (m.role === "assistant") {
+    body.innerHTML = renderMarkdown(m.content || "");
+  } else {
+    body.textContent = m.content;
+  }
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  if (m.stats) {
+    const s = m.stats;
+    meta.textContent = `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
+      ` (${s.evaluated} new prompt tokens)${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
+      `${s.stop_reason === "length" ? " · max tokens reached" : ""}${s.stop_reason === "context" ? " · context full" : ""}`;
+  }
+  const copy = document.createElement("button");
+  copy.type = "button";
+  copy.className = "copy";
+  copy.textContent = "Copy";
+  copy.onclick = () => navigator.clipboard && navigator.clipboard.writeText(m.content);
+  meta.append(copy);
+  div.append(body, meta);
+  return div;
+}
+
+function renderChat() {
+  const box = $("messages");
+  box.innerHTML = "";
+  state.chat.messages.forEach((m, i) => box.append(messageEl(m, i)));
+  if (!state.chat.messages.length) {
+    box.innerHTML = '<p class="empty">Load a model, then say hello. Conversations are kept in this browser only.</p>';
+  }
+  box.scrollTop = box.scrollHeight;
+  updateButtons();
+}
+
+function updateButtons() {
+  const gen = state.streaming !== null;
+  const msgs = state.chat.messages;
+  $("send").disabled = !state.loaded || gen || state.busy;
+  $("stop").disabled = !gen;
+  $("regen").disabled = !state.loaded || gen || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
+  $("new-chat").disabled = gen;
+  for (const id of ["demo", "open-folder", "file-input"]) $(id).disabled = gen || state.busy;
+}
+
+function updateMeter(r) {
+  const used = r ? r.context_used : 0;
+  const total = r ? r.context_length : Number(state.settings.context_length) || 4096;
+  $("ctx-meter").value = total ? used / total : 0;
+  $("ctx-text").textContent = `${used} / ${total} tokens`;
+}
+
+let pendingRender = false;
+on("token", (m) => {
+  if (state.streaming === null) return;
+  state.streaming.content += m.text;
+  if (!pendingRender) {
+    pendingRender = true;
+    requestAnimationFrame(() => {
+      pendingRender = false;
+      const el = document.querySelector(".msg.streaming .body");
+      if (el && state.streaming) el.innerHTML = renderMarkdown(state.streaming.content);
+      $("messages").scrollTop = $("messages").scrollHeight;
+    });
+  }
+});
+
+async function generate() {
+  readSettings();
+  const msgs = templateMessages();
+  const reply = { role: "assistant", content: "" };
+  state.streaming = reply;
+  state.chat.messages.push(reply);
+  renderChat();
+  const last = $("messages").lastElementChild;
+  last.classList.add("streaming");
+  setState("generating");
+  showError("chat-error", "");
+  const r = await call("chat", JSON.stringify(msgs), JSON.stringify(samplingParams()));
+  state.streaming = null;
+  if (r.error) {
+    state.chat.messages.pop();   // keep the user's message; drop the empty reply
+    showError("chat-error", r.error);
+  } else {
+    reply.content = r.text;
+    reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
+                    stop_reason: r.stop_reason };
+    updateMeter(r);
+  }
+  saveChat();
+  renderChat();
+  setState("loaded");
+}
+
+$("composer").onsubmit = async (ev) => {
+  ev.preventDefault();
+  const text = $("prompt").value.trim();
+  if (!text || $("send").disabled) return;
+  $("prompt").value = "";
+  state.chat.messages.push({ role: "user", content: text });
+  await generate();
+};
+$("prompt").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
+});
+$("stop").onclick = () => call("stop");
+$("regen").onclick = async () => {
+  const msgs = state.chat.messages;
+  if (msgs.length && msgs[msgs.length - 1].role === "assistant") msgs.pop();
+  await generate();
+};
+$("edit").onclick = () => {
+  const msgs = state.chat.messages;
+  while (msgs.length && msgs[msgs.length - 1].role !== "user") msgs.pop();
+  const last = msgs.pop();
+  if (last) $("prompt").value = last.content;
+  saveChat();
+  renderChat();
+  $("prompt").focus();
+};
+$("new-chat").onclick = () => { state.chat.messages = []; saveChat(); renderChat(); updateMeter(null); };
+
+showSettings();
+renderChat();
+boot();

@@ -1,0 +1,68 @@
+// The app's engine room: Pyodide + our Python package (pyapp) in a dedicated worker,
+// so the page never freezes. The page sends {id, cmd, args}; we answer {id, result}
+// and forward the events Python posts ({event: "progress" | "token" | ...}).
+import { loadPyodide } from "./pyodide/pyodide.mjs";
+
+// File System Access helpers Python calls (js.fsList / fsFile / fsExists).
+async function walk(root, path, wantFile) {
+  const parts = path.split("/").filter(Boolean);
+  let dir = root;
+  const last = wantFile ? parts.pop() : null;
+  for (const p of parts) dir = await dir.getDirectoryHandle(p);
+  return wantFile ? dir.getFileHandle(last) : dir;
+}
+self.fsList = async (root, path) => {
+  const dir = await walk(root, path, false);
+  const out = [];
+  for await (const [name, h] of dir.entries()) out.push([name, h.kind === "directory"]);
+  return out;
+};
+self.fsFile = async (root, path) => (await walk(root, path, true)).getFile();
+self.fsExists = async (root, path) => {
+  try { await walk(root, path, false); return true; } catch (e) {}
+  try { await walk(root, path, true); return true; } catch (e) { return false; }
+};
+
+let pyodide = null;
+let webapp = null;
+
+const ready = (async () => {
+  postMessage({ event: "status", text: "Starting Python (Pyodide)…" });
+  pyodide = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
+  const zip = await (await fetch(new URL("./pyapp.zip", import.meta.url))).arrayBuffer();
+  pyodide.unpackArchive(zip, "zip", { extractDir: "/home/pyodide/app" });
+  pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/app')");
+  webapp = pyodide.pyimport("pyapp.webapp");
+  postMessage({ event: "status", text: "Python ready" });
+})();
+
+function toJs(value) {
+  if (value && typeof value.toJs === "function") {
+    const out = value.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
+    value.destroy();
+    return out;
+  }
+  return value;
+}
+
+// Commands that must run while another is in flight (they only set flags).
+const IMMEDIATE = new Set(["stop", "cancel_load"]);
+
+self.onmessage = async (ev) => {
+  const { id, cmd, args = [] } = ev.data;
+  try {
+    await ready;
+    if (!IMMEDIATE.has(cmd) && !(cmd in KNOWN)) throw new Error(`unknown command ${cmd}`);
+    const result = toJs(await webapp[cmd](...args));
+    postMessage({ id, result });
+  } catch (err) {
+    // Python tracebacks: keep the last line (the exception) for the page, log the rest
+    const text = String((err && err.message) || err);
+    console.error(text);
+    const lines = text.trim().split("\n");
+    postMessage({ id, result: { error: lines[lines.length - 1] || text } });
+  }
+};
+
+const KNOWN = { boot: 1, open_file: 1, open_folder: 1, open_folder_model: 1, load: 1, chat: 1,
+                count_tokens: 1, logits: 1, stop: 1, cancel_load: 1 };
