@@ -230,7 +230,7 @@ class Engine:
         result.cached_tokens, result.prompt_tokens = reuse, len(prompt) - reuse
         rng = random.Random(params.seed)
         stops = self._stop_ids() if stop_ids is None else set(stop_ids)
-        decoder = self.tokenizer.stream() if on_token else None
+        decoder = self.tokenizer.stream()
         history = list(prompt)
 
         t0 = time.perf_counter()
@@ -253,9 +253,9 @@ class Engine:
                 break
             result.tokens.append(tok)
             history.append(tok)
-            if decoder is not None:
-                piece = decoder.push(tok)
-                result.text += piece
+            piece = decoder.push(tok)
+            result.text += piece
+            if on_token:
                 on_token(tok, piece)
             if len(result.tokens) >= params.max_tokens:
                 result.stop_reason = "length"
@@ -270,10 +270,10 @@ class Engine:
             self.dev.submit(g.layers_plan(1))
             self.cached.append(tok)
             row = 0
-        if decoder is not None:
-            tail = decoder.flush()
-            if tail:
-                result.text += tail
+        tail = decoder.flush()
+        if tail:
+            result.text += tail
+            if on_token:
                 on_token(None, tail)
         return result
 

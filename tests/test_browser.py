@@ -1,0 +1,250 @@
+"""End to end in headless Chromium (WebGPU on SwiftShader): the built app in dist/.
+
+One browser page is shared by the tests below, which run in file order: boot,
+demo model, a two-turn chat checked against the native engine, stop, a damaged
+file, the file input and a drop event, the GPU logits against a golden file,
+a fake Ollama folder in OPFS, and a reload that keeps the conversation.
+A screenshot of the chat is saved to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+DIST = ROOT / "dist"
+FIXTURES = ROOT / "tests" / "fixtures"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
+TIMEOUT = 180_000   # ms: SwiftShader runs the GPU kernels on the CPU
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (DIST / "index.html").exists() or not CHROMIUM.exists():
+        pytest.skip("needs dist/ (python3 build.py build) and /usr/bin/chromium")
+    import build
+    srv = build.make_server(_free_port(), DIST)
+    import os
+    os.environ["SERVE_QUIET"] = "1"
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1280, "height": 860})
+        pg = ctx.new_page()
+        pg.set_default_timeout(TIMEOUT)
+        pg.errors = []
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(server + "/index.html")
+        yield pg
+        browser.close()
+
+
+def wait_state(page, *states):
+    page.wait_for_function(f"{json.dumps(list(states))}.includes(document.body.dataset.state)")
+
+
+def set_field(page, field: str, value) -> None:
+    page.fill(f"#{field}", str(value))
+    page.dispatch_event(f"#{field}", "change")
+
+
+def messages(page) -> list[dict]:
+    return page.evaluate("window.app.state.chat.messages")
+
+
+def send(page, text: str) -> dict:
+    page.fill("#prompt", text)
+    page.click("#send")
+    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
+    wait_state(page, "loaded")
+    return messages(page)[-1]
+
+
+def native_greedy(conversation: list[dict], max_tokens: int) -> str:
+    """The native backend's greedy reply for the same conversation and demo model."""
+    from pyapp.chat import render
+    from pyapp.engine import Engine, SamplingParams
+    eng = native_greedy.engine
+    if eng is None:
+        eng = native_greedy.engine = Engine.open(str(FIXTURES / "demo.gguf"), context_length=4096)
+    ids = eng.tokenizer.encode(render(conversation))
+    return eng.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).text
+
+
+native_greedy.engine = None
+
+
+def test_boot_shows_the_adapter(page):
+    wait_state(page, "ready", "no-webgpu")
+    assert page.evaluate("document.body.dataset.state") == "ready", page.inner_text("#webgpu-help")
+    gpu = page.inner_text("#gpu")
+    assert "browser:" in gpu and "subgroups" in gpu and "max buffer" in gpu
+    assert page.is_hidden("#webgpu-help")
+
+
+def test_demo_model_loads(page):
+    page.click("#demo")
+    wait_state(page, "loaded")
+    info = page.inner_text("#model-info")
+    assert "test model" in info and "Loaded in" in info and "Q8_0" in info
+
+
+def test_multi_turn_chat_matches_native_greedy(page):
+    pytest.importorskip("wgpu")
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", 10)
+    page.click("#new-chat")
+    first = send(page, "Hello there!")
+    assert first["role"] == "assistant" and first["stats"]["tokens"] > 0
+    conv = [{"role": "user", "content": "Hello there!"}]
+    assert first["content"] == native_greedy(conv, 10)
+    second = send(page, "Tell me more.")
+    conv += [{"role": "assistant", "content": first["content"]}, {"role": "user", "content": "Tell me more."}]
+    assert second["content"] == native_greedy(conv, 10)
+    assert second["stats"]["evaluated"] < len(native_greedy.engine.tokenizer.encode(
+        __import__("pyapp.chat", fromlist=["render"]).render(conv)))          # the KV cache was reused
+    assert "tokens" in page.inner_text("#ctx-text")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-chat.png"), full_page=True)
+
+
+def test_stop_mid_generation(page):
+    set_field(page, "max_tokens", 400)
+    page.fill("#prompt", "Write a long story.")
+    page.click("#send")
+    page.wait_for_function("window.app.state.streaming && window.app.state.streaming.content.length > 0")
+    page.click("#stop")
+    wait_state(page, "loaded")
+    last = messages(page)[-1]
+    assert last["stats"]["stop_reason"] == "cancelled"
+    assert 0 < last["stats"]["tokens"] < 400
+    assert "stopped" in page.inner_text("#messages")
+    set_field(page, "max_tokens", 10)
+
+
+def test_damaged_file_is_a_clear_error(page):
+    data = (FIXTURES / "demo.gguf").read_bytes()[:5000]
+    page.set_input_files("#file-input", {"name": "broken.gguf", "mimeType": "application/octet-stream",
+                                         "buffer": data})
+    page.wait_for_function("document.getElementById('model-error').textContent.length > 0")
+    err = page.inner_text("#model-error")
+    assert "truncated" in err or "past the end" in err
+    page.set_input_files("#file-input", {"name": "notes.gguf", "mimeType": "text/plain", "buffer": b"hello " * 20})
+    page.wait_for_function("document.getElementById('model-error').textContent.includes('not a GGUF')")
+    assert page.evaluate("window.app.state.loaded")             # the loaded model is still usable
+
+
+def test_logits_match_golden_through_file_input(page):
+    path = FIXTURES / "gemma4-dense-f32.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_state(page, "loaded")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('gemma4-dense')")
+    golden = np.load(path.with_suffix(".golden.npz"))
+    tokens = golden["tokens_0"].tolist()
+    rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+    assert "error" not in rows, rows
+    got = np.array(rows["rows"], dtype=np.float32)
+    want = golden["logits_0"]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 2e-3
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_drop_a_gguf_file(page):
+    page.evaluate("""async () => {
+        const blob = await (await fetch('models/demo.gguf')).blob();
+        const dt = new DataTransfer();
+        dt.items.add(new File([blob], 'dropped-demo.gguf'));
+        window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('Loaded in')"
+                           " && document.getElementById('model-info').textContent.includes('demo')")
+    assert page.evaluate("window.app.state.loaded")
+
+
+def _non_gemma_gguf() -> bytes:
+    import tempfile
+    gguf = pytest.importorskip("gguf")
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "llama.gguf"
+        w = gguf.GGUFWriter(str(p), arch="llama")
+        w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+        return p.read_bytes()
+
+
+def test_model_from_an_ollama_folder_in_opfs(page):
+    demo = (FIXTURES / "demo.gguf").read_bytes()
+    other = _non_gemma_gguf()
+    params = json.dumps({"temperature": 0.25, "top_k": 7, "top_p": 0.5, "num_ctx": 2048}).encode()
+    config = json.dumps({"model_format": "gguf", "model_family": "gemma4"}).encode()
+    sha = lambda b: hashlib.sha256(b).hexdigest()   # noqa: E731
+    layer = lambda mt, b: {"mediaType": f"application/vnd.ollama.image.{mt}", "digest": f"sha256:{sha(b)}",  # noqa: E731
+                           "size": len(b)}
+    manifest = lambda model: json.dumps({  # noqa: E731
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": f"sha256:{sha(config)}", "size": len(config)},
+        "layers": [layer("model", model), layer("params", params)]})
+    files = {f"blobs/sha256-{sha(b)}": b for b in (demo, other, params, config)}
+    files["manifests/registry.ollama.ai/library/gemma4/tiny"] = manifest(demo).encode()
+    files["manifests/registry.ollama.ai/library/llama3/latest"] = manifest(other).encode()
+    page.evaluate("""async (files) => {
+        const root = await navigator.storage.getDirectory();
+        const base = await root.getDirectoryHandle('ollama-models', {create: true});
+        for (const [path, b64] of Object.entries(files)) {
+            const parts = path.split('/');
+            let dir = base;
+            for (const p of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(p, {create: true});
+            const fh = await dir.getFileHandle(parts[parts.length - 1], {create: true});
+            const w = await fh.createWritable();
+            await w.write(Uint8Array.from(atob(b64), c => c.charCodeAt(0)));
+            await w.close();
+        }
+        window.__pickDirectory = async () => base;
+    }""", {k: __import__("base64").b64encode(v).decode() for k, v in files.items()})
+    page.click("#open-folder")
+    page.wait_for_selector("#model-list button.model")
+    listing = page.inner_text("#model-list")
+    assert "gemma4:tiny" in listing and "llama3:latest" in listing and "not a Gemma 4 model" in listing
+    assert page.is_disabled("#model-list li:has-text('llama3') button")
+    page.click("#model-list li:has-text('gemma4:tiny') button")
+    wait_state(page, "loaded")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('Loaded in')")
+    assert page.input_value("#temperature") == "0.25" and page.input_value("#top_k") == "7"
+    assert page.input_value("#context_length") == "2048"
+
+
+def test_reload_keeps_the_conversation(page):
+    before = [m["content"] for m in messages(page)]
+    assert len(before) >= 4
+    page.reload()
+    wait_state(page, "ready")
+    assert [m["content"] for m in messages(page)] == before
+    assert "Hello there!" in page.inner_text("#messages")
+    assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
+    assert not page.errors, page.errors
