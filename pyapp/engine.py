@@ -230,7 +230,7 @@ class Engine:
         result.cached_tokens, result.prompt_tokens = reuse, len(prompt) - reuse
         rng = random.Random(params.seed)
         stops = self._stop_ids() if stop_ids is None else set(stop_ids)
-        decoder = self.tokenizer.stream()
+        decoder = self._decoder()
         history = list(prompt)
 
         t0 = time.perf_counter()
@@ -253,7 +253,7 @@ class Engine:
                 break
             result.tokens.append(tok)
             history.append(tok)
-            piece = decoder.push(tok)
+            piece = decoder.push(tok) if decoder else ""
             result.text += piece
             if on_token:
                 on_token(tok, piece)
@@ -270,12 +270,20 @@ class Engine:
             self.dev.submit(g.layers_plan(1))
             self.cached.append(tok)
             row = 0
-        tail = decoder.flush()
+        tail = decoder.flush() if decoder else ""
         if tail:
             result.text += tail
             if on_token:
                 on_token(None, tail)
         return result
+
+    def _decoder(self):
+        """A streaming detokenizer, or None for a GGUF without a vocabulary (benchmark models)."""
+        from .tokenizer import TokenizerError
+        try:
+            return self.tokenizer.stream()
+        except TokenizerError:
+            return None
 
     def _stop_ids(self) -> set:
         try:
