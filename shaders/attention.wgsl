@@ -107,3 +107,96 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         if (d < HD) { O[qb + d] = acc[i] / l; }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Decode attention, split over the keys (one query token, S.x = 1):
+//   attend_split:   workgroup (h, s) covers keys [lo + s*CH, lo + (s+1)*CH) of the
+//                   query's range [lo, pos]; 4 threads per key compute q.k (vec4 loads,
+//                   coalesced V reads after), then writes its partial softmax state
+//                   PART[h, s] = (max m, sum l, acc[HD]) (m = NEG, l = 0 when empty).
+//                   Dispatch (H, NSPLIT) with NSPLIT * CH >= the most keys a query sees.
+//   attend_combine: O[h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Dispatch (H).
+// Needs HD % 4 == 0 and HD <= 4 * WG (WG = 128: 4 threads x 32 keys).
+
+override NSPLIT: u32 = 1u;
+const CH: u32 = 32u;
+
+@group(0) @binding(7) var<storage, read_write> PART: array<f32>;
+
+var<workgroup> sc: array<f32, CH>;
+var<workgroup> part4: array<f32, 128>;
+
+fn query_range(pos: u32) -> u32 {
+    if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
+    return 0u;
+}
+
+@compute @workgroup_size(128)
+fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let s = wid.y;
+    let pos = S.y;
+    let kvh = h / (H / HKV);
+    let lo = query_range(pos);
+    let k0 = lo + s * CH;
+    let stride = HD + 2u;
+    let pbase = (h * NSPLIT + s) * stride;
+    if (k0 > pos) {                          // past the last key: an empty partial
+        if (lid == 0u) { PART[pbase] = NEG; PART[pbase + 1u] = 0.0; }
+        for (var d = lid; d < HD; d += 128u) { PART[pbase + 2u + d] = 0.0; }
+        return;
+    }
+    let n = min(CH, pos + 1u - k0);
+    for (var d = lid; d < HD; d += 128u) { qs[d] = Q[h * HD + d] * SCALE; }
+    workgroupBarrier();
+
+    // scores: key j = lid / 4, quarter lid % 4 of its dims
+    let j = lid / 4u;
+    let quarter = lid % 4u;
+    var dotv = 0.0;
+    if (j < n) {
+        let kb = (kvh * CTX + (k0 + j) % CTX) * HD;
+        let q4 = HD / 4u;
+        for (var d = quarter * q4; d < (quarter + 1u) * q4; d++) { dotv += qs[d] * KC[kb + d]; }
+    }
+    part4[lid] = dotv;
+    workgroupBarrier();
+    if (quarter == 0u) {
+        sc[j] = select(NEG, part4[lid] + part4[lid + 1u] + part4[lid + 2u] + part4[lid + 3u], j < n);
+    }
+    workgroupBarrier();
+    var m = NEG;
+    for (var i = 0u; i < n; i++) { m = max(m, sc[i]); }
+    workgroupBarrier();
+    if (lid < n) { sc[lid] = exp(sc[lid] - m); }      // scores -> unnormalized probabilities
+    workgroupBarrier();
+    var l = 0.0;
+    for (var i = 0u; i < n; i++) { l += sc[i]; }
+    for (var d = lid; d < HD; d += 128u) {
+        var a = 0.0;
+        for (var i = 0u; i < n; i++) { a += sc[i] * VC[(kvh * CTX + (k0 + i) % CTX) * HD + d]; }
+        PART[pbase + 2u + d] = a;
+    }
+    if (lid == 0u) { PART[pbase] = m; PART[pbase + 1u] = l; }
+}
+
+@compute @workgroup_size(128)
+fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let stride = HD + 2u;
+    var mx = NEG;
+    for (var s = 0u; s < NSPLIT; s++) { mx = max(mx, PART[(h * NSPLIT + s) * stride]); }
+    var l = 0.0;
+    for (var s = 0u; s < NSPLIT; s++) {
+        let b = (h * NSPLIT + s) * stride;
+        l += exp(PART[b] - mx) * PART[b + 1u];
+    }
+    for (var d = lid; d < HD; d += 128u) {
+        var a = 0.0;
+        for (var s = 0u; s < NSPLIT; s++) {
+            let b = (h * NSPLIT + s) * stride;
+            a += exp(PART[b] - mx) * PART[b + 2u + d];
+        }
+        O[h * HD + d] = a / l;
+    }
+}

@@ -420,3 +420,29 @@ def test_matvec_epilogues(dev, qtype, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
     dev.submit(K.matvec(dev, qtype, k, n, wb, xb, y, subgroups=subgroups, gelu_times=f32(dev, b)))
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+@pytest.mark.parametrize("hd,window,pos", [(64, 0, 0), (256, 0, 77), (512, 0, 40), (128, 8, 70), (256, 40, 100)])
+def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
+    """The split-K decode kernel equals the reference attention for one query at `pos`."""
+    rng = np.random.default_rng(hd + pos)
+    h, hkv, ctx = 4, 2, 128
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((h, hd)).astype(np.float32) * 0.3
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(pos + 1):
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    max_keys = window or ctx
+    part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * h * hd)
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, u32(dev, 1, pos),
+                                  h, hkv, hd, ctx, max_keys, window=window))
+    lo = max(0, pos + 1 - window) if window else 0
+    want = np.zeros((h, hd))
+    for i in range(h):
+        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
+        s = kk @ q[i]
+        p = np.exp(s - s.max())
+        want[i] = (p / p.sum()) @ vv
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)

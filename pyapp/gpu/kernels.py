@@ -255,3 +255,27 @@ def ple_combine(dev: Device, n_layers: int, ple_dim: int, max_tokens: int, proj:
                                        "PSCALE": hidden ** -0.5, "EPS": eps})
     bg = dev.bind_group(p, [proj, emb, norm_w, out, step])
     return (plan or dev.plan()).dispatch(p, bg, n_layers, max_tokens)
+
+
+DECODE_KEYS_PER_GROUP = 32   # CH in attention.wgsl
+
+
+def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
+    """Floats of scratch attention_decode needs."""
+    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 2)
+
+
+def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
+                     heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
+                     scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """attention() for one query token, split over the keys: (heads x ceil(max_keys / 32)) workgroups
+    of partial softmax states, then one combine per head. max_keys: the most keys a query sees."""
+    if head_dim % 4 or head_dim > 512:
+        raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
+    nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
+    c = dict(_attn_consts(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit)
+    plan = plan or dev.plan()
+    p = dev.pipeline("attention", entry="attend_split", constants=c)
+    plan.dispatch(p, dev.bind_group(p, {0: q, 1: kc, 2: vc, 4: step, 7: partials}), heads, nsplit)
+    p = dev.pipeline("attention", entry="attend_combine", constants=c)
+    return plan.dispatch(p, dev.bind_group(p, {3: out, 7: partials}), heads)

@@ -193,6 +193,7 @@ class Gemma4Graph:
         self.logits = f(cfg.vocab_size, "logits")
         self.token = dev.buffer(16, label="token")
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
+        self.partials = f(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers), "partials")
         # KV cache: global layers hold the whole context; sliding layers a ring big
         # enough for the window plus one chunk of new tokens.
         self.kv = {}
@@ -202,6 +203,12 @@ class Gemma4Graph:
             n = self.kv_slots(lc)
             size = lc.n_kv_heads * n * lc.head_dim
             self.kv[lc.index] = (f(size, f"k cache {lc.index}"), f(size, f"v cache {lc.index}"), n)
+
+    def max_keys(self, lc: LayerConfig) -> int:
+        """The most keys one query of this layer attends to."""
+        if lc.sliding and self.cfg.sliding_window:
+            return min(self.ctx, self.cfg.sliding_window)
+        return self.ctx
 
     def kv_slots(self, lc: LayerConfig) -> int:
         if lc.sliding and self.cfg.sliding_window:
@@ -274,7 +281,11 @@ class Gemma4Graph:
             self._norm(plan, vsrc, self.v, None, hd, T, rows_per_token=kvh)
             K.kv_store(dev, self.k, self.v, kc, vc, self.step, kvh, hd, slots, T, plan=plan)
         window = cfg.sliding_window if lc.sliding else 0
-        K.attention(dev, self.q, kc, vc, self.attn, self.step, H, kvh, hd, slots, T, window=window, plan=plan)
+        if T == 1:   # decode: split over the keys so the whole GPU works on one query
+            K.attention_decode(dev, self.q, kc, vc, self.attn, self.partials, self.step, H, kvh, hd, slots,
+                               self.max_keys(lc), window=window, plan=plan)
+        else:
+            K.attention(dev, self.q, kc, vc, self.attn, self.step, H, kvh, hd, slots, T, window=window, plan=plan)
         self._mm(plan, p + "attn_output.weight", self.attn, self.o, T)
 
     def _mlp(self, plan, p: str, x: Buffer, out: Buffer, T: int, ff: int):
