@@ -8,6 +8,11 @@ GGUFs (`tokenizer.chat_template`) does, without a template engine:
     <|turn>model\nREPLY<turn|>\n                          (thinking sections stripped from replies)
     <|turn>model\n[<|channel>thought\n<channel|>]         (generation prompt; the empty thought
                                                            channel when thinking is off)
+
+Google ships two later variants of this template, and Ollama's gemma4 renderer follows
+them: `<|think|>` is followed by a newline, and only the large models (>= 12B
+parameters, Ollama's "gemma4-large") get the empty thought channel. `ChatStyle` holds
+these two switches; `style_for` reads them off a GGUF's own template, or its size.
 """
 
 from __future__ import annotations
@@ -19,7 +24,37 @@ TURN, END_TURN = "<|turn>", "<turn|>"
 THINK = "<|think|>"
 CHANNEL, END_CHANNEL = "<|channel>", "<channel|>"
 EMPTY_THOUGHT = CHANNEL + "thought\n" + END_CHANNEL
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "model", "model": "model"}
+LARGE_MODEL_PARAMS = 12_000_000_000      # Ollama: at or above this, gemma4-large's renderer
+
+
+@dataclass(frozen=True)
+class ChatStyle:
+    think_newline: bool = False          # "<|think|>\n" rather than "<|think|>"
+    empty_thought: bool = True           # "<|channel>thought\n<channel|>" after the prompt when not thinking
+
+
+TEMPLATE_STYLE = ChatStyle()                                        # the template in Gemma 4 vocab GGUFs
+OLLAMA_SMALL = ChatStyle(think_newline=True, empty_thought=False)  # Ollama gemma4 / gemma4-small (E2B, E4B)
+OLLAMA_LARGE = ChatStyle(think_newline=True, empty_thought=True)   # Ollama gemma4-large (26B-A4B, 31B)
+
+
+def style_for(meta: dict, n_params: int | None = None) -> ChatStyle:
+    """The chat style a model's GGUF asks for: from its Jinja template when it has one, else its size."""
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str) and THINK in template:
+        # the template's source spells the newline as the two characters backslash, n
+        return ChatStyle(think_newline=THINK + "\\n" in template,
+                         empty_thought=EMPTY_THOUGHT.replace("\n", "\\n") in template)
+    if n_params is not None:
+        return OLLAMA_LARGE if n_params >= LARGE_MODEL_PARAMS else OLLAMA_SMALL
+    return TEMPLATE_STYLE
+
+
+def _parts(content) -> list[str]:
+    """Message content as text pieces: a string, or the text parts of a list (this app is text-only)."""
+    if isinstance(content, (list, tuple)):
+        return [str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return ["" if content is None else str(content)]
 
 
 def strip_thinking(text: str) -> str:
@@ -42,7 +77,7 @@ def split_thinking(text: str) -> tuple[str, str]:
 
 
 def render(messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
-           bos: bool = True) -> str:
+           bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> str:
     """The prompt text for messages [{"role": "system"|"user"|"assistant", "content": str}, ...]."""
     out = [BOS] if bos else []
     rest = list(messages)
@@ -50,17 +85,20 @@ def render(messages: list[dict], add_generation_prompt: bool = True, thinking: b
     if thinking or has_system:
         out.append(TURN + "system\n")
         if thinking:
-            out.append(THINK)
+            out.append(THINK + "\n" if style.think_newline else THINK)
         if has_system:
-            out.append(str(rest.pop(0).get("content", "")).strip())
+            content = rest.pop(0).get("content")
+            parts = _parts(content)      # a list of parts: each trimmed, then a space (Google's later templates)
+            out.append(parts[0].strip() if isinstance(content, str) else "".join(p.strip() + " " for p in parts))
         out.append(END_TURN + "\n")
     for m in rest:
-        role = ROLES.get(m.get("role"), m.get("role"))
-        content = str(m.get("content", ""))
-        out.append(f"{TURN}{role}\n{strip_thinking(content) if role == 'model' else content.strip()}{END_TURN}\n")
+        role = "model" if m.get("role") == "assistant" else str(m.get("role"))
+        clean = strip_thinking if role == "model" else str.strip     # past replies lose their thoughts
+        body = "".join(clean(p) for p in _parts(m.get("content")))
+        out.append(f"{TURN}{role}\n{body}{END_TURN}\n")
     if add_generation_prompt:
         out.append(TURN + "model\n")
-        if not thinking:
+        if not thinking and style.empty_thought:
             out.append(EMPTY_THOUGHT)
     return "".join(out)
 
@@ -72,6 +110,7 @@ class Conversation:
     system: str | None = None
     messages: list = field(default_factory=list)
     thinking: bool = False
+    style: ChatStyle = TEMPLATE_STYLE
 
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
@@ -96,11 +135,14 @@ class Conversation:
 
     def prompt(self) -> str:
         """The text to tokenize for the next reply (ends with the model's turn opening)."""
-        return render(self.all_messages(), add_generation_prompt=True, thinking=self.thinking)
+        return render(self.all_messages(), add_generation_prompt=True, thinking=self.thinking, style=self.style)
 
     def to_dict(self) -> dict:
-        return {"system": self.system, "messages": list(self.messages), "thinking": self.thinking}
+        return {"system": self.system, "messages": [dict(m) for m in self.messages], "thinking": self.thinking,
+                "style": {"think_newline": self.style.think_newline, "empty_thought": self.style.empty_thought}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Conversation":
-        return cls(system=d.get("system"), messages=list(d.get("messages", [])), thinking=bool(d.get("thinking")))
+        style = ChatStyle(**d["style"]) if isinstance(d.get("style"), dict) else TEMPLATE_STYLE
+        return cls(system=d.get("system"), messages=[dict(m) for m in d.get("messages", [])],
+                   thinking=bool(d.get("thinking")), style=style)

@@ -4,6 +4,7 @@ SentencePiece-style BPE (llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GEM
   1. special tokens: user-defined ones (<|channel>, <|"|>, ...) are always cut out of
      the text; control ones (<bos>, <|turn>, ...) only when parse_special is on.
      Longer tokens are cut first, as llama.cpp's tokenizer_st_partition does.
+     End-of-generation tokens count as control, as llama.cpp makes them.
   2. spaces become U+2581 (no space prefix is added).
   3. the text is split into runs of newlines and runs of anything else; a run of
      newlines that is itself a token stays whole.
@@ -21,9 +22,13 @@ import re
 SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _RUNS = re.compile(r"[^\n]+|\n+")
-_CACHE_LIMIT = 1 << 16
-# ids that end a turn besides eos, by their text (Gemma 4 and earlier Gemma templates)
-_END_OF_TURN = ("<turn|>", "<end_of_turn>", "<eos>")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CACHE_CHARS = 1 << 22         # characters of runs remembered (repeated prompts re-encode fast; memory bounded)
+# Tokens that end generation, found by their text as llama.cpp does (its EOG list, the
+# entries a Gemma vocabulary can hold). llama.cpp also marks them CONTROL, so a
+# user-defined one such as <|tool_response> is hidden in decoding and is not cut out of
+# text when parse_special is off.
+_END_OF_GENERATION = ("<eos>", "<turn|>", "<|tool_response>", "<end_of_turn>")
 
 
 class TokenizerError(ValueError):
@@ -32,22 +37,25 @@ class TokenizerError(ValueError):
 
 class Tokenizer:
     def __init__(self, tokens: list[str], types: list[int], merges: list[str], bos_id: int, eos_id: int,
-                 add_bos: bool = True, extra_stops=()):
+                 extra_stops=()):
         self.tokens = tokens
-        self.types = types
         self.n_vocab = len(tokens)
-        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.add_bos = True               # llama.cpp forces add_bos on for gemma4 whatever the file says
         self.ids = {t: i for i, t in enumerate(tokens)}
-        self.ranks = {}
-        for rank, m in enumerate(merges):
-            cut = m.find(" ", 1)          # a merge is "left right"; left may itself start with a space
-            self.ranks[(m[:cut], m[cut + 1:])] = rank
+        self.ranks = _merge_ranks(merges)
         self._byte_ids = [self.ids.get(f"<0x{b:02X}>") for b in range(256)]
+        eog = [self.ids[t] for t in _END_OF_GENERATION if t in self.ids]
+        self.types = list(types)
+        for i in eog:
+            self.types[i] = CONTROL
+        types = self.types
         specials = [i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED, UNKNOWN)]
-        specials.sort(key=lambda i: -len(tokens[i]))
+        specials.sort(key=lambda i: -len(tokens[i].encode("utf-8")))      # longest (in bytes) cut first
         self._specials = [(tokens[i], i, types[i] == USER_DEFINED) for i in specials if tokens[i]]
-        self.stop_ids = frozenset({eos_id, *extra_stops, *(self.ids[t] for t in _END_OF_TURN if t in self.ids)})
+        self.stop_ids = frozenset({eos_id, *extra_stops, *eog} - {None})
         self._cache: dict[str, list[int]] = {}
+        self._cache_chars = 0
         self._pieces: list[bytes | None] = [None] * self.n_vocab
 
     @classmethod
@@ -62,14 +70,17 @@ class Tokenizer:
         except KeyError as e:
             raise TokenizerError(f"GGUF metadata lacks {e.args[0]}") from None
         extra = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
+        if len(types) < len(tokens):
+            raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
         return cls(tokens, types, merges, int(meta.get("tokenizer.ggml.bos_token_id", 2)),
-                   int(meta.get("tokenizer.ggml.eos_token_id", 1)),
-                   bool(meta.get("tokenizer.ggml.add_bos_token", True)), extra)
+                   int(meta.get("tokenizer.ggml.eos_token_id", 1)), extra)
 
     # -- encoding ----------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
         """Token ids of text; special-token strings become their ids (control ones only with parse_special)."""
         out = [self.bos_id] if add_bos else []
+        if _SURROGATE.search(text):       # lone surrogates (from JS strings) have no UTF-8: U+FFFD, as TextEncoder does
+            text = _SURROGATE.sub("\ufffd", text)
         for frag in self._partition(text, parse_special):
             if isinstance(frag, int):
                 out.append(frag)
@@ -113,8 +124,9 @@ class Tokenizer:
                     ids.append(tid)
                 else:
                     ids.extend(b for b in (self._byte_ids[c] for c in piece.encode("utf-8")) if b is not None)
-        if len(self._cache) < _CACHE_LIMIT:
+        if self._cache_chars + len(run) <= _CACHE_CHARS:
             self._cache[run] = ids
+            self._cache_chars += len(run)
         return ids
 
     def _bpe(self, word: str) -> list[str]:
@@ -169,8 +181,10 @@ class Tokenizer:
                 cached = bytes([int(text[3:5], 16)])
             elif ty == USER_DEFINED:
                 cached = text.encode("utf-8")
-            else:
+            elif ty == NORMAL:
                 cached = text.replace(SPACE, " ").encode("utf-8")
+            else:
+                cached = b""              # unused / undefined types print nothing, as in llama.cpp
             self._pieces[tid] = cached
         return cached
 
@@ -182,6 +196,20 @@ class Tokenizer:
 
     def id_of(self, piece: str) -> int | None:
         return self.ids.get(piece)
+
+
+def _merge_ranks(merges: list[str]) -> dict:
+    """(left, right) -> rank; a merge is "left right" and left may itself start with a space."""
+    pairs = []
+    for m in merges:
+        cut = m.find(" ", 1)
+        pairs.append((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""))
+    ranks = dict(zip(pairs, range(len(pairs))))
+    if len(ranks) != len(pairs):          # a repeated merge keeps its first rank, as in llama.cpp
+        ranks = {}
+        for rank, pair in enumerate(pairs):
+            ranks.setdefault(pair, rank)
+    return ranks
 
 
 class StreamDecoder:

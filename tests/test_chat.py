@@ -2,7 +2,10 @@
 
 import pytest
 
-from pyapp.chat import Conversation, render, split_thinking, strip_thinking
+import json
+
+from pyapp.chat import (OLLAMA_LARGE, OLLAMA_SMALL, TEMPLATE_STYLE, ChatStyle, Conversation, render, split_thinking,
+                        strip_thinking, style_for)
 
 jinja2 = pytest.importorskip("jinja2")
 
@@ -14,13 +17,29 @@ CONVERSATIONS = [
     [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "a"},
      {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>b"}, {"role": "user", "content": "c"}],
     [{"role": "user", "content": "multi\nline\n\ntext with <b>tags</b> & ünïcode 🦙"}],
+    [{"role": "developer", "content": "Dev rules."}, {"role": "user", "content": "x"},
+     {"role": "assistant", "content": "  y  "}, {"role": "system", "content": "late system"},
+     {"role": "user", "content": [{"type": "text", "text": " part one "}, {"type": "text", "text": "two"}]}],
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<|channel>thought\na<channel|>b<|channel>c<channel|>d"},
+     {"role": "user", "content": "again"}, {"role": "assistant", "content": "unfinished <|channel>thought"}],
+    [{"role": "user", "content": "look"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "<|channel>thought\nhm<channel|> A "}, {"type": "text", "text": " B"}]}],
 ]
 
 
-@pytest.fixture(scope="module")
-def template(vocab_gguf):
+def _compile(source: str):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)   # as transformers renders chat templates
-    return env.from_string(vocab_gguf.metadata["tokenizer.chat_template"])
+    return env.from_string(source)
+
+
+@pytest.fixture(scope="module")
+def template_source(vocab_gguf):
+    return vocab_gguf.metadata["tokenizer.chat_template"]
+
+
+@pytest.fixture(scope="module")
+def template(template_source):
+    return _compile(template_source)
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=range(len(CONVERSATIONS)))
@@ -47,8 +66,68 @@ def test_conversation_state_and_prompt(template):
     assert c.pop_last()["content"] == "see you" and len(c.messages) == 2
 
 
+def test_no_messages():
+    assert render([]) == "<bos><|turn>model\n<|channel>thought\n<channel|>"
+    assert render([], add_generation_prompt=False, thinking=True, bos=False) == "<|turn>system\n<|think|><turn|>\n"
+
+
 def test_thinking_helpers():
     assert strip_thinking("<|channel>thought\nplan<channel|>Answer.") == "Answer."
     assert split_thinking("<|channel>thought\nplan it<channel|>Answer.") == ("plan it", "Answer.")
     assert split_thinking("plain") == ("", "plain")
     assert split_thinking("<|channel>thought\nstill thinking") == ("still thinking", "")
+
+
+def test_style_of_the_vocab_template(vocab_gguf):
+    assert style_for(vocab_gguf.metadata) == TEMPLATE_STYLE == ChatStyle(think_newline=False, empty_thought=True)
+
+
+# Google's later Gemma 4 templates (the ones Ollama's renderer follows) differ from the
+# vocab GGUF's in two places; make those edits to the real template and check that
+# style_for reads them and render follows them.
+VARIANTS = {
+    "small": (OLLAMA_SMALL, [("'<|think|>'", "'<|think|>\\n'"), ("'<|channel>thought\\n<channel|>'", "''")]),
+    "large": (OLLAMA_LARGE, [("'<|think|>'", "'<|think|>\\n'")]),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("thinking", [False, True])
+def test_template_variants(template_source, variant, thinking):
+    style, edits = VARIANTS[variant]
+    source = template_source
+    for old, new in edits:
+        assert source.count(old) == 1
+        source = source.replace(old, new)
+    assert style_for({"tokenizer.chat_template": source}) == style
+    tpl = _compile(source)
+    kwargs = {"enable_thinking": True} if thinking else {}
+    for messages in CONVERSATIONS:
+        want = tpl.render(messages=messages, bos_token="<bos>", add_generation_prompt=True, **kwargs)
+        assert render(messages, thinking=thinking, style=style) == want
+
+
+def test_style_by_size_without_a_template():
+    assert style_for({}, n_params=5_100_000_000) == OLLAMA_SMALL           # E2B / E4B
+    assert style_for({}, n_params=25_800_000_000) == OLLAMA_LARGE          # 26B-A4B / 31B
+    assert style_for({}) == TEMPLATE_STYLE
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render(msgs, style=OLLAMA_SMALL) == "<bos><|turn>user\nhi<turn|>\n<|turn>model\n"
+    assert render(msgs, thinking=True, style=OLLAMA_LARGE) == \
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n"
+
+
+def test_conversation_saves_as_json():
+    c = Conversation(system="S", thinking=True, style=OLLAMA_SMALL)
+    c.add_user("a")
+    c.add_assistant("<|channel>thought\nx<channel|>b")
+    c.add_user("c")
+    back = Conversation.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert back == c and back.prompt() == c.prompt()
+    assert c.prompt() == ("<bos><|turn>system\n<|think|>\nS<turn|>\n<|turn>user\na<turn|>\n"
+                          "<|turn>model\nb<turn|>\n<|turn>user\nc<turn|>\n<|turn>model\n")
+    assert Conversation.from_dict({"messages": [{"role": "user", "content": "q"}]}).style == TEMPLATE_STYLE
+    c.pop_last()
+    c.pop_last()
+    c.pop_last()
+    assert c.pop_last() is None and c.messages == []

@@ -3,8 +3,10 @@
 Two uses: the independent implementation our tokenizer is tested against
 (HF `tokenizers` runs its own BPE), and the tokenizer files llama.cpp's converter
 needs beside a tiny fixture model. `reduce_vocab` cuts the vocabulary to its first
-N ids (specials and byte tokens included) with the merges that stay valid, so the
-committed fixtures stay small.
+N ids with the merges that stay valid, so the committed fixtures stay small. Ids are
+not renumbered: the text specials (<pad> .. <turn|>, ids < 256) and the byte tokens
+(<0x00>..<0xFF>, ids 238..493) lead Gemma 4's vocabulary, so any N past the last byte
+token keeps them all; the image/audio/video markers near the end are dropped.
 
     python tools/hf_tokenizer.py VOCAB.gguf OUT_DIR [--keep N]
 """
@@ -23,6 +25,11 @@ CONTROL, USER_DEFINED, BYTE = 3, 4, 6
 
 def reduce_vocab(meta: dict, keep: int) -> dict:
     """tokenizer.ggml.* metadata for the first `keep` ids and the merges among them."""
+    types = meta.get("tokenizer.ggml.token_type") or []
+    last_byte = max((i for i, t in enumerate(types) if t == BYTE), default=-1)
+    if keep <= last_byte:
+        raise ValueError(f"keep={keep} would drop byte tokens (the last is id {last_byte}); "
+                         f"byte fallback needs all 256")
     tokens = meta["tokenizer.ggml.tokens"][:keep]
     kept = set(tokens)
     merges = []
@@ -31,19 +38,21 @@ def reduce_vocab(meta: dict, keep: int) -> dict:
         left, right = m[:cut], m[cut + 1:]
         if left in kept and right in kept and left + right in kept:
             merges.append(m)
-    out = {k: v for k, v in meta.items() if k.startswith("tokenizer.") and k != "tokenizer.chat_template"}
+    out = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}   # ids, flags, chat template
     out["tokenizer.ggml.tokens"] = tokens
     out["tokenizer.ggml.merges"] = merges
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in meta:
             out[key] = meta[key][:keep]
-    if "tokenizer.chat_template" in meta:
-        out["tokenizer.chat_template"] = meta["tokenizer.chat_template"]
     return out
 
 
-def build_tokenizer_json(meta: dict) -> dict:
-    """tokenizer.json (HF `tokenizers` format) equivalent to llama.cpp's gemma4 tokenizer."""
+def build_tokenizer_json(meta: dict, keep: int | None = None) -> dict:
+    """tokenizer.json (HF `tokenizers` format) equivalent to llama.cpp's gemma4 tokenizer.
+
+    With `keep`, for the vocabulary cut to its first `keep` ids (see reduce_vocab)."""
+    if keep is not None:
+        meta = reduce_vocab(meta, keep)
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta["tokenizer.ggml.token_type"]
     merges = []
@@ -74,7 +83,10 @@ def build_tokenizer_json(meta: dict) -> dict:
 
 
 def tokenizer_config(meta: dict) -> dict:
+    """tokenizer_config.json: every control token is named special, so that llama.cpp's
+    converter (which asks transformers for the special ids) types them CONTROL again."""
     tokens = meta["tokenizer.ggml.tokens"]
+    types = meta["tokenizer.ggml.token_type"]
 
     def tok(key, default):
         i = meta.get(key)
@@ -84,7 +96,10 @@ def tokenizer_config(meta: dict) -> dict:
            "eos_token": tok("tokenizer.ggml.eos_token_id", "<eos>"),
            "pad_token": tok("tokenizer.ggml.padding_token_id", "<pad>"),
            "unk_token": tok("tokenizer.ggml.unknown_token_id", "<unk>"),
+           "mask_token": tok("tokenizer.ggml.mask_token_id", "<mask>"),
            "model_max_length": 1 << 20}
+    named = {cfg[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")}
+    cfg["extra_special_tokens"] = [t for t, ty in zip(tokens, types) if ty == CONTROL and t not in named]
     if "tokenizer.chat_template" in meta:
         cfg["chat_template"] = meta["tokenizer.chat_template"]
     return cfg
@@ -97,14 +112,14 @@ def write_tokenizer(meta: dict, out_dir: str | Path) -> None:
     (out / "tokenizer.json").write_text(json.dumps(build_tokenizer_json(meta), ensure_ascii=False), encoding="utf-8")
     cfg = tokenizer_config(meta)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=1), encoding="utf-8")
-    specials = {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    specials = {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")}
     (out / "special_tokens_map.json").write_text(json.dumps(specials), encoding="utf-8")
 
 
-def hf_tokenizer(meta: dict):
+def hf_tokenizer(meta: dict, keep: int | None = None):
     """A `tokenizers.Tokenizer` built from the metadata (tests)."""
     from tokenizers import Tokenizer
-    return Tokenizer.from_str(json.dumps(build_tokenizer_json(meta)))
+    return Tokenizer.from_str(json.dumps(build_tokenizer_json(meta, keep)))
 
 
 def main() -> int:
