@@ -70,6 +70,8 @@ class Tokenizer:
         except KeyError as e:
             raise TokenizerError(f"GGUF metadata lacks {e.args[0]}") from None
         extra = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
+        extra += list(meta.get("tokenizer.ggml.eos_token_ids") or [])       # Ollama's GGUFs may list more
+        extra = [int(i) for i in extra if 0 <= int(i) < len(tokens)]
         if len(types) < len(tokens):
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
         return cls(tokens, types, merges, int(meta.get("tokenizer.ggml.bos_token_id", 2)),

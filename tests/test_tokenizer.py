@@ -159,6 +159,13 @@ def test_bpe_rules_on_a_toy_vocabulary():
     assert tok.decode([7, 6]) == " ab"
 
 
+def test_stop_ids_from_metadata():
+    meta = {"tokenizer.ggml.model": "gemma4", "tokenizer.ggml.tokens": ["<pad>", "<eos>", "<bos>", "a", "<x>"],
+            "tokenizer.ggml.token_type": [3, 3, 3, 1, 3], "tokenizer.ggml.merges": [],
+            "tokenizer.ggml.eot_token_id": 4, "tokenizer.ggml.eos_token_ids": [3, 99]}
+    assert Tokenizer.from_metadata(meta).stop_ids == {1, 3, 4}          # out-of-range ids are ignored
+
+
 def test_lone_surrogates_become_replacement_characters(tok):
     assert tok.encode("a\ud800b") == tok.encode("a\ufffdb")
 
