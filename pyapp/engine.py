@@ -349,18 +349,31 @@ class Engine:
         return [await self.dev.read_async(self.graph.logits, 0, n) for _ in self._logit_rows(tokens)]
 
     # -- benchmark ------------------------------------------------------------------
-    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
-        """Prefill and decode speed on random tokens (greedy, no early stop)."""
+    def _bench_setup(self, prompt_tokens: int, seed: int) -> list[int]:
         rng = random.Random(seed)
-        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
         self.reset()
-        self.generate(ids[:8], SamplingParams(temperature=0, max_tokens=2), stop_ids=())  # warm-up: pipelines, caches
-        self.reset()
-        res = self.generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens), stop_ids=())
+        return [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
+
+    def _bench_result(self, ids: list[int], res: GenerationResult) -> dict:
         return {"adapter": self.dev.describe(), "backend": self.dev.backend,
                 "prompt_tokens": len(ids), "prefill_s": res.prefill_s, "prefill_tok_s": res.prefill_tps,
                 "generated_tokens": len(res.tokens), "decode_s": res.decode_s, "decode_tok_s": res.decode_tps,
                 "context_length": self.context_length, "model": self.config.describe()}
+
+    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
+        """Prefill and decode speed on random tokens (greedy, no early stop), after a warm-up."""
+        ids = self._bench_setup(prompt_tokens, seed)
+        self.generate(ids[:8], SamplingParams(temperature=0, max_tokens=2), stop_ids=())
+        self.reset()
+        return self._bench_result(ids, self.generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens),
+                                                     stop_ids=()))
+
+    async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
+        ids = self._bench_setup(prompt_tokens, seed)
+        await self.generate_async(ids[:8], SamplingParams(temperature=0, max_tokens=2), stop_ids=())
+        self.reset()
+        res = await self.generate_async(ids, SamplingParams(temperature=0, max_tokens=gen_tokens), stop_ids=())
+        return self._bench_result(ids, res)
 
     def close(self) -> None:
         self.graph = None

@@ -38,10 +38,18 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
 // Full sampler: OUT[0] = sampled token id. Mirrors reference.sampling.sample:
 // repeat penalty on the recent ids, then greedy (TEMP <= 0) or top-k (k <= 256,
 // radix select on the logit bits) -> softmax(l / TEMP) -> top-p -> min-p ->
-// pick with the caller's uniform U. One workgroup of 256 threads.
-// LW: the logits (modified in place by the penalty); SP: the per-token parameters.
-// Ties at the k-th value are kept up to 256 candidates, then ordered by id.
-// Dispatch: 1 workgroup.
+// pick with the caller's uniform U. Workgroups of 256 threads.
+// Two stages for big vocabularies, so the whole GPU scans the logits:
+//   topk_local: workgroup w takes the slice [w*SL, (w+1)*SL) of LW, applies the
+//               repeat penalty to the recent ids in it, and keeps its own top k
+//               (those at or above its k-th largest, at most 256) in CV/CI[w*256..],
+//               their count in CNT[w]. Dispatch NW = ceil(V / SL).
+//   sample:     STAGED: the same top-k over the NW*256 candidates, then sort, softmax,
+//               top-p, min-p and the pick; else directly over LW (one workgroup does
+//               all, penalty included). Dispatch 1.
+// The global top k is inside the union of the slices' top k. Ties at the k-th value
+// are kept up to 256 candidates, then ordered by id.
+// LW: logits (the penalty writes them in place); SP: the per-token parameters.
 
 struct SampleParams {
     temperature: f32,
@@ -55,8 +63,15 @@ struct SampleParams {
     recent: array<u32, 64>,
 }
 
+override STAGED: bool = false;
+override SL: u32 = 4096u;            // slice per topk_local workgroup
+override NW: u32 = 1u;               // topk_local workgroups
+
 @group(0) @binding(3) var<storage, read_write> LW: array<f32>;
 @group(0) @binding(2) var<storage, read> SP: SampleParams;
+@group(0) @binding(4) var<storage, read_write> CV: array<f32>;
+@group(0) @binding(5) var<storage, read_write> CI: array<u32>;
+@group(0) @binding(6) var<storage, read_write> CNT: array<u32>;
 
 const MAXK: u32 = 256u;
 var<workgroup> hist: array<atomic<u32>, 256>;
@@ -65,10 +80,11 @@ var<workgroup> cand_i: array<u32, MAXK>;
 var<workgroup> n_cand: atomic<u32>;
 var<workgroup> sel: vec2<u32>;          // x: key prefix so far, y: how many still wanted at/below it
 
-// Float -> u32 that sorts the same way (NaN treated as the lowest).
+// Float -> u32 that sorts the same way (NaN maps to 0, the lowest). NaN is tested on
+// the bits: compilers may fold `v != v` away.
 fn key_of(v: f32) -> u32 {
-    if (v != v) { return 0u; }
     let b = bitcast<u32>(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) { return 0u; }
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
@@ -77,12 +93,29 @@ fn before(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
     return va > vb || (va == vb && ia < ib);
 }
 
-@compute @workgroup_size(256)
-fn sample(@builtin(local_invocation_index) lid: u32) {
-    // 1. repeat penalty, once per distinct recent id
+// The inputs one workgroup selects from: input(base, i) for i < count.
+// mode 0: logits LW[base + i]; mode 1: candidate slot i (empty slots hold the -3.4e38 pad).
+fn input_value(mode: u32, base: u32, i: u32) -> f32 {
+    if (mode == 0u) { return LW[base + i]; }
+    if (i % MAXK < CNT[i / MAXK]) { return CV[i]; }
+    return -3.4e38;
+}
+
+fn input_id(mode: u32, base: u32, i: u32) -> u32 {
+    return select(CI[i], base + i, mode == 0u);
+}
+
+fn effective_k(count: u32) -> u32 {
+    var k = select(min(SP.top_k, MAXK), MAXK, SP.top_k == 0u);
+    if (SP.temperature <= 0.0) { k = 1u; }
+    return min(k, count);
+}
+
+// Repeat penalty, once per distinct recent id, on the ids in [lo, hi).
+fn penalize(lid: u32, lo: u32, hi: u32) {
     if (SP.repeat_penalty != 1.0 && lid < SP.n_recent) {
         let id = SP.recent[lid];
-        var first = id < V;
+        var first = id >= lo && id < hi;
         for (var j = 0u; j < lid; j++) { if (SP.recent[j] == id) { first = false; } }
         if (first) {
             let v = LW[id];
@@ -91,13 +124,11 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
     }
     storageBarrier();
     workgroupBarrier();
+}
 
-    // 2. k: greedy is top-1
-    var k = select(min(SP.top_k, MAXK), MAXK, SP.top_k == 0u);
-    if (SP.temperature <= 0.0) { k = 1u; }
-    k = min(k, V);
-
-    // 3. radix select: the key of the k-th largest logit, 8 bits at a time
+// Radix select, 8 bits a round: leaves in cand_v/cand_i every input at or above the
+// k-th largest (at most MAXK; the rest are padded with -inf) and returns how many.
+fn top_k(mode: u32, base: u32, count: u32, k: u32, lid: u32) -> u32 {
     if (lid == 0u) { sel = vec2<u32>(0u, k); atomicStore(&n_cand, 0u); }
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
@@ -105,8 +136,8 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
         atomicStore(&hist[lid], 0u);
         workgroupBarrier();
         let prefix = sel.x;
-        for (var i = lid; i < V; i += 256u) {
-            let key = key_of(LW[i]);
+        for (var i = lid; i < count; i += 256u) {
+            let key = key_of(input_value(mode, base, i));
             if ((key & mask) == prefix) { atomicAdd(&hist[(key >> shift) & 255u], 1u); }
         }
         workgroupBarrier();
@@ -123,21 +154,46 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
         }
         workgroupBarrier();
     }
-    // 4. gather every key at or above the threshold (ties past 256 slots are dropped)
     let thr = sel.x;
-    for (var i = lid; i < V; i += 256u) {
-        if (key_of(LW[i]) >= thr) {
+    for (var i = lid; i < count; i += 256u) {
+        let v = input_value(mode, base, i);
+        if (key_of(v) >= thr) {
             let s = atomicAdd(&n_cand, 1u);
-            if (s < MAXK) { cand_v[s] = LW[i]; cand_i[s] = i; }
+            if (s < MAXK) { cand_v[s] = v; cand_i[s] = input_id(mode, base, i); }
         }
     }
     workgroupBarrier();
     let gathered = min(atomicLoad(&n_cand), MAXK);
     if (lid >= gathered) { cand_v[lid] = -3.4e38; cand_i[lid] = 0xffffffffu; }
-    let n = min(gathered, k);
     workgroupBarrier();
+    return gathered;
+}
 
-    // 5. bitonic sort of the 256 slots, best first
+@compute @workgroup_size(256)
+fn topk_local(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let lo = wid.x * SL;
+    let count = min(SL, V - lo);
+    penalize(lid, lo, lo + count);
+    let n = top_k(0u, lo, count, effective_k(count), lid);
+    CV[wid.x * MAXK + lid] = cand_v[lid];
+    CI[wid.x * MAXK + lid] = cand_i[lid];
+    if (lid == 0u) { CNT[wid.x] = n; }
+}
+
+@compute @workgroup_size(256)
+fn sample(@builtin(local_invocation_index) lid: u32) {
+    var mode = 0u;
+    var count = V;
+    if (STAGED) {
+        mode = 1u;
+        count = NW * MAXK;
+    } else {
+        penalize(lid, 0u, V);
+    }
+    let k = effective_k(V);
+    let n = min(top_k(mode, 0u, count, k, lid), k);
+
+    // bitonic sort of the 256 slots, best first
     for (var size = 2u; size <= MAXK; size <<= 1u) {
         for (var stride = size >> 1u; stride > 0u; stride >>= 1u) {
             let j = lid ^ stride;
@@ -153,7 +209,7 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
         }
     }
 
-    // 6. softmax over the k, top-p, min-p, pick (serial: k <= 256)
+    // softmax over the k, top-p, min-p, pick (serial: k <= 256)
     if (lid == 0u) {
         if (SP.temperature <= 0.0 || n == 1u) { OUT[0] = cand_i[0]; return; }
         var total = 0.0;

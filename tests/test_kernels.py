@@ -288,12 +288,12 @@ SAMPLE_CASES = [  # (temperature, top_k, top_p, min_p, repeat_penalty)
 ]
 
 
+@pytest.mark.parametrize("v", [3001, 20011], ids=["one-stage", "two-stage"])
 @pytest.mark.parametrize("case", SAMPLE_CASES, ids=lambda c: "t{}-k{}-p{}-m{}-r{}".format(*c))
-def test_sample_matches_reference(dev, case):
+def test_sample_matches_reference(dev, case, v):
     from pyapp.reference.sampling import sample as ref_sample
     temperature, top_k, top_p, min_p, rp = case
     rng = np.random.default_rng(hash(case) % 2**32)
-    v = 5003
     for trial in range(6):
         logits = (rng.standard_normal(v) * 3).astype(np.float32)
         recent = [int(i) for i in np.argsort(-logits)[:3]] + [int(i) for i in rng.integers(0, v, 10)]
@@ -304,7 +304,8 @@ def test_sample_matches_reference(dev, case):
         lb, out = f32(dev, logits), dev.buffer(16)
         params = dev.buffer(K.SAMPLE_PARAMS_BYTES)
         dev.write(params, K.pack_sample_params(temperature, top_k, top_p, min_p, rp, recent, u))
-        dev.submit(K.sample(dev, v, lb, out, params))
+        scratch = dev.buffer(max(16, K.sample_scratch_bytes(v)))
+        dev.submit(K.sample(dev, v, lb, out, params, scratch))
         got = int(np.frombuffer(dev.read(out, 0, 4), np.uint32)[0])
         assert got == want, f"trial {trial}: gpu {got} vs reference {want}"
 

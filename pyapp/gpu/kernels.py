@@ -188,12 +188,37 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     return (plan or dev.plan()).dispatch(p, bg, heads, max_tokens)
 
 
-def sample(dev: Device, v: int, logits: Buffer, out: Buffer, params: Buffer, plan: Plan | None = None) -> Plan:
+SAMPLE_SLICE = 4096   # logits per first-stage workgroup (shaders/sample.wgsl SL)
+
+
+def sample_scratch_bytes(v: int) -> int:
+    """Bytes of candidate scratch `sample` needs for a vocabulary of v (0: single stage)."""
+    nw = -(-v // SAMPLE_SLICE)
+    return 0 if nw <= 1 else nw * 256 * 8 + nw * 4
+
+
+def sample(dev: Device, v: int, logits: Buffer, out: Buffer, params: Buffer, scratch: Buffer | None = None,
+           plan: Plan | None = None) -> Plan:
     """out[0] = token sampled from logits[:v] (modified in place by the repeat penalty).
 
-    params: storage buffer laid out as shaders/sample.wgsl's SampleParams (see pack_sample_params)."""
-    p = dev.pipeline("sample", entry="sample", constants={"V": v})
-    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {1: out, 2: params, 3: logits}), 1)
+    params: storage buffer laid out as shaders/sample.wgsl's SampleParams (see pack_sample_params).
+    scratch (sample_scratch_bytes(v)): candidates of the first stage; big vocabularies are
+    cut into 4096-logit slices whose top k are found in parallel, then merged."""
+    plan = plan or dev.plan()
+    nw = -(-v // SAMPLE_SLICE)
+    if nw <= 1:   # one workgroup does it all; the candidate bindings are declared but unused
+        p = dev.pipeline("sample", entry="sample", constants={"V": v})
+        unused = {i: dev.buffer(16, label="unused") for i in (4, 5, 6)}
+        return plan.dispatch(p, dev.bind_group(p, {1: out, 2: params, 3: logits, **unused}), 1)
+    if scratch is None or scratch.size < sample_scratch_bytes(v):
+        raise ValueError(f"sampling over {v} logits needs {sample_scratch_bytes(v)} bytes of scratch")
+    cv, ci, cnt = (scratch, 0, nw * 1024), (scratch, nw * 1024, nw * 1024), (scratch, nw * 2048, nw * 4)
+    consts = {"V": v, "SL": SAMPLE_SLICE, "NW": nw}
+    res = {2: params, 3: logits, 4: cv, 5: ci, 6: cnt}
+    p = dev.pipeline("sample", entry="topk_local", constants=consts)
+    plan.dispatch(p, dev.bind_group(p, res), nw)
+    p = dev.pipeline("sample", entry="sample", constants={**consts, "STAGED": True})
+    return plan.dispatch(p, dev.bind_group(p, {1: out, **res}), 1)
 
 
 SAMPLE_PARAMS_BYTES = 32 + 64 * 4

@@ -193,6 +193,7 @@ class Gemma4Graph:
         self.logits = f(cfg.vocab_size, "logits")
         self.token = dev.buffer(16, label="token")
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
+        self.sample_scratch = dev.buffer(max(16, K.sample_scratch_bytes(cfg.vocab_size)), label="sample scratch")
         self.partials = f(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers), "partials")
         # KV cache: global layers hold the whole context; sliding layers a ring big
         # enough for the window plus one chunk of new tokens.
@@ -392,7 +393,8 @@ class Gemma4Graph:
                 K.elementwise(dev, "softcap", cfg.vocab_size, self.logits, self.one, 1, cap=cfg.final_softcap,
                               plan=plan)
             if sample:
-                K.sample(dev, cfg.vocab_size, self.logits, self.token, self.sample_params, plan=plan)
+                K.sample(dev, cfg.vocab_size, self.logits, self.token, self.sample_params, self.sample_scratch,
+                         plan=plan)
             self._plans[key] = plan
         return self._plans[key]
 

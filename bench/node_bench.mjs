@@ -1,0 +1,48 @@
+// The browser code path without a browser: Pyodide + our pyapp + Dawn (Chrome's WebGPU,
+// from the npm `webgpu` package) in Node. Same BrowserDevice and engine code as the page.
+//
+//   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
+// Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
+//      PROMPT_TOKENS (256), GEN_TOKENS (64). Prints one JSON line per model.
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const root = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..");
+const pyodideDir = path.resolve(process.env.PYODIDE_DIR || path.join(root, "node_modules/pyodide"));
+const webgpuDir = path.resolve(process.env.WEBGPU_DIR || path.join(root, "node_modules/webgpu"));
+process.on("uncaughtException", (e) => { console.error("error:", String((e && e.message) || e).slice(-4000)); process.exit(1); });
+process.on("unhandledRejection", (e) => { console.error("error:", String((e && e.message) || e).slice(-4000)); process.exit(1); });
+const { loadPyodide } = await import(pathToFileURL(path.join(pyodideDir, "pyodide.mjs")).href);
+const py = await loadPyodide({ indexURL: pyodideDir + "/" });
+// after Pyodide's boot: a navigator set earlier breaks it
+const { create, globals } = await import(pathToFileURL(path.join(webgpuDir, "index.js")).href);
+Object.assign(globalThis, globals);
+globalThis.navigator = { gpu: create([]) };
+
+py.FS.mkdirTree("/repo");
+py.FS.mount(py.FS.filesystems.NODEFS, { root }, "/repo");
+py.FS.mkdirTree("/models");
+py.FS.mount(py.FS.filesystems.NODEFS, { root: "/" }, "/models");
+py.runPython("import sys; sys.path.insert(0, '/repo')");
+const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
+const run = py.runPythonAsync(`
+import json, time
+from pyapp.engine import Engine
+from pyapp.gguf import read_gguf
+from pyapp.gpu import get_device_async
+dev = await get_device_async("browser")
+out = []
+for m in ${JSON.stringify(models)}:
+    g = read_gguf(m)
+    t = time.perf_counter()
+    eng = await Engine.open_async(g, dev, context_length=2048)
+    load = time.perf_counter() - t
+    r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
+                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)})
+    r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)")
+    out.append(json.dumps(r))
+    eng.close()
+"\\n".join(out)
+`);
+console.log(await run);
+process.exit(0);
