@@ -12,6 +12,7 @@ go File -> GPU inside JS (pyapp.gpu.browser).
 
 from __future__ import annotations
 
+import array
 import json
 import time
 
@@ -92,7 +93,11 @@ class JsDirectory:
             raise FileNotFoundError(f"{path}: {e}") from e
 
     async def file(self, path: str):
-        return await js.fsFile(self.handle, path)
+        """The JS File itself (model blobs: read by range, uploaded from JS)."""
+        try:
+            return await js.fsFile(self.handle, path)
+        except Exception as e:
+            raise FileNotFoundError(f"{path}: {e}") from e
 
     async def exists(self, path: str) -> bool:
         return bool(await js.fsExists(self.handle, path))
@@ -107,14 +112,39 @@ class State:
     folder: JsDirectory | None = None
     models: dict = {}
     stop = False
-    cancel_load = False
+    cancelled_load = 0          # id of the load the user cancelled (ids: the page numbers its loads)
 
 
 S = State()
 
 
+def _device_lost() -> str | None:
+    """Why the GPU device was lost, or None. (BrowserDevice keeps device.lost's outcome in _state.)"""
+    state = getattr(S.device, "_state", None)
+    return getattr(state, "lost", None) if state is not None else None
+
+
+def _clear_gpu_error() -> None:
+    state = getattr(S.device, "_state", None)
+    if state is not None:
+        state.error = None   # Python None becomes JS undefined, which reads back as None
+
+
 def _fail(e: BaseException) -> dict:
-    return {"error": str(e) or type(e).__name__}
+    """A user-facing error, with what to do next where we know it."""
+    lost = _device_lost()
+    if lost:
+        return {"error": f"The GPU device was lost ({lost}). Reload the model to go on; your conversation is kept.",
+                "device_lost": True}
+    msg = str(e) or type(e).__name__
+    if "NotReadableError" in msg or "NotFoundError" in msg:
+        msg += ("\nThe model file changed on disk or was removed since it was opened: open it again "
+                "(choose it from the folder or the file picker).")
+    elif "NotAllowedError" in msg or "SecurityError" in msg:
+        msg += "\nPermission to read the folder was denied or withdrawn: open the folder again and allow reading."
+    elif "memory" in msg.lower():
+        msg += "\nTry a shorter context, a smaller quantization, or close other tabs that use the GPU."
+    return {"error": msg}
 
 
 # -- commands -----------------------------------------------------------------
@@ -200,18 +230,24 @@ def _defaults() -> dict:
 
 def _unload() -> None:
     if S.engine is not None:
-        S.engine.close()
+        try:
+            S.engine.close()
+        except Exception:   # a lost device: its buffers are gone anyway
+            pass
     S.engine = None
 
 
-async def load(context_length: int = 4096) -> dict:
-    """Upload the chosen model's weights to the GPU (progress events; cancel_load stops it)."""
+async def load(context_length: int = 4096, load_id: int = 0) -> dict:
+    """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it)."""
     if S.gguf is None:
         return {"error": "choose a model first"}
-    if S.device is None:
-        return {"error": "no WebGPU device"}
     _unload()
-    S.cancel_load = False
+    if S.device is None or _device_lost():
+        try:   # after a device loss (driver reset, GPU process crash) a fresh device usually works
+            S.device = await get_device_async("browser")
+        except GPUError as e:
+            return {"error": f"no WebGPU device: {e}"}
+    _clear_gpu_error()
     last = [0.0]
 
     def progress(done, total, elapsed):
@@ -224,20 +260,22 @@ async def load(context_length: int = 4096) -> dict:
     try:
         t = time.perf_counter()
         S.engine = await Engine.open_async(S.gguf, S.device, context_length=int(context_length), progress=progress,
-                                           cancelled=lambda: S.cancel_load)
+                                           cancelled=lambda: S.cancelled_load == load_id)
         err = S.device.last_error
         if err:
-            S.engine = None
-            return {"error": f"the GPU rejected the model: {err}"}
+            _unload()
+            return _fail(GPUError(f"the GPU rejected the model: {err}"))
         return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
                 "model": S.model_info}
-    except EXPECTED as e:
+    except Exception as e:
         S.engine = None
-        return _fail(e)
+        if isinstance(e, EXPECTED) or _device_lost():
+            return _fail(e)
+        raise
 
 
-def cancel_load() -> None:
-    S.cancel_load = True
+def cancel_load(load_id: int = 0) -> None:
+    S.cancelled_load = load_id
 
 
 def stop() -> None:
@@ -262,8 +300,13 @@ async def chat(messages_json: str, params_json: str) -> dict:
         S.stop = False
         res = await eng.generate_async(ids, params, on_token=lambda tok, text: emit("token", text=text),
                                        should_stop=lambda: S.stop)
-    except EXPECTED as e:
-        return _fail(e)
+    except Exception as e:
+        if _device_lost():
+            _unload()
+            return _fail(e)
+        if isinstance(e, EXPECTED):
+            return _fail(e)
+        raise
     thought, answer = split_thinking(res.text)
     return {"text": res.text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
             "tokens": len(res.tokens), "prompt_tokens": len(ids), "evaluated": res.prompt_tokens,
@@ -282,6 +325,15 @@ async def logits(tokens_json: str) -> dict:
     """Logits for a token sequence (tests compare them with golden files)."""
     if S.engine is None:
         return {"error": "no model loaded"}
-    rows = await S.engine.forward_async(json.loads(tokens_json))
-    import array
+    try:
+        rows = await S.engine.forward_async(json.loads(tokens_json))
+    except EXPECTED as e:
+        return _fail(e)
     return {"rows": [array.array("f", r).tolist() for r in rows]}
+
+
+def simulate_device_loss() -> dict:
+    """For tests: destroy the GPU device, as a driver reset would (device.lost fires)."""
+    if S.device is not None:
+        S.device.device.destroy()
+    return {}

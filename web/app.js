@@ -37,8 +37,9 @@ const state = {
   loaded: false,
   busy: false,
   streaming: null,
+  loadId: 0,
 };
-window.app = { call, state };   // for tests and the curious
+window.app = { call, state, loadModel };   // for tests and the curious
 
 function loadJSON(key, fallback) {
   try { return JSON.parse(localStorage.getItem(key)) ?? fallback; } catch { return fallback; }
@@ -106,18 +107,23 @@ async function loadModel() {
   state.loaded = false;
   state.busy = true;
   setState("loading");
+  showError("model-error", "");
+  $("reload-model").hidden = true;
   $("load-box").hidden = false;
   $("load-progress").value = 0;
   $("load-text").textContent = "Uploading weights to the GPU…";
-  const r = await call("load", Number(state.settings.context_length) || 4096);
+  state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
+  const r = await call("load", Number(state.settings.context_length) || 4096, state.loadId);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
     showError("model-error", r.error);
+    $("reload-model").hidden = !r.device_lost;
     setState("ready");
     return;
   }
   state.loaded = true;
+  showError("chat-error", "");
   $("model-info").innerHTML = describe(r.model) +
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
   setState("loaded");
@@ -129,7 +135,8 @@ on("progress", (m) => {
   const eta = m.eta >= 0 ? ` · ${Math.ceil(m.eta)} s left` : "";
   $("load-text").textContent = `${(m.done / 2 ** 20).toFixed(1)} / ${(m.total / 2 ** 20).toFixed(1)} MiB${eta}`;
 });
-$("cancel-load").onclick = () => call("cancel_load");
+$("cancel-load").onclick = () => call("cancel_load", state.loadId);
+$("reload-model").onclick = () => { if (!state.busy) loadModel(); };
 
 $("file-input").onchange = (ev) => { openFile(ev.target.files[0]); ev.target.value = ""; };
 window.addEventListener("dragover", (ev) => { ev.preventDefault(); $("drop").classList.add("over"); });
@@ -273,7 +280,7 @@ function messageEl(m, i) {
   const body = document.createElement("div");
   body.className = "body";
   if (m.role === "assistant") {
-    body.innerHTML = renderMarkdown(m.content || "");
+    body.innerHTML = renderReply(m.content || "");
   } else {
     body.textContent = m.content;
   }
@@ -289,10 +296,27 @@ function messageEl(m, i) {
   copy.type = "button";
   copy.className = "copy";
   copy.textContent = "Copy";
-  copy.onclick = () => navigator.clipboard && navigator.clipboard.writeText(m.content);
+  copy.onclick = () => navigator.clipboard && navigator.clipboard.writeText(splitThinking(m.content).answer);
   meta.append(copy);
   div.append(body, meta);
   return div;
+}
+
+// Gemma 4 thinks in a "<|channel>thought\n...<channel|>" section before its answer.
+function splitThinking(text) {
+  const open = "<|channel>", close = "<channel|>";
+  const t = text.trimStart();
+  if (!t.startsWith(open)) return { thought: null, answer: text, thinking: false };
+  const end = t.indexOf(close);
+  const thought = (end < 0 ? t.slice(open.length) : t.slice(open.length, end)).replace(/^thought\n?/, "");
+  return { thought, answer: end < 0 ? "" : t.slice(end + close.length).trimStart(), thinking: end < 0 };
+}
+
+function renderReply(text) {
+  const { thought, answer, thinking } = splitThinking(text);
+  if (thought === null) return renderMarkdown(text);
+  return `<details class="thought"${thinking ? " open" : ""}><summary>${thinking ? "Thinking…" : "Thought"}` +
+    `</summary>${renderMarkdown(thought.trim())}</details>${renderMarkdown(answer)}`;
 }
 
 function renderChat() {
@@ -311,7 +335,7 @@ function updateButtons() {
   const msgs = state.chat.messages;
   $("send").disabled = !state.loaded || gen || state.busy;
   $("stop").disabled = !gen;
-  $("regen").disabled = !state.loaded || gen || !msgs.length || msgs[msgs.length - 1].role !== "assistant";
+  $("regen").disabled = !state.loaded || gen || state.busy || !msgs.length;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
   for (const id of ["demo", "open-folder", "file-input"]) $(id).disabled = gen || state.busy;
@@ -333,7 +357,7 @@ on("token", (m) => {
     requestAnimationFrame(() => {
       pendingRender = false;
       const el = document.querySelector(".msg.streaming .body");
-      if (el && state.streaming) el.innerHTML = renderMarkdown(state.streaming.content);
+      if (el && state.streaming) el.innerHTML = renderReply(state.streaming.content);
       $("messages").scrollTop = $("messages").scrollHeight;
     });
   }
@@ -355,6 +379,14 @@ async function generate() {
   if (r.error) {
     state.chat.messages.pop();   // keep the user's message; drop the empty reply
     showError("chat-error", r.error);
+    if (r.device_lost) {         // the model is gone with the device: offer to load it again
+      state.loaded = false;
+      $("reload-model").hidden = false;
+      saveChat();
+      renderChat();
+      setState("ready");
+      return;
+    }
   } else {
     reply.content = r.text;
     reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
