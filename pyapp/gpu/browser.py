@@ -126,6 +126,11 @@ def _obj(d: dict):
     return to_js(d, dict_converter=js.Object.fromEntries)
 
 
+def _constants(d: dict):
+    """Pipeline override constants: WebGPU takes numbers (Dawn's Node binding rejects booleans)."""
+    return _obj({k: (int(v) if isinstance(v, bool) else v) for k, v in d.items()})
+
+
 class BrowserDevice(Device):
     backend = "browser"
 
@@ -180,7 +185,7 @@ class BrowserDevice(Device):
 
     def _create_pipeline(self, source, entry, constants, label):
         self._check()
-        return self.js.pipeline(self.device, source, entry, _obj(constants), label)
+        return self.js.pipeline(self.device, source, entry, _constants(constants), label)
 
     async def pipeline_async(self, shader, entry="main", constants=None, prelude=""):
         """As pipeline(), but compiles asynchronously and raises GPUError on WGSL errors."""
@@ -190,7 +195,7 @@ class BrowserDevice(Device):
         if key not in self._pipelines:
             try:
                 h = await self.js.pipelineChecked(self.device, shader_source(shader, prelude), entry,
-                                                  _obj(dict(consts)), f"{shader}:{entry}")
+                                                  _constants(dict(consts)), f"{shader}:{entry}")
             except Exception as e:
                 raise GPUError(f"pipeline {shader}:{entry}: {e}") from e
             self._pipelines[key] = Pipeline(h, key)
