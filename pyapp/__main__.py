@@ -70,17 +70,24 @@ def cmd_logits(args) -> int:
     return 0
 
 
-def _prompt_ids(tok, text: str, raw: bool) -> list[int]:
+def _chat_style(gguf):
+    """The prompt format this model's GGUF asks for (its template, else its size)."""
+    from .chat import style_for
+    from .gguf import summarize
+    return style_for(gguf.metadata, summarize(gguf)["n_elements"])
+
+
+def _prompt_ids(tok, gguf, text: str, raw: bool) -> list[int]:
     if raw:
         return tok.encode(text, add_bos=True)
     from .chat import render
-    return tok.encode(render([{"role": "user", "content": text}]), add_bos=False)
+    return tok.encode(render([{"role": "user", "content": text}], style=_chat_style(gguf)), add_bos=False)
 
 
 def cmd_generate(args) -> int:
     g = _open(args.model)
     tok = _tokenizer(g)
-    ids = _prompt_ids(tok, args.prompt, args.raw)
+    ids = _prompt_ids(tok, g, args.prompt, args.raw)
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
         out = ReferenceModel(g).generate_greedy(ids, args.max_tokens)
@@ -112,7 +119,7 @@ def cmd_chat(args) -> int:
     g = _open(args.model)
     tok = _tokenizer(g)
     engine = Engine.open(g, backend=args.backend, context_length=args.context)
-    conv = Conversation(system=args.system)
+    conv = Conversation(system=args.system, style=_chat_style(g))
     params = _params(args)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
     while True:

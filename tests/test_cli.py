@@ -1,0 +1,68 @@
+"""The command line: python -m pyapp info / tokenize / logits / generate / bench on the fixtures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures"
+
+
+def pyapp(*args, check=True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyapp", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, check=check, timeout=300)
+
+
+def test_info():
+    out = pyapp("info", FIX / "gemma4-moe-q8_0.gguf").stdout
+    assert "architecture:  gemma4" in out and "MoE 2/4 experts" in out and "Q8_0" in out
+
+
+def test_tokenize_matches_the_tokenizer():
+    from pyapp.gguf import read_gguf
+    from pyapp.tokenizer import Tokenizer
+    tok = Tokenizer.from_metadata(read_gguf(FIX / "demo.gguf").metadata)
+    out = pyapp("tokenize", FIX / "demo.gguf", "--text", "Hello world, hello!").stdout.split()
+    assert [int(x) for x in out] == tok.encode("Hello world, hello!")
+    assert pyapp("tokenize", FIX / "demo.gguf", "--text", "hi", "--bos").stdout.split()[0] == "2"
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("native", marks=pytest.mark.gpu)])
+def test_logits_match_golden(tmp_path, backend):
+    if backend == "native":
+        pytest.importorskip("wgpu")
+    path = FIX / "gemma4-dense-q6_k.gguf"
+    golden = np.load(path.with_suffix(".golden.npz"))
+    tokens = golden["tokens_1"].tolist()
+    out = tmp_path / "l.npy"
+    r = pyapp("logits", path, "--tokens", ",".join(map(str, tokens)), "--out", out, "--backend", backend, check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    got = np.load(out)
+    assert got.dtype == np.float32 and got.shape == golden["logits_1"].shape
+    assert np.abs(got - golden["logits_1"]).max() < 2e-3
+
+
+@pytest.mark.gpu
+def test_generate_and_bench():
+    pytest.importorskip("wgpu")
+    r = pyapp("generate", FIX / "demo.gguf", "--prompt", "Hi", "--max-tokens", "5", "--temperature", "0", check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    assert "generated" in r.stderr and "tok/s" in r.stderr
+    b = json.loads(pyapp("bench", FIX / "gemma4-dense-q8_0.gguf", "--json", "--prompt-tokens", "16",
+                         "--decode-tokens", "8").stdout.strip().splitlines()[-1])
+    assert b["generated_tokens"] == 8 and b["decode_tok_s"] > 0 and b["adapter"].startswith("native")
+
+
+def test_bad_file_is_a_clean_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    r = pyapp("info", bad, check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
