@@ -21,3 +21,12 @@ def vocab_gguf_path() -> Path:
 def vocab_gguf(vocab_gguf_path):
     from pyapp.gguf import read_gguf
     return read_gguf(vocab_gguf_path)
+
+
+def load_tool(name: str):
+    """A script from tools/ as a module (tools/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -13,11 +13,11 @@ apart; greedy generation must match token for token.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_tool
 
 pytestmark = pytest.mark.gpu
 
@@ -36,17 +36,10 @@ def dev():
         pytest.skip(f"no WebGPU adapter for the native backend ({e})")
 
 
-def _bench_tool():
-    spec = importlib.util.spec_from_file_location("make_bench_model", ROOT / "tools" / "make_bench_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """make(shape, quant) -> path of a toy GGUF (cached per module)."""
-    tool, made = _bench_tool(), {}
+    tool, made = load_tool("make_bench_model"), {}
 
     def make(shape: str, quant: str) -> Path:
         key = (shape, quant)

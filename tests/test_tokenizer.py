@@ -1,22 +1,17 @@
 """pyapp.tokenizer on the real Gemma 4 vocabulary: llama.cpp's vectors, HF tokenizers, streaming, speed."""
 
-import importlib.util
 import random
 import time
 from pathlib import Path
 
 import pytest
+from conftest import load_tool
 
 from pyapp.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _hf_tool():
-    spec = importlib.util.spec_from_file_location("hf_tokenizer", ROOT / "tools" / "hf_tokenizer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +22,7 @@ def tok(vocab_gguf):
 @pytest.fixture(scope="module")
 def hf(vocab_gguf):
     pytest.importorskip("tokenizers")
-    return _hf_tool().hf_tokenizer(vocab_gguf.metadata)
+    return load_tool("hf_tokenizer").hf_tokenizer(vocab_gguf.metadata)
 
 
 def llama_cpp_vectors(path: Path):
@@ -102,7 +97,7 @@ def test_decode_round_trip(tok):
 
 
 def test_reduced_vocab_matches_hf(vocab_gguf):
-    tool = _hf_tool()
+    tool = load_tool("hf_tokenizer")
     small = tool.reduce_vocab(vocab_gguf.metadata, 4096)
     ours = Tokenizer.from_metadata(small)
     hf = tool.hf_tokenizer(vocab_gguf.metadata, keep=4096)
@@ -128,7 +123,7 @@ def test_converter_reads_token_types_back(vocab_gguf, vocab_gguf_path, tmp_path,
         pytest.skip("vendored gguf-py missing")
     monkeypatch.syspath_prepend(str(gguf_py))
     import gguf
-    tool = _hf_tool()
+    tool = load_tool("hf_tokenizer")
     small = tool.reduce_vocab(vocab_gguf.metadata, 512)
     tool.write_tokenizer(small, tmp_path)
     types = [int(t) for _, _, t in gguf.LlamaHfVocab(tmp_path).all_tokens()]
@@ -196,9 +191,12 @@ def test_streaming_never_splits_a_character(tok):
 
 
 def test_speed(vocab_gguf):
-    t = time.perf_counter()
-    tok = Tokenizer.from_metadata(vocab_gguf.metadata)
-    build = time.perf_counter() - t
+    # best of two builds: one stall of a busy 2-core CI machine is not the code's speed
+    build = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        tok = Tokenizer.from_metadata(vocab_gguf.metadata)
+        build = min(build, time.perf_counter() - t)
     rng = random.Random(1)
     words = ["the", "model", "runs", "in", "a", "browser", "tab", "with", "WebGPU", "Pyodide", "données", "模型", "🙂"]
     text = " ".join(rng.choice(words) + rng.choice(["", ",", ".", "!\n"]) for _ in range(3000))[:10_000]

@@ -1,0 +1,29 @@
+// Shared by matvec.wgsl and matvec_sg.wgsl: sizes, bindings, reduction scratch and the
+// epilogue (MODE 0: y = Wx; 1: GeGLU over the gate and up halves of W; 2: gelu(Wx) * B).
+
+override K: u32;
+override N: u32;
+override TPR: u32 = 64u;      // threads per row, power of two, <= WG
+override WG: u32 = 256u;
+override MODE: u32 = 0u;      // epilogue: 0 y = Wx; 1 GeGLU y = gelu(W[r]x) * W[N+r]x; 2 y = gelu(Wx) * B
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<storage, read> B: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+var<workgroup> red2: array<f32, WG>;
+
+fn gelu_tanh(g: f32) -> f32 {
+    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
+}
+
+// The epilogue: what row `row` of Y gets from its dot product(s).
+fn finish(row: u32, a: f32, b: f32) -> f32 {
+    if (MODE == 1u) { return gelu_tanh(a) * b; }
+    if (MODE == 2u) { return gelu_tanh(a) * B[row]; }
+    return a;
+}
+
+//!include quants
