@@ -7,7 +7,8 @@
 // into (x, y) above 65535. Entry points:
 //   main:       Y = norm(X) [* Wt]
 //   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
-//               optionally times layer_output_scale (saves two dispatches)
+//               optionally times layer_output_scale (saves two dispatches);
+//               HAS_NEXT: also Y = norm(A) * W2, the next pre-norm (saves one more)
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.y + t.
@@ -17,6 +18,7 @@ override RPT: u32 = 1u;
 override EPS: f32 = 1e-6;
 override HAS_W: bool = true;
 override HAS_SC: bool = false;
+override HAS_NEXT: bool = false;
 override NROT: u32 = 0u;
 override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
@@ -29,6 +31,7 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> A: array<f32>;
 @group(0) @binding(5) var<storage, read> SC: array<f32>;
 @group(0) @binding(6) var<storage, read> FF: array<f32>;
+@group(0) @binding(8) var<storage, read> W2: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
 
@@ -71,7 +74,23 @@ fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let inv = inv_rms(base, lid);
     var sc = 1.0;
     if (HAS_SC) { sc = SC[0]; }
-    for (var i = lid; i < D; i += WG) { A[base + i] = (A[base + i] + X[base + i] * inv * weight(i)) * sc; }
+    var ss = 0.0;
+    for (var i = lid; i < D; i += WG) {
+        let a = (A[base + i] + X[base + i] * inv * weight(i)) * sc;
+        A[base + i] = a;
+        ss += a * a;
+    }
+    if (HAS_NEXT) {                     // uniform: barriers stay legal
+        workgroupBarrier();             // everyone has read red[0] in inv_rms
+        red[lid] = ss;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid < s) { red[lid] += red[lid + s]; }
+            workgroupBarrier();
+        }
+        let inv2 = inverseSqrt(red[0] / f32(D) + EPS);
+        for (var i = lid; i < D; i += WG) { Y[base + i] = A[base + i] * inv2 * W2[i]; }
+    }
 }
 
 @compute @workgroup_size(WG)

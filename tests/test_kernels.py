@@ -379,14 +379,19 @@ def test_ple_combine(dev):
     np.testing.assert_allclose(got, want.transpose(1, 0, 2), atol=1e-5)
 
 
-def test_add_normed_with_scale(dev):
+@pytest.mark.parametrize("fused_next", [False, True])
+def test_add_normed_with_scale(dev, fused_next):
     rng = np.random.default_rng(23)
     t, d = 5, 300
     x, a = rng.standard_normal((t, d)).astype(np.float32), rng.standard_normal((t, d)).astype(np.float32)
-    w, sc = rng.standard_normal(d).astype(np.float32), np.float32(0.7)
-    ab = f32(dev, a)
-    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), u32(dev, t), t, scale=f32(dev, [sc])))
-    np.testing.assert_allclose(read_f32(dev, ab, t * d).reshape(t, d), (a + rms_norm(x, w, 1e-6)) * sc, atol=1e-5)
+    w, w2, sc = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32), np.float32(0.7)
+    ab, nxt = f32(dev, a), dev.buffer(4 * t * d)
+    kw = dict(next_out=nxt, next_weight=f32(dev, w2)) if fused_next else {}
+    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), u32(dev, t), t, scale=f32(dev, [sc]), **kw))
+    want = (a + rms_norm(x, w, 1e-6)) * sc
+    np.testing.assert_allclose(read_f32(dev, ab, t * d).reshape(t, d), want, atol=1e-5)
+    if fused_next:
+        np.testing.assert_allclose(read_f32(dev, nxt, t * d).reshape(t, d), rms_norm(want, w2, 1e-6), atol=1e-5)
 
 
 @pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])

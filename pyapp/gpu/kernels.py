@@ -101,10 +101,18 @@ def rms_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, s
 
 
 def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step: Buffer, max_tokens: int,
-               eps: float = 1e-6, scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
-    """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale)."""
-    p = dev.pipeline("norm", entry="add_normed", constants={"D": d, "EPS": eps, "HAS_SC": scale is not None})
+               eps: float = 1e-6, scale: Buffer | None = None, next_out: Buffer | None = None,
+               next_weight: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale);
+    with next_out: also next_out = rms_norm(acc) * next_weight (the following pre-norm)."""
+    nxt = next_out is not None
+    p = dev.pipeline("norm", entry="add_normed", constants={"D": d, "EPS": eps, "HAS_SC": scale is not None,
+                                                           "HAS_NEXT": nxt})
     res = {0: x, 2: weight, 3: step, 4: acc, 5: scale if scale is not None else dev.dummy}
+    if nxt:
+        res.update({1: next_out, 8: next_weight})
+    else:
+        res.update({1: dev.buffer(16, label="unused"), 8: dev.dummy})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
 
 

@@ -330,41 +330,47 @@ class Gemma4Graph:
         K.moe_combine(dev, d, KS, self.ye, self.rids, self.rwts, out, self.step, T,
                       down_scale=self.vec.get(p + "ffn_down_exps.scale"), plan=plan)
 
-    def _layer(self, plan, lc: LayerConfig, T: int):
-        """reference: ReferenceModel.layer; the residual stream lives in self.x."""
+    def _layer(self, plan, lc: LayerConfig, T: int, next_norm: str | None):
+        """reference: ReferenceModel.layer; the residual stream lives in self.x.
+
+        Each post-norm's residual add also writes the next pre-norm into self.xn (the
+        ffn_norm, and at the end the next layer's attn_norm, `next_norm`)."""
         cfg, dev, p, d = self.cfg, self.dev, f"blk.{lc.index}.", self.cfg.hidden
         out_scale = self.vec.get(p + "layer_output_scale.weight")
 
-        def add_normed(y: Buffer, norm: str, last: bool = False):   # x = (x + norm(y)) [* layer scale]
+        def add_normed(y: Buffer, norm: str, last: bool = False, then: str | None = None):
+            # x = (x + norm(y)) [* layer scale]; then xn = norm'(x)
             K.add_normed(dev, d, y, self.x, self.vec[p + norm], self.step, T, eps=cfg.eps,
-                         scale=out_scale if last else None, plan=plan)
+                         scale=out_scale if last else None, next_out=self.xn if then else None,
+                         next_weight=self.vec[then] if then else None, plan=plan)
 
-        self._norm(plan, self.x, self.xn, p + "attn_norm.weight", d, T)
+        if lc.index == 0:      # later layers get their attn_norm from the previous layer's last add
+            self._norm(plan, self.x, self.xn, p + "attn_norm.weight", d, T)
         self._attention(plan, lc, T)
-        add_normed(self.o, "post_attention_norm.weight")                   # h = x + attn
+        add_normed(self.o, "post_attention_norm.weight", then=p + "ffn_norm.weight")    # h = x + attn
         if p + "ffn_gate_inp.weight" in self.w:
-            self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
             self._mlp(plan, p, self.xn, self.o, T, lc.ffn_dim)
             self._norm(plan, self.o, self.f, p + "post_ffw_norm_1.weight", d, T)
             self._moe(plan, p, T, self.o)
             K.add_normed(dev, d, self.o, self.f, self.vec[p + "post_ffw_norm_2.weight"], self.step, T, eps=cfg.eps,
                          plan=plan)
         else:
-            self._norm(plan, self.x, self.xn, p + "ffn_norm.weight", d, T)
             self._mlp(plan, p, self.xn, self.f, T, lc.ffn_dim)
-        add_normed(self.f, "post_ffw_norm.weight", last=not cfg.ple_dim)
-        if cfg.ple_dim:
-            pd = cfg.ple_dim
-            stride = self._ple_stride(T) * pd * 4
-            ple = (self.ple_in, lc.index * stride, stride)
-            gate = self.w[p + "inp_gate.weight"]
-            if T == 1:
-                K.matvec(dev, gate.qtype, d, pd, gate.buffer, self.x, self.pa, gelu_times=ple, plan=plan)
-            else:
-                self._mm(plan, p + "inp_gate.weight", self.x, self.pg, T)
-                K.elementwise(dev, "geglu", pd, self.pg, self.step, T, b=ple, out=self.pa, plan=plan)
-            self._mm(plan, p + "proj.weight", self.pa, self.pp, T)
-            add_normed(self.pp, "post_norm.weight", last=True)
+        if not cfg.ple_dim:
+            add_normed(self.f, "post_ffw_norm.weight", last=True, then=next_norm)
+            return
+        add_normed(self.f, "post_ffw_norm.weight")
+        pd = cfg.ple_dim
+        stride = self._ple_stride(T) * pd * 4
+        ple = (self.ple_in, lc.index * stride, stride)
+        gate = self.w[p + "inp_gate.weight"]
+        if T == 1:
+            K.matvec(dev, gate.qtype, d, pd, gate.buffer, self.x, self.pa, gelu_times=ple, plan=plan)
+        else:
+            self._mm(plan, p + "inp_gate.weight", self.x, self.pg, T)
+            K.elementwise(dev, "geglu", pd, self.pg, self.step, T, b=ple, out=self.pa, plan=plan)
+        self._mm(plan, p + "proj.weight", self.pa, self.pp, T)
+        add_normed(self.pp, "post_norm.weight", last=True, then=next_norm)
 
     # -- plans ------------------------------------------------------------------
     def layers_plan(self, T: int) -> Plan:
@@ -373,8 +379,10 @@ class Gemma4Graph:
         if key not in self._plans:
             plan = self.dev.plan()
             self._embed(plan, T)
-            for lc in self.cfg.layers:
-                self._layer(plan, lc, T)
+            layers = self.cfg.layers
+            for i, lc in enumerate(layers):
+                nxt = f"blk.{layers[i + 1].index}.attn_norm.weight" if i + 1 < len(layers) else None
+                self._layer(plan, lc, T, nxt)
             self._plans[key] = plan
         return self._plans[key]
 
