@@ -12,6 +12,7 @@
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.y + t.
+//   kv_prep:    decode only: a layer's new K and V, normed (+ RoPE for K), into the cache.
 
 override D: u32;
 override RPT: u32 = 1u;
@@ -93,6 +94,19 @@ fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
+// Output dim i of rope(norm(X[base..base+D]) * Wt) for a token at position pos.
+fn roped(base: u32, i: u32, inv: f32, pos: f32) -> f32 {
+    let half = NROT / 2u;
+    if (i >= NROT) { return X[base + i] * inv * weight(i); }
+    let j = i % half;                        // the pair (j, j + half)
+    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
+    if (HAS_FF) { inv_freq /= FF[j]; }
+    let a = pos * inv_freq;
+    let x0 = X[base + j] * inv * weight(j);
+    let x1 = X[base + j + half] * inv * weight(j + half);
+    return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
+}
+
 @compute @workgroup_size(WG)
 fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -100,19 +114,32 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (row >= S.x * RPT) { return; }
     let base = row * D;
     let inv = inv_rms(base, lid);
-    let half = NROT / 2u;
     let pos = f32(S.y + row / RPT);
+    for (var i = lid; i < D; i += WG) { Y[base + i] = roped(base, i, inv, pos); }
+}
+
+// kv_prep (one decode token): for KV head h = workgroup, K = rope(norm(X[KOFF + h*D..]) * Wt)
+// and V = norm(X[VOFF + h*D..]) (unweighted) go straight into the caches at slot S.y % CTX
+// (layout of attention.wgsl: [HKV, CTX, D]). Replaces norm_rope + norm + store.
+override KOFF: u32 = 0u;
+override VOFF: u32 = 0u;
+override CTX: u32 = 1u;
+
+@group(0) @binding(9) var<storage, read_write> KC: array<f32>;
+@group(0) @binding(10) var<storage, read_write> VC: array<f32>;
+
+@compute @workgroup_size(WG)
+fn kv_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let kbase = KOFF + h * D;
+    let vbase = VOFF + h * D;
+    let dst = (h * CTX + S.y % CTX) * D;
+    let inv_k = inv_rms(kbase, lid);
+    workgroupBarrier();                      // everyone has read red[0] before it is reused
+    let inv_v = inv_rms(vbase, lid);
+    let pos = f32(S.y);
     for (var i = lid; i < D; i += WG) {
-        if (i < half) {
-            var inv_freq = pow(BASE, -2.0 * f32(i) / f32(NROT));
-            if (HAS_FF) { inv_freq /= FF[i]; }
-            let a = pos * inv_freq;
-            let x0 = X[base + i] * inv * weight(i);
-            let x1 = X[base + i + half] * inv * weight(i + half);
-            Y[base + i] = x0 * cos(a) - x1 * sin(a);
-            Y[base + i + half] = x1 * cos(a) + x0 * sin(a);
-        } else if (i >= NROT) {
-            Y[base + i] = X[base + i] * inv * weight(i);
-        }
+        KC[dst + i] = roped(kbase, i, inv_k, pos);
+        VC[dst + i] = X[vbase + i] * inv_v;
     }
 }

@@ -452,3 +452,22 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
         p = np.exp(s - s.max())
         want[i] = (p / p.sum()) @ vv
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
+def test_kv_prep_writes_normed_roped_kv_into_the_cache(dev, hd, nrot, ff):
+    rng = np.random.default_rng(26)
+    hkv, ctx, pos, q_len = 2, 16, 21, 3 * hd          # x = [q (3 heads) | k | v]
+    x = rng.standard_normal(q_len + 2 * hkv * hd).astype(np.float32)
+    w = rng.standard_normal(hd).astype(np.float32)
+    ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
+    kc, vc = f32(dev, np.zeros(hkv * ctx * hd)), f32(dev, np.zeros(hkv * ctx * hd))
+    dev.submit(K.kv_prep(dev, f32(dev, x), q_len, q_len + hkv * hd, f32(dev, w), kc, vc, u32(dev, 1, pos), hkv, hd,
+                         nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None))
+    k = x[q_len:q_len + hkv * hd].reshape(1, hkv, hd)
+    v = x[q_len + hkv * hd:].reshape(1, hkv, hd)
+    want_k = rope_neox(rms_norm(k, w, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+    got_k = read_f32(dev, kc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx]
+    got_v = read_f32(dev, vc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx]
+    np.testing.assert_allclose(got_k, want_k, atol=3e-5)
+    np.testing.assert_allclose(got_v, rms_norm(v, None, 1e-6)[0], atol=1e-5)

@@ -126,6 +126,18 @@ def norm_rope(dev: Device, x: Buffer, y: Buffer, weight: Buffer, step: Buffer, h
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * heads))
 
 
+def kv_prep(dev: Device, x: Buffer, k_off: int, v_off: int, k_weight: Buffer, kc: Buffer, vc: Buffer,
+            step: Buffer, kv_heads: int, head_dim: int, rot_dims: int, base: float, ctx: int, eps: float = 1e-6,
+            freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """One decode token: kc/vc[h, pos % ctx] = rope(norm(k_h) * k_weight), norm(v_h), where k_h, v_h are
+    read from x at float offsets k_off + h*head_dim and v_off + h*head_dim."""
+    p = dev.pipeline("norm", entry="kv_prep", constants={
+        "D": head_dim, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None,
+        "KOFF": k_off, "VOFF": v_off, "CTX": ctx})
+    res = {0: x, 2: k_weight, 3: step, 6: freq_factors if freq_factors is not None else dev.dummy, 9: kc, 10: vc}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), kv_heads)
+
+
 def rope(dev: Device, x: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
          max_tokens: int, freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
     """NeoX RoPE in place on x [T, heads, head_dim]; positions step.y + t."""

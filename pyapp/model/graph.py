@@ -45,12 +45,34 @@ class GpuTensor:
     qtype: int
     shape: tuple          # ggml order: shape[0] is the row length
     parts: list           # [Part]: row ranges, each within one binding
+    offset: int = 0       # byte offset in its buffer (q, k, v share one buffer)
+    nbytes: int = 0
 
     @property
     def buffer(self) -> Buffer:
         if len(self.parts) != 1:
             raise ModelError(f"{self.name} is split over {len(self.parts)} buffers; this op needs it whole")
         return self.parts[0].buffer
+
+    @property
+    def bound(self):
+        """What a bind group takes: the buffer, or its range when the buffer is shared."""
+        return self.buffer if not self.offset else (self.buffer, self.offset, self.nbytes + WEIGHT_PAD)
+
+
+@dataclass
+class QKV:
+    """A layer's q, k (and v) projections in one buffer, rows padded to 64: one matvec for all."""
+    buffer: Buffer
+    qtype: int
+    k: int                # row length (hidden)
+    rows: int             # all rows, padding included
+    q_row: int
+    k_row: int
+    v_row: int | None
+
+
+ROW_ALIGN = 64            # 64 rows of f32 outputs = 256 bytes: every segment starts bindable
 
 
 def f32_bytes(gguf, name: str) -> bytes:
@@ -83,6 +105,20 @@ def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
     for t in gguf.tensors.values():
         if t.name in skip or t.name in fused or len(t.shape) < 2:
             continue
+        if t.name.endswith(".attn_q.weight"):
+            group = [t] + [gguf.tensors[n] for n in (t.name.replace("attn_q", "attn_k"), t.name.replace("attn_q", "attn_v"))
+                           if n in gguf.tensors]
+            rows = [-(-g.shape[1] // ROW_ALIGN) * ROW_ALIGN for g in group]
+            if len(group) > 1 and all(len(g.shape) == 2 and (g.type, g.shape[0]) == (t.type, t.shape[0]) for g in group) \
+                    and t.row_bytes % 4 == 0 and sum(rows) * t.row_bytes + WEIGHT_PAD <= limit:
+                buf = dev.buffer(sum(rows) * t.row_bytes + WEIGHT_PAD, label=t.name.replace("attn_q", "attn_qkv"))
+                row0 = 0
+                for g, r in zip(group, rows):
+                    fused.add(g.name)
+                    gt = GpuTensor(g.name, g.type, g.shape, [Part(buf, 0, g.shape[1])], row0 * t.row_bytes, g.nbytes)
+                    yield gt, buf, g.offset, g.nbytes, row0 * t.row_bytes
+                    row0 += r
+                continue
         if t.name.endswith(".ffn_gate.weight"):
             up = gguf.tensors.get(t.name.replace(".ffn_gate.", ".ffn_up."))
             if up is not None and (up.type, up.shape) == (t.type, t.shape) and t.nbytes % 4 == 0 \
@@ -118,6 +154,7 @@ class Gemma4Graph:
         self.ctx = context_length
         self.chunk = chunk
         self._check_supported()
+        self.qkv = self._qkv_groups()
         self.vec = self._vectors()
         self._alloc()
         self._plans: dict = {}
@@ -135,6 +172,21 @@ class Gemma4Graph:
         missing = [n for n in need if n not in self.gguf.tensors]
         if missing:
             raise ModelError(f"the GGUF lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+
+    def _qkv_groups(self) -> dict[int, QKV]:
+        """Layers whose q, k (, v) share a buffer (plan_uploads fused them)."""
+        out = {}
+        for lc in self.cfg.layers:
+            p = f"blk.{lc.index}."
+            q, k, v = (self.w.get(p + n) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight"))
+            if q is None or k is None or len(q.parts) != 1 or len(k.parts) != 1 or q.buffer is not k.buffer:
+                continue
+            rb = self.gguf.tensor(q.name).row_bytes
+            last = v or k
+            rows = last.offset // rb + -(-last.shape[1] // ROW_ALIGN) * ROW_ALIGN
+            out[lc.index] = QKV(q.buffer, q.qtype, q.shape[0], rows, q.offset // rb, k.offset // rb,
+                                v.offset // rb if v is not None else None)
+        return out
 
     def _vectors(self) -> dict[str, Buffer]:
         """Every 1-D tensor (norms, scales, rope freqs) as an f32 buffer; derived constants too."""
@@ -174,6 +226,7 @@ class Gemma4Graph:
         for name in ("x", "xn", "o", "o2", "f", "f2"):
             setattr(self, name, f(T * d, name))
         self.qraw, self.q, self.attn = f(T * H * hd), f(T * H * hd), f(T * H * hd)
+        self.qkv_out = f(max((g.rows for g in self.qkv.values()), default=4), "qkv")
         self.kraw, self.k, self.vraw, self.v = (f(T * kvh * hd) for _ in range(4))
         self.gate, self.up, self.act, self.gu_dense = f(T * ff), f(T * ff), f(T * ff), f(T * 2 * ff)
         if cfg.is_moe:
@@ -229,12 +282,13 @@ class Gemma4Graph:
         """y[T, n] = x[T, k] @ W^T: matvec for one token, tiled matmul for a chunk."""
         t = self.w[name]
         k, n = t.shape[0], t.shape[1]
-        if T == 1:
+        if T == 1 and len(t.parts) == 1:
+            K.matvec(self.dev, t.qtype, k, n, t.bound, x, y, plan=plan)
+        elif T == 1:
             for p in t.parts:
-                out = y if len(t.parts) == 1 else (y, 4 * p.row0, 4 * p.rows)
-                K.matvec(self.dev, t.qtype, k, p.rows, p.buffer, x, out, plan=plan)
+                K.matvec(self.dev, t.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
         elif len(t.parts) == 1:
-            K.matmul(self.dev, t.qtype, k, n, t.buffer, x, y, self.step, n_tokens=T, plan=plan)
+            K.matmul(self.dev, t.qtype, k, n, t.bound, x, y, self.step, n_tokens=T, plan=plan)
         else:   # row blocks write their columns of y: bound from the block's first column on
             for p in t.parts:
                 K.matmul(self.dev, t.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
@@ -267,10 +321,26 @@ class Gemma4Graph:
         cfg, dev, p = self.cfg, self.dev, f"blk.{lc.index}."
         H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
         ff = None if lc.sliding else self.vec.get("rope_freqs.weight")
+        kc, vc, slots = self.kv[lc.kv_source]
+        g = self.qkv.get(lc.index) if T == 1 and not lc.shares_kv else None
+        if g is not None:   # decode: q, k, v in one matvec; K and V normed straight into the cache
+            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, self.xn, self.qkv_out, plan=plan)
+            K.norm_rope(dev, self.qkv_out, self.q, self.vec[p + "attn_q_norm.weight"], self.step, H, hd,
+                        lc.rope_dims, lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
+            v_row = g.v_row if g.v_row is not None else g.k_row   # attention_k_eq_v: V is the raw K
+            K.kv_prep(dev, self.qkv_out, g.k_row, v_row, self.vec[p + "attn_k_norm.weight"], kc, vc, self.step,
+                      kvh, hd, lc.rope_dims, lc.rope_base, slots, eps=cfg.eps, freq_factors=ff, plan=plan)
+        else:
+            self._qkv_separate(plan, lc, T, kc, vc, slots, ff)
+        self._attend(plan, lc, T, kc, vc, slots)
+
+    def _qkv_separate(self, plan, lc: LayerConfig, T: int, kc, vc, slots, ff):
+        """q, k, v projections one by one (prefill, shared-KV layers, mixed quant types)."""
+        cfg, dev, p = self.cfg, self.dev, f"blk.{lc.index}."
+        H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
         self._mm(plan, p + "attn_q.weight", self.xn, self.qraw, T)
         K.norm_rope(dev, self.qraw, self.q, self.vec[p + "attn_q_norm.weight"], self.step, H, hd, lc.rope_dims,
                     lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
-        kc, vc, slots = self.kv[lc.kv_source]
         if not lc.shares_kv:
             self._mm(plan, p + "attn_k.weight", self.xn, self.kraw, T)
             vsrc = self.kraw          # no attn_v (attention_k_eq_v): V is the raw K projection
@@ -281,6 +351,11 @@ class Gemma4Graph:
                         lc.rope_dims, lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
             self._norm(plan, vsrc, self.v, None, hd, T, rows_per_token=kvh)
             K.kv_store(dev, self.k, self.v, kc, vc, self.step, kvh, hd, slots, T, plan=plan)
+
+    def _attend(self, plan, lc: LayerConfig, T: int, kc, vc, slots):
+        """softmax(q k^T) v over the cache, then the output projection into self.o."""
+        cfg, dev, p = self.cfg, self.dev, f"blk.{lc.index}."
+        H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
         window = cfg.sliding_window if lc.sliding else 0
         if T == 1:   # decode: split over the keys so the whole GPU works on one query
             K.attention_decode(dev, self.q, kc, vc, self.attn, self.partials, self.step, H, kvh, hd, slots,
