@@ -144,7 +144,8 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
         add_matrix(w, rng, p + "attn_k.weight", h, kv_heads[i] * hd, qtype)
         add_vector(w, rng, p + "attn_k_norm.weight", hd)
         if pattern[i] or not s.get("k_eq_v"):
-            add_matrix(w, rng, p + "attn_v.weight", h, kv_heads[i] * hd, qtype)
+            # like llama.cpp's Q4_K_M: V projections one step up, in Q6_K
+            add_matrix(w, rng, p + "attn_v.weight", h, kv_heads[i] * hd, T.Q6_K if qtype == T.Q4_K else qtype)
         add_matrix(w, rng, p + "attn_output.weight", s["heads"] * hd, h, qtype)
         add_vector(w, rng, p + "post_attention_norm.weight", h)
         add_vector(w, rng, p + "ffn_norm.weight", h)

@@ -69,7 +69,9 @@ class QKV:
     rows: int             # all rows, padding included
     q_row: int
     k_row: int
-    v_row: int | None
+    v_row: int | None     # None: no V (attention_k_eq_v)
+    v_apart: str | None = None   # attn_v in another encoding: its own matvec into row v_row of the output
+    v_rows: int = 0
 
 
 ROW_ALIGN = 64            # 64 rows of f32 outputs = 256 bytes: every segment starts bindable
@@ -106,8 +108,9 @@ def plan_uploads(dev: Device, gguf, skip=("per_layer_token_embd.weight",)):
         if t.name in skip or t.name in fused or len(t.shape) < 2:
             continue
         if t.name.endswith(".attn_q.weight"):
-            group = [t] + [gguf.tensors[n] for n in (t.name.replace("attn_q", "attn_k"), t.name.replace("attn_q", "attn_v"))
-                           if n in gguf.tensors]
+            # q with k and v when they share its encoding (Q4_K_M keeps some attn_v in Q6_K: those stay apart)
+            group = [t] + [g for g in (gguf.tensors.get(t.name.replace("attn_q", n)) for n in ("attn_k", "attn_v"))
+                           if g is not None and g.type == t.type]
             rows = [-(-g.shape[1] // ROW_ALIGN) * ROW_ALIGN for g in group]
             if len(group) > 1 and all(len(g.shape) == 2 and (g.type, g.shape[0]) == (t.type, t.shape[0]) for g in group) \
                     and t.row_bytes % 4 == 0 and sum(rows) * t.row_bytes + WEIGHT_PAD <= limit:
@@ -182,10 +185,16 @@ class Gemma4Graph:
             if q is None or k is None or len(q.parts) != 1 or len(k.parts) != 1 or q.buffer is not k.buffer:
                 continue
             rb = self.gguf.tensor(q.name).row_bytes
-            last = v or k
+            v_in = v is not None and len(v.parts) == 1 and v.buffer is q.buffer
+            if v is not None and not v_in and len(v.parts) != 1:
+                continue
+            last = v if v_in else k
             rows = last.offset // rb + -(-last.shape[1] // ROW_ALIGN) * ROW_ALIGN
-            out[lc.index] = QKV(q.buffer, q.qtype, q.shape[0], rows, q.offset // rb, k.offset // rb,
-                                v.offset // rb if v is not None else None)
+            g = QKV(q.buffer, q.qtype, q.shape[0], rows, q.offset // rb, k.offset // rb,
+                    v.offset // rb if v_in else (rows if v is not None else None))
+            if v is not None and not v_in:
+                g.v_apart, g.v_rows = v.name, v.shape[1]
+            out[lc.index] = g
         return out
 
     def _vectors(self) -> dict[str, Buffer]:
@@ -226,7 +235,8 @@ class Gemma4Graph:
         for name in ("x", "xn", "o", "o2", "f", "f2"):
             setattr(self, name, f(T * d, name))
         self.qraw, self.q, self.attn = f(T * H * hd), f(T * H * hd), f(T * H * hd)
-        self.qkv_out = f(max((g.rows for g in self.qkv.values()), default=4), "qkv")
+        self.qkv_out = f(max((g.v_row + g.v_rows if g.v_apart else g.rows for g in self.qkv.values()), default=4),
+                         "qkv")
         self.kraw, self.k, self.vraw, self.v = (f(T * kvh * hd) for _ in range(4))
         self.gate, self.up, self.act, self.gu_dense = f(T * ff), f(T * ff), f(T * ff), f(T * 2 * ff)
         if cfg.is_moe:
@@ -325,6 +335,10 @@ class Gemma4Graph:
         g = self.qkv.get(lc.index) if T == 1 and not lc.shares_kv else None
         if g is not None:   # decode: q, k, v in one matvec; K and V normed straight into the cache
             K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, self.xn, self.qkv_out, plan=plan)
+            if g.v_apart:
+                v = self.w[g.v_apart]
+                K.matvec(dev, v.qtype, g.k, g.v_rows, v.bound, self.xn, (self.qkv_out, 4 * g.v_row, 4 * g.v_rows),
+                         plan=plan)
             K.norm_rope(dev, self.qkv_out, self.q, self.vec[p + "attn_q_norm.weight"], self.step, H, hd,
                         lc.rope_dims, lc.rope_base, T, eps=cfg.eps, freq_factors=ff, plan=plan)
             v_row = g.v_row if g.v_row is not None else g.k_row   # attention_k_eq_v: V is the raw K
