@@ -154,7 +154,7 @@ async def boot() -> dict:
     try:
         S.device = await get_device_async("browser")
     except GPUError as e:
-        return {"error": str(e), "webgpu": False}
+        return {"error": str(e).removeprefix("Error: "), "webgpu": False}
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
             "limits": d.limits, "webgpu": True}
@@ -330,6 +330,20 @@ async def logits(tokens_json: str) -> dict:
     except EXPECTED as e:
         return _fail(e)
     return {"rows": [array.array("f", r).tolist() for r in rows]}
+
+
+async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
+    """Token ids generated after a raw token sequence, from an empty cache (tests: golden outputs)."""
+    if S.engine is None:
+        return {"error": "no model loaded"}
+    p = json.loads(params_json)
+    params = SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
+    S.engine.reset()
+    try:
+        res = await S.engine.generate_async(json.loads(tokens_json), params, stop_ids=())
+    except EXPECTED as e:
+        return _fail(e)
+    return {"tokens": list(res.tokens), "stop_reason": res.stop_reason}
 
 
 def simulate_device_loss() -> dict:

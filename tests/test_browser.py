@@ -4,8 +4,8 @@ One browser page is shared by the tests below, which run in file order: boot,
 Markdown safety, demo model, a two-turn chat checked against the native engine,
 stop, cancelled loading, a lost GPU device and its recovery, a damaged file,
 the file input and a drop event, the GPU logits against a golden file, a fake
-Ollama folder in OPFS (and its model file changing on disk), and a reload that
-keeps the conversation.
+Ollama folder in OPFS (and its model file changing on disk), a reload that
+keeps the conversation, and a browser without WebGPU.
 A screenshot of the chat is saved to test-artifacts/.
 """
 
@@ -206,11 +206,18 @@ def test_damaged_file_is_a_clear_error(page):
     assert page.evaluate("window.app.state.loaded")             # the loaded model is still usable
 
 
-def test_logits_match_golden_through_file_input(page):
-    path = FIXTURES / "gemma4-dense-f32.gguf"
-    page.set_input_files("#file-input", str(path))
+def wait_loaded_file(page, name: str) -> None:
+    """Wait until the model opened from file `name` has finished loading (not the previous one)."""
+    page.wait_for_function(f"window.app.state.model && window.app.state.model.file === {json.dumps(name)}"
+                           " && document.getElementById('model-info').textContent.includes('Loaded in')")
     wait_state(page, "loaded")
-    page.wait_for_function("document.getElementById('model-info').textContent.includes('gemma4-dense')")
+
+
+@pytest.mark.parametrize("stem", ["gemma4-dense-f32", "gemma4-dense-q4_k", "gemma4-moe-q8_0"])
+def test_golden_logits_and_greedy_through_file_input(page, stem):
+    path = FIXTURES / f"{stem}.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
     golden = np.load(path.with_suffix(".golden.npz"))
     tokens = golden["tokens_0"].tolist()
     rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
@@ -220,6 +227,11 @@ def test_logits_match_golden_through_file_input(page):
     assert got.shape == want.shape
     assert np.abs(got - want).max() < 2e-3
     assert (got.argmax(-1) == want.argmax(-1)).all()
+    # greedy generation on the GPU (sampler included) against the golden continuation
+    want_ids = golden["generate_0"].tolist()[:8]          # 8 of 32: SwiftShader decodes slowly
+    gen = page.evaluate("([t, p]) => window.app.call('generate_tokens', t, p)",
+                        [json.dumps(tokens), json.dumps({"temperature": 0, "max_tokens": len(want_ids)})])
+    assert gen.get("tokens") == want_ids, gen
 
 
 def test_drop_a_gguf_file(page):
@@ -229,8 +241,7 @@ def test_drop_a_gguf_file(page):
         dt.items.add(new File([blob], 'dropped-demo.gguf'));
         window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
     }""")
-    page.wait_for_function("document.getElementById('model-info').textContent.includes('Loaded in')"
-                           " && document.getElementById('model-info').textContent.includes('demo')")
+    wait_loaded_file(page, "dropped-demo.gguf")
     assert page.evaluate("window.app.state.loaded")
 
 
@@ -324,3 +335,19 @@ def test_reload_keeps_the_conversation(page):
     assert "Hello there!" in page.inner_text("#messages")
     assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
     assert not page.errors, page.errors
+
+
+def test_without_webgpu_the_page_says_how_to_enable_it(page, server):
+    # the same Chromium without --enable-unsafe-webgpu: no adapter on this machine
+    browser = page.context.browser.browser_type.launch(executable_path=str(CHROMIUM), headless=True,
+                                                       args=["--no-sandbox", "--disable-background-networking"])
+    try:
+        pg = browser.new_page()
+        pg.goto(server + "/index.html")
+        pg.wait_for_function("['ready', 'no-webgpu'].includes(document.body.dataset.state)", timeout=TIMEOUT)
+        assert pg.evaluate("document.body.dataset.state") == "no-webgpu"
+        help_text = pg.inner_text("#webgpu-help")
+        assert "WebGPU is not available" in help_text and "no WebGPU adapter" in help_text
+        assert "chrome://flags/#enable-unsafe-webgpu" in help_text and "No WebGPU" in pg.inner_text("#gpu")
+    finally:
+        browser.close()
