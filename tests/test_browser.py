@@ -203,6 +203,10 @@ def test_damaged_file_is_a_clear_error(page):
     assert "truncated" in err or "past the end" in err
     page.set_input_files("#file-input", {"name": "notes.gguf", "mimeType": "text/plain", "buffer": b"hello " * 20})
     page.wait_for_function("document.getElementById('model-error').textContent.includes('not a GGUF')")
+    page.set_input_files("#file-input", {"name": "llama.gguf", "mimeType": "application/octet-stream",
+                                         "buffer": _non_gemma_gguf()})
+    page.wait_for_function("document.getElementById('model-error').textContent.includes('Gemma 4')")
+    assert "architecture is 'llama'" in page.inner_text("#model-error")
     assert page.evaluate("window.app.state.loaded")             # the loaded model is still usable
 
 
@@ -334,6 +338,8 @@ def test_reload_keeps_the_conversation(page):
     assert [m["content"] for m in messages(page)] == before
     assert "Hello there!" in page.inner_text("#messages")
     assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
+    page.click("#reopen-folder")                                # one click (permission is asked again)
+    page.wait_for_selector("#model-list li:has-text('gemma4:tiny') button")
     assert not page.errors, page.errors
 
 
