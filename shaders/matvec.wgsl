@@ -15,16 +15,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
-    let gpb = QK / 4u;                    // 4-weight groups per block
     let rowbase = min(row, N - 1u) * (K / QK) * QB;
     let rowbase2 = rowbase + N * (K / QK) * QB;       // MODE 1: the up half, N rows further
-    var acc = 0.0;
+    let acc = partial_dot(rowbase, t);
     var acc2 = 0.0;
-    for (var g = t; g < K / 4u; g += TPR) {
-        let x = X[g];
-        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), x);
-        if (MODE == 1u) { acc2 += dot(dq4(rowbase2 + (g / gpb) * QB, g % gpb), x); }
-    }
+    if (MODE == 1u) { acc2 = partial_dot(rowbase2, t); }
     red[lid] = acc;
     red2[lid] = acc2;
     workgroupBarrier();

@@ -27,3 +27,16 @@ fn finish(row: u32, a: f32, b: f32) -> f32 {
 }
 
 //!include quants
+//!include quants_dot
+
+// This thread's share of row . X: 32-weight units (dot32) when K allows, else 4-weight groups.
+fn partial_dot(rowbase: u32, t: u32) -> f32 {
+    var acc = 0.0;
+    if (K % 32u == 0u) {
+        for (var u = t; u < K / 32u; u += TPR) { acc += dot32(rowbase, u); }
+    } else {
+        let gpb = QK / 4u;
+        for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]); }
+    }
+    return acc;
+}

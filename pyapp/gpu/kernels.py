@@ -39,6 +39,16 @@ def quant_prelude(t) -> str:
             f"fn dq4(bb: u32, i: u32) -> vec4<f32> {{ return dq4_{name}(bb, i); }}\n")
 
 
+DOT32 = {"q8_0", "q4_k", "q5_k", "q6_k"}   # types with a dedicated dot32 in quants_dot.wgsl
+
+
+def matvec_prelude(t) -> str:
+    """quant_prelude plus matvec's dot32 (32-weight units) for this type."""
+    name = QUANTS[quant_type(t)][0]
+    impl = f"dot32_{name}" if name in DOT32 else "dot32_generic"
+    return quant_prelude(t) + f"fn dot32(rb: u32, u: u32) -> f32 {{ return {impl}(rb, u); }}\n"
+
+
 def row_bytes(t, k: int) -> int:
     _, qk, qb = QUANTS[quant_type(t)]
     if k % qk:
@@ -67,7 +77,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     sg = dev.has_subgroups if subgroups is None else subgroups
     shader, prelude = ("matvec_sg", dev.enables("subgroups")) if sg else ("matvec", "")
     mode = 1 if geglu else 2 if gelu_times is not None else 0
-    p = dev.pipeline(shader, prelude=prelude + quant_prelude(qtype),
+    p = dev.pipeline(shader, prelude=prelude + matvec_prelude(qtype),
                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode})
     bg = dev.bind_group(p, [w, x, y, gelu_times if gelu_times is not None else dev.dummy])
     plan = plan if plan is not None else dev.plan()
