@@ -315,9 +315,10 @@ async def chat(messages_json: str, params_json: str) -> dict:
 
 
 def count_tokens(messages_json: str) -> dict:
-    if S.engine is None:
+    messages = json.loads(messages_json)
+    if S.engine is None or not messages:
         return {"tokens": 0}
-    prompt = render(json.loads(messages_json), add_generation_prompt=False)
+    prompt = render(messages, add_generation_prompt=False)
     return {"tokens": len(S.engine.tokenizer.encode(prompt)), "context_length": S.engine.context_length}
 
 

@@ -38,6 +38,7 @@ const state = {
   busy: false,
   streaming: null,
   loadId: 0,
+  streamedTokens: 0,   // tokens of the reply being streamed
 };
 window.app = { call, state, loadModel };   // for tests and the curious
 
@@ -127,7 +128,8 @@ async function loadModel() {
   $("model-info").innerHTML = describe(r.model) +
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
   setState("loaded");
-  updateMeter(null);
+  const n = await call("count_tokens", JSON.stringify(templateMessages()));   // a kept conversation counts
+  updateMeter({ context_used: n.tokens || 0, context_length: r.context_length });
 }
 
 on("progress", (m) => {
@@ -352,6 +354,7 @@ let pendingRender = false;
 on("token", (m) => {
   if (state.streaming === null) return;
   state.streaming.content += m.text;
+  state.streamedTokens += 1;
   if (!pendingRender) {
     pendingRender = true;
     requestAnimationFrame(() => {
@@ -368,6 +371,7 @@ async function generate() {
   const msgs = templateMessages();
   const reply = { role: "assistant", content: "" };
   state.streaming = reply;
+  state.streamedTokens = 0;
   state.chat.messages.push(reply);
   renderChat();
   const last = $("messages").lastElementChild;
