@@ -29,10 +29,14 @@ fn finish(row: u32, a: f32, b: f32) -> f32 {
 //!include quants
 //!include quants_dot
 
-// This thread's share of row . X: 32-weight units (dot32) when K allows, else 4-weight groups.
+// This thread's share of row . X: 32-weight units (dot32: scales decoded once per unit, but a
+// thread reads 32 weights in a row) for long rows, else 4-weight groups (neighbouring threads
+// read neighbouring words: better coalescing, all TPR threads busy on short rows).
+override UNITS: bool = false;
+
 fn partial_dot(rowbase: u32, t: u32) -> f32 {
     var acc = 0.0;
-    if (K % 32u == 0u) {
+    if (UNITS) {
         for (var u = t; u < K / 32u; u += TPR) { acc += dot32(rowbase, u); }
     } else {
         let gpb = QK / 4u;

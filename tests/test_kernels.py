@@ -93,13 +93,18 @@ def assert_close_dot(got, w, x, ref, tol=2e-5):
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
-def test_matvec(dev, qtype, subgroups):
+@pytest.mark.parametrize("long", [False, True], ids=["groups", "units"])
+def test_matvec(dev, qtype, subgroups, long):
+    """Short rows run the 4-weight-group loop, long ones (>= 128 units of 32) the dot32 units."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(K.TYPE_IDS[qtype])
     qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
     rows = 37
-    k = qk * (3 if qk == 256 else 13) if qk > 4 else 4 * 97      # never a multiple of the workgroup
+    if long:
+        k = qk * (17 if qk == 256 else 131) if qk > 4 else 4 * 1096
+    else:
+        k = qk * (3 if qk == 256 else 13) if qk > 4 else 4 * 97      # never a multiple of the workgroup
     raw = random_tensor(qtype, rows, k, rng)
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal(k)

@@ -77,8 +77,10 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     sg = dev.has_subgroups if subgroups is None else subgroups
     shader, prelude = ("matvec_sg", dev.enables("subgroups")) if sg else ("matvec", "")
     mode = 1 if geglu else 2 if gelu_times is not None else 0
+    # 32-weight units pay off once every thread of a row gets several (H100: rows of 4096+)
+    units = k % 32 == 0 and k // 32 >= 2 * tpr
     p = dev.pipeline(shader, prelude=prelude + matvec_prelude(qtype),
-                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode})
+                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units})
     bg = dev.bind_group(p, [w, x, y, gelu_times if gelu_times is not None else dev.dummy])
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
