@@ -37,10 +37,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stale_dist_files() -> list[str]:
+    """Sources whose copy in dist/ differs (the page would run other code than the native check)."""
+    import zipfile
+    def differs(copy: Path, src: Path) -> bool:
+        return not copy.exists() or copy.read_bytes() != src.read_bytes()
+    stale = [f"web/{f.name}" for f in (ROOT / "web").iterdir() if f.is_file() and differs(DIST / f.name, f)]
+    demo = DIST / "models" / "demo.gguf"
+    if (FIXTURES / "demo.gguf").exists() and differs(demo, FIXTURES / "demo.gguf"):
+        stale.append("tests/fixtures/demo.gguf")
+    with zipfile.ZipFile(DIST / "pyapp.zip") as z:
+        for name in z.namelist():
+            src = ROOT / name
+            if src.exists() and z.read(name) != src.read_bytes():
+                stale.append(name)
+    return stale
+
+
 @pytest.fixture(scope="module")
 def server():
     if not (DIST / "index.html").exists() or not CHROMIUM.exists():
         pytest.skip("needs dist/ (python3 build.py build) and /usr/bin/chromium")
+    stale = _stale_dist_files()
+    if stale:
+        pytest.fail(f"dist/ is older than the sources ({', '.join(stale[:5])}): run python3 build.py build")
     import build
     srv = build.make_server(_free_port(), DIST)
     import os
