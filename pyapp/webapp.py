@@ -20,7 +20,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
-from .chat import render, split_thinking
+from .chat import render, split_thinking, style_for
 from .engine import Engine, EngineError, SamplingParams
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
@@ -282,6 +282,11 @@ def stop() -> None:
     S.stop = True
 
 
+def _style():
+    """The prompt format the loaded model's GGUF asks for (its own template, else its size)."""
+    return style_for(S.gguf.metadata, S.model_info.get("parameters")) if S.gguf is not None else style_for({})
+
+
 async def chat(messages_json: str, params_json: str) -> dict:
     """Generate the next assistant reply for a conversation; tokens stream as events."""
     if S.engine is None:
@@ -291,7 +296,7 @@ async def chat(messages_json: str, params_json: str) -> dict:
     thinking = bool(p.pop("thinking", False))
     params = SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
     eng = S.engine
-    prompt = render(messages, add_generation_prompt=True, thinking=thinking)
+    prompt = render(messages, add_generation_prompt=True, thinking=thinking, style=_style())
     try:
         ids = eng.tokenizer.encode(prompt)
         if len(ids) + 1 >= eng.context_length:
@@ -318,7 +323,7 @@ def count_tokens(messages_json: str) -> dict:
     messages = json.loads(messages_json)
     if S.engine is None or not messages:
         return {"tokens": 0}
-    prompt = render(messages, add_generation_prompt=False)
+    prompt = render(messages, add_generation_prompt=False, style=_style())
     return {"tokens": len(S.engine.tokenizer.encode(prompt)), "context_length": S.engine.context_length}
 
 
