@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the step's plan timed whole and per kernel family.
 
-    python bench/profile.py MODEL.gguf
+    python bench/profile.py MODEL.gguf [--prefill]
 
 Each family's dispatches (grouped by shader:entry point) are replayed alone, in
 their order, as one submit; the sum over families vs the whole plan shows how much
@@ -26,6 +26,9 @@ def main() -> int:
     eng.generate(list(range(2, 258)), SamplingParams(temperature=0, max_tokens=4), stop_ids=())
     g.write_step([5], len(eng.cached))
     plans = {"decode layers": g.layers_plan(1), "head+sample": g.head_plan(0, sample=True)}
+    if "--prefill" in sys.argv:
+        g.write_step(list(range(2, 2 + g.chunk)), len(eng.cached))
+        plans = {f"prefill layers ({g.chunk} tokens)": g.layers_plan(g.chunk)}
     for name, plan in plans.items():
         total = dev.time_plan(plan, repeat=20)
         print(json.dumps({"plan": name, "dispatches": sum(op[0] == "d" for op in plan.ops),
