@@ -4,10 +4,11 @@
 // quants.wgsl) and src1 = X (f32 [T, K]); Y is f32 [T, N], token-major.
 // K (multiple of QK) and N are override constants; T comes from the uniform
 // P.x so one pipeline serves every prompt length.
-// Tiles: 32 rows x 32 tokens per workgroup of 256 threads, 32 weights of K per
-// step; W is dequantized once per tile into shared memory. Each thread owns
-// rows tx, tx+16 and tokens ty, ty+16 (strided: conflict-free shared reads).
-// Dispatch: (ceil(N / 32), ceil(T / 32)).
+// Tiles: 64 rows x 64 tokens per workgroup of 256 threads, 16 weights of K per
+// step; W is dequantized once per tile into shared memory (rows padded to 5 vec4
+// against bank conflicts). Each thread owns rows tx + 16i and tokens ty + 16j
+// (i, j < 4): 16 accumulators, 16 dot products per 8 shared reads.
+// Dispatch: (ceil(N / 64), ceil(T / 64)).
 
 override K: u32;
 override N: u32;
@@ -18,49 +19,54 @@ override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W w
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: vec4<u32>;     // x = T
 
-var<workgroup> ws: array<vec4<f32>, 256>;   // [32 rows][8 groups]
-var<workgroup> xs: array<vec4<f32>, 256>;   // [32 tokens][8 groups]
+const TILE: u32 = 64u;
+const STEP: u32 = 4u;      // vec4 groups of K per step
+const PAD: u32 = 5u;       // shared row stride in vec4
+var<workgroup> ws: array<vec4<f32>, 320>;   // [64 rows][PAD]
+var<workgroup> xs: array<vec4<f32>, 320>;   // [64 tokens][PAD]
 
 //!include quants
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let T = P.x;
-    let r0 = wid.x * 32u;
-    let t0 = wid.y * 32u;
+    let r0 = wid.x * TILE;
+    let t0 = wid.y * TILE;
     let tx = lid % 16u;
     let ty = lid / 16u;
-    let lr = lid / 8u;            // row / token this thread loads
-    let lg = lid % 8u;            // group within the K step
+    let lr = lid / STEP;          // row / token this thread loads
+    let lg = lid % STEP;          // group within the K step
     let gpb = QK / 4u;
     let kg = K / 4u;
     let rowbase = min(r0 + lr, N - 1u) * (K / QK) * QB;
-    var acc = array<vec2<f32>, 2>(vec2<f32>(0.0), vec2<f32>(0.0));
-    for (var k0 = 0u; k0 < kg; k0 += 8u) {
+    var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var k0 = 0u; k0 < kg; k0 += STEP) {
         let g = k0 + lg;
         var wv = vec4<f32>(0.0);
         var xv = vec4<f32>(0.0);
         if (g < kg && r0 + lr < N) { wv = dq4(rowbase + (g / gpb) * QB, g % gpb); }
         if (g < kg && t0 + lr < T) { xv = X[(t0 + lr) * kg + g]; }
-        ws[lid] = wv;
-        xs[lid] = xv;
+        ws[lr * PAD + lg] = wv;
+        xs[lr * PAD + lg] = xv;
         workgroupBarrier();
-        for (var j = 0u; j < 8u; j++) {
-            let w0 = ws[tx * 8u + j];
-            let w1 = ws[(tx + 16u) * 8u + j];
-            let x0 = xs[ty * 8u + j];
-            let x1 = xs[(ty + 16u) * 8u + j];
-            acc[0] += vec2<f32>(dot(w0, x0), dot(w1, x0));
-            acc[1] += vec2<f32>(dot(w0, x1), dot(w1, x1));
+        for (var s = 0u; s < STEP; s++) {
+            let w = array<vec4<f32>, 4>(ws[tx * PAD + s], ws[(tx + 16u) * PAD + s],
+                                        ws[(tx + 32u) * PAD + s], ws[(tx + 48u) * PAD + s]);
+            for (var j = 0u; j < 4u; j++) {
+                let x = xs[(ty + 16u * j) * PAD + s];
+                acc[j] += vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
+            }
         }
         workgroupBarrier();
     }
     let ldy = select(LDY, N, LDY == 0u);
-    for (var b = 0u; b < 2u; b++) {
-        let t = t0 + ty + 16u * b;
+    for (var j = 0u; j < 4u; j++) {
+        let t = t0 + ty + 16u * j;
         if (t < T) {
-            if (r0 + tx < N) { Y[t * ldy + r0 + tx] = acc[b].x; }
-            if (r0 + tx + 16u < N) { Y[t * ldy + r0 + tx + 16u] = acc[b].y; }
+            for (var i = 0u; i < 4u; i++) {
+                let r = r0 + tx + 16u * i;
+                if (r < N) { Y[t * ldy + r] = acc[j][i]; }
+            }
         }
     }
 }

@@ -122,10 +122,10 @@ def u32(dev, *vals, kind="uniform"):
 
 
 @pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
-def test_matmul(dev, qtype):
+@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70)], ids=["one-tile", "tiles"])
+def test_matmul(dev, qtype, rows, t):
     rng = np.random.default_rng(100 + K.TYPE_IDS[qtype])
     qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
-    rows, t = 45, 19
     k = 256 if qk == 256 else 4 * 29 if qk == 4 else 32 * 5
     raw = random_tensor(qtype, rows, k, rng)
     w = dequantize(qtype, raw, rows, k)

@@ -97,7 +97,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     p = dev.pipeline("matmul", prelude=quant_prelude(qtype), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, [w, x, y, params])
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, -(-n // 32), -(-n_tokens // 32))
+    return plan.dispatch(p, bg, -(-n // 64), -(-n_tokens // 64))
 
 
 def _threads(n: int, wg: int = 64) -> tuple[int, int]:
