@@ -24,17 +24,20 @@ sys.path.insert(0, str(ROOT))
 
 
 def bytes_per_token(gguf) -> int:
-    """Weight bytes one decode step reads: every matrix once (the tied embedding as the head),
-    plus one row of the per-layer embedding table; MoE: only the routed experts."""
+    """Weight bytes one decode step reads: every matrix once (a tied embedding as the head),
+    plus one row of the embedding and per-layer embedding tables; MoE: only the routed experts."""
     from pyapp.model.config import Gemma4Config
+    from pyapp.model.weights import bind, names
     cfg = Gemma4Config.from_gguf(gguf)
+    w = bind(cfg, gguf.tensors)
     total = 0
-    for t in gguf.tensors.values():
-        if t.name == "per_layer_token_embd.weight":
+    for _, owner, field in names(cfg, w):
+        t = getattr(owner, field)
+        if field == "ple_token_embd":
             total += t.row_bytes
-        elif t.name == "token_embd.weight":
-            total += t.nbytes + t.row_bytes           # head reads it all, the lookup one row
-        elif "_exps." in t.name and len(t.shape) == 3:
+        elif field == "token_embd":
+            total += t.row_bytes + (t.nbytes if w.output is None else 0)   # the lookup [+ the tied head]
+        elif field.startswith("experts_") and len(t.shape) == 3:
             total += t.nbytes * cfg.n_experts_used // cfg.n_experts
         else:
             total += t.nbytes
@@ -60,6 +63,7 @@ def bench_model(path: str, args) -> dict:
 def bench_kernels(args) -> list[dict]:
     """Matvec over an E2B-sized FFN matrix per quant type, 50 dispatches per submit."""
     import numpy as np
+    from pyapp import ggml
     from pyapp.gpu import get_device
     from pyapp.gpu import kernels as K
     dev = get_device("native")
@@ -70,7 +74,7 @@ def bench_kernels(args) -> list[dict]:
     dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
     y = dev.buffer(4 * n)
     for q in ("f32", "f16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
-        nbytes = K.row_bytes(q, k) * n
+        nbytes = ggml.row_bytes(q, k) * n
         w = dev.buffer(nbytes + 4)
         dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
         for sg in sorted({False, dev.has_subgroups}):
@@ -81,8 +85,8 @@ def bench_kernels(args) -> list[dict]:
             out.append({"kernel": "matvec", "quant": q, "subgroups": sg, "rows": n, "cols": k,
                         "us": round(s * 1e6, 2), "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()})
     # the dispatch floor: an empty-ish elementwise op
-    step = dev.buffer(16, "uniform")
-    dev.write(step, (1).to_bytes(4, "little") * 4)
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(1, 0))
     plan = dev.plan()
     for _ in range(500):
         K.elementwise(dev, "add", 4, y, step, 1, b=x, plan=plan)

@@ -22,7 +22,7 @@ def main() -> int:
     from pyapp.gguf import read_gguf
     path = sys.argv[1]
     eng = Engine.open(read_gguf(path), backend="native", context_length=1024)
-    dev, g = eng.dev, eng.graph
+    dev, g = eng.dev, eng.runner
     eng.generate(list(range(2, 258)), SamplingParams(temperature=0, max_tokens=4), stop_ids=())
     g.write_step([5], len(eng.cached))
     plans = {"decode layers": g.layers_plan(1), "head+sample": g.head_plan(0, sample=True)}

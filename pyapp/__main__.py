@@ -61,10 +61,7 @@ def cmd_logits(args) -> int:
     import numpy as np
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     model = _model(_open(args.model), args.backend)
-    rows = model.forward(tokens)
-    if args.backend != "reference":   # the engine returns raw little-endian f32 rows
-        rows = [np.frombuffer(r, dtype="<f4") for r in rows]
-    logits = np.asarray(rows, dtype=np.float32)
+    logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -178,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["native", "reference"], default="native")
     p.set_defaults(fn=cmd_logits)
 
+    from .engine import DEFAULT_CONTEXT, SamplingParams
+    base = SamplingParams()     # the CLI differs only in being greedy and shorter by default
     for name, fn in (("generate", cmd_generate), ("chat", cmd_chat)):
         p = sub.add_parser(name)
         p.add_argument("model")
@@ -188,12 +187,12 @@ def main(argv=None) -> int:
             p.add_argument("--system", default=None)
         p.add_argument("--max-tokens", type=int, default=256)
         p.add_argument("--temperature", type=float, default=0.0)
-        p.add_argument("--top-k", type=int, default=64)
-        p.add_argument("--top-p", type=float, default=0.95)
-        p.add_argument("--min-p", type=float, default=0.0)
-        p.add_argument("--repeat-penalty", type=float, default=1.0)
+        p.add_argument("--top-k", type=int, default=base.top_k)
+        p.add_argument("--top-p", type=float, default=base.top_p)
+        p.add_argument("--min-p", type=float, default=base.min_p)
+        p.add_argument("--repeat-penalty", type=float, default=base.repeat_penalty)
         p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--context", type=int, default=4096, help="context length (KV cache size)")
+        p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         p.set_defaults(fn=fn)
 

@@ -4,14 +4,15 @@
     eng = await Engine.open_async(gguf, device)         # Pyodide, navigator.gpu
     res = eng.generate(prompt_ids, SamplingParams(temperature=0), on_token=print)
 
-Weights go from the file to the GPU in chunks (pyapp.gpu upload; in the browser
-Blob.slice -> writeBuffer in JS), never whole through Python. The KV cache is
-allocated once for `context_length`; a new prompt that starts with the tokens
-already cached (the next turn of a chat) only pays for its new tokens.
+Weights go from the file to the GPU in chunks (in the browser Blob.slice ->
+writeBuffer inside JS), never whole through Python. The KV cache is allocated
+once for `context_length`; a new prompt that starts with the tokens already
+cached (the next turn of a chat) only pays for its new tokens.
 
-Generation is written once as a generator of GPU readbacks (`_run`), driven
-synchronously natively and with `await` in the browser, where reading a
-buffer back is asynchronous.
+Loading, generation, logits and the benchmark are each written once, as
+generators of requests (pyapp.runtime.requests: copy file bytes to the GPU,
+read a GPU buffer), driven by pyapp.steps: `drive` natively, `drive_async` in
+the browser, where reading a buffer back is asynchronous.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ from dataclasses import dataclass, field
 
 from .gpu import Device, GPUError
 from .gpu import kernels as K
-from .model.config import Gemma4Config
-from .model.graph import Gemma4Graph, ModelError, plan_uploads
+from .model.config import ConfigError, Gemma4Config
+from .model.logits import Logits
+from .model.weights import WeightsError, bind
+from .runtime.requests import FileToGpu, ReadFile, ReadGpu, handler
+from .runtime.runner import Runner
+from .runtime.upload import ModelError, f32_vector, plan_uploads
+from .steps import drive, drive_async
 
 DEFAULT_CONTEXT = 4096
 
@@ -76,69 +82,15 @@ class GenerationResult:
         return n / self.decode_s if self.decode_s and n > 0 else 0.0
 
 
-_READ_TOKEN = "token"
-_READ_LOGITS = "logits"
-
-
 class Engine:
-    def __init__(self, dev: Device, gguf, graph: Gemma4Graph):
-        self.dev, self.gguf, self.graph = dev, gguf, graph
-        self.config: Gemma4Config = graph.cfg
-        self.context_length = graph.ctx
+    def __init__(self, dev: Device, gguf, runner: Runner):
+        self.dev, self.gguf, self.runner = dev, gguf, runner
+        self.config: Gemma4Config = runner.cfg
+        self.context_length = runner.ctx
         self.cached: list[int] = []       # tokens whose K/V are in the cache, in order
         self._tokenizer = None
 
-    # -- loading ---------------------------------------------------------------
-    @staticmethod
-    def _prepare(dev: Device, gguf, context_length: int | None, chunk: int):
-        try:
-            cfg = Gemma4Config.from_gguf(gguf)
-        except ValueError as e:
-            raise EngineError(str(e)) from e
-        ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
-        need = sum(t.nbytes for n, t in gguf.tensors.items() if n != "per_layer_token_embd.weight")
-        limit = dev.limits.get("max_buffer_size", 0) * 64   # WebGPU exposes no memory size; a sanity bound
-        if limit and need > limit:
-            raise EngineError(f"the model needs {need / 2**30:.1f} GiB of GPU memory; this adapter cannot hold it")
-        return cfg, ctx, chunk
-
-    @staticmethod
-    def _load_steps(dev: Device, gguf, progress, cancelled):
-        """Yield (buffer, file offset, n, buffer offset) uploads; returns the weights dict."""
-        weights = {}
-        uploads = []
-        try:
-            for gt, buf, off, n, dst in plan_uploads(dev, gguf):
-                weights[gt.name] = gt
-                uploads.append((buf, off, n, dst))
-        except GPUError as e:
-            raise EngineError(f"out of GPU memory while allocating the weights: {e}") from e
-        except ModelError as e:
-            raise EngineError(str(e)) from e
-        total, done, t0 = sum(u[2] for u in uploads), 0, time.perf_counter()
-        for buf, off, n, dst in uploads:
-            if cancelled and cancelled():
-                raise EngineError("loading cancelled")
-            yield buf, off, n, dst
-            done += n
-            if progress:
-                progress(done, total, time.perf_counter() - t0)
-        return weights
-
-    @classmethod
-    def _finish(cls, dev, gguf, weights, ctx, chunk) -> "Engine":
-        try:
-            graph = Gemma4Graph(dev, Gemma4Config.from_gguf(gguf), gguf, weights, ctx, chunk)
-            # build the plans now: shader compilation belongs to loading, not to the first reply
-            graph.layers_plan(1)
-            graph.layers_plan(graph.chunk)
-            graph.head_plan(0, sample=True)
-        except ModelError as e:
-            raise EngineError(str(e)) from e
-        except GPUError as e:
-            raise EngineError(f"the GPU rejected the model: {e}") from e
-        return cls(dev, gguf, graph)
-
+    # -- loading, written once ---------------------------------------------------
     @classmethod
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = 64,
              progress=None, cancelled=None, device: Device | None = None) -> "Engine":
@@ -147,30 +99,68 @@ class Engine:
         from .gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
         dev = device or get_device(backend)
-        _, ctx, chunk = cls._prepare(dev, gguf, context_length, chunk)
-        steps = cls._load_steps(dev, gguf, progress, cancelled)
-        try:
-            while True:
-                buf, off, n, dst = next(steps)
-                dev.upload(buf, gguf.source, off, n, dst_offset=dst)
-        except StopIteration as stop:
-            weights = stop.value
-        return cls._finish(dev, gguf, weights, ctx, chunk)
+        return drive(cls._load(dev, gguf, context_length, chunk, progress, cancelled), handler(dev, gguf.source))
 
     @classmethod
     async def open_async(cls, gguf, device: Device, context_length: int | None = None, chunk: int = 64,
                          progress=None, cancelled=None) -> "Engine":
         """Load in the browser. gguf.source: a sync ByteSource (FileReaderSync, for per-token
         PLE rows) with a `.blob` (the File) so weights go Blob -> GPU inside JS."""
-        _, ctx, chunk = cls._prepare(device, gguf, context_length, chunk)
-        steps = cls._load_steps(device, gguf, progress, cancelled)
+        return await drive_async(cls._load(device, gguf, context_length, chunk, progress, cancelled),
+                                 handler(device, gguf.source, asynchronous=True))
+
+    @classmethod
+    def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled):
+        """Steps: plan the layout, copy every tensor to the GPU, build the plans; returns the Engine."""
         try:
-            while True:
-                buf, off, n, dst = next(steps)
-                await device.upload_async(buf, gguf.source, off, n, dst_offset=dst)
-        except StopIteration as stop:
-            weights = stop.value
-        return cls._finish(device, gguf, weights, ctx, chunk)
+            cfg = Gemma4Config.from_gguf(gguf)
+            bound = bind(cfg, gguf.tensors)
+        except (ConfigError, WeightsError) as e:
+            raise EngineError(str(e)) from e
+        ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
+        need = sum(t.nbytes for t in gguf.tensors.values()) - (bound.ple_token_embd.nbytes if cfg.has_ple else 0)
+        limit = dev.limits.get("max_buffer_size", 0) * 64   # WebGPU exposes no memory size; a sanity bound
+        if limit and need > limit:
+            raise EngineError(f"the model needs {need / 2**30:.1f} GiB of GPU memory; this adapter cannot hold it")
+        try:
+            layout, uploads = plan_uploads(dev, cfg, bound)
+        except GPUError as e:
+            raise EngineError(f"out of GPU memory while allocating the weights: {e}") from e
+        except ModelError as e:
+            raise EngineError(str(e)) from e
+
+        total, done, t0 = sum(u.n for u in uploads), 0, time.perf_counter()
+        for u in uploads:
+            if cancelled and cancelled():
+                raise EngineError("loading cancelled")
+            if u.to_f32 is None:
+                yield FileToGpu(u.buffer, u.offset, u.n, u.dst_offset)
+            else:
+                try:
+                    dev.write(u.buffer, f32_vector((yield ReadFile(u.offset, u.n)), u.to_f32), u.dst_offset)
+                except ModelError as e:
+                    raise EngineError(str(e)) from e
+            done += u.n
+            if progress:
+                progress(done, total, time.perf_counter() - t0)
+
+        try:
+            runner = Runner(dev, cfg, layout, gguf.source, ctx, chunk)
+            # build the plans now: shader compilation belongs to loading, not to the first reply
+            runner.layers_plan(1)
+            runner.layers_plan(runner.chunk)
+            runner.head_plan(0, sample=True)
+        except ModelError as e:
+            raise EngineError(str(e)) from e
+        except GPUError as e:
+            raise EngineError(f"the GPU rejected the model: {e}") from e
+        return cls(dev, gguf, runner)
+
+    def _drive(self, steps):
+        return drive(steps, handler(self.dev, self.gguf.source))
+
+    async def _drive_async(self, steps):
+        return await drive_async(steps, handler(self.dev, self.gguf.source, asynchronous=True))
 
     @property
     def tokenizer(self):
@@ -199,24 +189,29 @@ class Engine:
         if rolled_back > 0:
             # a sliding layer's ring may have overwritten the window before n
             for lc in self.config.layers:
-                slots = self.graph.kv_slots(lc)
+                slots = self.runner.kv_slots(lc)
                 if lc.sliding and slots < self.context_length and rolled_back > slots - self.config.sliding_window:
                     return 0
         return n
 
     def _prefill(self, tokens: list[int], pos: int):
         """Run tokens through the layers in chunks; returns the row of the last token."""
-        g = self.graph
-        for i in range(0, len(tokens), g.chunk):
-            part = tokens[i:i + g.chunk]
-            g.write_step(part, pos + i)
-            self.dev.submit(g.layers_plan(1 if len(part) == 1 else g.chunk))
-        return (len(tokens) - 1) % g.chunk
+        r = self.runner
+        for i in range(0, len(tokens), r.chunk):
+            part = tokens[i:i + r.chunk]
+            r.write_step(part, pos + i)
+            self.dev.submit(r.layers_plan(1 if len(part) == 1 else r.chunk))
+        return (len(tokens) - 1) % r.chunk
 
-    def _run(self, prompt: list[int], params: SamplingParams, on_token, should_stop, result: GenerationResult,
-             stop_ids=None):
-        """Generator: yields _READ_TOKEN when it needs the sampled id (sent back in)."""
-        g, cfg = self.graph, self.config
+    def _read_token(self):
+        """Step: the id the sampler wrote on the GPU."""
+        data = yield ReadGpu(self.runner.state.token, 0, 4)
+        return int.from_bytes(data, "little")
+
+    def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
+        """Steps of one generation; returns its GenerationResult."""
+        r, cfg = self.runner, self.config
+        result = GenerationResult()
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise EngineError("empty prompt")
@@ -238,11 +233,11 @@ class Engine:
         self.cached = list(prompt)
         while True:
             recent = history[-params.repeat_last_n:] if params.repeat_last_n > 0 and params.repeat_penalty != 1 else []
-            self.dev.write(g.sample_params, K.pack_sample_params(
+            self.dev.write(r.state.sample_params, K.pack_sample_params(
                 params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
                 recent, rng.random()))
-            self.dev.submit(g.head_plan(row, sample=True))
-            tok = yield _READ_TOKEN
+            self.dev.submit(r.head_plan(row, sample=True))
+            tok = yield from self._read_token()
             now = time.perf_counter()
             if not result.tokens and not result.prefill_s:
                 result.prefill_s, t0 = now - t0, now
@@ -266,8 +261,8 @@ class Engine:
             if len(self.cached) + 1 >= self.context_length:
                 result.stop_reason = "context"
                 break
-            g.write_step([tok], len(self.cached))
-            self.dev.submit(g.layers_plan(1))
+            r.write_step([tok], len(self.cached))
+            self.dev.submit(r.layers_plan(1))
             self.cached.append(tok)
             row = 0
         tail = decoder.flush() if decoder else ""
@@ -292,88 +287,63 @@ class Engine:
             eos = self.gguf.metadata.get("tokenizer.ggml.eos_token_id")
             return {eos} if eos is not None else set()
 
-    def _read_token(self) -> int:
-        return int.from_bytes(self.dev.read(self.graph.token, 0, 4), "little")
-
-    async def _read_token_async(self) -> int:
-        return int.from_bytes(await self.dev.read_async(self.graph.token, 0, 4), "little")
-
     def generate(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
                  should_stop=None, stop_ids=None) -> GenerationResult:
         """Sample until a stop token (default: the tokenizer's end-of-turn ids), max_tokens,
         should_stop() or the context end. on_token(id, text) streams decoded text."""
-        result = GenerationResult()
-        steps = self._run(prompt, params or SamplingParams(), on_token, should_stop, result, stop_ids)
-        try:
-            next(steps)
-            while True:
-                steps.send(self._read_token())
-        except StopIteration:
-            return result
+        return self._drive(self._generate(prompt, params or SamplingParams(), on_token, should_stop, stop_ids))
 
     async def generate_async(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
                              should_stop=None, stop_ids=None) -> GenerationResult:
-        result = GenerationResult()
-        steps = self._run(prompt, params or SamplingParams(), on_token, should_stop, result, stop_ids)
-        try:
-            next(steps)
-            while True:
-                steps.send(await self._read_token_async())
-        except StopIteration:
-            return result
+        return await self._drive_async(self._generate(prompt, params or SamplingParams(), on_token, should_stop,
+                                                      stop_ids))
 
     # -- logits (tests, CLI) --------------------------------------------------------
-    def _logit_rows(self, tokens: list[int]):
-        """Generator: yields after each head plan; the caller reads self.graph.logits."""
-        g = self.graph
+    def _forward(self, tokens: list[int]):
+        """Steps: logits of every position, from an empty cache."""
+        r = self.runner
         tokens = [int(t) for t in tokens]
         if len(tokens) > self.context_length:
             raise EngineError(f"{len(tokens)} tokens do not fit the context of {self.context_length}")
         self.cached = []
-        for i in range(0, len(tokens), g.chunk):
-            part = tokens[i:i + g.chunk]
-            g.write_step(part, i)
-            self.dev.submit(g.layers_plan(1 if len(part) == 1 else g.chunk))
-            for r in range(len(part)):
-                self.dev.submit(g.head_plan(r, sample=False))
-                yield _READ_LOGITS
+        rows = []
+        for i in range(0, len(tokens), r.chunk):
+            part = tokens[i:i + r.chunk]
+            r.write_step(part, i)
+            self.dev.submit(r.layers_plan(1 if len(part) == 1 else r.chunk))
+            for row in range(len(part)):
+                self.dev.submit(r.head_plan(row, sample=False))
+                rows.append((yield ReadGpu(r.state.logits, 0, 4 * self.config.vocab_size)))
         self.cached = tokens
+        return Logits.from_rows(rows)
 
-    def forward(self, tokens: list[int]) -> list[bytes]:
-        """Logits for every position (softcap applied): one little-endian f32 row per token."""
-        n = 4 * self.config.vocab_size
-        return [self.dev.read(self.graph.logits, 0, n) for _ in self._logit_rows(tokens)]
+    def forward(self, tokens: list[int]) -> Logits:
+        """Logits for every position (softcap applied), as the reference's forward returns them."""
+        return self._drive(self._forward(tokens))
 
-    async def forward_async(self, tokens: list[int]) -> list[bytes]:
-        n = 4 * self.config.vocab_size
-        return [await self.dev.read_async(self.graph.logits, 0, n) for _ in self._logit_rows(tokens)]
+    async def forward_async(self, tokens: list[int]) -> Logits:
+        return await self._drive_async(self._forward(tokens))
 
     # -- benchmark ------------------------------------------------------------------
-    def _bench_setup(self, prompt_tokens: int, seed: int) -> list[int]:
+    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int):
+        """Steps: prefill and decode speed on random tokens (greedy, no early stop), after a warm-up."""
         rng = random.Random(seed)
         self.reset()
-        return [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
-
-    def _bench_result(self, ids: list[int], res: GenerationResult) -> dict:
+        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
+        yield from self._generate(ids[:8], SamplingParams(temperature=0, max_tokens=2), None, None, stop_ids=())
+        self.reset()
+        res = yield from self._generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens), None, None,
+                                        stop_ids=())
         return {"adapter": self.dev.describe(), "backend": self.dev.backend,
                 "prompt_tokens": len(ids), "prefill_s": res.prefill_s, "prefill_tok_s": res.prefill_tps,
                 "generated_tokens": len(res.tokens), "decode_s": res.decode_s, "decode_tok_s": res.decode_tps,
                 "context_length": self.context_length, "model": self.config.describe()}
 
     def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
-        """Prefill and decode speed on random tokens (greedy, no early stop), after a warm-up."""
-        ids = self._bench_setup(prompt_tokens, seed)
-        self.generate(ids[:8], SamplingParams(temperature=0, max_tokens=2), stop_ids=())
-        self.reset()
-        return self._bench_result(ids, self.generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens),
-                                                     stop_ids=()))
+        return self._drive(self._bench(prompt_tokens, gen_tokens, seed))
 
     async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
-        ids = self._bench_setup(prompt_tokens, seed)
-        await self.generate_async(ids[:8], SamplingParams(temperature=0, max_tokens=2), stop_ids=())
-        self.reset()
-        res = await self.generate_async(ids, SamplingParams(temperature=0, max_tokens=gen_tokens), stop_ids=())
-        return self._bench_result(ids, res)
+        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed))
 
     def close(self) -> None:
-        self.graph = None
+        self.runner = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from . import ggml
 from .source import ByteSource, SourceError, open_source
 
 MAGIC = b"GGUF"
@@ -27,19 +28,6 @@ READ_CHUNK = 1 << 20
 # Header reads start small and double: a small header costs one small read and a
 # 30 MB vocabulary a dozen, with little read past the header into tensor data.
 FIRST_READ, MAX_READ = 2 << 10, 4 << 20
-
-# ggml type id -> (name, elements per block, bytes per block), from ggml.h / ggml.c
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
-TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
 
 # metadata value type id -> struct format of a scalar (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -66,7 +54,7 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES[self.type][0]
+        return ggml.name(self.type)
 
     @property
     def n_elements(self) -> int:
@@ -77,8 +65,7 @@ class TensorInfo:
 
     @property
     def row_bytes(self) -> int:
-        _, block, size = GGML_TYPES[self.type]
-        return self.shape[0] // block * size
+        return ggml.row_bytes(self.type, self.shape[0])
 
 
 class GGUFFile:
@@ -266,14 +253,15 @@ def read_gguf(path_or_source) -> GGUFFile:
         shape = tuple(cur.scalars("Q", n_dims, f"shape of {name}"))
         ttype = cur.scalar("I", f"type of {name}")
         rel = cur.scalar("Q", f"offset of {name}")
-        if ttype not in GGML_TYPES:
+        if ttype not in ggml.TYPES:
             raise GGUFError(f"tensor {name!r}: unknown ggml type {ttype}", cur.pos - 12)
         infos.append((at, name, shape, ttype, rel))
 
     data_offset = -(-cur.pos // alignment) * alignment
     tensors: dict[str, TensorInfo] = {}
     for at, name, shape, ttype, rel in infos:
-        tname, block, bsize = GGML_TYPES[ttype]
+        gt = ggml.TYPES[ttype]
+        tname, block, bsize = gt.name, gt.block, gt.block_bytes
         if name in tensors:
             raise GGUFError(f"duplicate tensor name {name!r}", at)
         n = 1
@@ -303,6 +291,9 @@ class _PrefixSource:
 
     def read(self, offset: int, n: int) -> bytes:
         end = offset + n
+        # a read outside the file is an error, not a reason to fetch more
+        if offset < 0 or n < 0 or end > self.size:
+            raise SourceError(f"read of {n} bytes at offset {offset} is outside the file ({self.size} bytes)")
         if end > len(self.data):
             self.wanted = max(self.wanted, end)
             raise SourceError("header runs past the bytes fetched so far")
@@ -318,7 +309,7 @@ async def read_gguf_async(source, first: int = 4 << 20) -> GGUFFile:
         prefix = _PrefixSource(await source.read(0, n), source.size)
         try:
             g = read_gguf(prefix)
-        except GGUFError:
+        except GGUFError:  # the reader wraps our SourceError; only a short prefix is worth a retry
             if not prefix.wanted or n >= source.size:
                 raise
             n = min(source.size, max(prefix.wanted + READ_CHUNK, 4 * n))

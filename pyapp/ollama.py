@@ -14,9 +14,11 @@ config blob (JSON: model_family, model_type, file_type, ...).
 
 All I/O goes through a tiny `Directory` protocol (paths are "/"-joined and
 relative to the folder the user picked) so the browser can back it with File
-System Access handles. The logic is written once, as generators that *yield*
-I/O requests; `_run` answers them with a sync Directory, `_run_async` with an
-`AsyncDirectory` (coroutines). Neither parsing nor walking is duplicated.
+System Access handles. The logic is written once, as generators that yield
+request objects (`ListDir`, `Exists`, `Size`, `ReadRange`, `ReadHeader`);
+pyapp.steps drives them, answered by a handler over a sync `Directory` (CPython)
+or an `AsyncDirectory` (the browser). Each public function has a sync and an
+`_async` twin that run the same generator.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from .gguf import read_gguf, read_gguf_async
 from .source import ByteSource, FileSource, SourceError
+from .steps import drive, drive_async
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
@@ -356,14 +360,43 @@ def _read_json(data: bytes, what: str):
         raise ValueError(f"{what} is not valid JSON ({e})") from None
 
 
+# ---------------------------------------------------------------- I/O requests
+# What the steps below yield; paths are relative to the picked folder.
+
+@dataclass(frozen=True)
+class ListDir:
+    path: str  # -> [(name, is_dir)]; FileNotFoundError if absent
+
+
+@dataclass(frozen=True)
+class Exists:
+    path: str  # -> bool
+
+
+@dataclass(frozen=True)
+class Size:
+    path: str  # -> size of the file in bytes
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    path: str
+    offset: int
+    n: int  # -> bytes
+
+
+@dataclass(frozen=True)
+class ReadHeader:
+    path: str  # -> the file's parsed GGUF header (pyapp.gguf.GGUFFile)
+
+
 # ---------------------------------------------------------------- I/O steps
-# Each step is a generator: `x = yield (op, *args)` asks the driver for I/O.
-# ops: list(path), exists(path), size(path), read(path, offset, n), gguf(path).
+# Generators: `x = yield Request(...)` asks the handler for I/O.
 
 def _find_root():
     # Accept the models folder itself, or ~/.ollama, or the home folder.
     for root in ("", "models/", ".ollama/models/"):
-        if (yield ("exists", root + "manifests")):
+        if (yield Exists(root + "manifests")):
             return root
     raise OllamaError(
         "no manifests/ folder here: pick Ollama's models folder "
@@ -377,7 +410,7 @@ def _manifest_paths(root: str):
     base = root + "manifests"
 
     def dirs(path):
-        entries = yield ("list", path)
+        entries = yield ListDir(path)
         return [(n, d) for n, d in entries if not n.startswith(".")]
 
     for host, h_dir in (yield from dirs(base)):
@@ -398,10 +431,10 @@ def _manifest_paths(root: str):
 
 def _read_all(path: str, limit: int):
     """Whole small blob, or None when larger than limit."""
-    size = yield ("size", path)
+    size = yield Size(path)
     if size > limit:
         return None
-    return (yield ("read", path, 0, size))
+    return (yield ReadRange(path, 0, size))
 
 
 def _load(name: ModelName, manifest_path: str, root: str, header: bool):
@@ -457,7 +490,7 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
         return m
 
     try:
-        size = yield ("size", m.model.path)
+        size = yield Size(m.model.path)
     except (OSError, SourceError) as e:
         m.error = f"model blob {m.model.path} is missing: {_why(e)} (re-pull with `ollama pull {m.name}`)"
         return m
@@ -472,11 +505,17 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
 
 def _header(m: OllamaModel):
     try:
-        apply_header(m, (yield ("gguf", m.model.path)))
+        apply_header(m, (yield ReadHeader(m.model.path)))
     except ImportError:  # our bug, not the file's
         raise
     except Exception as e:  # any reader failure on a bad file is a per-model error, not a crash
         m.error = f"model blob {m.model.path} is not a readable GGUF file: {_why(e)}"
+
+
+def _header_unless_read(m: OllamaModel):
+    if m.model is not None and not m.header_read:
+        yield from _header(m)
+    return m
 
 
 def _why(e: BaseException) -> str:
@@ -498,7 +537,7 @@ def _resolve(name: str, header: bool):
     want = ModelName.parse(name)
     root = yield from _find_root()
     path = root + "manifests/" + "/".join(want.parts)
-    if (yield ("exists", path)):
+    if (yield Exists(path)):
         found = want
     else:  # names are case-insensitive in Ollama
         candidates = yield from _manifest_paths(root)
@@ -513,7 +552,7 @@ def _resolve(name: str, header: bool):
 def _verify(layer: Layer, progress, chunk: int):
     want = blob_path(layer.digest)[len("blobs/sha256-"):]
     try:
-        total = yield ("size", layer.path)
+        total = yield Size(layer.path)
     except (OSError, SourceError) as e:
         raise OllamaError(f"blob {layer.path} is missing or unreadable: {_why(e)}") from e
     if total != layer.size:
@@ -522,121 +561,79 @@ def _verify(layer: Layer, progress, chunk: int):
     done = 0
     while done < total:
         n = min(chunk, total - done)
-        h.update((yield ("read", layer.path, done, n)))
+        h.update((yield ReadRange(layer.path, done, n)))
         done += n
         if progress:
             progress(done, total)
     return h.hexdigest() == want
 
 
-# ---------------------------------------------------------------- drivers
+# ---------------------------------------------------------------- handlers
 
-def _run(steps, directory: Directory):
-    """Answer a step generator's I/O requests with a sync Directory."""
-    opened: dict[str, ByteSource] = {}
+class _Handler:
+    """Answers the requests above from a directory; the subclass says how files open.
 
-    def source(path):
-        if path not in opened:
-            opened[path] = directory.open(path)
-        return opened[path]
+    A file is opened once per run (a model is read in many small pieces) and closed
+    when the run ends. Folder requests return what the directory returns: a value,
+    or a coroutine that drive_async awaits.
+    """
 
-    def do(op, path, *args):
-        if op == "list":
-            return directory.list(path)
-        if op == "exists":
-            return directory.exists(path)
-        if op == "size":
-            return source(path).size
-        if op == "read":
-            return source(path).read(*args)
-        if op == "gguf":
-            from .gguf import read_gguf
-            return read_gguf(source(path))
-        raise ValueError(op)
+    parse_header: Callable  # read_gguf, or read_gguf_async (one prefix reader, in gguf.py)
 
-    try:
-        request = next(steps)
-        while True:
-            try:
-                result = do(*request)
-            except Exception as e:
-                request = steps.throw(e)
-            else:
-                request = steps.send(result)
-    except StopIteration as stop:
-        return stop.value
-    finally:
-        for s in opened.values():
-            if hasattr(s, "close"):
-                s.close()
+    def __init__(self, directory):
+        self.directory, self.opened = directory, {}
+
+    def __call__(self, r):
+        if isinstance(r, ListDir):
+            return self.directory.list(r.path)
+        if isinstance(r, Exists):
+            return self.directory.exists(r.path)
+        if isinstance(r, Size):
+            return self.with_file(r.path, lambda src: src.size)
+        if isinstance(r, ReadRange):
+            return self.with_file(r.path, lambda src: src.read(r.offset, r.n))
+        if isinstance(r, ReadHeader):
+            return self.with_file(r.path, self.parse_header)
+        raise TypeError(f"not an ollama I/O request: {r!r}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for src in self.opened.values():
+            if hasattr(src, "close"):
+                src.close()
+
+
+class _SyncHandler(_Handler):
+    parse_header = staticmethod(read_gguf)
+
+    def with_file(self, path, use):
+        if path not in self.opened:
+            self.opened[path] = self.directory.open(path)
+        return use(self.opened[path])
+
+
+class _AsyncHandler(_Handler):
+    parse_header = staticmethod(read_gguf_async)
+
+    async def with_file(self, path, use):
+        if path not in self.opened:
+            self.opened[path] = await self.directory.open(path)
+        answer = use(self.opened[path])  # size is a value, read() a coroutine
+        return (await answer) if hasattr(answer, "__await__") else answer
+
+
+def _run(steps, directory):
+    """steps.drive over a Directory (or a local path); files opened on the way are closed after."""
+    with _SyncHandler(as_directory(directory)) as handle:
+        return drive(steps, handle)
 
 
 async def _run_async(steps, directory: AsyncDirectory):
-    """Same as _run for an AsyncDirectory."""
-    opened: dict = {}
-
-    async def source(path):
-        if path not in opened:
-            opened[path] = await directory.open(path)
-        return opened[path]
-
-    async def do(op, path, *args):
-        if op == "list":
-            return await directory.list(path)
-        if op == "exists":
-            return await directory.exists(path)
-        if op == "size":
-            return (await source(path)).size
-        if op == "read":
-            return await (await source(path)).read(*args)
-        if op == "gguf":
-            return await _read_gguf_async(await source(path))
-        raise ValueError(op)
-
-    try:
-        request = next(steps)
-        while True:
-            try:
-                result = await do(*request)
-            except Exception as e:
-                request = steps.throw(e)
-            else:
-                request = steps.send(result)
-    except StopIteration as stop:
-        return stop.value
-
-
-class _PrefixSource:
-    """The first bytes of an async source, posing as the whole (sync) source.
-
-    The GGUF reader is synchronous; async callers fetch a prefix, parse, and
-    fetch a longer one if the header ran past it (`wanted`).
-    """
-
-    def __init__(self, data: bytes, size: int):
-        self.data, self.size, self.wanted = data, size, 0
-
-    def read(self, offset: int, n: int) -> bytes:
-        end = offset + n
-        if offset < 0 or n < 0 or end > self.size:
-            raise SourceError(f"read of {n} bytes at offset {offset} is outside the file ({self.size} bytes)")
-        if end > len(self.data):
-            self.wanted = max(self.wanted, end)
-            raise SourceError("header is longer than the bytes fetched so far")
-        return self.data[offset:end]
-
-
-async def _read_gguf_async(src: AsyncSource, first: int = 4 << 20):
-    from .gguf import read_gguf
-    n = min(src.size, first)
-    while True:
-        prefix = _PrefixSource(await src.read(0, n), src.size)
-        try:
-            return read_gguf(prefix)
-        except Exception:
-            if not prefix.wanted or n >= src.size:
-                raise
-            n = min(src.size, max(prefix.wanted, 4 * n))
+    """steps.drive_async over an AsyncDirectory."""
+    with _AsyncHandler(directory) as handle:
+        return await drive_async(steps, handle)
 
 
 # ---------------------------------------------------------------- public API
@@ -646,25 +643,23 @@ def list_models(directory, header: bool = True) -> list[OllamaModel]:
 
     header=False skips the GGUF headers (fast listing); call read_header later.
     """
-    return _run(_list(header), as_directory(directory))
+    return _run(_list(header), directory)
 
 
 def resolve(directory, name: str, header: bool = True) -> OllamaModel:
     """One model by name: "gemma4", "gemma4:e2b", "me/x:tag", "host/ns/x:tag"."""
-    return _run(_resolve(name, header), as_directory(directory))
+    return _run(_resolve(name, header), directory)
 
 
 def read_header(directory, model: OllamaModel) -> OllamaModel:
     """Fill architecture, quantization, parameter count, context length."""
-    if model.model is not None and not model.header_read:
-        _run(_header(model), as_directory(directory))
-    return model
+    return _run(_header_unless_read(model), directory)
 
 
 def verify_digest(directory, layer: Layer, progress: Callable[[int, int], None] | None = None,
                   chunk: int = HASH_CHUNK) -> bool:
     """Stream the blob through sha256; progress(done_bytes, total_bytes) per chunk."""
-    return _run(_verify(layer, progress, chunk), as_directory(directory))
+    return _run(_verify(layer, progress, chunk), directory)
 
 
 def open_model(directory, model: OllamaModel) -> ByteSource:
@@ -683,9 +678,7 @@ async def resolve_async(directory: AsyncDirectory, name: str, header: bool = Tru
 
 
 async def read_header_async(directory: AsyncDirectory, model: OllamaModel) -> OllamaModel:
-    if model.model is not None and not model.header_read:
-        await _run_async(_header(model), directory)
-    return model
+    return await _run_async(_header_unless_read(model), directory)
 
 
 async def verify_digest_async(directory: AsyncDirectory, layer: Layer, progress=None,

@@ -12,7 +12,7 @@ go File -> GPU inside JS (pyapp.gpu.browser).
 
 from __future__ import annotations
 
-import array
+import dataclasses
 import json
 import time
 
@@ -21,7 +21,7 @@ from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
 from .chat import render, split_thinking, style_for
-from .engine import Engine, EngineError, SamplingParams
+from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
 from .model.config import ConfigError, Gemma4Config
@@ -119,15 +119,8 @@ S = State()
 
 
 def _device_lost() -> str | None:
-    """Why the GPU device was lost, or None. (BrowserDevice keeps device.lost's outcome in _state.)"""
-    state = getattr(S.device, "_state", None)
-    return getattr(state, "lost", None) if state is not None else None
-
-
-def _clear_gpu_error() -> None:
-    state = getattr(S.device, "_state", None)
-    if state is not None:
-        state.error = None   # Python None becomes JS undefined, which reads back as None
+    """Why the GPU device was lost, or None."""
+    return S.device.lost_reason if S.device is not None else None
 
 
 def _fail(e: BaseException) -> dict:
@@ -149,15 +142,20 @@ def _fail(e: BaseException) -> dict:
 
 # -- commands -----------------------------------------------------------------
 
+def _sampling_defaults() -> dict:
+    """What the settings start from: SamplingParams' defaults, the one definition (the page has none)."""
+    return {**dataclasses.asdict(SamplingParams()), "context_length": DEFAULT_CONTEXT}
+
+
 async def boot() -> dict:
-    """Request the WebGPU device; describe it."""
+    """Request the WebGPU device; describe it. Also hands the page the sampling defaults."""
     try:
         S.device = await get_device_async("browser")
     except GPUError as e:
-        return {"error": str(e).removeprefix("Error: "), "webgpu": False}
+        return {"error": str(e).removeprefix("Error: "), "webgpu": False, "defaults": _sampling_defaults()}
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
-            "limits": d.limits, "webgpu": True}
+            "limits": d.limits, "webgpu": True, "defaults": _sampling_defaults()}
 
 
 def _describe(g, source_name: str) -> dict:
@@ -237,7 +235,7 @@ def _unload() -> None:
     S.engine = None
 
 
-async def load(context_length: int = 4096, load_id: int = 0) -> dict:
+async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0) -> dict:
     """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it)."""
     if S.gguf is None:
         return {"error": "choose a model first"}
@@ -247,7 +245,7 @@ async def load(context_length: int = 4096, load_id: int = 0) -> dict:
             S.device = await get_device_async("browser")
         except GPUError as e:
             return {"error": f"no WebGPU device: {e}"}
-    _clear_gpu_error()
+    S.device.clear_error()
     last = [0.0]
 
     def progress(done, total, elapsed):
@@ -332,10 +330,10 @@ async def logits(tokens_json: str) -> dict:
     if S.engine is None:
         return {"error": "no model loaded"}
     try:
-        rows = await S.engine.forward_async(json.loads(tokens_json))
+        rows = await S.engine.forward_async(json.loads(tokens_json))   # Logits
     except EXPECTED as e:
         return _fail(e)
-    return {"rows": [array.array("f", r).tolist() for r in rows]}
+    return {"rows": rows.tolist()}
 
 
 async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:

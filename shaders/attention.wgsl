@@ -2,7 +2,9 @@
 //
 // Mirrors reference.forward attention: softmax(SCALE * q k^T + mask) v, keys at
 // positions j with j <= p and (WINDOW == 0 or p - j < WINDOW) for a query at p.
-// Q, O: f32 [T, H, HD]; token t is at position p = S.y + t, S.x = T.
+// Q, O: f32 [T, H, HD]; token t is at position p = S.pos0 + t, S.n_tokens = T
+// (S: Step, the per-step uniform; it and DECODE_KEYS_PER_GROUP come from the prelude
+// pyapp.gpu.kernels generates).
 // KC, VC: f32 [HKV, CTX, HD]; position j lives in slot j % CTX (a ring of CTX
 // >= WINDOW slots serves sliding layers). Query head h reads kv head h / (H / HKV).
 //   store:  writes Kn, Vn [T, HKV, HD] into the caches. Dispatch ceil(T*HKV*HD/64).
@@ -22,18 +24,18 @@ override WG: u32 = 128u;
 @group(0) @binding(1) var<storage, read_write> KC: array<f32>;
 @group(0) @binding(2) var<storage, read_write> VC: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(4) var<uniform> S: vec4<u32>;
+@group(0) @binding(4) var<uniform> S: Step;
 @group(0) @binding(5) var<storage, read> Kn: array<f32>;
 @group(0) @binding(6) var<storage, read> Vn: array<f32>;
 
 @compute @workgroup_size(64)
 fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = gid.x + gid.y * nwg.x * 64u;
-    if (id >= S.x * HKV * HD) { return; }
+    if (id >= S.n_tokens * HKV * HD) { return; }
     let d = id % HD;
     let kh = (id / HD) % HKV;
     let t = id / (HD * HKV);
-    let dst = (kh * CTX + (S.y + t) % CTX) * HD + d;
+    let dst = (kh * CTX + (S.pos0 + t) % CTX) * HD + d;
     KC[dst] = Kn[id];
     VC[dst] = Vn[id];
 }
@@ -61,7 +63,7 @@ fn reduce(lid: u32, is_max: bool) -> f32 {
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let t = wid.y;
-    let pos = S.y + t;
+    let pos = S.pos0 + t;
     let kvh = h / (H / HKV);
     var lo = 0u;
     if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }
@@ -109,7 +111,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 // ---------------------------------------------------------------------------
-// Decode attention, split over the keys (one query token, S.x = 1):
+// Decode attention, split over the keys (one query token, S.n_tokens = 1):
 //   attend_split:   workgroup (h, s) covers keys [lo + s*CH, lo + (s+1)*CH) of the
 //                   query's range [lo, pos]; 4 threads per key compute q.k (vec4 loads,
 //                   coalesced V reads after), then writes its partial softmax state
@@ -119,7 +121,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // Needs HD % 4 == 0 and HD <= 4 * WG (WG = 128: 4 threads x 32 keys).
 
 override NSPLIT: u32 = 1u;
-const CH: u32 = 32u;
+const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
 
 @group(0) @binding(7) var<storage, read_write> PART: array<f32>;
 
@@ -135,7 +137,7 @@ fn query_range(pos: u32) -> u32 {
 fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let s = wid.y;
-    let pos = S.y;
+    let pos = S.pos0;
     let kvh = h / (H / HKV);
     let lo = query_range(pos);
     let k0 = lo + s * CH;

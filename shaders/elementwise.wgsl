@@ -1,11 +1,12 @@
-// Elementwise ops over N = S.x * D floats (S.x = T tokens, D per token), one
-// thread per float. Dispatch: ceil(S.x * D / 64) workgroups (split above 65535).
+// Elementwise ops over N = T * D floats (T = S.n_tokens tokens of the per-step uniform
+// Step, D per token), one thread per float. Dispatch: ceil(T * D / 64) workgroups
+// (split above 65535).
 //   geglu:   O = gelu_tanh(A) * B          (Gemma MLP; reference gelu_tanh)
 //   softcap: A = tanh(A / CAP) * CAP        (final logits; reference softcap)
 //   add:     A = A + B                      (residuals)
 //   mul:     A = A * B                      (PLE gating)
 //   scale:   A = A * SCALE * (B[0] if SCALE_BY_B)   (embedding sqrt(hidden), layer_output_scale)
-// tanh's argument is clamped: some drivers compute it via exp and overflow to NaN.
+// tanh's argument is clamped (gelu.wgsl's tanh_safe): some drivers overflow to NaN.
 
 override D: u32;
 override CAP: f32 = 30.0;
@@ -14,50 +15,47 @@ override SCALE_BY_B: bool = false;
 
 @group(0) @binding(0) var<storage, read_write> A: array<f32>;
 @group(0) @binding(1) var<storage, read> B: array<f32>;
-@group(0) @binding(2) var<uniform> S: vec4<u32>;
+@group(0) @binding(2) var<uniform> S: Step;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
 fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * 64u;
 }
 
-fn tanh_safe(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
+//!include gelu
 
 @compute @workgroup_size(64)
 fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= S.x * D) { return; }
-    let g = A[i];
-    O[i] = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g))) * B[i];
+    if (i >= S.n_tokens * D) { return; }
+    O[i] = gelu_tanh(A[i]) * B[i];
 }
 
 @compute @workgroup_size(64)
 fn softcap(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= S.x * D) { return; }
+    if (i >= S.n_tokens * D) { return; }
     A[i] = tanh_safe(A[i] / CAP) * CAP;
 }
 
 @compute @workgroup_size(64)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= S.x * D) { return; }
+    if (i >= S.n_tokens * D) { return; }
     A[i] += B[i];
 }
 
 @compute @workgroup_size(64)
 fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= S.x * D) { return; }
+    if (i >= S.n_tokens * D) { return; }
     A[i] *= B[i];
 }
 
 @compute @workgroup_size(64)
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    if (i >= S.x * D) { return; }
+    if (i >= S.n_tokens * D) { return; }
     var s = SCALE;
     if (SCALE_BY_B) { s *= B[0]; }
     A[i] *= s;

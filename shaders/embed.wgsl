@@ -3,7 +3,8 @@
 // Mirrors ggml_get_rows (+ the sqrt(hidden) scaling of Gemma's embeddings).
 // W: raw GGUF bytes of rows [R0, R0 + RN) of a [V, D] table (a table larger than
 // one binding is bound in row chunks, one dispatch each; ids outside the chunk
-// are skipped). IDS: u32 [T]; O: f32 [T, D]; S.x = T. Thread per 4 floats.
+// are skipped). IDS: u32 [T]; O: f32 [T, D]; S.n_tokens = T (S: the per-step uniform).
+// Thread per 4 floats.
 // Dispatch: ceil(T * D / 4 / 64) workgroups (split above 65535).
 
 override D: u32;
@@ -14,7 +15,7 @@ override SCALE: f32 = 1.0;
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> IDS: array<u32>;
 @group(0) @binding(2) var<storage, read_write> O: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> S: vec4<u32>;
+@group(0) @binding(3) var<uniform> S: Step;
 
 //!include quants
 
@@ -22,7 +23,7 @@ override SCALE: f32 = 1.0;
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = gid.x + gid.y * nwg.x * 64u;
     let gpr = D / 4u;
-    if (id >= S.x * gpr) { return; }
+    if (id >= S.n_tokens * gpr) { return; }
     let t = id / gpr;
     let g = id % gpr;
     let row = IDS[t];

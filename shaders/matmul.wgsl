@@ -2,13 +2,14 @@
 //
 // Mirrors ggml_mul_mat with src0 = W (GGUF [N, K], quantized, any type in
 // quants.wgsl) and src1 = X (f32 [T, K]); Y is f32 [T, N], token-major.
-// K (multiple of QK) and N are override constants; T comes from the uniform
-// P.x so one pipeline serves every prompt length.
-// Tiles: 64 rows x 64 tokens per workgroup of 256 threads, 16 weights of K per
-// step; W is dequantized once per tile into shared memory (rows padded to 5 vec4
-// against bank conflicts). Each thread owns rows tx + 16i and tokens ty + 16j
-// (i, j < 4): 16 accumulators, 16 dot products per 8 shared reads.
-// Dispatch: (ceil(N / 64), ceil(T / 64)).
+// K (multiple of QK) and N are override constants; T comes from the per-step
+// uniform (S.n_tokens) so one pipeline serves every prompt length.
+// Tiles: TILE rows x TILE tokens per workgroup of 256 threads (TILE = MATMUL_TILE = 64,
+// from the prelude pyapp.gpu.kernels generates: its dispatch uses the same value),
+// 16 weights of K per step; W is dequantized once per tile into shared memory (rows
+// padded to 5 vec4 against bank conflicts). Each thread owns rows tx + 16i and tokens
+// ty + 16j (i, j < 4): 16 accumulators, 16 dot products per 8 shared reads.
+// Dispatch: (ceil(N / TILE), ceil(T / TILE)).
 
 override K: u32;
 override N: u32;
@@ -17,19 +18,19 @@ override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W w
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(3) var<uniform> P: vec4<u32>;     // x = T
+@group(0) @binding(3) var<uniform> S: Step;
 
-const TILE: u32 = 64u;
+const TILE: u32 = MATMUL_TILE;   // 16 threads x 4 each way: the loops below are written for 64
 const STEP: u32 = 4u;      // vec4 groups of K per step
 const PAD: u32 = 5u;       // shared row stride in vec4
-var<workgroup> ws: array<vec4<f32>, 320>;   // [64 rows][PAD]
-var<workgroup> xs: array<vec4<f32>, 320>;   // [64 tokens][PAD]
+var<workgroup> ws: array<vec4<f32>, TILE * PAD>;   // [TILE rows][PAD]
+var<workgroup> xs: array<vec4<f32>, TILE * PAD>;   // [TILE tokens][PAD]
 
 //!include quants
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let T = P.x;
+    let T = S.n_tokens;
     let r0 = wid.x * TILE;
     let t0 = wid.y * TILE;
     let tx = lid % 16u;

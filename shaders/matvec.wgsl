@@ -15,20 +15,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
-    let rowbase = min(row, N - 1u) * (K / QK) * QB;
-    let rowbase2 = rowbase + N * (K / QK) * QB;       // MODE 1: the up half, N rows further
-    let acc = partial_dot(rowbase, t);
-    var acc2 = 0.0;
-    if (MODE == 1u) { acc2 = partial_dot(rowbase2, t); }
-    red[lid] = acc;
-    red2[lid] = acc2;
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            red[lid] += red[lid + s];
-            red2[lid] += red2[lid + s];
-        }
-        workgroupBarrier();
-    }
-    if (t == 0u && row < N) { Y[row] = finish(row, red[lid], red2[lid]); }
+    reduce_and_finish(lid, t, row, row_partials(row, t));
 }

@@ -1,5 +1,6 @@
-// Shared by matvec.wgsl and matvec_sg.wgsl: sizes, bindings, reduction scratch and the
-// epilogue (MODE 0: y = Wx; 1: GeGLU over the gate and up halves of W; 2: gelu(Wx) * B).
+// Shared by matvec.wgsl and matvec_sg.wgsl: sizes, bindings, each thread's partial dot
+// products, the shared-memory reduction and the epilogue (MODE 0: y = Wx; 1: GeGLU over the
+// gate and up halves of W; 2: gelu(Wx) * B).
 
 override K: u32;
 override N: u32;
@@ -15,9 +16,7 @@ override MODE: u32 = 0u;      // epilogue: 0 y = Wx; 1 GeGLU y = gelu(W[r]x) * W
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red2: array<f32, WG>;
 
-fn gelu_tanh(g: f32) -> f32 {
-    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
-}
+//!include gelu
 
 // The epilogue: what row `row` of Y gets from its dot product(s).
 fn finish(row: u32, a: f32, b: f32) -> f32 {
@@ -43,4 +42,27 @@ fn partial_dot(rowbase: u32, t: u32) -> f32 {
         for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]); }
     }
     return acc;
+}
+
+// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).
+fn row_partials(row: u32, t: u32) -> vec2<f32> {
+    let rowbase = min(row, N - 1u) * (K / QK) * QB;
+    var acc = vec2<f32>(partial_dot(rowbase, t), 0.0);
+    if (MODE == 1u) { acc.y = partial_dot(rowbase + N * (K / QK) * QB, t); }
+    return acc;
+}
+
+// Sum the TPR partials of each row with a tree in shared memory; the row's thread 0 writes Y.
+fn reduce_and_finish(lid: u32, t: u32, row: u32, acc: vec2<f32>) {
+    red[lid] = acc.x;
+    red2[lid] = acc.y;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            red[lid] += red[lid + s];
+            red2[lid] += red2[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u && row < N) { Y[row] = finish(row, red[lid], red2[lid]); }
 }

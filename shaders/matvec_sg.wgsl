@@ -13,39 +13,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(subgroup_invocation_id) lane: u32) {
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
-    let rowbase = min(row, N - 1u) * (K / QK) * QB;
-    let rowbase2 = rowbase + N * (K / QK) * QB;       // MODE 1: the up half, N rows further
-    let acc = partial_dot(rowbase, t);
-    var acc2 = 0.0;
-    if (MODE == 1u) { acc2 = partial_dot(rowbase2, t); }
-    if (sg <= TPR) {
-        let s = subgroupAdd(acc);
-        let s2 = subgroupAdd(acc2);
-        if (lane == 0u) {
-            red[lid] = s;
-            red2[lid] = s2;
-        }
-        workgroupBarrier();
-        if (t == 0u && row < N) {
-            var tot = 0.0;
-            var tot2 = 0.0;
-            for (var k = 0u; k < TPR; k += sg) {
-                tot += red[lid + k];
-                tot2 += red2[lid + k];
-            }
-            Y[row] = finish(row, tot, tot2);
-        }
-    } else {
-        red[lid] = acc;
-        red2[lid] = acc2;
-        workgroupBarrier();
-        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-            if (t < s) {
-                red[lid] += red[lid + s];
-                red2[lid] += red2[lid + s];
-            }
-            workgroupBarrier();
-        }
-        if (t == 0u && row < N) { Y[row] = finish(row, red[lid], red2[lid]); }
+    let acc = row_partials(row, t);
+    if (sg > TPR) {                          // a subgroup would span rows: the shared-memory tree
+        reduce_and_finish(lid, t, row, acc);
+        return;
+    }
+    let s = vec2<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y));
+    if (lane == 0u) {
+        red[lid] = s.x;
+        red2[lid] = s.y;
+    }
+    workgroupBarrier();
+    if (t == 0u && row < N) {
+        var tot = vec2<f32>(0.0);
+        for (var k = 0u; k < TPR; k += sg) { tot += vec2<f32>(red[lid + k], red2[lid + k]); }
+        Y[row] = finish(row, tot.x, tot.y);
     }
 }

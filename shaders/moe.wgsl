@@ -12,7 +12,7 @@
 //            output [T*KSEL, 2F]. Dispatch ceil(T*KSEL*F / 64).
 //   combine: C[t, d] = sum_j WTS[t, j] * YE[t*KSEL + j, d] * SC[IDS[t*KSEL + j]]
 //            (SC: per-expert down scale, 1 when HAS_SC is false). Dispatch ceil(T*D / 64).
-// S.x = T tokens (uniform step params).
+// S.n_tokens = T tokens (S: Step, the per-step uniform).
 
 override E: u32 = 1u;
 override KSEL: u32 = 1u;
@@ -28,7 +28,7 @@ override WG: u32 = 256u;
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(3) var<uniform> S: vec4<u32>;
+@group(0) @binding(3) var<uniform> S: Step;
 @group(0) @binding(4) var<storage, read_write> IDS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> WTS: array<f32>;
 @group(0) @binding(6) var<storage, read> LOG: array<f32>;
@@ -41,7 +41,7 @@ override WG: u32 = 256u;
 @compute @workgroup_size(1)
 fn route(@builtin(workgroup_id) wid: vec3<u32>) {
     let t = wid.x;
-    if (t >= S.x) { return; }
+    if (t >= S.n_tokens) { return; }
     let base = t * E;
     var m = -3.4e38;
     for (var e = 0u; e < E; e++) { m = max(m, LOG[base + e]); }
@@ -70,7 +70,7 @@ var<workgroup> red: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = wid.y;
-    if (slot >= S.x * KSEL) { return; }
+    if (slot >= S.n_tokens * KSEL) { return; }
     let row = wid.x * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
     let e = IDS[slot];
@@ -90,24 +90,21 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     if (t == 0u && row < N) { Y[slot * N + row] = red[lid]; }
 }
 
-fn tanh_safe(x: f32) -> f32 {
-    return tanh(clamp(x, -15.0, 15.0));
-}
+//!include gelu
 
 @compute @workgroup_size(64)
 fn geglu_fused(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 64u;
-    if (i >= S.x * KSEL * F) { return; }
+    if (i >= S.n_tokens * KSEL * F) { return; }
     let s = i / F;
     let f = i % F;
-    let g = GU[s * 2u * F + f];
-    Y[i] = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g))) * GU[s * 2u * F + F + f];
+    Y[i] = gelu_tanh(GU[s * 2u * F + f]) * GU[s * 2u * F + F + f];
 }
 
 @compute @workgroup_size(64)
 fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 64u;
-    if (i >= S.x * D) { return; }
+    if (i >= S.n_tokens * D) { return; }
     let t = i / D;
     let d = i % D;
     var acc = 0.0;

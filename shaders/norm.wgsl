@@ -2,16 +2,17 @@
 //
 // Mirrors reference.forward.rms_norm / ggml_rms_norm (+ ggml_mul by the weight).
 // X: f32 [T * RPT, D] (RPT rows per token: 1 for hidden states, heads for the
-// per-head q/k/v norms). Wt: f32 [D] (unused when HAS_W is false). S.x = T.
-// One workgroup per row, tree reduction. Dispatch: T * RPT workgroups, split
-// into (x, y) above 65535. Entry points:
-//   main:       Y = norm(X) [* Wt]
+// per-head q/k/v norms). Wt: f32 [D] (unused when HAS_W is false). S.n_tokens = T
+// (S: Step, the per-step uniform). One workgroup per row, tree reduction.
+// Dispatch: T * RPT workgroups, split into (x, y) above 65535. Entry points:
+//   main:       Y = norm(X) [* Wt] * SCALE   (SCALE: a constant factor, e.g. the MoE
+//               router's 1/sqrt(hidden), kept out of the weights)
 //   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
 //               optionally times layer_output_scale (saves two dispatches);
 //               HAS_NEXT: also Y = norm(A) * W2, the next pre-norm (saves one more)
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
-//               / FF[i]); token t = row / RPT sits at position S.y + t.
+//               / FF[i]); token t = row / RPT sits at position S.pos0 + t.
 //   kv_prep:    decode only: a layer's new K and V, normed (+ RoPE for K), into the cache.
 
 override D: u32;
@@ -23,18 +24,19 @@ override HAS_NEXT: bool = false;
 override NROT: u32 = 0u;
 override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
+override SCALE: f32 = 1.0;
 override WG: u32 = 256u;
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(2) var<storage, read> Wt: array<f32>;
-@group(0) @binding(3) var<uniform> S: vec4<u32>;
+@group(0) @binding(3) var<uniform> S: Step;
 @group(0) @binding(4) var<storage, read_write> A: array<f32>;
 @group(0) @binding(5) var<storage, read> SC: array<f32>;
 @group(0) @binding(6) var<storage, read> FF: array<f32>;
 @group(0) @binding(8) var<storage, read> W2: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
+//!include workgroup_sum
 
 // 1 / rms of row `base`, shared by every thread of the workgroup.
 fn inv_rms(base: u32, lid: u32) -> f32 {
@@ -43,13 +45,7 @@ fn inv_rms(base: u32, lid: u32) -> f32 {
         let v = X[base + i];
         ss += v * v;
     }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] += red[lid + s]; }
-        workgroupBarrier();
-    }
-    return inverseSqrt(red[0] / f32(D) + EPS);
+    return inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS);
 }
 
 fn weight(i: u32) -> f32 {
@@ -60,9 +56,9 @@ fn weight(i: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
-    if (row >= S.x * RPT) { return; }       // uniform per workgroup: barriers stay legal
+    if (row >= S.n_tokens * RPT) { return; }   // uniform per workgroup: barriers stay legal
     let base = row * D;
-    let inv = inv_rms(base, lid);
+    let inv = inv_rms(base, lid) * SCALE;
     for (var i = lid; i < D; i += WG) { Y[base + i] = X[base + i] * inv * weight(i); }
 }
 
@@ -70,7 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
-    if (row >= S.x * RPT) { return; }
+    if (row >= S.n_tokens * RPT) { return; }
     let base = row * D;
     let inv = inv_rms(base, lid);
     var sc = 1.0;
@@ -82,14 +78,7 @@ fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         ss += a * a;
     }
     if (HAS_NEXT) {                     // uniform: barriers stay legal
-        workgroupBarrier();             // everyone has read red[0] in inv_rms
-        red[lid] = ss;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (lid < s) { red[lid] += red[lid + s]; }
-            workgroupBarrier();
-        }
-        let inv2 = inverseSqrt(red[0] / f32(D) + EPS);
+        let inv2 = inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS);
         for (var i = lid; i < D; i += WG) { Y[base + i] = A[base + i] * inv2 * W2[i]; }
     }
 }
@@ -111,15 +100,15 @@ fn roped(base: u32, i: u32, inv: f32, pos: f32) -> f32 {
 fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
-    if (row >= S.x * RPT) { return; }
+    if (row >= S.n_tokens * RPT) { return; }
     let base = row * D;
     let inv = inv_rms(base, lid);
-    let pos = f32(S.y + row / RPT);
+    let pos = f32(S.pos0 + row / RPT);
     for (var i = lid; i < D; i += WG) { Y[base + i] = roped(base, i, inv, pos); }
 }
 
 // kv_prep (one decode token): for KV head h = workgroup, K = rope(norm(X[KOFF + h*D..]) * Wt)
-// and V = norm(X[VOFF + h*D..]) (unweighted) go straight into the caches at slot S.y % CTX
+// and V = norm(X[VOFF + h*D..]) (unweighted) go straight into the caches at slot S.pos0 % CTX
 // (layout of attention.wgsl: [HKV, CTX, D]). Replaces norm_rope + norm + store.
 override KOFF: u32 = 0u;
 override VOFF: u32 = 0u;
@@ -133,11 +122,10 @@ fn kv_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let h = wid.x;
     let kbase = KOFF + h * D;
     let vbase = VOFF + h * D;
-    let dst = (h * CTX + S.y % CTX) * D;
+    let dst = (h * CTX + S.pos0 % CTX) * D;
     let inv_k = inv_rms(kbase, lid);
-    workgroupBarrier();                      // everyone has read red[0] before it is reused
     let inv_v = inv_rms(vbase, lid);
-    let pos = f32(S.y);
+    let pos = f32(S.pos0);
     for (var i = lid; i < D; i += WG) {
         KC[dst + i] = roped(kbase, i, inv_k, pos);
         VC[dst + i] = X[vbase + i] * inv_v;

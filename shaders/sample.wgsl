@@ -42,30 +42,21 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
 // Two stages for big vocabularies, so the whole GPU scans the logits:
 //   topk_local: workgroup w takes the slice [w*SL, (w+1)*SL) of LW, applies the
 //               repeat penalty to the recent ids in it, and keeps its own top k
-//               (those at or above its k-th largest, at most 256) in CV/CI[w*256..],
+//               (those at or above its k-th largest, at most MAXK) in CV/CI[w*MAXK..],
 //               their count in CNT[w]. Dispatch NW = ceil(V / SL).
-//   sample:     STAGED: the same top-k over the NW*256 candidates, then sort, softmax,
+//   sample:     STAGED: the same top-k over the NW*MAXK candidates, then sort, softmax,
 //               top-p, min-p and the pick; else directly over LW (one workgroup does
 //               all, penalty included). Dispatch 1.
 // The global top k is inside the union of the slices' top k. Ties at the k-th value
-// are kept up to 256 candidates, then ordered by id.
+// are kept up to MAXK candidates, then ordered by id.
 // LW: logits (the penalty writes them in place); SP: the per-token parameters.
-
-struct SampleParams {
-    temperature: f32,
-    top_p: f32,
-    min_p: f32,
-    u: f32,
-    repeat_penalty: f32,
-    top_k: u32,
-    n_recent: u32,
-    _pad: u32,
-    recent: array<u32, 64>,
-}
+// SampleParams, SAMPLE_SLICE and SAMPLE_MAX_K come from the prelude pyapp.gpu.kernels
+// generates (it packs the parameters and sizes the candidate scratch with the same values).
 
 override STAGED: bool = false;
-override SL: u32 = 4096u;            // slice per topk_local workgroup
 override NW: u32 = 1u;               // topk_local workgroups
+const SL: u32 = SAMPLE_SLICE;        // logits per topk_local workgroup
+const MAXK: u32 = SAMPLE_MAX_K;      // candidates per workgroup: one a thread (workgroups of 256)
 
 @group(0) @binding(3) var<storage, read_write> LW: array<f32>;
 @group(0) @binding(2) var<storage, read> SP: SampleParams;
@@ -73,7 +64,6 @@ override NW: u32 = 1u;               // topk_local workgroups
 @group(0) @binding(5) var<storage, read_write> CI: array<u32>;
 @group(0) @binding(6) var<storage, read_write> CNT: array<u32>;
 
-const MAXK: u32 = 256u;
 var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> cand_v: array<f32, MAXK>;
 var<workgroup> cand_i: array<u32, MAXK>;

@@ -52,7 +52,7 @@ def toy(tmp_path_factory):
 
 
 def engine_logits(engine, tokens) -> np.ndarray:
-    return np.array([np.frombuffer(r, "<f4") for r in engine.forward(tokens)])
+    return np.asarray(engine.forward(tokens))
 
 
 def assert_logits_agree(got, want, atol):
@@ -78,7 +78,7 @@ def test_toy_logits_and_greedy_match_reference(dev, toy, shape, quant, chunk):
     g = read_gguf(toy(shape, quant))
     ref = ReferenceModel(g)
     eng = Engine.open(g, device=dev, context_length=64, chunk=chunk)
-    assert_logits_agree(engine_logits(eng, TOKENS), ref.forward(TOKENS), atol=2e-2)
+    assert_logits_agree(engine_logits(eng, TOKENS), np.asarray(ref.forward(TOKENS)), atol=2e-2)
     res = eng.generate(TOKENS[:6], SamplingParams(temperature=0, max_tokens=16), stop_ids=())
     assert res.tokens == ref.generate_greedy(TOKENS[:6], 16)
     assert res.stop_reason == "length" and res.prompt_tokens == 6
@@ -93,10 +93,11 @@ def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     whole = engine_logits(Engine.open(g, device=dev, context_length=32), TOKENS[:5])
     monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 80 << 10)
     eng = Engine.open(g, device=dev, context_length=32)
-    assert len(eng.graph.w["token_embd.weight"].parts) > 3 and len(eng.graph.w["blk.7.ffn_down.weight"].parts) > 1
+    layout = eng.runner.layout
+    assert len(layout.token_embd.parts) > 3 and len(layout.layers[7].ffn_down.parts) > 1
     got = engine_logits(eng, TOKENS[:5])
     np.testing.assert_allclose(got, whole, atol=1e-5)
-    assert_logits_agree(got, ReferenceModel(g).forward(TOKENS[:5]), atol=2e-2)
+    assert_logits_agree(got, np.asarray(ReferenceModel(g).forward(TOKENS[:5])), atol=2e-2)
 
 
 def test_kv_cache_reuse_across_turns(dev, toy):
@@ -196,3 +197,14 @@ def test_golden_greedy_generation(golden_engine):
     want = golden["generate_0"].tolist()
     res = eng.generate(golden["tokens_0"].tolist(), SamplingParams(temperature=0, max_tokens=len(want)), stop_ids=())
     assert res.tokens == want
+
+
+def test_engine_and_reference_return_the_same_type(dev, toy):
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(toy("tiny", "Q8_0"))
+    got = Engine.open(g, device=dev, context_length=16).forward(TOKENS[:3])
+    want = ReferenceModel(g).forward(TOKENS[:3])
+    assert type(got) is type(want) and got.shape == want.shape == (3, 1000)
+    assert got.argmax_row(-1) == want.argmax_row(-1)

@@ -9,6 +9,8 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
+from pyapp import ggml
+
 try:
     from pyapp.gpu import GPUError, get_device
     from pyapp.gpu import kernels as K
@@ -51,8 +53,8 @@ def random_tensor(qtype: str, rows: int, k: int, rng) -> bytes:
         return rng.standard_normal((rows, k)).astype(np.float16).tobytes()
     if qtype == "bf16":
         return (rng.standard_normal((rows, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
-    _, qk, qb = K.QUANTS[K.TYPE_IDS[qtype]]
-    blocks = rng.integers(0, 256, size=(rows * k // qk, qb), dtype=np.uint8)
+    gt = ggml.lookup(qtype)
+    blocks = rng.integers(0, 256, size=(rows * k // gt.block, gt.block_bytes), dtype=np.uint8)
     if qtype == "mxfp4":
         blocks[:, 0] = rng.integers(120, 132, size=len(blocks))
     for off in F16_FIELDS.get(qtype, ()):
@@ -98,13 +100,13 @@ def test_matvec(dev, qtype, subgroups, long):
     """Short rows run the 4-weight-group loop, long ones (>= 128 units of 32) the dot32 units."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
-    rng = np.random.default_rng(K.TYPE_IDS[qtype])
-    qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
+    rng = np.random.default_rng(ggml.lookup(qtype).id)
+    qk = ggml.lookup(qtype).block
     rows = 37
     if long:
-        k = qk * (17 if qk == 256 else 131) if qk > 4 else 4 * 1096
+        k = qk * (17 if qk == 256 else 131) if qk > 1 else 4 * 1096
     else:
-        k = qk * (3 if qk == 256 else 13) if qk > 4 else 4 * 97      # never a multiple of the workgroup
+        k = qk * (3 if qk == 256 else 13) if qk > 1 else 4 * 97      # never a multiple of the workgroup
     raw = random_tensor(qtype, rows, k, rng)
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal(k)
@@ -121,17 +123,24 @@ def u32(dev, *vals, kind="uniform"):
     return b
 
 
+def step_buffer(dev, n_tokens, pos0=0):
+    """The per-step uniform: n_tokens tokens, the first at position pos0."""
+    b = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(b, K.pack_step(n_tokens, pos0))
+    return b
+
+
 @pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
 @pytest.mark.parametrize("rows,t", [(45, 19), (150, 70)], ids=["one-tile", "tiles"])
 def test_matmul(dev, qtype, rows, t):
-    rng = np.random.default_rng(100 + K.TYPE_IDS[qtype])
-    qk = K.QUANTS[K.TYPE_IDS[qtype]][1]
-    k = 256 if qk == 256 else 4 * 29 if qk == 4 else 32 * 5
+    rng = np.random.default_rng(100 + ggml.lookup(qtype).id)
+    qk = ggml.lookup(qtype).block
+    k = 256 if qk == 256 else 4 * 29 if qk == 1 else 32 * 5
     raw = random_tensor(qtype, rows, k, rng)
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal((t, k))
     y = dev.buffer(4 * rows * t)
-    plan = K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, u32(dev, t), n_tokens=t)
+    plan = K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t), n_tokens=t)
     dev.submit(plan)
     got = read_f32(dev, y, rows * t).reshape(t, rows)
     assert_close_dot(got, x, w, x @ w.T)
@@ -149,9 +158,23 @@ def test_rms_norm(dev, weighted, rpt):
     x = rng.standard_normal((t * rpt, d)).astype(np.float32) * 3
     w = rng.standard_normal(d).astype(np.float32) if weighted else None
     y = dev.buffer(x.nbytes)
-    dev.submit(K.rms_norm(dev, d, f32(dev, x), y, f32(dev, w) if weighted else None, u32(dev, t),
+    dev.submit(K.rms_norm(dev, d, f32(dev, x), y, f32(dev, w) if weighted else None, step_buffer(dev, t),
                           max_tokens=t, rows_per_token=rpt, eps=1e-6))
     np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_scale(dev, weighted):
+    """A constant factor applied in the kernel (the MoE router's 1/sqrt(hidden)), not folded into the weight."""
+    rng = np.random.default_rng(12)
+    t, d, scale = 3, 257, 257 ** -0.5
+    x = rng.standard_normal((t, d)).astype(np.float32) * 3
+    w = rng.standard_normal(d).astype(np.float32) if weighted else None
+    y = dev.buffer(x.nbytes)
+    dev.submit(K.rms_norm(dev, d, f32(dev, x), y, f32(dev, w) if weighted else None, step_buffer(dev, t),
+                          max_tokens=t, scale=scale))
+    np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), rms_norm(x, w, 1e-6) * scale,
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("hd,nrot,ff", [(68, 68, False), (68, 36, True)])
@@ -161,7 +184,7 @@ def test_rope(dev, hd, nrot, ff):
     x = rng.standard_normal((t, h, hd)).astype(np.float32)
     f = np.where(np.arange(nrot // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
     buf = f32(dev, x)
-    dev.submit(K.rope(dev, buf, u32(dev, t, pos0), h, hd, nrot, 10000.0, max_tokens=t,
+    dev.submit(K.rope(dev, buf, step_buffer(dev, t, pos0), h, hd, nrot, 10000.0, max_tokens=t,
                       freq_factors=f32(dev, f) if ff else None))
     ref = rope_neox(x, np.arange(pos0, pos0 + t), nrot, 10000.0, f)
     np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, atol=2e-5)
@@ -173,7 +196,7 @@ def test_elementwise(dev):
     a = (rng.standard_normal((t, d)) * 4).astype(np.float32)
     b = rng.standard_normal((t, d)).astype(np.float32)
     a[0, :3] = [80.0, -80.0, 0.0]                          # tanh saturation must not give NaN
-    step = u32(dev, t)
+    step = step_buffer(dev, t)
     ab, bb, out = f32(dev, a), f32(dev, b), dev.buffer(a.nbytes)
     dev.submit(K.elementwise(dev, "geglu", d, ab, step, t, b=bb, out=out))
     np.testing.assert_allclose(read_f32(dev, out, a.size).reshape(t, d), gelu_tanh(a) * b, rtol=1e-5, atol=1e-5)
@@ -197,7 +220,7 @@ def test_embed(dev, qtype):
     ids = np.array([5, 0, 22, 5, 17], np.uint32)
     out = dev.buffer(4 * len(ids) * d)
     dev.submit(K.embed(dev, qtype, d, weight_buffer(dev, raw), u32(dev, *ids, kind="storage"), out,
-                       u32(dev, len(ids)), max_tokens=len(ids), scale=math.sqrt(d)))
+                       step_buffer(dev, len(ids)), max_tokens=len(ids), scale=math.sqrt(d)))
     got = read_f32(dev, out, len(ids) * d).reshape(len(ids), d)
     np.testing.assert_allclose(got, table[ids] * math.sqrt(d), rtol=1e-6, atol=1e-6)
 
@@ -239,7 +262,7 @@ def test_attention_prefill_then_decode(dev, window, hd):
     out = dev.buffer(4 * (t + 1) * h * hd)
 
     # prefill: T tokens at positions 0..T-1
-    step = u32(dev, t, 0)
+    step = step_buffer(dev, t, 0)
     plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
     K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan)
     dev.submit(plan)
@@ -248,7 +271,7 @@ def test_attention_prefill_then_decode(dev, window, hd):
     np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=2e-5)
 
     # decode: one more token at position T
-    step1 = u32(dev, 1, t)
+    step1 = step_buffer(dev, 1, t)
     plan = K.kv_store(dev, f32(dev, ks[t:]), f32(dev, vs[t:]), kc, vc, step1, hkv, hd, ctx, max_tokens=1)
     K.attention(dev, f32(dev, q[t:]), kc, vc, out, step1, h, hkv, hd, ctx, max_tokens=1, window=window, plan=plan)
     dev.submit(plan)
@@ -270,6 +293,36 @@ def test_matvec_threads_per_row(dev, tpr, subgroups):
     y = dev.buffer(4 * rows)
     dev.submit(K.matvec(dev, "q5_0", k, rows, weight_buffer(dev, raw), f32(dev, x), y, tpr=tpr, subgroups=subgroups))
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
+
+
+def test_bindings_are_named_by_the_shader(dev):
+    from pyapp.gpu import binding_numbers
+    src = """// @group(0) @binding(7) var<storage, read> OLD: array<f32>;
+    @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+    @binding(3) @group(0)
+    var<uniform> S: Step;
+    @group(1) @binding(0) var<storage, read> OTHER: array<u32>;
+    var<workgroup> red: array<f32, 64>;"""
+    assert binding_numbers(src) == {"Y": 2, "S": 3}
+    p = dev.pipeline("rope", prelude=K.SHARED_WGSL, constants={"H": 1, "HD": 4, "NROT": 4})
+    assert p.bindings == {"X": 0, "FF": 1, "S": 2}
+    with pytest.raises(GPUError, match=r"rope:main has no binding named 'Y' \(it declares FF, S, X\)"):
+        dev.bind_group(p, {"X": dev.dummy, "Y": dev.dummy})
+
+
+def test_native_device_reports_no_loss_or_error(dev):
+    assert dev.lost_reason is None and dev.last_error is None
+    dev.clear_error()
+
+
+def test_shared_layouts_pack_as_the_shaders_read_them():
+    import struct
+    assert K.pack_step(7, 123) == struct.pack("<4I", 7, 123, 0, 0) and K.STEP_BYTES == 16
+    assert "struct Step {\n    n_tokens: u32,\n    pos0: u32," in K.SHARED_WGSL
+    got = K.pack_sample_params(0.7, 40, 0.9, 0.05, 1.1, range(100), 0.25)
+    recent = list(range(100))[-K.MAX_RECENT:]
+    assert got == struct.pack("<5f3I", 0.7, 0.9, 0.05, 0.25, 1.1, 40, K.MAX_RECENT, 0) + struct.pack("<64I", *recent)
+    assert len(got) == K.SAMPLE_PARAMS_BYTES == 32 + 4 * K.MAX_RECENT
 
 
 def test_upload_chunks_copy_and_limits(dev):
@@ -335,7 +388,7 @@ def test_moe_route_experts_combine(dev, qtype):
     rng = np.random.default_rng(21)
     t, e, ksel, hidden, ff = 3, 11, 4, 256, 64 if qtype != "q4_k" else 256
     logits = rng.standard_normal((t, e)).astype(np.float32)
-    step = u32(dev, t)
+    step = step_buffer(dev, t)
     ids, wts = dev.buffer(4 * t * ksel), dev.buffer(4 * t * ksel)
     plan = K.moe_route(dev, e, ksel, f32(dev, logits), ids, wts, step, t)
     # fused gate_up [e, 2ff, hidden] on the shared input, then down [e, hidden, ff] per slot
@@ -378,7 +431,7 @@ def test_ple_combine(dev):
     nw = rng.standard_normal(pd).astype(np.float32)
     out = dev.buffer(4 * n_layers * tmax * pd)
     dev.submit(K.ple_combine(dev, n_layers, pd, tmax, f32(dev, proj), f32(dev, emb), f32(dev, nw), out,
-                             u32(dev, t), hidden, 1e-6))
+                             step_buffer(dev, t), hidden, 1e-6))
     got = read_f32(dev, out, n_layers * tmax * pd).reshape(n_layers, tmax, pd)[:, :t]
     want = (rms_norm(proj / math.sqrt(hidden), nw, 1e-6) + emb) / math.sqrt(2)
     np.testing.assert_allclose(got, want.transpose(1, 0, 2), atol=1e-5)
@@ -392,7 +445,7 @@ def test_add_normed_with_scale(dev, fused_next):
     w, w2, sc = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32), np.float32(0.7)
     ab, nxt = f32(dev, a), dev.buffer(4 * t * d)
     kw = dict(next_out=nxt, next_weight=f32(dev, w2)) if fused_next else {}
-    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), u32(dev, t), t, scale=f32(dev, [sc]), **kw))
+    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), step_buffer(dev, t), t, scale=f32(dev, [sc]), **kw))
     want = (a + rms_norm(x, w, 1e-6)) * sc
     np.testing.assert_allclose(read_f32(dev, ab, t * d).reshape(t, d), want, atol=1e-5)
     if fused_next:
@@ -407,7 +460,7 @@ def test_norm_rope(dev, hd, nrot, ff):
     w = rng.standard_normal(hd).astype(np.float32)
     ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
     y = dev.buffer(x.nbytes)
-    dev.submit(K.norm_rope(dev, f32(dev, x), y, f32(dev, w), u32(dev, t, pos0), h, hd, nrot, 10000.0, t,
+    dev.submit(K.norm_rope(dev, f32(dev, x), y, f32(dev, w), step_buffer(dev, t, pos0), h, hd, nrot, 10000.0, t,
                            freq_factors=f32(dev, ffv) if ff else None))
     want = rope_neox(rms_norm(x, w, 1e-6), pos0 + np.arange(t), nrot, 10000.0, ffv)
     np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), want, atol=3e-5)
@@ -447,7 +500,7 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     max_keys = window or ctx
     part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
     out = dev.buffer(4 * h * hd)
-    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, u32(dev, 1, pos),
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
                                   h, hkv, hd, ctx, max_keys, window=window))
     lo = max(0, pos + 1 - window) if window else 0
     want = np.zeros((h, hd))
@@ -467,8 +520,8 @@ def test_kv_prep_writes_normed_roped_kv_into_the_cache(dev, hd, nrot, ff):
     w = rng.standard_normal(hd).astype(np.float32)
     ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
     kc, vc = f32(dev, np.zeros(hkv * ctx * hd)), f32(dev, np.zeros(hkv * ctx * hd))
-    dev.submit(K.kv_prep(dev, f32(dev, x), q_len, q_len + hkv * hd, f32(dev, w), kc, vc, u32(dev, 1, pos), hkv, hd,
-                         nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None))
+    dev.submit(K.kv_prep(dev, f32(dev, x), q_len, q_len + hkv * hd, f32(dev, w), kc, vc, step_buffer(dev, 1, pos),
+                         hkv, hd, nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None))
     k = x[q_len:q_len + hkv * hd].reshape(1, hkv, hd)
     v = x[q_len + hkv * hd:].reshape(1, hkv, hd)
     want_k = rope_neox(rms_norm(k, w, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]

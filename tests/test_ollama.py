@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pyapp import ollama
+from pyapp.gguf import read_gguf_async
 from pyapp.ollama import (Layer, LocalDirectory, ModelName, ModelNotFound, OllamaError,
                           gemma4_models, is_gemma4, list_models, resolve, verify_digest)
 
@@ -87,6 +88,8 @@ def folder(tmp_path_factory):
     missing = {"mediaType": M + "model", "digest": "sha256:" + "ab" * 32, "size": 1000}
     f.manifest("missing:latest", [missing], {})
     f.manifest("notgguf:latest", [f.blob(b"PK\x03\x04 this is a zip, not a GGUF" * 4, M + "model")], {})
+    header_cut = f.blob((tmp / "l.gguf").read_bytes()[:100], M + "model")  # sizes agree, header cut short
+    f.manifest("truncated:latest", [header_cut], {})
     short = f.blob(b"GGUF" + bytes(60), M + "model")
     f.manifest("short:latest", [dict(short, size=short["size"] + 5)], {})  # blob smaller than the manifest says
     f.manifest("safetensors:latest", [f.blob(b"x" * 8, M + "tensor")], {})
@@ -104,7 +107,7 @@ def test_lists_every_manifest_with_display_names(models):
     assert sorted(models) == sorted([
         "broken:latest", "gemma4:e2b", "gemma4:latest", "hf.co/unsloth/gemma-4-GGUF:Q4_K_M",
         "llama3.2:1b", "me/gemma4-custom:q8", "missing:latest", "notgguf:latest",
-        "safetensors:latest", "short:latest"])
+        "safetensors:latest", "short:latest", "truncated:latest"])
     g = models["gemma4:e2b"]
     assert g.manifest_path == "manifests/registry.ollama.ai/library/gemma4/e2b"
     assert g.ref.parts == ("registry.ollama.ai", "library", "gemma4", "e2b")
@@ -169,6 +172,8 @@ def test_broken_models_carry_reasons(models):
     assert "blobs/sha256-" + "ab" * 32 in e and "missing" in e and "ollama pull missing:latest" in e
     e = models["notgguf:latest"].error
     assert "not a readable GGUF file" in e
+    e = models["truncated:latest"].error
+    assert "not a readable GGUF file: truncated" in e and not models["truncated:latest"].usable
     assert models["short:latest"].error.endswith("is 64 bytes, the manifest says 69: incomplete or corrupt download")
     assert "safetensors" in models["safetensors:latest"].error
 
@@ -285,6 +290,9 @@ class AsyncLocal:
 
             async def read(self, off, n):
                 return src.read(off, n)
+
+            def close(self):
+                src.close()
         return S()
 
 
@@ -300,13 +308,38 @@ def test_async_directory_gives_the_same_answers(folder, models):
     assert seen[-1] == g.model.size
 
 
+@pytest.mark.parametrize("header", [True, False])
+def test_sync_and_async_drivers_give_identical_listings(folder, header):
+    """The same step generators, driven sync over a LocalDirectory and async over a wrapper of it."""
+    opened, closed = [], []
+
+    class Tracking(AsyncLocal):
+        async def open(self, path):
+            s = await super().open(path)
+            opened.append(path)
+            real = s.close
+            s.close = lambda: (closed.append(path), real())[1]
+            return s
+
+    sync = list_models(folder.root, header=header)
+    async_ = asyncio.run(ollama.list_models_async(Tracking(folder.root), header=header))
+    assert async_ == sync  # every field of every model, errors and warnings included
+    assert sorted(closed) == sorted(opened) and opened  # the async handler closes what it opened too
+    if not header:
+        g_sync = next(m for m in sync if m.name == "gemma4:e2b")
+        g_async = next(m for m in async_ if m.name == "gemma4:e2b")
+        assert ollama.read_header(folder.root, g_sync) == \
+            asyncio.run(ollama.read_header_async(AsyncLocal(folder.root), g_async))
+        assert g_async.header_read and g_async.parameter_count == GEMMA_PARAMS_COUNT
+
+
 def test_async_gguf_prefix_grows(folder, models):
     """A tiny first fetch forces the async header reader to fetch more."""
     g = models["gemma4:e2b"]
 
     async def go():
         src = await AsyncLocal(folder.root).open(g.model.path)
-        return await ollama._read_gguf_async(src, first=16)
+        return await read_gguf_async(src, first=16)
 
     gg = asyncio.run(go())
     assert gg.metadata["general.architecture"] == "gemma4"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pyapp.gguf import GGML_TYPES, TYPE_IDS
+from pyapp import ggml
 from pyapp.reference.quants import QUANTIZABLE, SUPPORTED, dequantize, quantize
 
 gguf = pytest.importorskip("gguf")
@@ -13,8 +13,7 @@ BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "
 
 def random_blocks(name: str, n_blocks: int, rng) -> bytes:
     """Random bytes with every f16 scale replaced by a sane value (no inf/nan)."""
-    _, qk, nbytes = GGML_TYPES[TYPE_IDS[name]]
-    raw = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
+    raw = rng.integers(0, 256, size=(n_blocks, ggml.lookup(name).block_bytes), dtype=np.uint8)
     f16_at = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}.get(name, [])
     for at in f16_at:
@@ -26,8 +25,8 @@ def random_blocks(name: str, n_blocks: int, rng) -> bytes:
 
 @pytest.mark.parametrize("name", BLOCK_TYPES)
 def test_dequantize_matches_gguf_py(name):
-    rng = np.random.default_rng(TYPE_IDS[name])
-    _, qk, _ = GGML_TYPES[TYPE_IDS[name]]
+    rng = np.random.default_rng(ggml.lookup(name).id)
+    qk = ggml.lookup(name).block
     raw = random_blocks(name, 37, rng)
     qt = gguf.GGMLQuantizationType[name]
     want = gguf.quants.dequantize(np.frombuffer(raw, np.uint8).reshape(1, -1), qt).reshape(-1)
@@ -56,8 +55,7 @@ REL_ERR = {"Q8_0": 0.01, "Q4_0": 0.1, "Q4_1": 0.07, "Q5_0": 0.05, "Q5_1": 0.035,
 def test_quantize_round_trip(name):
     x = np.random.default_rng(2).standard_normal((4, 512)).astype(np.float32)
     raw = quantize(x, name)
-    _, qk, nbytes = GGML_TYPES[TYPE_IDS[name]]
-    assert len(raw) == x.size // qk * nbytes
+    assert len(raw) == ggml.row_bytes(name, x.size)
     got = dequantize(raw, name, x.shape)
     err = np.abs(got - x).max() / np.abs(x).max()
     assert err < REL_ERR[name], f"{name}: max error {err:.4f} of max |x|"

@@ -41,7 +41,7 @@ def test_logits_match_transformers(model_and_golden):
     model, golden = model_and_golden
     n = 0
     for i, tokens, want in sequences(golden):
-        got = model.forward(tokens)
+        got = np.asarray(model.forward(tokens))
         assert got.shape == want.shape
         diff = np.abs(got - want).max()
         assert diff < ATOL, f"sequence {i}: max |ref - transformers| = {diff:.2e}"
@@ -54,10 +54,11 @@ def test_incremental_decode_matches_full_pass(model_and_golden):
     from pyapp.reference.forward import KVCache
     model, golden = model_and_golden
     tokens = max((t for _, t, _ in sequences(golden)), key=len)
-    full = model.forward(tokens)
+    full = np.asarray(model.forward(tokens))
     cache = KVCache()
     split = len(tokens) // 3
-    parts = [model.forward(tokens[:split], cache)] + [model.forward(tokens[j:j + 1], cache) for j in range(split, len(tokens))]
+    parts = [np.asarray(model.forward(tokens[:split], cache))] + \
+        [np.asarray(model.forward(tokens[j:j + 1], cache)) for j in range(split, len(tokens))]
     np.testing.assert_allclose(np.concatenate(parts), full, atol=1e-4, rtol=0)
 
 

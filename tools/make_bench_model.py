@@ -6,8 +6,9 @@
 The tensor names, shapes and metadata keys are those llama.cpp's converter
 writes for Gemma 4 (see tools/GEMMA4_GGUF_NOTES.md); the weights are random
 quantized blocks with small, sane scales (numerics are meaningless, bytes per
-token are real). Needs numpy and the `gguf` package only, so it also runs on a
-bare GPU machine. Not committed output: a Q4_K E2B is about 3 GB.
+token are real). Needs numpy and the `gguf` package only (plus pyapp.ggml, standard
+library, from this checkout), so it also runs on a bare GPU machine. Not committed
+output: a Q4_K E2B is about 3 GB.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's pyapp, installed or not
+from pyapp import ggml  # noqa: E402
 
 # Gemma 4 E2B text model as its HF config describes it.
 SHAPES = {
@@ -39,23 +44,18 @@ SHAPES = {
 # random quant blocks (fast to make; speed does not depend on the values).
 SMALL = 1 << 22
 
-# Bytes per block and where the f16 scale(s) sit inside it.
-BLOCKS = {
-    T.Q8_0: (32, 34, (0,)),
-    T.Q4_0: (32, 18, (0,)),
-    T.Q4_K: (256, 144, (0, 2)),
-    T.Q5_K: (256, 176, (0, 2)),
-    T.Q6_K: (256, 210, (208,)),
-}
+# Types written as random blocks, and where the f16 scale(s) sit inside a block.
+SCALE_OFFSETS = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 
 def random_blocks(rng, n_elements: int, qtype) -> np.ndarray:
-    elems, size, scale_offsets = BLOCKS[qtype]
+    t = ggml.lookup(qtype)
+    elems, size = t.block, t.block_bytes
     assert n_elements % elems == 0, (n_elements, qtype)
     nb = n_elements // elems
     raw = np.frombuffer(rng.bytes(nb * size), dtype=np.uint8).reshape(nb, size).copy()
     scales = (rng.random(nb, dtype=np.float32) * 0.002 + 0.001).astype(np.float16).view(np.uint8).reshape(nb, 2)
-    for off in scale_offsets:
+    for off in SCALE_OFFSETS[qtype]:
         raw[:, off:off + 2] = scales
     return raw.reshape(-1)
 
@@ -77,8 +77,7 @@ def add_matrix(w: GGUFWriter, rng, name: str, ne0: int, ne1: int, qtype, n3: int
         data = (rng.standard_normal(n, dtype=np.float32) * 0.02).astype(np.float16).reshape(shape)
         w.add_tensor(name, data)
         return
-    elems, size, _ = BLOCKS[qtype]
-    raw = random_blocks(rng, n, qtype).reshape(*shape[:-1], ne0 // elems * size)
+    raw = random_blocks(rng, n, qtype).reshape(*shape[:-1], ggml.row_bytes(qtype, ne0))
     w.add_tensor(name, raw, raw_dtype=qtype)   # gguf-py takes the byte shape of quantized rows
 
 
@@ -177,7 +176,7 @@ def write(shape: str, qtype, out: str, seed: int = 0) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="e2b")
-    ap.add_argument("--quant", choices=[t.name for t in BLOCKS] + ["Q4_1", "Q5_0", "Q5_1"], default="Q4_K")
+    ap.add_argument("--quant", choices=[t.name for t in SCALE_OFFSETS] + ["Q4_1", "Q5_0", "Q5_1"], default="Q4_K")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

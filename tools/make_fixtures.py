@@ -97,7 +97,7 @@ def convert(ckpt: Path, outtype: str, dest: Path, name: str) -> None:
 def requantize(src: Path, qtype: str, dest: Path) -> None:
     """A copy of an F32 GGUF with its matrices in qtype (rows that don't fit the block: Q8_0, else F32)."""
     import gguf
-    from pyapp.gguf import GGML_TYPES, TYPE_IDS
+    from pyapp import ggml
     from pyapp.reference.quants import quantize
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dest), arch=reader.fields["general.architecture"].contents())
@@ -110,7 +110,7 @@ def requantize(src: Path, qtype: str, dest: Path) -> None:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, vtype, sub_type=sub)
-    block = GGML_TYPES[TYPE_IDS[qtype]][1]
+    block = ggml.lookup(qtype).block
     for t in reader.tensors:
         data = np.asarray(t.data, dtype=np.float32)
         row = int(t.shape[0])

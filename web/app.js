@@ -5,8 +5,8 @@ const $ = (id) => document.getElementById(id);
 const CHAT_KEY = "gemma4.chat.v1";
 const SETTINGS_KEY = "gemma4.settings.v1";
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
-const DEFAULTS = { temperature: 1, top_k: 64, top_p: 0.95, min_p: 0, repeat_penalty: 1, seed: "",
-                   max_tokens: 512, context_length: 4096 };
+// Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
+let DEFAULTS = {};
 
 // ---------------------------------------------------------------- worker RPC
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
@@ -31,8 +31,8 @@ const on = (event, f) => listeners[event].push(f);
 // ---------------------------------------------------------------- state
 const state = {
   chat: loadJSON(CHAT_KEY, { system: "", messages: [] }),
-  settings: { ...DEFAULTS, ...loadJSON(SETTINGS_KEY, {}) },
-  modelDefaults: { ...DEFAULTS },
+  settings: loadJSON(SETTINGS_KEY, {}),
+  modelDefaults: {},
   model: null,
   loaded: false,
   busy: false,
@@ -64,6 +64,10 @@ async function boot() {
     $("webgpu-help").hidden = false;
   }
   const r = await call("boot");
+  DEFAULTS = { ...r.defaults, seed: r.defaults.seed ?? "" };
+  state.settings = { ...DEFAULTS, ...state.settings };
+  state.modelDefaults = { ...DEFAULTS };
+  showSettings();
   if (r.error) {
     $("gpu").textContent = "No WebGPU";
     $("webgpu-reason").textContent = r.error;
@@ -114,7 +118,7 @@ async function loadModel() {
   $("load-progress").value = 0;
   $("load-text").textContent = "Uploading weights to the GPU…";
   state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
-  const r = await call("load", Number(state.settings.context_length) || 4096, state.loadId);
+  const r = await call("load", Number(state.settings.context_length) || DEFAULTS.context_length, state.loadId);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
@@ -262,10 +266,11 @@ function samplingParams() {
   const s = state.settings;
   const num = (v, d) => (v === "" || v === null || isNaN(Number(v)) ? d : Number(v));
   return {
-    temperature: num(s.temperature, 1), top_k: Math.round(num(s.top_k, 64)), top_p: num(s.top_p, 0.95),
-    min_p: num(s.min_p, 0), repeat_penalty: num(s.repeat_penalty, 1),
+    temperature: num(s.temperature, DEFAULTS.temperature), top_k: Math.round(num(s.top_k, DEFAULTS.top_k)),
+    top_p: num(s.top_p, DEFAULTS.top_p), min_p: num(s.min_p, DEFAULTS.min_p),
+    repeat_penalty: num(s.repeat_penalty, DEFAULTS.repeat_penalty),
     seed: s.seed === "" || s.seed === null ? null : Math.round(Number(s.seed)),
-    max_tokens: Math.max(1, Math.round(num(s.max_tokens, 512))), thinking: !!state.chat.thinking,
+    max_tokens: Math.max(1, Math.round(num(s.max_tokens, DEFAULTS.max_tokens))), thinking: !!state.chat.thinking,
   };
 }
 
@@ -345,7 +350,7 @@ function updateButtons() {
 
 function updateMeter(r) {
   const used = r ? r.context_used : 0;
-  const total = r ? r.context_length : Number(state.settings.context_length) || 4096;
+  const total = r ? r.context_length : Number(state.settings.context_length) || DEFAULTS.context_length;
   $("ctx-meter").value = total ? used / total : 0;
   $("ctx-text").textContent = `${used} / ${total} tokens`;
 }

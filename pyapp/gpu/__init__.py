@@ -6,7 +6,7 @@ The engine talks only to `Device`, `Buffer`, `Pipeline`, `BindGroup` and `Plan`:
     w = dev.buffer(n_bytes)                         # storage, COPY_DST|COPY_SRC
     dev.upload(w, source, offset, n_bytes)          # chunked from a ByteSource
     p = dev.pipeline("matvec", prelude=quant_prelude("Q4_0"), constants={...})
-    bg = dev.bind_group(p, [w, x, y, params])       # bindings 0..n-1 of group 0
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y})  # by the WGSL variable names
     plan = dev.plan(); plan.dispatch(p, bg, rows)   # built once per shape
     dev.submit(plan)                                # replayed per token: one submit
     ids = dev.read(out, 0, 4)                       # await dev.read_async(...) in the browser
@@ -43,7 +43,12 @@ class Buffer:
 @dataclass(eq=False)
 class Pipeline:
     handle: object
-    key: tuple
+    key: tuple                                               # (shader, entry, prelude, constants)
+    bindings: dict[str, int] = field(default_factory=dict)   # WGSL variable name -> @binding of group 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.key[0]}:{self.key[1]}"
 
 
 @dataclass(eq=False)
@@ -65,11 +70,6 @@ class Plan:
 
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, size: int) -> "Plan":
         self.ops.append(("c", src, int(src_offset), dst, int(dst_offset), int(size)))
-        self._native = None
-        return self
-
-    def extend(self, other: "Plan") -> "Plan":
-        self.ops.extend(other.ops)
         self._native = None
         return self
 
@@ -106,6 +106,22 @@ def shader_source(name: str, prelude: str = "") -> str:
     return prelude + "\n" + expand(name)
 
 
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# one or more attributes, then `var` [<address space, access>] NAME
+_RESOURCE = re.compile(r"((?:@\w+\s*\([^)]*\)\s*)+)var\b\s*(?:<[^>]*>)?\s*(\w+)")
+
+
+def binding_numbers(source: str) -> dict[str, int]:
+    """{variable name: n} of every `@group(0) @binding(n) var ... NAME` in WGSL source."""
+    out = {}
+    for m in _RESOURCE.finditer(_COMMENT.sub("", source)):
+        group = re.search(r"@group\s*\(\s*(\d+)", m.group(1))
+        binding = re.search(r"@binding\s*\(\s*(\d+)", m.group(1))
+        if group and binding and int(group.group(1)) == 0:
+            out[m.group(2)] = int(binding.group(1))
+    return out
+
+
 class Device:
     """Backend-independent device. Subclasses implement the `_`-prefixed hooks."""
 
@@ -127,13 +143,23 @@ class Device:
     def has_subgroups(self) -> bool:
         return "subgroups" in self.features
 
-    @property
-    def has_timestamps(self) -> bool:
-        return "timestamp-query" in self.features
-
     def enables(self, *exts: str) -> str:
         """WGSL `enable` lines for these extensions ('f16', 'subgroups'), as this backend wants them."""
         return "".join(f"enable {e};\n" for e in exts)
+
+    # -- health (the browser backend overrides these) ---------------------
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the device was lost ('destroyed: ...'), or None while it works."""
+        return None
+
+    @property
+    def last_error(self) -> str | None:
+        """The latest uncaptured validation/out-of-memory error message since clear_error(), if any."""
+        return None
+
+    def clear_error(self) -> None:
+        """Forget last_error (before work whose errors the caller wants to see)."""
 
     def describe(self) -> str:
         i = self.info
@@ -204,17 +230,21 @@ class Device:
         p = self._pipelines.get(key)
         if p is None:
             src = shader_source(shader, prelude)
-            p = Pipeline(self._create_pipeline(src, entry, dict(consts), f"{shader}:{entry}"), key)
+            p = Pipeline(self._create_pipeline(src, entry, dict(consts), f"{shader}:{entry}"), key,
+                         binding_numbers(src))
             self._pipelines[key] = p
         return p
 
-    def bind_group(self, pipeline: Pipeline, resources: list | dict) -> BindGroup:
-        """Bind @group(0): a list binds 0..n-1 in order, a dict {binding: resource} those named
-        (an entry point's auto layout holds only the bindings it uses).
-        A resource is a Buffer or (Buffer, offset, size)."""
+    def bind_group(self, pipeline: Pipeline, resources: dict) -> BindGroup:
+        """Bind @group(0) by the shader's variable names: {"X": resource, ...}, where a resource
+        is a Buffer or (Buffer, offset, size). Name exactly the bindings the entry point uses:
+        its auto layout holds those only, and both Dawn and wgpu reject a mismatch."""
         entries = []
-        items = resources.items() if isinstance(resources, dict) else enumerate(resources)
-        for i, r in items:
+        for name, r in resources.items():
+            i = pipeline.bindings.get(name)
+            if i is None:
+                raise GPUError(f"{pipeline.label} has no binding named {name!r} "
+                               f"(it declares {', '.join(sorted(pipeline.bindings)) or 'none'})")
             if isinstance(r, Buffer):
                 entries.append((i, r, 0, r.size))
             else:

@@ -62,14 +62,6 @@ _JS = r"""
     return device.createComputePipeline({layout: "auto", label,
                                          compute: {module, entryPoint, constants}});
   },
-  async pipelineChecked(device, code, entryPoint, constants, label) {
-    const module = device.createShaderModule({code, label});
-    const info = await module.getCompilationInfo();
-    const errs = info.messages.filter(m => m.type === "error");
-    if (errs.length) throw new Error(`${label}: ` + errs.map(m => `${m.lineNum}:${m.linePos} ${m.message}`).join("; "));
-    return await device.createComputePipelineAsync({layout: "auto", label,
-                                                    compute: {module, entryPoint, constants}});
-  },
   bindGroup(device, pipeline, entries) {
     // entries: flat [binding, buffer, offset, size, ...]
     const list = [];
@@ -155,13 +147,19 @@ class BrowserDevice(Device):
         self.info = r.info.to_py()
 
     def _check(self):
-        if self._state.lost is not None:
-            raise GPUError(f"the GPU device was lost ({self._state.lost}); reload the page")
+        if self.lost_reason is not None:
+            raise GPUError(f"the GPU device was lost ({self.lost_reason}); reload the page")
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._state.lost          # set by device.lost's promise
 
     @property
     def last_error(self) -> str | None:
-        """The latest uncaptured WebGPU validation/out-of-memory error message, if any."""
-        return self._state.error
+        return self._state.error         # set by onuncapturederror
+
+    def clear_error(self) -> None:
+        self._state.error = None         # None -> undefined in JS, read back as None
 
     def _create_buffer(self, size, kind, label):
         self._check()
@@ -186,20 +184,6 @@ class BrowserDevice(Device):
     def _create_pipeline(self, source, entry, constants, label):
         self._check()
         return self.js.pipeline(self.device, source, entry, _constants(constants), label)
-
-    async def pipeline_async(self, shader, entry="main", constants=None, prelude=""):
-        """As pipeline(), but compiles asynchronously and raises GPUError on WGSL errors."""
-        from . import Pipeline, shader_source
-        consts = tuple(sorted((constants or {}).items()))
-        key = (shader, entry, prelude, consts)
-        if key not in self._pipelines:
-            try:
-                h = await self.js.pipelineChecked(self.device, shader_source(shader, prelude), entry,
-                                                  _constants(dict(consts)), f"{shader}:{entry}")
-            except Exception as e:
-                raise GPUError(f"pipeline {shader}:{entry}: {e}") from e
-            self._pipelines[key] = Pipeline(h, key)
-        return self._pipelines[key]
 
     def _create_bind_group(self, pipeline, entries):
         flat = []

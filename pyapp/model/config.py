@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import weights
+
 ARCH = "gemma4"
 
 
@@ -36,10 +38,26 @@ class LayerConfig:
     rope_base: float
     rope_dims: int           # rotated dims (NeoX pairs i, i + rope_dims/2); global layers use freq factors
     kv_source: int           # layer whose K/V this layer attends to (itself unless KV-shared)
+    has_moe: bool = False    # experts beside the dense MLP (26B-A4B)
+    k_eq_v: bool = False     # no V projection: V is the raw K projection (attention_k_eq_v)
+    has_ple: bool = False    # per-layer embedding gate after the FFN (E2B, E4B)
+    experts_fused: bool = False   # experts' gate and up stored as one tensor (ffn_gate_up_exps)
 
     @property
     def shares_kv(self) -> bool:
         return self.kv_source != self.index
+
+    @property
+    def owns_kv(self) -> bool:
+        return not self.shares_kv
+
+    @property
+    def has_v(self) -> bool:
+        return self.owns_kv and not self.k_eq_v
+
+    @property
+    def experts_split(self) -> bool:
+        return self.has_moe and not self.experts_fused
 
 
 @dataclass(frozen=True)
@@ -64,19 +82,24 @@ class Gemma4Config:
         return self.n_experts > 0
 
     @property
+    def has_ple(self) -> bool:
+        return self.ple_dim > 0
+
+    @property
     def first_shared_layer(self) -> int:
         return self.n_layers - self.n_shared_kv_layers
 
     @classmethod
     def from_gguf(cls, gguf) -> "Gemma4Config":
-        vocab = None
-        emb = gguf.tensors.get("token_embd.weight")
-        if emb is not None:
-            vocab = emb.shape[1]
-        return cls.from_metadata(gguf.metadata, vocab_size=vocab)
+        """Hyperparameters from the metadata; per-layer kinds (MoE, K=V) from which tensors exist."""
+        emb = gguf.tensors.get(weights.gguf_name(weights.ModelWeights, "token_embd"))
+        return cls.from_metadata(gguf.metadata, vocab_size=emb.shape[1] if emb is not None else None,
+                                 tensors=gguf.tensors)
 
     @classmethod
-    def from_metadata(cls, meta: dict, vocab_size: int | None = None) -> "Gemma4Config":
+    def from_metadata(cls, meta: dict, vocab_size: int | None = None, tensors=None) -> "Gemma4Config":
+        """`tensors` (names of the GGUF's tensors), when given, resolves the layer kinds that only
+        the tensor list tells; without it every layer of an MoE model counts as MoE."""
         arch = meta.get("general.architecture")
         if arch != ARCH:
             raise ConfigError(f"architecture is {arch!r}, not {ARCH!r}: this app runs Gemma 4 models only")
@@ -109,6 +132,8 @@ class Gemma4Config:
             head_dim_global * float(get("rope.partial_rotary_factor", 1.0)))
         rope_dims_swa = int(get("rope.dimension_count_swa", 0)) or head_dim_swa
 
+        n_experts = int(get("expert_count", 0) or 0)
+        ple_dim = int(get("embedding_length_per_layer_input", 0) or 0)
         n_shared = int(get("attention.shared_kv_layers", 0))
         first_shared = n - n_shared
         if not 0 <= n_shared < n:
@@ -133,6 +158,10 @@ class Gemma4Config:
                 rope_base=rope_base_swa if pattern[i] else rope_base,
                 rope_dims=rope_dims_swa if pattern[i] else rope_dims_global,
                 kv_source=kv_source(i),
+                has_moe=n_experts > 0 and (tensors is None or weights.present(tensors, "router", i)),
+                k_eq_v=kv_source(i) == i and tensors is not None and not weights.present(tensors, "attn_v", i),
+                has_ple=ple_dim > 0,
+                experts_fused=tensors is not None and weights.present(tensors, "experts_gate_up", i),
             )
             for i in range(n)
         )
@@ -149,9 +178,9 @@ class Gemma4Config:
             eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             sliding_window=int(get("attention.sliding_window", 0)),
             final_softcap=float(get("final_logit_softcapping", 0.0) or 0.0),
-            ple_dim=int(get("embedding_length_per_layer_input", 0) or 0),
+            ple_dim=ple_dim,
             n_shared_kv_layers=n_shared,
-            n_experts=int(get("expert_count", 0) or 0),
+            n_experts=n_experts,
             n_experts_used=int(get("expert_used_count", 0) or 0),
             expert_ffn_dim=int(get("expert_feed_forward_length", 0) or 0),
             layers=layers,

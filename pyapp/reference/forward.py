@@ -26,6 +26,8 @@ import math
 import numpy as np
 
 from ..model.config import Gemma4Config, LayerConfig
+from ..model.logits import Logits
+from ..model.weights import LayerWeights, ModelWeights, bind
 from .quants import load_tensor
 
 
@@ -65,25 +67,6 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, dims: int, base: float,
     return out
 
 
-class Weights:
-    """Dequantized float32 tensors by GGUF name, loaded on first use."""
-
-    def __init__(self, gguf):
-        self.gguf = gguf
-        self._cache: dict[str, np.ndarray] = {}
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.gguf.tensors
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._cache:
-            self._cache[name] = load_tensor(self.gguf, name)
-        return self._cache[name]
-
-    def get(self, name: str) -> np.ndarray | None:
-        return self[name] if name in self else None
-
-
 class KVCache:
     """Per-layer K/V after norm and RoPE: [n_kv_heads, positions, head_dim]."""
 
@@ -104,36 +87,37 @@ class KVCache:
 class ReferenceModel:
     def __init__(self, gguf, config: Gemma4Config | None = None):
         self.cfg = config or Gemma4Config.from_gguf(gguf)
-        self.w = Weights(gguf)
+        # every tensor dequantized to float32, bound to its field once
+        self.w: ModelWeights = bind(self.cfg, gguf.tensors).map(lambda t: load_tensor(gguf, t.name))
 
     # -- pieces, each mirroring one Go type ------------------------------------
 
     def per_layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
         """PerLayerProjector: [n, n_layers, ple_dim]."""
         cfg, w, n = self.cfg, self.w, len(tokens)
-        emb = w["per_layer_token_embd.weight"][tokens] * math.sqrt(cfg.ple_dim)
+        emb = w.ple_token_embd[tokens] * math.sqrt(cfg.ple_dim)
         emb = emb.reshape(n, cfg.n_layers, cfg.ple_dim)
-        proj = (x @ w["per_layer_model_proj.weight"].T) / math.sqrt(cfg.hidden)
-        proj = rms_norm(proj.reshape(n, cfg.n_layers, cfg.ple_dim), w["per_layer_proj_norm.weight"], cfg.eps)
+        proj = (x @ w.ple_model_proj.T) / math.sqrt(cfg.hidden)
+        proj = rms_norm(proj.reshape(n, cfg.n_layers, cfg.ple_dim), w.ple_proj_norm, cfg.eps)
         return (proj + emb) / math.sqrt(2.0)
 
-    def attention(self, lc: LayerConfig, x: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
-        cfg, w, n = self.cfg, self.w, x.shape[0]
-        p = f"blk.{lc.index}."
+    def attention(self, lc: LayerConfig, w: LayerWeights, x: np.ndarray, positions: np.ndarray,
+                  cache: KVCache) -> np.ndarray:
+        cfg, n = self.cfg, x.shape[0]
         hd = lc.head_dim
-        freq_factors = None if lc.sliding else w.get("rope_freqs.weight")
+        freq_factors = None if lc.sliding else self.w.rope_freqs
 
-        q = (x @ w[p + "attn_q.weight"].T).reshape(n, cfg.n_heads, hd)
-        q = rms_norm(q, w[p + "attn_q_norm.weight"], cfg.eps)
+        q = (x @ w.attn_q.T).reshape(n, cfg.n_heads, hd)
+        q = rms_norm(q, w.attn_q_norm, cfg.eps)
         q = rope_neox(q, positions, lc.rope_dims, lc.rope_base, freq_factors)
 
         if lc.shares_kv:
             keys, values = cache.k[lc.kv_source], cache.v[lc.kv_source]
         else:
-            k = (x @ w[p + "attn_k.weight"].T).reshape(n, lc.n_kv_heads, hd)
+            k = (x @ w.attn_k.T).reshape(n, lc.n_kv_heads, hd)
             # No V projection (attention_k_eq_v): V is the raw K projection.
-            v = (x @ w[p + "attn_v.weight"].T).reshape(n, lc.n_kv_heads, hd) if p + "attn_v.weight" in w else k
-            k = rms_norm(k, w[p + "attn_k_norm.weight"], cfg.eps)
+            v = (x @ w.attn_v.T).reshape(n, lc.n_kv_heads, hd) if lc.has_v else k
+            k = rms_norm(k, w.attn_k_norm, cfg.eps)
             v = rms_norm(v, None, cfg.eps)
             k = rope_neox(k, positions, lc.rope_dims, lc.rope_base, freq_factors)
             keys, values = cache.append(lc.index, k, v)
@@ -153,90 +137,86 @@ class ReferenceModel:
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
         out = np.einsum("hnt,htd->nhd", probs, vq).reshape(n, cfg.n_heads * hd)
-        return out @ w[p + "attn_output.weight"].T
+        return out @ w.attn_output.T
 
-    def mlp(self, p: str, x: np.ndarray) -> np.ndarray:
-        w = self.w
-        return (gelu_tanh(x @ w[p + "ffn_gate.weight"].T) * (x @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    def mlp(self, w: LayerWeights, x: np.ndarray) -> np.ndarray:
+        return (gelu_tanh(x @ w.ffn_gate.T) * (x @ w.ffn_up.T)) @ w.ffn_down.T
 
-    def moe(self, p: str, h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    def moe(self, w: LayerWeights, lc: LayerConfig, h: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Router on the raw residual h; experts on x (= pre_ffw_norm_2(h))."""
-        cfg, w = self.cfg, self.w
-        r = rms_norm(h, None, cfg.eps) / math.sqrt(cfg.hidden) * w[p + "ffn_gate_inp.scale"]
-        logits = r @ w[p + "ffn_gate_inp.weight"].T                           # [n, E]
+        cfg = self.cfg
+        r = rms_norm(h, None, cfg.eps) / math.sqrt(cfg.hidden)
+        if w.router_scale is not None:
+            r = r * w.router_scale
+        logits = r @ w.router.T                                              # [n, E]
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)                           # softmax over all experts
         top = np.argsort(-probs, axis=-1, kind="stable")[:, :cfg.n_experts_used]
         weights = np.take_along_axis(probs, top, axis=-1)
         weights /= weights.sum(axis=-1, keepdims=True)                       # renormalize the chosen
 
-        if p + "ffn_gate_up_exps.weight" in w:
-            gate_up = w[p + "ffn_gate_up_exps.weight"]                          # [E, 2*ff, hidden]
-            ff = gate_up.shape[1] // 2
-            gate_w, up_w = gate_up[:, :ff], gate_up[:, ff:]
+        if lc.experts_fused:
+            ff = w.experts_gate_up.shape[1] // 2                             # [E, 2*ff, hidden]
+            gate_w, up_w = w.experts_gate_up[:, :ff], w.experts_gate_up[:, ff:]
         else:
-            gate_w, up_w = w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"]
-        down_w = w[p + "ffn_down_exps.weight"]                                  # [E, hidden, ff]
-        down_scale = w.get(p + "ffn_down_exps.scale")
+            gate_w, up_w = w.experts_gate, w.experts_up
+        down_w = w.experts_down                                              # [E, hidden, ff]
 
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
             for e, g in zip(top[t], weights[t]):
                 y = (gelu_tanh(gate_w[e] @ x[t]) * (up_w[e] @ x[t])) @ down_w[e].T
-                if down_scale is not None:
-                    y = y * down_scale[e]
+                if w.experts_down_scale is not None:
+                    y = y * w.experts_down_scale[e]
                 out[t] += g * y
         return out
 
     def layer(self, lc: LayerConfig, x: np.ndarray, positions: np.ndarray, ple: np.ndarray | None,
               cache: KVCache) -> np.ndarray:
-        cfg, w = self.cfg, self.w
-        p = f"blk.{lc.index}."
-        eps = cfg.eps
+        w, eps = self.w.layers[lc.index], self.cfg.eps
 
-        a = self.attention(lc, rms_norm(x, w[p + "attn_norm.weight"], eps), positions, cache)
-        h = x + rms_norm(a, w[p + "post_attention_norm.weight"], eps)
+        a = self.attention(lc, w, rms_norm(x, w.attn_norm, eps), positions, cache)
+        h = x + rms_norm(a, w.post_attention_norm, eps)
 
-        if p + "ffn_gate_inp.weight" in w:
-            dense = rms_norm(self.mlp(p, rms_norm(h, w[p + "ffn_norm.weight"], eps)), w[p + "post_ffw_norm_1.weight"], eps)
-            sparse = self.moe(p, h, rms_norm(h, w[p + "pre_ffw_norm_2.weight"], eps))
-            f = dense + rms_norm(sparse, w[p + "post_ffw_norm_2.weight"], eps)
+        if lc.has_moe:
+            dense = rms_norm(self.mlp(w, rms_norm(h, w.ffn_norm, eps)), w.post_ffw_norm_1, eps)
+            sparse = self.moe(w, lc, h, rms_norm(h, w.pre_ffw_norm_2, eps))
+            f = dense + rms_norm(sparse, w.post_ffw_norm_2, eps)
         else:
-            f = self.mlp(p, rms_norm(h, w[p + "ffn_norm.weight"], eps))
-        x = h + rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
+            f = self.mlp(w, rms_norm(h, w.ffn_norm, eps))
+        x = h + rms_norm(f, w.post_ffw_norm, eps)
 
-        if ple is not None:
-            g = gelu_tanh(x @ w[p + "inp_gate.weight"].T) * ple[:, lc.index]
-            x = x + rms_norm(g @ w[p + "proj.weight"].T, w[p + "post_norm.weight"], eps)
+        if lc.has_ple:
+            g = gelu_tanh(x @ w.ple_gate.T) * ple[:, lc.index]
+            x = x + rms_norm(g @ w.ple_proj.T, w.ple_post_norm, eps)
 
-        scale = w.get(p + "layer_output_scale.weight")
-        return x * scale if scale is not None else x
+        return x * w.output_scale if w.output_scale is not None else x
 
     # -- whole model -------------------------------------------------------------
 
-    def forward(self, tokens, cache: KVCache | None = None) -> np.ndarray:
+    def forward(self, tokens, cache: KVCache | None = None) -> Logits:
         """Logits [len(tokens), vocab] (softcap applied), appending to `cache`."""
         cfg, w = self.cfg, self.w
         cache = cache if cache is not None else KVCache()
         tokens = np.asarray(tokens, dtype=np.int64)
         positions = cache.length + np.arange(len(tokens))
 
-        x = w["token_embd.weight"][tokens] * np.float32(math.sqrt(cfg.hidden))
-        ple = self.per_layer_inputs(tokens, x) if cfg.ple_dim else None
+        x = w.token_embd[tokens] * np.float32(math.sqrt(cfg.hidden))
+        ple = self.per_layer_inputs(tokens, x) if cfg.has_ple else None
         for lc in cfg.layers:
             x = self.layer(lc, x, positions, ple, cache)
         cache.length += len(tokens)
 
-        x = rms_norm(x, w["output_norm.weight"], cfg.eps)
-        head = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
-        return softcap(x @ head.T, cfg.final_softcap).astype(np.float32)
+        x = rms_norm(x, w.output_norm, cfg.eps)
+        logits = softcap(x @ w.head.T, cfg.final_softcap).astype(np.float32)
+        return Logits.from_rows(list(logits))
 
     def generate_greedy(self, prompt, n_new: int) -> list[int]:
         cache = KVCache()
         logits = self.forward(prompt, cache)
         out = []
         for _ in range(n_new):
-            tok = int(np.argmax(logits[-1]))
+            tok = logits.argmax_row(-1)
             out.append(tok)
             logits = self.forward([tok], cache)
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..gguf import GGML_TYPES, TYPE_IDS
+from .. import ggml
 
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 
@@ -136,7 +136,7 @@ SUPPORTED = sorted(["BF16", *FLOAT_TYPES, *_BLOCK_DEQUANT])
 def type_name(t) -> str:
     if isinstance(t, str):
         return t.upper()
-    return GGML_TYPES[int(getattr(t, "value", t))][0]
+    return ggml.name(t)
 
 
 def dequantize(raw, qtype, shape) -> np.ndarray:
@@ -148,8 +148,7 @@ def dequantize(raw, qtype, shape) -> np.ndarray:
     elif name in FLOAT_TYPES:
         out = data.view(FLOAT_TYPES[name]).astype(np.float32)
     elif name in _BLOCK_DEQUANT:
-        _, _, nbytes = GGML_TYPES[TYPE_IDS[name]]
-        out = _BLOCK_DEQUANT[name](data.reshape(-1, nbytes))
+        out = _BLOCK_DEQUANT[name](data.reshape(-1, ggml.lookup(name).block_bytes))
     else:
         raise ValueError(f"no dequantizer for ggml type {name} (supported: {', '.join(SUPPORTED)})")
     return out.reshape(shape)
@@ -302,5 +301,4 @@ def quantize(x: np.ndarray, qtype) -> bytes:
         return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()  # round to nearest even
     if name not in _BLOCK_QUANT:
         raise ValueError(f"no quantizer for {name} (have: {', '.join(QUANTIZABLE)})")
-    _, qk, _ = GGML_TYPES[TYPE_IDS[name]]
-    return np.ascontiguousarray(_BLOCK_QUANT[name](_blocks(x, qk))).tobytes()
+    return np.ascontiguousarray(_BLOCK_QUANT[name](_blocks(x, ggml.lookup(name).block))).tobytes()

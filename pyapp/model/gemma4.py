@@ -1,0 +1,113 @@
+"""Gemma 4 forward on the GPU, written op by op against the ops recorder (pyapp.runtime.ops).
+
+It reads like pyapp/reference/forward.py, which it mirrors function for
+function: one statement per op, branches only on flags LayerConfig resolved
+once. It holds no buffers and does no I/O: activations live in the State
+(`s.x` is the residual stream, `s.xn` the normed input of the next block) and
+weights in the layout (pyapp.model.weights fields holding GPU tensors). Whether
+an op runs as matvec or matmul, and which kernels it fuses, is the recorder's
+business. Fused ops are named for what they compute; their docstrings list the
+reference ops they stand for.
+
+  embed(ops)          x = token_embd[ids] * sqrt(hidden) (+ per-layer inputs)
+  layer(ops, lc)      one decoder layer on x, for the T tokens of the plan
+  head(ops, row)      logits of one row of x [+ the sampled next token]
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import Gemma4Config, LayerConfig
+from .weights import LayerWeights, ModelWeights
+
+
+class Gemma4:
+    def __init__(self, cfg: Gemma4Config, weights: ModelWeights, state):
+        self.cfg, self.w, self.s = cfg, weights, state
+        self.embed_scale = math.sqrt(cfg.hidden)
+        self.ple_scale = math.sqrt(cfg.ple_dim) if cfg.has_ple else 0.0
+        self.router_scale = 1.0 / math.sqrt(cfg.hidden)
+
+    def layers(self, ops) -> None:
+        """Embeddings and every layer, for the tokens of one step."""
+        self.embed(ops)
+        layers = self.cfg.layers
+        for i, lc in enumerate(layers):
+            following = self.w.layers[layers[i + 1].index] if i + 1 < len(layers) else None
+            self.layer(ops, lc, following)
+
+    def embed(self, ops) -> None:
+        """reference: forward's embedding, then per_layer_inputs."""
+        s, w = self.s, self.w
+        ops.embed(w.token_embd, s.ids, s.x, scale=self.embed_scale)
+        if self.cfg.has_ple:
+            ops.embed(s.ple_rows, s.iota, s.ple_emb, scale=self.ple_scale)
+            ops.linear(w.ple_model_proj, s.x, s.ple_proj)
+            ops.ple_combine(s.ple_proj, s.ple_emb, w.ple_proj_norm, s.ple_in)
+
+    def layer(self, ops, lc: LayerConfig, following: LayerWeights | None) -> None:
+        """reference: layer. Each post-norm's residual add also writes the next pre-norm into s.xn
+        (ffn_norm, and at the end the following layer's attn_norm)."""
+        s, w = self.s, self.w.layers[lc.index]
+        last_norm = following.attn_norm if following is not None else None
+        if lc.index == 0:        # later layers get it from the previous layer's last add
+            ops.rms_norm(s.x, s.xn, w.attn_norm)
+        self.attention(ops, lc, w)
+        ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x, next_weight=w.ffn_norm, next_out=s.xn)
+        if lc.has_moe:
+            self.mlp(ops, w, s.xn, s.dense_out)
+            ops.rms_norm(s.dense_out, s.ffn_out, w.post_ffw_norm_1)
+            self.moe(ops, lc, w)
+            ops.add_norm(s.moe_out, w.post_ffw_norm_2, into=s.ffn_out)
+        else:
+            self.mlp(ops, w, s.xn, s.ffn_out)
+        if not lc.has_ple:
+            ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x, scale=w.output_scale, next_weight=last_norm,
+                         next_out=s.xn)
+            return
+        ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x)
+        ops.gelu_gate(w.ple_gate, s.x, ops.ple_slice(lc.index), s.ple_act)
+        ops.linear(w.ple_proj, s.ple_act, s.ple_out)
+        ops.add_norm(s.ple_out, w.ple_post_norm, into=s.x, scale=w.output_scale, next_weight=last_norm,
+                     next_out=s.xn)
+
+    def attention(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
+        """reference: attention on s.xn, result in s.attn_out."""
+        s = self.s
+        cache = s.kv[lc.kv_source]
+        freq_factors = None if lc.sliding else self.w.rope_freqs
+        if lc.owns_kv:
+            ops.qkv_into_cache(lc, w, s.xn, cache, freq_factors)
+        else:
+            ops.q_proj(lc, w, s.xn, freq_factors)
+        ops.attend(lc, s.q, cache, s.attn)
+        ops.linear(w.attn_output, s.attn, s.attn_out)
+
+    def mlp(self, ops, w: LayerWeights, x, out) -> None:
+        """reference: mlp (GeGLU)."""
+        ops.geglu(x, self.s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
+        ops.linear(w.ffn_down, self.s.act, out)
+
+    def moe(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
+        """reference: moe. Router on the raw residual s.x, experts on pre_ffw_norm_2(x); result in s.moe_out."""
+        s = self.s
+        ops.rms_norm(s.x, s.router_in, w.router_scale, scale=self.router_scale)
+        ops.linear(w.router, s.router_in, s.router_logits)
+        ops.route(s.router_logits, s.expert_ids, s.expert_weights)
+        ops.rms_norm(s.x, s.xn, w.pre_ffw_norm_2)
+        ops.experts_geglu(s.xn, s.experts_act, s.expert_ids, gate=w.experts_gate, up=w.experts_up,
+                          gate_up=w.experts_gate_up)
+        ops.experts(w.experts_down, s.experts_act, s.experts_out, s.expert_ids, per_slot_input=True)
+        ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
+
+    def head(self, ops, row: int, sample: bool) -> None:
+        """reference: forward's tail for one row of the last step: final norm, output, softcap [, sample]."""
+        s, cfg = self.s, self.cfg
+        ops.copy_row(s.x, row, s.x_last, cfg.hidden)
+        ops.rms_norm(s.x_last, s.x_last_norm, self.w.output_norm)
+        ops.linear(self.w.head, s.x_last_norm, s.logits)
+        if cfg.final_softcap:
+            ops.softcap(s.logits, cfg.vocab_size, cfg.final_softcap)
+        if sample:
+            ops.sample(s.logits, cfg.vocab_size, s.token)

@@ -1,0 +1,202 @@
+"""The ops recorder: what the GPU forward (pyapp.model.gemma4) calls, one method per op.
+
+Each method records dispatches into a Plan for up to `T` tokens. How an op runs
+is decided here, not in the model: one token takes matvec kernels, a chunk the
+tiled matmuls; tensors split into row blocks run block by block; fused kernels
+are used where the layout (pyapp.runtime.upload) prepared them. Methods whose
+docstring says "fuses" stand for several reference ops
+(pyapp/reference/forward.py) in one or two dispatches.
+
+Buffers come from the State (pyapp.runtime.state); weights are GpuTensors.
+"""
+
+from __future__ import annotations
+
+from ..gpu import Buffer, Plan
+from ..gpu import kernels as K
+from .upload import GpuTensor
+
+
+class Ops:
+    def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None):
+        self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
+        self.step = step or state.step       # the uniform holding this plan's token count and position
+        self.eps = cfg.eps
+
+    # -- projections ------------------------------------------------------------
+    def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
+        """y[T, n] = x[T, k] @ W^T (reference: x @ w.T): matvec for one token, tiled matmul for a chunk."""
+        dev, plan, T = self.dev, self.plan, self.T
+        k, n = w.shape[0], w.shape[1]
+        if len(w.parts) == 1:
+            if T == 1:
+                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan)
+            else:
+                K.matmul(dev, w.qtype, k, n, w.bound, x, y, self.step, n_tokens=T, plan=plan)
+            return
+        for p in w.parts:     # row blocks write their columns of y
+            if T == 1:
+                K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
+            else:
+                K.matmul(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0), self.step,
+                         n_tokens=T, plan=plan, ldy=n)
+
+    def geglu(self, x: Buffer, out: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
+              gate_up: GpuTensor | None) -> None:
+        """out = gelu(x @ gate^T) * (x @ up^T). With gate and up in one buffer (gate_up) it fuses the
+        two projections and the GeGLU: one matvec for a token, one matmul + one GeGLU for a chunk."""
+        dev, s, T = self.dev, self.s, self.T
+        if gate_up is None:
+            ff = gate.shape[1]
+            self.linear(gate, x, s.gate)
+            self.linear(up, x, s.up)
+            K.elementwise(dev, "geglu", ff, s.gate, self.step, T, b=s.up, out=out, plan=self.plan)
+            return
+        ff = gate_up.shape[1] // 2
+        if T == 1:
+            K.matvec(dev, gate_up.qtype, gate_up.shape[0], ff, gate_up.buffer, x, out, geglu=True, plan=self.plan)
+        else:
+            K.matmul(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
+                     n_tokens=T, plan=self.plan)
+            K.moe_geglu(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
+
+    def gelu_gate(self, w: GpuTensor, x: Buffer, times, out: Buffer) -> None:
+        """out = gelu(x @ w^T) * times (the PLE gate); fuses the product into the matvec for a token."""
+        n = w.shape[1]
+        if self.T == 1:
+            K.matvec(self.dev, w.qtype, w.shape[0], n, w.buffer, x, out, gelu_times=times, plan=self.plan)
+        else:
+            self.linear(w, x, self.s.ple_gate)
+            K.elementwise(self.dev, "geglu", n, self.s.ple_gate, self.step, self.T, b=times, out=out, plan=self.plan)
+
+    # -- norms ------------------------------------------------------------------------
+    def rms_norm(self, x: Buffer, y: Buffer, weight: GpuTensor | None, dim: int | None = None,
+                 rows_per_token: int = 1, scale: float = 1.0) -> None:
+        """y = rms_norm(x) [* weight] * scale over rows of `dim` (default hidden) floats."""
+        K.rms_norm(self.dev, dim or self.cfg.hidden, x, y, weight.buffer if weight is not None else None,
+                   self.step, max_tokens=self.T, rows_per_token=rows_per_token, eps=self.eps, scale=scale,
+                   plan=self.plan)
+
+    def add_norm(self, y: Buffer, weight: GpuTensor, into: Buffer, scale: GpuTensor | None = None,
+                 next_weight: GpuTensor | None = None, next_out: Buffer | None = None) -> None:
+        """Fuses a post-norm's residual add, the layer scale and the next pre-norm:
+        into = (into + rms_norm(y) * weight) [* scale]; then, given next_weight,
+        next_out = rms_norm(into) * next_weight."""
+        if next_weight is None:
+            next_out = None
+        K.add_normed(self.dev, self.cfg.hidden, y, into, weight.buffer, self.step, self.T, eps=self.eps,
+                     scale=scale.buffer if scale is not None else None, next_out=next_out,
+                     next_weight=next_weight.buffer if next_weight is not None else None, plan=self.plan)
+
+    # -- embeddings ---------------------------------------------------------------------
+    def embed(self, table: GpuTensor, ids: Buffer, out: Buffer, scale: float) -> None:
+        """out[t] = table[ids[t]] * scale (reference: w[tokens] * scale), block by block of rows."""
+        for p in table.parts:
+            K.embed(self.dev, table.qtype, table.shape[0], p.buffer, ids, out, self.step, self.T, scale=scale,
+                    row0=p.row0, nrows=p.rows, plan=self.plan)
+
+    def ple_combine(self, proj: Buffer, emb: Buffer, norm: GpuTensor, out: Buffer) -> None:
+        """Fuses reference per_layer_inputs' tail: out[l, t] = (rms_norm(proj / sqrt(d)) * norm + emb) / sqrt(2)."""
+        cfg = self.cfg
+        K.ple_combine(self.dev, cfg.n_layers, cfg.ple_dim, self.s.ple_stride(self.T), proj, emb, norm.buffer, out,
+                      self.step, cfg.hidden, self.eps, plan=self.plan)
+
+    def ple_slice(self, layer: int):
+        """Layer `layer`'s per-layer inputs [T, ple_dim] inside ple_in (a bindable range)."""
+        stride = self.s.ple_stride(self.T) * self.cfg.ple_dim * 4
+        return (self.s.ple_in, layer * stride, stride)
+
+    # -- attention ------------------------------------------------------------------------
+    def qkv_into_cache(self, lc, w, x: Buffer, cache, freq_factors: GpuTensor | None) -> None:
+        """Fuses the reference attention's first half for a layer with its own K/V:
+        q = rope(rms_norm(x @ Wq) * q_norm) into state.q; k = rope(rms_norm(x @ Wk) * k_norm),
+        v = rms_norm(x @ Wv) (v = the raw k when k_eq_v) written into the cache at the step's positions.
+        One token with a fused q/k/v buffer: one matvec, then q's norm+RoPE and K/V straight into the cache."""
+        dev, s, plan, T = self.dev, self.s, self.plan, self.T
+        H, hd, kvh = self.cfg.n_heads, lc.head_dim, lc.n_kv_heads
+        ff = freq_factors.buffer if freq_factors is not None else None
+        g = w.qkv
+        if T == 1 and g is not None:
+            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, x, s.qkv, plan=plan)
+            if g.v_apart is not None:
+                v = g.v_apart
+                K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan)
+            K.norm_rope(dev, s.qkv, s.q, w.attn_q_norm.buffer, self.step, H, hd, lc.rope_dims, lc.rope_base, T,
+                        eps=self.eps, freq_factors=ff, plan=plan)
+            K.kv_prep(dev, s.qkv, g.k_row, g.v_row, w.attn_k_norm.buffer, cache.k, cache.v, self.step, kvh, hd,
+                      lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan)
+            return
+        self.q_proj(lc, w, x, freq_factors)
+        self.linear(w.attn_k, x, s.k_raw)
+        v_raw = s.k_raw
+        if lc.has_v:
+            self.linear(w.attn_v, x, s.v_raw)
+            v_raw = s.v_raw
+        K.norm_rope(dev, s.k_raw, s.k, w.attn_k_norm.buffer, self.step, kvh, hd, lc.rope_dims, lc.rope_base, T,
+                    eps=self.eps, freq_factors=ff, plan=plan)
+        self.rms_norm(v_raw, s.v, None, dim=hd, rows_per_token=kvh)
+        K.kv_store(dev, s.k, s.v, cache.k, cache.v, self.step, kvh, hd, cache.slots, T, plan=plan)
+
+    def q_proj(self, lc, w, x: Buffer, freq_factors: GpuTensor | None) -> None:
+        """Fuses q's norm and RoPE: state.q = rope(rms_norm(x @ Wq) * q_norm)."""
+        s = self.s
+        self.linear(w.attn_q, x, s.q_raw)
+        K.norm_rope(self.dev, s.q_raw, s.q, w.attn_q_norm.buffer, self.step, self.cfg.n_heads, lc.head_dim,
+                    lc.rope_dims, lc.rope_base, self.T, eps=self.eps,
+                    freq_factors=freq_factors.buffer if freq_factors is not None else None, plan=self.plan)
+
+    def attend(self, lc, q: Buffer, cache, out: Buffer) -> None:
+        """out = softmax(q k^T, causal [+ sliding window]) v over the cache (scale 1: q, k are normed).
+        One token: split over the keys so the whole GPU works on one query."""
+        H, hd, kvh = self.cfg.n_heads, lc.head_dim, lc.n_kv_heads
+        window = self.cfg.sliding_window if lc.sliding else 0
+        if self.T == 1:
+            K.attention_decode(self.dev, q, cache.k, cache.v, out, self.s.partials, self.step, H, kvh, hd, cache.slots,
+                               self.s.max_keys(lc), window=window, plan=self.plan)
+        else:
+            K.attention(self.dev, q, cache.k, cache.v, out, self.step, H, kvh, hd, cache.slots, self.T, window=window,
+                        plan=self.plan)
+
+    # -- mixture of experts ------------------------------------------------------------------
+    def route(self, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
+        """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
+        K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
+                    plan=self.plan)
+
+    def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
+        """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token."""
+        cfg = self.cfg
+        K.moe_experts(self.dev, w.qtype, w.shape[0], w.shape[1], cfg.n_experts, cfg.n_experts_used, w.buffer, x, y,
+                      ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan)
+
+    def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
+                      gate_up: GpuTensor | None) -> None:
+        """out[t, j] = gelu(x[t] @ gate[e]^T) * (x[t] @ up[e]^T) for e = ids[t, j]."""
+        s, KS = self.s, self.cfg.n_experts_used
+        if gate_up is not None:
+            self.experts(gate_up, x, s.experts_gate_up, ids)
+            K.moe_geglu(self.dev, gate_up.shape[1] // 2, KS, s.experts_gate_up, out, self.step, self.T, plan=self.plan)
+        else:
+            self.experts(gate, x, s.experts_gate, ids)
+            self.experts(up, x, s.experts_up, ids)
+            K.elementwise(self.dev, "geglu", KS * gate.shape[1], s.experts_gate, self.step, self.T, b=s.experts_up,
+                          out=out, plan=self.plan)
+
+    def combine(self, expert_out: Buffer, ids: Buffer, weights: Buffer, out: Buffer,
+                down_scale: GpuTensor | None) -> None:
+        """out[t] = sum_j weights[t, j] * expert_out[t, j] [* down_scale[ids[t, j]]]."""
+        K.moe_combine(self.dev, self.cfg.hidden, self.cfg.n_experts_used, expert_out, ids, weights, out, self.step,
+                      self.T, down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
+
+    # -- head -----------------------------------------------------------------------------
+    def copy_row(self, src: Buffer, row: int, dst: Buffer, width: int) -> None:
+        """dst = src[row] for rows of `width` floats."""
+        self.plan.copy(src, 4 * width * row, dst, 0, 4 * width)
+
+    def softcap(self, x: Buffer, n: int, cap: float) -> None:
+        """x = tanh(x / cap) * cap."""
+        K.elementwise(self.dev, "softcap", n, x, self.step, 1, cap=cap, plan=self.plan)
+
+    def sample(self, logits: Buffer, n: int, token: Buffer) -> None:
+        """token = a draw from logits under the sampling parameters in state.sample_params (on the GPU)."""
+        K.sample(self.dev, n, logits, token, self.s.sample_params, self.s.sample_scratch, plan=self.plan)

@@ -1,0 +1,53 @@
+"""What the engine's loading and step loop ask of the outside world, and the two drivers' answers.
+
+The engine's logic is written once as generators (pyapp.steps) that yield these
+requests; `handler` answers them, natively (CPython: file reads, wgpu
+readbacks) or in the browser (Blob -> GPU copies in JS, awaited buffer maps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gpu import Buffer, Device
+
+
+@dataclass(frozen=True)
+class FileToGpu:
+    """Copy file bytes [offset, offset + n) into buffer at dst_offset, in chunks, never whole through Python."""
+    buffer: Buffer
+    offset: int
+    n: int
+    dst_offset: int = 0
+
+
+@dataclass(frozen=True)
+class ReadFile:
+    """File bytes [offset, offset + n) (small: vectors that need converting)."""
+    offset: int
+    n: int
+
+
+@dataclass(frozen=True)
+class ReadGpu:
+    """Buffer bytes [offset, offset + n), after all submitted work."""
+    buffer: Buffer
+    offset: int
+    n: int
+
+
+def handler(dev: Device, source, asynchronous: bool = False):
+    """Answers to the requests: direct calls natively; awaitables (for drive_async) in the browser,
+    where file bytes go Blob -> GPU inside JS and readbacks wait for a buffer map."""
+    upload = dev.upload_async if asynchronous else dev.upload
+    read_gpu = dev.read_async if asynchronous else dev.read
+
+    def handle(req):
+        if isinstance(req, FileToGpu):
+            return upload(req.buffer, source, req.offset, req.n, dst_offset=req.dst_offset)
+        if isinstance(req, ReadFile):
+            return source.read(req.offset, req.n)
+        if isinstance(req, ReadGpu):
+            return read_gpu(req.buffer, req.offset, req.n)
+        raise TypeError(f"unknown request {req!r}")
+    return handle

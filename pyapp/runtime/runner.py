@@ -1,0 +1,51 @@
+"""The model on a GPU: layout (weights), state (activations, KV cache) and the plans that use them.
+
+Plans are recorded once per shape by running the model's forward
+(pyapp.model.gemma4) against the ops recorder, then replayed every step with
+only the small per-step inputs rewritten (`write_step`):
+
+  layers_plan(T)       embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
+                       (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill)
+  head_plan(row, ...)  final norm, output projection and softcap for one row of the
+                       last step, then (sample=True) the next token id drawn on the GPU
+"""
+
+from __future__ import annotations
+
+from ..gpu import Device, Plan
+from ..model.gemma4 import Gemma4
+from .ops import Ops
+from .state import State
+
+
+class Runner:
+    def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64):
+        self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
+        self.ctx, self.chunk = context_length, chunk
+        self.state = State(dev, cfg, layout, context_length, chunk)
+        self.model = Gemma4(cfg, layout, self.state)
+        self._plans: dict = {}
+
+    def layers_plan(self, T: int) -> Plan:
+        """Embeddings and every layer for up to T tokens (T is 1 or the chunk size)."""
+        key = ("layers", T)
+        if key not in self._plans:
+            plan = self.dev.plan()
+            self.model.layers(Ops(self.dev, self.cfg, self.state, plan, T))
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def head_plan(self, row: int, sample: bool) -> Plan:
+        """Logits of row `row` of the last step [+ sampling]."""
+        key = ("head", row, sample)
+        if key not in self._plans:
+            plan = self.dev.plan()
+            self.model.head(Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one), row, sample)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def write_step(self, tokens: list[int], pos0: int) -> None:
+        self.state.write_step(tokens, pos0, self.source)
+
+    def kv_slots(self, lc) -> int:
+        return self.state.kv_slots(lc)

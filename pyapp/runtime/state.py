@@ -1,0 +1,133 @@
+"""Every GPU buffer a forward pass reads or writes besides the weights, declared once with its shape.
+
+Like llama2.c's RunState: activations for up to `chunk` tokens (T below), the
+KV cache, the head's buffers and the per-step inputs, all f32 unless noted,
+allocated here and nowhere else. `write_step` fills the per-step inputs.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from ..gpu import Buffer, Device, GPUError
+from ..gpu import kernels as K
+from .upload import WEIGHT_PAD, GpuTensor, Part
+
+
+@dataclass
+class KVCache:
+    """One layer's keys and values after norm + RoPE: [n_kv_heads, slots, head_dim] each."""
+    k: Buffer
+    v: Buffer
+    slots: int        # positions held: the whole context, or a ring for sliding layers
+
+
+class State:
+    def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int):
+        self.dev, self.cfg, self.ctx, self.chunk = dev, cfg, context_length, chunk
+        T, d, H, V = chunk, cfg.hidden, cfg.n_heads, cfg.vocab_size
+        hd = max(lc.head_dim for lc in cfg.layers)
+        kvh = max(lc.n_kv_heads for lc in cfg.layers)
+        ff = max(lc.ffn_dim for lc in cfg.layers)
+
+        def f32(n: int, label: str) -> Buffer:
+            return dev.buffer(4 * max(n, 4), label=label)
+
+        # per-step inputs
+        self.step = dev.buffer(K.STEP_BYTES, "uniform", "step")     # Step: tokens this step, first position
+        self.ids = dev.buffer(4 * T, label="token ids")              # u32 [T]
+        self.iota = dev.buffer(4 * T, label="iota")                  # u32 [T] = 0..T-1 (PLE rows in order)
+        dev.write(self.iota, array("I", range(T)).tobytes())
+        # residual stream and the blocks' inputs and outputs
+        self.x = f32(T * d, "x")                        # [T, d] residual stream
+        self.xn = f32(T * d, "xn")                      # [T, d] pre-norm of the next block
+        self.attn_out = f32(T * d, "attn_out")          # [T, d] attention after its output projection
+        self.ffn_out = f32(T * d, "ffn_out")            # [T, d] FFN result before post_ffw_norm
+        # attention
+        self.q_raw = f32(T * H * hd, "q_raw")           # [T, H, hd] q projection
+        self.q = f32(T * H * hd, "q")                   # [T, H, hd] q normed + roped
+        self.k_raw = f32(T * kvh * hd, "k_raw")         # [T, kvh, hd]
+        self.k = f32(T * kvh * hd, "k")                 # [T, kvh, hd] normed + roped
+        self.v_raw = f32(T * kvh * hd, "v_raw")         # [T, kvh, hd]
+        self.v = f32(T * kvh * hd, "v")                 # [T, kvh, hd] normed
+        self.attn = f32(T * H * hd, "attn")             # [T, H * hd] softmax(q k^T) v
+        qkv_rows = [lw.qkv.out_rows for lw in layout.layers if lw.qkv is not None]
+        self.qkv = f32(max(qkv_rows, default=4), "qkv")  # [q rows | k rows | v rows] of one decode token
+        self.partials = f32(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers),
+                            "attention partials")       # split-K decode: per 32-key softmax states
+        # dense MLP
+        self.gate = f32(T * ff, "gate")                 # [T, ff]
+        self.up = f32(T * ff, "up")                     # [T, ff]
+        self.gate_up = f32(T * 2 * ff, "gate_up")       # [T, 2 ff] fused gate|up rows
+        self.act = f32(T * ff, "act")                   # [T, ff] gelu(gate) * up
+        if cfg.is_moe:
+            E, KS, eff = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
+            self.dense_out = f32(T * d, "dense_out")            # [T, d] the MoE layer's dense MLP
+            self.router_in = f32(T * d, "router_in")            # [T, d] rms_norm(x) / sqrt(d) * scale
+            self.router_logits = f32(T * E, "router_logits")    # [T, E]
+            self.expert_ids = f32(T * KS, "expert_ids")         # u32 [T, KS] chosen experts
+            self.expert_weights = f32(T * KS, "expert_weights")  # [T, KS] renormalized probabilities
+            self.experts_gate_up = f32(T * KS * 2 * eff, "experts_gate_up")  # [T*KS, 2 eff]
+            self.experts_gate = f32(T * KS * eff, "experts_gate")  # [T*KS, eff]
+            self.experts_up = f32(T * KS * eff, "experts_up")      # [T*KS, eff]
+            self.experts_act = f32(T * KS * eff, "experts_act")    # [T*KS, eff]
+            self.experts_out = f32(T * KS * d, "experts_out")      # [T*KS, d] before the weighted sum
+            self.moe_out = f32(T * d, "moe_out")                   # [T, d]
+        if cfg.has_ple:
+            L, pd = cfg.n_layers, cfg.ple_dim
+            table = layout.ple_token_embd.info
+            self.ple_table = table                                  # stays in the file: rows read per step
+            rows = dev.buffer(T * table.row_bytes + WEIGHT_PAD, label="ple rows")
+            self.ple_rows = GpuTensor("ple rows", table.type, (L * pd, T), [Part(rows, 0, T)])  # [T] raw rows
+            self.ple_emb = f32(T * L * pd, "ple_emb")               # [T, L * pd] rows * sqrt(pd)
+            self.ple_proj = f32(T * L * pd, "ple_proj")             # [T, L * pd] x @ per_layer_model_proj
+            self.ple_in = f32(L * self.ple_stride(T) * pd, "ple_in")  # [L, stride >= T, pd] per-layer inputs
+            self.ple_gate = f32(T * pd, "ple_gate")                 # [T, pd] x @ inp_gate
+            self.ple_act = f32(T * pd, "ple_act")                   # [T, pd] gelu(gate) * ple_in[layer]
+            self.ple_out = f32(T * d, "ple_out")                    # [T, d] @ proj
+        # head: one row at a time
+        self.one = dev.buffer(K.STEP_BYTES, "uniform", "one token")  # Step of one token (head ops)
+        dev.write(self.one, K.pack_step(1, 0))
+        self.x_last = f32(d, "x_last")                  # [d] the row whose logits are wanted
+        self.x_last_norm = f32(d, "x_last_norm")        # [d]
+        self.logits = f32(V, "logits")                  # [V] softcapped
+        self.token = dev.buffer(16, label="token")      # u32 sampled id
+        self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
+        self.sample_scratch = dev.buffer(max(16, K.sample_scratch_bytes(V)), label="sample scratch")
+        # KV cache: global layers hold the whole context; sliding layers a ring big
+        # enough for the window plus one chunk of new tokens. Shared layers read their source's.
+        self.kv = {lc.index: KVCache(f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"k cache {lc.index}"),
+                                     f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"v cache {lc.index}"),
+                                     self.kv_slots(lc))
+                   for lc in cfg.layers if lc.owns_kv}
+
+    def max_keys(self, lc) -> int:
+        """The most keys one query of this layer attends to."""
+        if lc.sliding and self.cfg.sliding_window:
+            return min(self.ctx, self.cfg.sliding_window)
+        return self.ctx
+
+    def kv_slots(self, lc) -> int:
+        if lc.sliding and self.cfg.sliding_window:
+            return min(self.ctx, self.cfg.sliding_window + self.chunk - 1)
+        return self.ctx
+
+    def ple_stride(self, T: int) -> int:
+        """Tokens per layer slice of ple_in, so each slice starts on a bindable offset."""
+        align = self.dev.limits.get("min_storage_buffer_offset_alignment", 256)
+        s = T
+        while (s * self.cfg.ple_dim * 4) % align:
+            s += 1
+        return s
+
+    def write_step(self, tokens: list[int], pos0: int, source) -> None:
+        """Token ids, positions and (PLE models) the tokens' per-layer embedding rows from `source`."""
+        if not 0 < len(tokens) <= self.chunk:
+            raise GPUError(f"a step takes 1..{self.chunk} tokens, got {len(tokens)}")
+        self.dev.write(self.step, K.pack_step(len(tokens), pos0))
+        self.dev.write(self.ids, array("I", tokens).tobytes())
+        if self.cfg.has_ple:
+            t = self.ple_table
+            self.dev.write(self.ple_rows.buffer, b"".join(source.read(t.offset + tok * t.row_bytes, t.row_bytes)
+                                                   for tok in tokens))
