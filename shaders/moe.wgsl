@@ -8,8 +8,6 @@
 //            W raw GGUF bytes of [E, N, K]; xrow = t (XPER = 1, shared input) or s
 //            (XPER = KSEL, one input row per slot). Like matvec.wgsl, TPR threads per
 //            row. Dispatch (ceil(N / (WG/TPR)), T * KSEL).
-//   geglu_fused: G[s, f] = gelu_tanh(GU[s, f]) * GU[s, F + f] for a fused gate_up
-//            output [T*KSEL, 2F]. Dispatch ceil(T*KSEL*F / 64).
 //   combine: C[t, d] = sum_j WTS[t, j] * YE[t*KSEL + j, d] * SC[IDS[t*KSEL + j]]
 //            (SC: per-expert down scale, 1 when HAS_SC is false). Dispatch ceil(T*D / 64).
 // S.n_tokens = T tokens (S: Step, the per-step uniform).
@@ -19,7 +17,6 @@ override KSEL: u32 = 1u;
 override K: u32 = 4u;
 override N: u32 = 1u;
 override XPER: u32 = 1u;
-override F: u32 = 1u;
 override D: u32 = 1u;
 override HAS_SC: bool = false;
 override TPR: u32 = 64u;
@@ -32,7 +29,6 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> IDS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> WTS: array<f32>;
 @group(0) @binding(6) var<storage, read> LOG: array<f32>;
-@group(0) @binding(7) var<storage, read> GU: array<f32>;
 @group(0) @binding(8) var<storage, read> YE: array<f32>;
 @group(0) @binding(9) var<storage, read> SC: array<f32>;
 
@@ -88,17 +84,6 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         workgroupBarrier();
     }
     if (t == 0u && row < N) { Y[slot * N + row] = red[lid]; }
-}
-
-//!include gelu
-
-@compute @workgroup_size(64)
-fn geglu_fused(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 64u;
-    if (i >= S.n_tokens * KSEL * F) { return; }
-    let s = i / F;
-    let f = i % F;
-    Y[i] = gelu_tanh(GU[s * 2u * F + f]) * GU[s * 2u * F + F + f];
 }
 
 @compute @workgroup_size(64)

@@ -190,6 +190,18 @@ def test_rope(dev, hd, nrot, ff):
     np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, atol=2e-5)
 
 
+@pytest.mark.parametrize("rpt", [1, 3])
+def test_geglu_halves(dev, rpt):
+    """gelu(gate) * up over rows of a fused [gate | up] output (odd width, several rows per token)."""
+    rng = np.random.default_rng(rpt)
+    t, ff = 5, 37
+    gu = (rng.standard_normal((t * rpt, 2 * ff)) * 3).astype(np.float32)
+    out = dev.buffer(4 * t * rpt * ff)
+    dev.submit(K.geglu_halves(dev, ff, rpt, f32(dev, gu), out, step_buffer(dev, t), t))
+    want = gelu_tanh(gu[:, :ff]) * gu[:, ff:]
+    np.testing.assert_allclose(read_f32(dev, out, t * rpt * ff).reshape(t * rpt, ff), want, rtol=1e-5, atol=1e-5)
+
+
 def test_elementwise(dev):
     rng = np.random.default_rng(7)
     t, d = 3, 101
@@ -401,7 +413,7 @@ def test_moe_route_experts_combine(dev, qtype):
     gu, act = dev.buffer(4 * t * ksel * 2 * ff), dev.buffer(4 * t * ksel * ff)
     ye, out = dev.buffer(4 * t * ksel * hidden), dev.buffer(4 * t * hidden)
     K.moe_experts(dev, qtype, hidden, 2 * ff, e, ksel, weight_buffer(dev, raw_gu), f32(dev, x), gu, ids, step, t, plan=plan)
-    K.moe_geglu(dev, ff, ksel, gu, act, step, t, plan=plan)
+    K.geglu_halves(dev, ff, ksel, gu, act, step, t, plan=plan)
     K.moe_experts(dev, qtype, ff, hidden, e, ksel, weight_buffer(dev, raw_dn), act, ye, ids, step, t,
                   per_slot_input=True, plan=plan)
     K.moe_combine(dev, hidden, ksel, ye, ids, wts, out, step, t, down_scale=f32(dev, scale), plan=plan)

@@ -249,6 +249,15 @@ def elementwise(dev: Device, op: str, d: int, a: Buffer, step: Buffer, max_token
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * d))
 
 
+def geglu_halves(dev: Device, ff: int, rows_per_token: int, gate_up: Buffer, out: Buffer, step: Buffer,
+                 max_tokens: int, plan: Plan | None = None) -> Plan:
+    """out[r, f] = gelu(gate_up[r, f]) * gate_up[r, ff + f] for the T * rows_per_token rows of a fused
+    [gate | up] projection (dense MLP prefill: 1 row per token; experts: one per chosen expert)."""
+    p = _pipeline(dev, "elementwise", entry="geglu_halves", constants={"D": ff, "RPT": rows_per_token})
+    bg = dev.bind_group(p, {"A": gate_up, "S": step, "O": out})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * rows_per_token * ff))
+
+
 def embed(dev: Device, qtype, d: int, table: Buffer, ids: Buffer, out: Buffer, step: Buffer,
           max_tokens: int, scale: float = 1.0, row0: int = 0, nrows: int = 0xFFFFFFFF,
           plan: Plan | None = None) -> Plan:
@@ -339,15 +348,6 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
                              "XPER": k_used if per_slot_input else 1})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": step, "IDS": ids})
     return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
-
-
-def moe_geglu(dev: Device, ff: int, k_used: int, gate_up: Buffer, out: Buffer, step: Buffer, max_tokens: int,
-              plan: Plan | None = None) -> Plan:
-    """out[s, f] = gelu(gate_up[s, f]) * gate_up[s, ff + f] over the T * k_used slots."""
-    p = _pipeline(dev, "moe", entry="geglu_fused", prelude=quant_prelude(ggml.F32),
-                  constants={"KSEL": k_used, "F": ff})
-    bg = dev.bind_group(p, {"Y": out, "S": step, "GU": gate_up})
-    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * k_used * ff))
 
 
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,

@@ -58,7 +58,7 @@ class Ops:
         else:
             K.matmul(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                      n_tokens=T, plan=self.plan)
-            K.moe_geglu(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
+            K.geglu_halves(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
 
     def gelu_gate(self, w: GpuTensor, x: Buffer, times, out: Buffer) -> None:
         """out = gelu(x @ w^T) * times (the PLE gate); fuses the product into the matvec for a token."""
@@ -175,7 +175,7 @@ class Ops:
         s, KS = self.s, self.cfg.n_experts_used
         if gate_up is not None:
             self.experts(gate_up, x, s.experts_gate_up, ids)
-            K.moe_geglu(self.dev, gate_up.shape[1] // 2, KS, s.experts_gate_up, out, self.step, self.T, plan=self.plan)
+            K.geglu_halves(self.dev, gate_up.shape[1] // 2, KS, s.experts_gate_up, out, self.step, self.T, plan=self.plan)
         else:
             self.experts(gate, x, s.experts_gate, ids)
             self.experts(up, x, s.experts_up, ids)
