@@ -395,6 +395,25 @@ def test_sample_follows_the_distribution(dev):
     assert abs(counts[7] / n - p[0]) < 0.03 and abs(counts[999] / n - p[2]) < 0.03
 
 
+@pytest.mark.parametrize("e,ksel,t", [(11, 4, 3), (128, 8, 5), (300, 8, 2)], ids=["small", "26b-a4b", "odd-wide"])
+def test_moe_route(dev, e, ksel, t):
+    """Top-k of softmax, renormalized; ties go to the lowest expert id (the reference's stable sort)."""
+    rng = np.random.default_rng(e)
+    logits = rng.standard_normal((t, e)).astype(np.float32)
+    logits[0, [3, 7, 9]] = 5.0                              # a three-way tie at the top
+    ids, wts = dev.buffer(4 * t * ksel), dev.buffer(4 * t * ksel)
+    dev.submit(K.moe_route(dev, e, ksel, f32(dev, logits), ids, wts, step_buffer(dev, t), t))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :ksel]
+    want = np.take_along_axis(probs, top, -1)
+    want /= want.sum(-1, keepdims=True)
+    got_ids = np.frombuffer(dev.read(ids, 0, 4 * t * ksel), np.uint32).reshape(t, ksel)
+    np.testing.assert_array_equal(got_ids, top)
+    assert list(got_ids[0, :3]) == [3, 7, 9]
+    np.testing.assert_allclose(read_f32(dev, wts, t * ksel).reshape(t, ksel), want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
 def test_moe_route_experts_combine(dev, qtype):
     rng = np.random.default_rng(21)
