@@ -26,7 +26,7 @@ from .gpu import kernels as K
 from .model.config import ConfigError, Gemma4Config
 from .model.logits import Logits
 from .model.weights import WeightsError, bind
-from .runtime.requests import FileToGpu, ReadFile, ReadGpu, handler
+from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
 from .runtime.upload import ModelError, f32_vector, plan_uploads
 from .steps import drive, drive_async
@@ -88,6 +88,7 @@ class Engine:
         self.config: Gemma4Config = runner.cfg
         self.context_length = runner.ctx
         self.cached: list[int] = []       # tokens whose K/V are in the cache, in order
+        self.kv_end = 0                   # positions written so far (a step decoded ahead may pass cached)
         self._tokenizer = None
 
     # -- loading, written once ---------------------------------------------------
@@ -148,6 +149,8 @@ class Engine:
             runner = Runner(dev, cfg, layout, gguf.source, ctx, chunk)
             # build the plans now: shader compilation belongs to loading, not to the first reply
             runner.layers_plan(1)
+            if runner.decodes_ahead:
+                runner.layers_plan(1, sampled=True)
             runner.layers_plan(runner.chunk)
             runner.head_plan(0, sample=True)
         except ModelError as e:
@@ -175,6 +178,7 @@ class Engine:
 
     def reset(self) -> None:
         self.cached = []
+        self.kv_end = 0
 
     # -- the step loop, written once ----------------------------------------------
     def _reusable(self, prompt: list[int]) -> int:
@@ -185,7 +189,7 @@ class Engine:
                 break
             n += 1
         n = min(n, len(prompt) - 1)          # the last prompt token must run to give logits
-        rolled_back = len(self.cached) - n
+        rolled_back = max(len(self.cached), self.kv_end) - n
         if rolled_back > 0:
             # a sliding layer's ring may have overwritten the window before n
             for lc in self.config.layers:
@@ -201,11 +205,12 @@ class Engine:
             part = tokens[i:i + r.chunk]
             r.write_step(part, pos + i)
             self.dev.submit(r.layers_plan(1 if len(part) == 1 else r.chunk))
+        self.kv_end = pos + len(tokens)
         return (len(tokens) - 1) % r.chunk
 
     def _read_token(self):
         """Step: the id the sampler wrote on the GPU."""
-        data = yield ReadGpu(self.runner.state.token, 0, 4)
+        data = yield ReadMapped(self.runner.state.token_readback, 0, 4)
         return int.from_bytes(data, "little")
 
     def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
@@ -237,6 +242,14 @@ class Engine:
                 params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
                 recent, rng.random()))
             self.dev.submit(r.head_plan(row, sample=True))
+            # Decode ahead: feed the sampled id to the next step on the GPU before reading it, so the
+            # GPU never waits for the CPU's readback and encoding. Wasted only on the last token.
+            pos = len(self.cached)
+            ahead = r.decodes_ahead and len(result.tokens) + 1 < params.max_tokens and pos + 1 < self.context_length
+            if ahead:
+                r.write_position(pos)
+                self.dev.submit(r.layers_plan(1, sampled=True))
+                self.kv_end = max(self.kv_end, pos + 1)
             tok = yield from self._read_token()
             now = time.perf_counter()
             if not result.tokens and not result.prefill_s:
@@ -261,8 +274,10 @@ class Engine:
             if len(self.cached) + 1 >= self.context_length:
                 result.stop_reason = "context"
                 break
-            r.write_step([tok], len(self.cached))
-            self.dev.submit(r.layers_plan(1))
+            if not ahead:
+                r.write_step([tok], len(self.cached))
+                self.dev.submit(r.layers_plan(1))
+                self.kv_end = len(self.cached) + 1
             self.cached.append(tok)
             row = 0
         tail = decoder.flush() if decoder else ""
@@ -305,7 +320,7 @@ class Engine:
         tokens = [int(t) for t in tokens]
         if len(tokens) > self.context_length:
             raise EngineError(f"{len(tokens)} tokens do not fit the context of {self.context_length}")
-        self.cached = []
+        self.reset()
         rows = []
         for i in range(0, len(tokens), r.chunk):
             part = tokens[i:i + r.chunk]
@@ -314,7 +329,7 @@ class Engine:
             for row in range(len(part)):
                 self.dev.submit(r.head_plan(row, sample=False))
                 rows.append((yield ReadGpu(r.state.logits, 0, 4 * self.config.vocab_size)))
-        self.cached = tokens
+        self.cached, self.kv_end = tokens, len(tokens)
         return Logits.from_rows(rows)
 
     def forward(self, tokens: list[int]) -> Logits:

@@ -100,10 +100,12 @@ def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     assert_logits_agree(got, np.asarray(ReferenceModel(g).forward(TOKENS[:5])), atol=2e-2)
 
 
-def test_kv_cache_reuse_across_turns(dev, toy):
+@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"], ids=["ple", "decodes-ahead"])
+def test_kv_cache_reuse_across_turns(dev, toy, shape):
+    """PLE models read each token back before the next step; the others decode ahead on the GPU."""
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf
-    g = read_gguf(toy("tiny", "Q8_0"))
+    g = read_gguf(toy(shape, "Q8_0"))
     greedy = SamplingParams(temperature=0, max_tokens=6)
     eng = Engine.open(g, device=dev, context_length=64, chunk=4)
     first = eng.generate(TOKENS[:5], greedy, stop_ids=())

@@ -266,6 +266,14 @@ class Device:
     async def read_async(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         return self.read(buf, offset, size)
 
+    def read_mapped(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        """Bytes of a readback buffer that a submitted plan copied into. Waits only for the work
+        that wrote it, not for later submissions: the GPU can run ahead while the CPU reads."""
+        raise GPUError(f"{self.backend} backend cannot read synchronously; use read_mapped_async")
+
+    async def read_mapped_async(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        return self.read_mapped(buf, offset, size)
+
     # -- backend hooks -----------------------------------------------------
     def _create_buffer(self, size: int, kind: str, label: str): raise NotImplementedError
     def _write(self, buf: Buffer, offset: int, data: memoryview): raise NotImplementedError

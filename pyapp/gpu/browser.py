@@ -87,6 +87,11 @@ _JS = r"""
     if (pass) pass.end();
     device.queue.submit([enc.finish()]);
   },
+  async readMapped(buf, offset, size) {
+    // a MAP_READ buffer a plan copied into: resolves when that plan is done, not later ones
+    await buf.mapAsync(GPUMapMode.READ, offset, size);
+    try { return new Uint8Array(buf.getMappedRange(offset, size).slice(0)); } finally { buf.unmap(); }
+  },
   async read(device, buf, offset, size) {
     const n = (size + 3) & ~3;
     // one staging buffer reused while free (token ids are read every step)
@@ -204,6 +209,12 @@ class BrowserDevice(Device):
                     ops.append([1, src.handle, so, dst.handle, do, n])
             plan._native = to_js(ops)
         self.js.submit(self.device, plan._native)
+
+    async def read_mapped_async(self, buf, offset=0, size=None):
+        self._check()
+        size = buf.size - offset if size is None else size
+        out = await self.js.readMapped(buf.handle, offset, size)
+        return out.to_bytes()
 
     async def read_async(self, buf, offset=0, size=None):
         self._check()

@@ -101,6 +101,14 @@ class NativeDevice(Device):
             raise GPUError(f"readback offset {offset} is not a multiple of 4")
         return bytes(self.queue.read_buffer(buf.handle, offset, (size + 3) & ~3))[:size]
 
+    def read_mapped(self, buf, offset=0, size=None):
+        size = buf.size - offset if size is None else size
+        buf.handle.map_sync(wgpu.MapMode.READ, offset, size)
+        try:
+            return bytes(buf.handle.read_mapped(offset, size))
+        finally:
+            buf.handle.unmap()
+
     def sync(self) -> None:
         """Wait until the queue is idle (benchmarks)."""
         self.queue.read_buffer(self._sync_buffer(), 0, 4)

@@ -36,11 +36,20 @@ class ReadGpu:
     n: int
 
 
+@dataclass(frozen=True)
+class ReadMapped:
+    """A readback buffer's bytes, once the plan that copied into it is done (later work may still run)."""
+    buffer: Buffer
+    offset: int
+    n: int
+
+
 def handler(dev: Device, source, asynchronous: bool = False):
     """Answers to the requests: direct calls natively; awaitables (for drive_async) in the browser,
     where file bytes go Blob -> GPU inside JS and readbacks wait for a buffer map."""
     upload = dev.upload_async if asynchronous else dev.upload
     read_gpu = dev.read_async if asynchronous else dev.read
+    read_mapped = dev.read_mapped_async if asynchronous else dev.read_mapped
 
     def handle(req):
         if isinstance(req, FileToGpu):
@@ -49,5 +58,7 @@ def handler(dev: Device, source, asynchronous: bool = False):
             return source.read(req.offset, req.n)
         if isinstance(req, ReadGpu):
             return read_gpu(req.buffer, req.offset, req.n)
+        if isinstance(req, ReadMapped):
+            return read_mapped(req.buffer, req.offset, req.n)
         raise TypeError(f"unknown request {req!r}")
     return handle

@@ -5,9 +5,12 @@ Plans are recorded once per shape by running the model's forward
 only the small per-step inputs rewritten (`write_step`):
 
   layers_plan(T)       embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
-                       (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill)
+                       (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill);
+                       `sampled=True`: one token, the id the sampler left on the GPU, so a
+                       decode step can be submitted before the CPU has read that id
   head_plan(row, ...)  final norm, output projection and softcap for one row of the
-                       last step, then (sample=True) the next token id drawn on the GPU
+                       last step, then (sample=True) the next token id drawn on the GPU and
+                       copied to a readback buffer
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ class Runner:
         self.model = Gemma4(cfg, layout, self.state)
         self._plans: dict = {}
 
-    def layers_plan(self, T: int) -> Plan:
+    def layers_plan(self, T: int, sampled: bool = False) -> Plan:
         """Embeddings and every layer for up to T tokens (T is 1 or the chunk size)."""
-        key = ("layers", T)
+        key = ("layers", T, sampled)
         if key not in self._plans:
             plan = self.dev.plan()
+            if sampled:
+                plan.copy(self.state.token, 0, self.state.ids, 0, 4)
             self.model.layers(Ops(self.dev, self.cfg, self.state, plan, T))
             self._plans[key] = plan
         return self._plans[key]
@@ -41,11 +46,22 @@ class Runner:
         if key not in self._plans:
             plan = self.dev.plan()
             self.model.head(Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one), row, sample)
+            if sample:
+                plan.copy(self.state.token, 0, self.state.token_readback, 0, self.state.token.size)
             self._plans[key] = plan
         return self._plans[key]
 
     def write_step(self, tokens: list[int], pos0: int) -> None:
         self.state.write_step(tokens, pos0, self.source)
+
+    def write_position(self, pos: int) -> None:
+        self.state.write_position(pos)
+
+    @property
+    def decodes_ahead(self) -> bool:
+        """Whether a decode step can start from the GPU's sampled id; PLE models read per-token
+        rows from the file, so the CPU must know the id first."""
+        return not self.cfg.has_ple
 
     def kv_slots(self, lc) -> int:
         return self.state.kv_slots(lc)

@@ -93,6 +93,7 @@ class State:
         self.x_last_norm = f32(d, "x_last_norm")        # [d]
         self.logits = f32(V, "logits")                  # [V] softcapped
         self.token = dev.buffer(16, label="token")      # u32 sampled id
+        self.token_readback = dev.buffer(16, "readback", "token readback")   # its copy for the CPU
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
         self.sample_scratch = dev.buffer(max(16, K.sample_scratch_bytes(V)), label="sample scratch")
         # KV cache: global layers hold the whole context; sliding layers a ring big
@@ -120,6 +121,10 @@ class State:
         while (s * self.cfg.ple_dim * 4) % align:
             s += 1
         return s
+
+    def write_position(self, pos: int) -> None:
+        """A one-token step at `pos` whose id the sampler already wrote on the GPU."""
+        self.dev.write(self.step, K.pack_step(1, pos))
 
     def write_step(self, tokens: list[int], pos0: int, source) -> None:
         """Token ids, positions and (PLE models) the tokens' per-layer embedding rows from `source`."""
