@@ -91,7 +91,7 @@ def cmd_generate(args) -> int:
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
     from .engine import Engine
-    engine = Engine.open(g, backend=args.backend, context_length=args.context)
+    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
     res = engine.generate(ids, _params(args), on_token=_print_piece)
     sys.stdout.write("\n")
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
@@ -115,7 +115,7 @@ def cmd_chat(args) -> int:
     from .engine import Engine
     g = _open(args.model)
     tok = _tokenizer(g)
-    engine = Engine.open(g, backend=args.backend, context_length=args.context)
+    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
     conv = Conversation(system=args.system, style=_chat_style(g))
     params = _params(args)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
@@ -144,7 +144,7 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     from .engine import Engine
     g = _open(args.model)
-    engine = Engine.open(g, backend=args.backend, context_length=args.context)
+    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
     result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens)
     if args.json:
         print(json.dumps(result))
@@ -152,6 +152,10 @@ def cmd_bench(args) -> int:
         for k, v in result.items():
             print(f"{k}: {v}")
     return 0
+
+
+PLE_HELP = ("keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
+            "less GPU memory, slower decode")
 
 
 def main(argv=None) -> int:
@@ -194,6 +198,7 @@ def main(argv=None) -> int:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
+        p.add_argument("--ple-in-file", action="store_true", help=PLE_HELP)
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("bench", help="prefill and decode tokens/s")
@@ -203,6 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
+    p.add_argument("--ple-in-file", action="store_true", help=PLE_HELP)
     p.set_defaults(fn=cmd_bench)
 
     args = ap.parse_args(argv)

@@ -94,24 +94,27 @@ class Engine:
     # -- loading, written once ---------------------------------------------------
     @classmethod
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = 64,
-             progress=None, cancelled=None, device: Device | None = None) -> "Engine":
-        """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device."""
+             progress=None, cancelled=None, device: Device | None = None, ple_in_file: bool = False) -> "Engine":
+        """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device.
+        ple_in_file: keep the per-layer embedding table (E2B/E4B) in the file, one row read per token."""
         from .gguf import GGUFFile, read_gguf
         from .gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
         dev = device or get_device(backend)
-        return drive(cls._load(dev, gguf, context_length, chunk, progress, cancelled), handler(dev, gguf.source))
+        return drive(cls._load(dev, gguf, context_length, chunk, progress, cancelled, ple_in_file),
+                     handler(dev, gguf.source))
 
     @classmethod
     async def open_async(cls, gguf, device: Device, context_length: int | None = None, chunk: int = 64,
-                         progress=None, cancelled=None) -> "Engine":
+                         progress=None, cancelled=None, ple_in_file: bool = False) -> "Engine":
         """Load in the browser. gguf.source: a sync ByteSource (FileReaderSync, for per-token
         PLE rows) with a `.blob` (the File) so weights go Blob -> GPU inside JS."""
-        return await drive_async(cls._load(device, gguf, context_length, chunk, progress, cancelled),
+        return await drive_async(cls._load(device, gguf, context_length, chunk, progress, cancelled, ple_in_file),
                                  handler(device, gguf.source, asynchronous=True))
 
     @classmethod
-    def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled):
+    def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled,
+              ple_in_file: bool = False):
         """Steps: plan the layout, copy every tensor to the GPU, build the plans; returns the Engine."""
         try:
             cfg = Gemma4Config.from_gguf(gguf)
@@ -119,12 +122,12 @@ class Engine:
         except (ConfigError, WeightsError) as e:
             raise EngineError(str(e)) from e
         ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
-        need = sum(t.nbytes for t in gguf.tensors.values()) - (bound.ple_token_embd.nbytes if cfg.has_ple else 0)
+        need = sum(t.nbytes for t in gguf.tensors.values()) - (bound.ple_token_embd.nbytes if ple_in_file else 0)
         limit = dev.limits.get("max_buffer_size", 0) * 64   # WebGPU exposes no memory size; a sanity bound
         if limit and need > limit:
             raise EngineError(f"the model needs {need / 2**30:.1f} GiB of GPU memory; this adapter cannot hold it")
         try:
-            layout, uploads = plan_uploads(dev, cfg, bound)
+            layout, uploads = plan_uploads(dev, cfg, bound, ple_in_file)
         except GPUError as e:
             raise EngineError(f"out of GPU memory while allocating the weights: {e}") from e
         except ModelError as e:

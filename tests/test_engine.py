@@ -100,14 +100,16 @@ def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     assert_logits_agree(got, np.asarray(ReferenceModel(g).forward(TOKENS[:5])), atol=2e-2)
 
 
-@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"], ids=["ple", "decodes-ahead"])
-def test_kv_cache_reuse_across_turns(dev, toy, shape):
-    """PLE models read each token back before the next step; the others decode ahead on the GPU."""
+@pytest.mark.parametrize("shape,ple_in_file", [("tiny", True), ("tiny", False), ("tiny-moe", False)],
+                         ids=["read-back-first", "decodes-ahead", "moe-decodes-ahead"])
+def test_kv_cache_reuse_across_turns(dev, toy, shape, ple_in_file):
+    """With the PLE table in the file each token is read back before its step; otherwise the GPU
+    decodes ahead from its own sampled id."""
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf
     g = read_gguf(toy(shape, "Q8_0"))
     greedy = SamplingParams(temperature=0, max_tokens=6)
-    eng = Engine.open(g, device=dev, context_length=64, chunk=4)
+    eng = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=ple_in_file)
     first = eng.generate(TOKENS[:5], greedy, stop_ids=())
     turn2 = TOKENS[:5] + first.tokens + [40, 41, 42]
     second = eng.generate(turn2, greedy, stop_ids=())
@@ -210,3 +212,18 @@ def test_engine_and_reference_return_the_same_type(dev, toy):
     want = ReferenceModel(g).forward(TOKENS[:3])
     assert type(got) is type(want) and got.shape == want.shape == (3, 1000)
     assert got.argmax_row(-1) == want.argmax_row(-1)
+
+
+def test_ple_table_in_the_file_or_on_the_gpu(dev, toy):
+    """The per-layer embedding table read by rows from the file gives what the uploaded table gives;
+    only the resident table lets a decode step start from the GPU's sampled id."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny", "Q8_0"))
+    on_gpu = Engine.open(g, device=dev, context_length=64, chunk=4)
+    in_file = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=True)
+    assert on_gpu.runner.decodes_ahead and not in_file.runner.decodes_ahead
+    np.testing.assert_allclose(engine_logits(in_file, TOKENS[:9]), engine_logits(on_gpu, TOKENS[:9]), atol=1e-5)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    assert in_file.generate(TOKENS[:5], greedy, stop_ids=()).tokens == \
+        on_gpu.generate(TOKENS[:5], greedy, stop_ids=()).tokens

@@ -28,6 +28,9 @@ class Gemma4:
         self.embed_scale = math.sqrt(cfg.hidden)
         self.ple_scale = math.sqrt(cfg.ple_dim) if cfg.has_ple else 0.0
         self.router_scale = 1.0 / math.sqrt(cfg.hidden)
+        # per-layer embedding rows: looked up by token id, or (table left in the file) the step's rows in order
+        self.ple_table, self.ple_ids = ((state.ple_rows, state.iota) if cfg.has_ple and state.ple_file_table
+                                        else (weights.ple_token_embd, state.ids))
 
     def layers(self, ops) -> None:
         """Embeddings and every layer, for the tokens of one step."""
@@ -42,7 +45,7 @@ class Gemma4:
         s, w = self.s, self.w
         ops.embed(w.token_embd, s.ids, s.x, scale=self.embed_scale)
         if self.cfg.has_ple:
-            ops.embed(s.ple_rows, s.iota, s.ple_emb, scale=self.ple_scale)
+            ops.embed(self.ple_table, self.ple_ids, s.ple_emb, scale=self.ple_scale)
             ops.linear(w.ple_model_proj, s.x, s.ple_proj)
             ops.ple_combine(s.ple_proj, s.ple_emb, w.ple_proj_norm, s.ple_in)
 

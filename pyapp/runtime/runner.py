@@ -59,9 +59,9 @@ class Runner:
 
     @property
     def decodes_ahead(self) -> bool:
-        """Whether a decode step can start from the GPU's sampled id; PLE models read per-token
-        rows from the file, so the CPU must know the id first."""
-        return not self.cfg.has_ple
+        """Whether a decode step can start from the GPU's sampled id; with the per-layer embedding
+        table left in the file the CPU must know the id first, to read its row."""
+        return self.state.ple_file_table is None
 
     def kv_slots(self, lc) -> int:
         return self.state.kv_slots(lc)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer, Device, GPUError
 from ..gpu import kernels as K
-from .upload import WEIGHT_PAD, GpuTensor, Part
+from .upload import WEIGHT_PAD, FileTensor, GpuTensor, Part
 
 
 @dataclass
@@ -74,12 +74,13 @@ class State:
             self.experts_act = f32(T * KS * eff, "experts_act")    # [T*KS, eff]
             self.experts_out = f32(T * KS * d, "experts_out")      # [T*KS, d] before the weighted sum
             self.moe_out = f32(T * d, "moe_out")                   # [T, d]
+        self.ple_file_table = None
         if cfg.has_ple:
             L, pd = cfg.n_layers, cfg.ple_dim
-            table = layout.ple_token_embd.info
-            self.ple_table = table                                  # stays in the file: rows read per step
-            rows = dev.buffer(T * table.row_bytes + WEIGHT_PAD, label="ple rows")
-            self.ple_rows = GpuTensor("ple rows", table.type, (L * pd, T), [Part(rows, 0, T)])  # [T] raw rows
+            if isinstance(layout.ple_token_embd, FileTensor):      # the table stays in the file
+                table = self.ple_file_table = layout.ple_token_embd.info
+                rows = dev.buffer(T * table.row_bytes + WEIGHT_PAD, label="ple rows")
+                self.ple_rows = GpuTensor("ple rows", table.type, (L * pd, T), [Part(rows, 0, T)])  # [T] its rows
             self.ple_emb = f32(T * L * pd, "ple_emb")               # [T, L * pd] rows * sqrt(pd)
             self.ple_proj = f32(T * L * pd, "ple_proj")             # [T, L * pd] x @ per_layer_model_proj
             self.ple_in = f32(L * self.ple_stride(T) * pd, "ple_in")  # [L, stride >= T, pd] per-layer inputs
@@ -132,7 +133,7 @@ class State:
             raise GPUError(f"a step takes 1..{self.chunk} tokens, got {len(tokens)}")
         self.dev.write(self.step, K.pack_step(len(tokens), pos0))
         self.dev.write(self.ids, array("I", tokens).tobytes())
-        if self.cfg.has_ple:
-            t = self.ple_table
+        if self.ple_file_table is not None:
+            t = self.ple_file_table
             self.dev.write(self.ple_rows.buffer, b"".join(source.read(t.offset + tok * t.row_bytes, t.row_bytes)
                                                    for tok in tokens))

@@ -10,8 +10,10 @@ From the bound weights (pyapp.model.weights) and the device's binding limit,
   a layer's q, k (and v) rows share one buffer, rows padded to 64, so a decode
   step projects all three in one matvec (`LayerWeights.qkv`); ffn_gate and
   ffn_up share one buffer for one GeGLU matvec (`LayerWeights.ffn_gate_up`);
-- residency: the per-layer embedding table (as big as the rest of an E2B)
-  stays in the file; its rows are read per step (pyapp.runtime.state).
+- residency: the per-layer embedding table (as big as the rest of an E2B) is
+  uploaded like the embedding table, or, with `ple_in_file`, stays in the file
+  and its rows are read per step (pyapp.runtime.state): less GPU memory, but the
+  CPU must know each token before its step can start.
 
 It returns the layout (ModelWeights of GpuTensor) and the list of uploads the
 engine's loader performs (pyapp.engine), file range -> buffer range.
@@ -112,7 +114,8 @@ def binding_limit(dev: Device) -> int:
     return min(dev.limits.get("max_storage_buffer_binding_size", 1 << 27), dev.limits.get("max_buffer_size", 1 << 28))
 
 
-def plan_uploads(dev: Device, cfg, bound: ModelWeights) -> tuple[ModelWeights, list[Upload]]:
+def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = False
+                 ) -> tuple[ModelWeights, list[Upload]]:
     """The GPU layout of the bound weights (TensorInfo fields) and the uploads that fill it."""
     limit = binding_limit(dev)
     uploads: list[Upload] = []
@@ -126,7 +129,7 @@ def plan_uploads(dev: Device, cfg, bound: ModelWeights) -> tuple[ModelWeights, l
         t = getattr(owner, field_name)
         if id(t) in gpu:        # fused above
             continue
-        if owner is bound and field_name == "ple_token_embd":
+        if owner is bound and field_name == "ple_token_embd" and ple_in_file:
             gpu[id(t)] = FileTensor(t)
         elif len(t.shape) == 1:
             gpu[id(t)] = _vector(dev, t, uploads)
