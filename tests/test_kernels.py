@@ -544,6 +544,25 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
 
 
 @pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
+def test_kv_prep_also_norms_and_ropes_q(dev, hd, nrot, ff):
+    rng = np.random.default_rng(27)
+    h, hkv, ctx, pos = 3, 1, 8, 13                   # x = [q (3 heads) | k | v]
+    x = rng.standard_normal((h + 2 * hkv) * hd).astype(np.float32)
+    wk, wq = rng.standard_normal(hd).astype(np.float32), rng.standard_normal(hd).astype(np.float32)
+    ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
+    kc, vc, q = f32(dev, np.zeros(hkv * ctx * hd)), f32(dev, np.zeros(hkv * ctx * hd)), dev.buffer(4 * h * hd)
+    dev.submit(K.kv_prep(dev, f32(dev, x), h * hd, (h + hkv) * hd, f32(dev, wk), kc, vc, step_buffer(dev, 1, pos),
+                         hkv, hd, nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None,
+                         q_heads=h, q_off=0, q_weight=f32(dev, wq), q_out=q))
+    want_q = rope_neox(rms_norm(x[:h * hd].reshape(1, h, hd), wq, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+    np.testing.assert_allclose(read_f32(dev, q, h * hd).reshape(h, hd), want_q, atol=3e-5)
+    k = x[h * hd:(h + hkv) * hd].reshape(1, hkv, hd)
+    want_k = rope_neox(rms_norm(k, wk, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+    np.testing.assert_allclose(read_f32(dev, kc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx], want_k,
+                               atol=3e-5)
+
+
+@pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
 def test_kv_prep_writes_normed_roped_kv_into_the_cache(dev, hd, nrot, ff):
     rng = np.random.default_rng(26)
     hkv, ctx, pos, q_len = 2, 16, 21, 3 * hd          # x = [q (3 heads) | k | v]

@@ -203,21 +203,25 @@ def norm_rope(dev: Device, x: Buffer, y: Buffer, weight: Buffer, step: Buffer, h
     """y = rope(rms_norm(x) * weight) per head of x [T, heads, head_dim] (q/k norm + RoPE in one pass)."""
     p = _pipeline(dev, "norm", entry="norm_rope", constants={
         "D": head_dim, "RPT": heads, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
-    res = {"X": x, "Y": y, "Wt": weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy}
+    res = {"X": x, "Y": y, "Wt": weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy,
+           "W2": dev.dummy}     # norm.wgsl's roped() reads W2 for kv_prep's q heads only
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * heads))
 
 
 def kv_prep(dev: Device, x: Buffer, k_off: int, v_off: int, k_weight: Buffer, kc: Buffer, vc: Buffer,
             step: Buffer, kv_heads: int, head_dim: int, rot_dims: int, base: float, ctx: int, eps: float = 1e-6,
-            freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
+            freq_factors: Buffer | None = None, plan: Plan | None = None, q_heads: int = 0, q_off: int = 0,
+            q_weight: Buffer | None = None, q_out: Buffer | None = None) -> Plan:
     """One decode token: kc/vc[h, pos % ctx] = rope(norm(k_h) * k_weight), norm(v_h), where k_h, v_h are
-    read from x at float offsets k_off + h*head_dim and v_off + h*head_dim."""
+    read from x at float offsets k_off + h*head_dim and v_off + h*head_dim. With q_heads: also
+    q_out[h] = rope(norm(q_h) * q_weight) for q_h at q_off + h*head_dim, in the same dispatch."""
     p = _pipeline(dev, "norm", entry="kv_prep", constants={
         "D": head_dim, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None,
-        "KOFF": k_off, "VOFF": v_off, "CTX": ctx})
+        "HKV": kv_heads, "QOFF": q_off, "KOFF": k_off, "VOFF": v_off, "CTX": ctx})
     res = {"X": x, "Wt": k_weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy,
-           "KC": kc, "VC": vc}
-    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), kv_heads)
+           "KC": kc, "VC": vc, "Y": q_out if q_heads else dev.buffer(16, label="unused"),
+           "W2": q_weight if q_heads else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), kv_heads + q_heads)
 
 
 def rope(dev: Device, x: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,

@@ -111,7 +111,8 @@ class Ops:
         """Fuses the reference attention's first half for a layer with its own K/V:
         q = rope(rms_norm(x @ Wq) * q_norm) into state.q; k = rope(rms_norm(x @ Wk) * k_norm),
         v = rms_norm(x @ Wv) (v = the raw k when k_eq_v) written into the cache at the step's positions.
-        One token with a fused q/k/v buffer: one matvec, then q's norm+RoPE and K/V straight into the cache."""
+        One token with a fused q/k/v buffer: one matvec, then one dispatch norms and ropes q and
+        writes K/V straight into the cache."""
         dev, s, plan, T = self.dev, self.s, self.plan, self.T
         H, hd, kvh = self.cfg.n_heads, lc.head_dim, lc.n_kv_heads
         ff = freq_factors.buffer if freq_factors is not None else None
@@ -121,10 +122,9 @@ class Ops:
             if g.v_apart is not None:
                 v = g.v_apart
                 K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan)
-            K.norm_rope(dev, s.qkv, s.q, w.attn_q_norm.buffer, self.step, H, hd, lc.rope_dims, lc.rope_base, T,
-                        eps=self.eps, freq_factors=ff, plan=plan)
             K.kv_prep(dev, s.qkv, g.k_row, g.v_row, w.attn_k_norm.buffer, cache.k, cache.v, self.step, kvh, hd,
-                      lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan)
+                      lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan,
+                      q_heads=H, q_off=g.q_row, q_weight=w.attn_q_norm.buffer, q_out=s.q)
             return
         self.q_proj(lc, w, x, freq_factors)
         self.linear(w.attn_k, x, s.k_raw)
