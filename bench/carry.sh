@@ -54,7 +54,6 @@ find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
 EOF
-grep -q 'llama_add_compile_flags()' "$SRC/tools/CMakeLists.txt" || sed -i '/llama_add_compile_flags/d' "$DST/tools/CMakeLists.txt"
 VERSION=$(basename "$SDIST" .tar.gz)
 echo "$VERSION" > "$DST/SOURCE"
 tar -C "$TMP" -cf - llama.cpp | $XZ > "$CARRY/base/llama.cpp.tar.xz"
@@ -70,7 +69,8 @@ $XZ -c "$VOCAB" > "$CARRY/base/vocab.gguf.xz"
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$CARRY/base/whl" $WHEELS 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
-ls "$CARRY"/base/whl/*.whl >/dev/null
+n_whl=$(ls "$CARRY"/base/whl/*.whl 2>/dev/null | wc -l)
+[ "$n_whl" -eq "$(echo $WHEELS | wc -w)" ] || { echo "pip download got $n_whl of: $WHEELS" >&2; exit 1; }
 
 # ---- Vulkan loader (device README: `.gl`) ---------------------------------------------------
 if [ -d "$ROOT/.gl" ] && ls "$ROOT"/.gl/libvulkan1_*.deb >/dev/null 2>&1; then
@@ -102,7 +102,7 @@ fi
 tar -C "$W" -cf - index.js package.json dist/linux-x64 | $XZ > "$CARRY/node/webgpu.tar.xz"
 
 # ---- sizes -----------------------------------------------------------------------------------
-du -b "$CARRY"/base/* "$CARRY"/base/whl/* "$CARRY"/base/gl/* "$CARRY"/node/* | sort -n
+(cd "$CARRY" && du -b base/*.xz base/whl/* base/gl/* node/*)
 tree_b=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 base_b=$(du -sb "$CARRY/base" | cut -f1)
 node_b=$(du -sb "$CARRY/node" | cut -f1)

@@ -3,7 +3,8 @@
 //
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
-//      PROMPT_TOKENS (256), GEN_TOKENS (64). Prints one JSON line per model.
+//      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (64: prefill chunk).
+// Prints one JSON line per model.
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -35,11 +36,13 @@ out = []
 for m in ${JSON.stringify(models)}:
     g = read_gguf(m)
     t = time.perf_counter()
-    eng = await Engine.open_async(g, dev, context_length=2048)
+    eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
+                                  chunk=${Number(process.env.CHUNK || 64)})
     load = time.perf_counter() - t
     r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
                               gen_tokens=${Number(process.env.GEN_TOKENS || 64)})
-    r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)")
+    r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
+             chunk=${Number(process.env.CHUNK || 64)})
     out.append(json.dumps(r))
     eng.close()
 "\\n".join(out)

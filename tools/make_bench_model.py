@@ -135,7 +135,7 @@ def read_kv(path) -> dict[str, tuple]:
             if et == GGUFValueType.STRING:
                 val = [string() for _ in range(count)]
             elif et in _SCALAR_FMT:
-                fmt = "<%d%s" % (count, _SCALAR_FMT[et])
+                fmt = f"<{count}{_SCALAR_FMT[et]}"
                 val = list(struct.unpack_from(fmt, data, pos))
                 pos += struct.calcsize(fmt)
             else:

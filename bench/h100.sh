@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# Side by side on a GPU machine without internet (the device machine): our engine (native wgpu,
+# and the browser code path: Pyodide + Dawn in Node) against llama.cpp CUDA's llama-bench, on the
+# same random-weight GGUF files.
+#
+#   bash bench/h100.sh STEP [STEP ...]        (run in the repository root; carried: .carry/base, .carry/node)
+#
+# Steps (each skips what is already done; REDO=1 redoes result steps):
+#   setup    unpack .carry/base (wheels -> $W/site, Vulkan loader if the machine lacks one, llama.cpp
+#            source, vocabulary) and .carry/node (node, Pyodide, Dawn), print the versions
+#   build    start the CUDA build of llama-bench in the background (setsid: it outlives this call,
+#            ~7 min on 16 cores), log in $W/build.log
+#   models   write the bench models (MODELS) into /tmp with tools/make_bench_model.py, in parallel
+#   wait     wait for the build (until this call's time budget runs short)
+#   llama    llama-bench -p PROMPT -n GEN -ngl 99 -o jsonl, one run per model
+#   ours     bench/bench.py --kernels (native wgpu backend), PROMPT/GEN/CONTEXT/CHUNK
+#   browser  bench/node_bench.mjs (Pyodide + Dawn in Node), one Node process per model
+#   ttft     time to first token for a TTFT_PROMPT-token prompt (TTFT_MODELS): ours native and
+#            llama-bench -p TTFT_PROMPT -n 0 (TTFT_BROWSER=1 adds the browser path)
+#   table    bench/side_by_side.py over the results -> table.md
+#   status   what is built, made and measured
+#   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
+#
+# Every call ends by copying to $OUT (what comes back from the device): table.md, native.jsonl,
+# browser.jsonl, llama.jsonl, ttft.jsonl, h100.log (this script's output, all calls) and build.log.
+# State lives in $W (/tmp/h100) and the models in /tmp: they persist only while the machine is
+# held, and a machine goes back ~30 s after a call ends, so the calls must follow each other at
+# once. Each call stops starting work BUDGET seconds (570) after it began; steps left undone are
+# done by repeating the same command line. See bench/RESULTS.md, "How to reproduce".
+#
+# Env: MODELS ("e2b:Q4_K a26b:Q4_K"), PROMPT (512), GEN (128), CONTEXT (2048), CHUNK (64),
+#      TTFT_PROMPT (4000), TTFT_MODELS ("e2b:Q4_K"), JOBS (14), BUDGET (570), REDO (0), CUDA (1; 0: a
+#      CPU-only llama-bench, to try this script on a machine without a GPU), PYTHON (python3),
+#      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+W=${H100_WORK:-/tmp/h100}
+RES=$W/results
+OUT=${OUT:-$W/out}
+MODEL_DIR=${MODEL_DIR:-/tmp}
+MODELS=${MODELS:-"e2b:Q4_K a26b:Q4_K"}
+PROMPT=${PROMPT:-512}
+GEN=${GEN:-128}
+CONTEXT=${CONTEXT:-2048}
+CHUNK=${CHUNK:-64}
+TTFT_PROMPT=${TTFT_PROMPT:-4000}
+TTFT_MODELS=${TTFT_MODELS:-"e2b:Q4_K"}
+JOBS=${JOBS:-14}
+CUDA=${CUDA:-1}
+BUDGET=${BUDGET:-570}
+REDO=${REDO:-0}
+LLAMA_ARGS=${LLAMA_ARGS:-}
+T0=$(date +%s)
+mkdir -p "$W" "$RES" "$OUT"
+exec > >(tee -a "$W/h100.log") 2>&1
+
+log() { echo "[h100 $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" >&2; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+# run a command with what is left of this call's budget (less a reserve), or skip it
+limited() {
+    local reserve=$1; shift
+    local t=$(( $(left) - reserve ))
+    if [ "$t" -lt 20 ]; then log "skipped (budget): $*"; return 124; fi
+    timeout --kill-after=5 "$t" "$@"
+}
+model_path() { local shape=${1%%:*} quant=${1##*:}; echo "$MODEL_DIR/bench-$shape-$quant.gguf"; }
+model_name() { basename "$(model_path "$1")" .gguf; }
+# a result file is kept unless REDO=1; written to .tmp, moved into place when the command succeeds
+done_already() { [ "$REDO" != 1 ] && [ -s "$1" ]; }
+
+environment() {
+    export PYTHONPATH=$W/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    export PATH=$W/bin:$PATH
+    for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [ -x "$d/nvcc" ] && export PATH=$PATH:$d && break; done
+    local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    [ -f "$icd" ] && export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+    PY=${PYTHON:-python3}
+}
+
+build_state() {   # none | running | ok | failed
+    if [ -x "$W/build/bin/llama-bench" ] && [ "$(cat "$W/build.rc" 2>/dev/null)" = 0 ]; then echo ok
+    elif [ -f "$W/build.rc" ]; then echo failed
+    elif [ -f "$W/build.pid" ] && kill -0 "$(cat "$W/build.pid")" 2>/dev/null; then echo running
+    else echo none; fi
+}
+
+step_setup() {
+    if [ -d .carry/base ] && [ ! -f "$W/.base" ]; then
+        log "setup: wheels, Vulkan loader, llama.cpp source, vocabulary"
+        if ! "$PY" -c "import wgpu, gguf" 2>/dev/null; then
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" \
+                .carry/base/whl/*.whl || return 1
+        fi
+        if ! ldconfig -p | grep -q 'libvulkan\.so\.1'; then
+            for f in .carry/base/gl/*.deb; do dpkg -x "$f" /; done
+            ldconfig
+        fi
+        rm -rf "$W/llama.cpp" && tar -xJf .carry/base/llama.cpp.tar.xz -C "$W" || return 1
+        xz -dc .carry/base/vocab.gguf.xz > "$W/vocab.gguf" || return 1
+        touch "$W/.base"
+    fi
+    if [ -d .carry/node ] && [ ! -f "$W/.node" ]; then
+        log "setup: node, Pyodide, Dawn"
+        mkdir -p "$W/bin" "$W/pyodide" "$W/webgpu"
+        xz -dc .carry/node/node.xz > "$W/bin/node" && chmod +x "$W/bin/node" || return 1
+        tar -xJf .carry/node/pyodide.tar.xz -C "$W/pyodide" || return 1
+        tar -xJf .carry/node/webgpu.tar.xz -C "$W/webgpu" || return 1
+        touch "$W/.node"
+    fi
+    [ -f "$W/.base" ] || { log "setup: .carry/base was not carried (bash bench/carry.sh, then carry it)"; return 1; }
+    if [ ! -f "$W/.versions" ]; then
+        {
+            nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+            nvcc --version 2>&1 | tail -1
+            cmake --version | head -1
+            "$PY" --version
+            "$PY" -c "import numpy, wgpu, gguf; print('numpy', numpy.__version__, 'wgpu', wgpu.__version__)"
+            [ -x "$W/bin/node" ] && echo "node $("$W/bin/node" --version)"
+            echo "llama.cpp from $(cat "$W/llama.cpp/SOURCE" 2>/dev/null)"
+            nproc; free -g | head -2; df -h "$MODEL_DIR" | tail -1
+        } > "$W/.versions" 2>&1
+    fi
+    cat "$W/.versions"
+}
+
+step_build() {
+    case $(build_state) in
+        ok) log "build: llama-bench already built"; return 0 ;;
+        running) log "build: already running"; return 0 ;;
+    esac
+    [ -d "$W/llama.cpp" ] || { log "build: no llama.cpp source (setup first)"; return 1; }
+    local gpu="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=$(command -v nvcc) -DGGML_CUDA_NCCL=OFF"
+    if [ "$CUDA" = 0 ]; then gpu="-DGGML_CUDA=OFF"      # CPU-only: to check this script on a machine without CUDA
+    else command -v nvcc >/dev/null || { log "build: no nvcc on PATH"; return 1; }; fi
+    local gen=Ninja
+    command -v ninja >/dev/null || gen="Unix Makefiles"
+    rm -f "$W/build.rc"
+    log "build: llama-bench ($gpu, $gen) in the background, -j $JOBS, log $W/build.log"
+    # setsid: its own process session, so it runs on after this call returns
+    setsid nohup bash -c "
+        set -o pipefail
+        start=\$(date +%s)
+        cmake -S '$W/llama.cpp' -B '$W/build' -G '$gen' -DCMAKE_BUILD_TYPE=Release $gpu \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT='$(cat "$W/llama.cpp/SOURCE")' \
+        && cmake --build '$W/build' --target llama-bench -j $JOBS
+        rc=\$?
+        echo \"build finished: rc \$rc after \$(( \$(date +%s) - start )) s\"
+        echo \$rc > '$W/build.rc'
+    " > "$W/build.log" 2>&1 < /dev/null &
+    echo $! > "$W/build.pid"
+}
+
+step_wait() {
+    local s
+    while [ "$(build_state)" = running ]; do
+        if [ "$(left)" -lt 60 ]; then log "wait: build still running (budget): $(tail -1 "$W/build.log")"; return 0; fi
+        sleep 15
+        log "wait: $(tail -1 "$W/build.log" | cut -c1-150)"
+    done
+    s=$(build_state)
+    log "wait: build $s"
+    [ "$s" = failed ] && tail -40 "$W/build.log"
+    [ "$s" = ok ]
+}
+
+step_models() {
+    local spec path pids=() specs=() i rc=0
+    for spec in $MODELS $TTFT_MODELS; do
+        path=$(model_path "$spec")
+        case " ${specs[*]} " in *" $spec "*) continue ;; esac
+        [ -f "$path" ] && [ -f "$path.ok" ] && continue
+        specs+=("$spec")
+        log "models: $spec -> $path"
+        ( limited 0 "$PY" tools/make_bench_model.py --shape "${spec%%:*}" --quant "${spec##*:}" \
+              --vocab "$W/vocab.gguf" --out "$path.tmp" && mv "$path.tmp" "$path" && touch "$path.ok" ) &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do wait "${pids[$i]}" || { rc=1; log "models: ${specs[$i]} failed"; }; done
+    ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
+    return $rc
+}
+
+# measurements wait for the build: it takes 14 of 16 cores, and our engine encodes on the CPU
+busy() {
+    [ "$(build_state)" = running ] || return 1
+    if [ "${ALLOW_BUSY:-0}" = 1 ]; then log "WARNING: the llama.cpp build is still running: CPU-bound timings are off"; return 1; fi
+    log "$1: skipped while the llama.cpp build runs (repeat this command; ALLOW_BUSY=1 measures anyway)"
+}
+
+step_llama() {
+    local spec path res
+    busy llama && return 1
+    [ "$(build_state)" = ok ] || { log "llama: llama-bench not built ($(build_state))"; return 1; }
+    for spec in $MODELS; do
+        path=$(model_path "$spec"); res=$RES/llama-$(model_name "$spec").jsonl
+        done_already "$res" && continue
+        [ -f "$path.ok" ] || { log "llama: no $path"; continue; }
+        log "llama: $spec"
+        # shellcheck disable=SC2086
+        limited 20 "$W/build/bin/llama-bench" -m "$path" -p "$PROMPT" -n "$GEN" -ngl 99 -o jsonl $LLAMA_ARGS \
+            > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    done
+}
+
+step_ours() {
+    local spec path res
+    busy ours && return 1
+    for spec in $MODELS; do
+        path=$(model_path "$spec"); res=$RES/native-$(model_name "$spec").jsonl
+        done_already "$res" && continue
+        [ -f "$path.ok" ] || { log "ours: no $path"; continue; }
+        log "ours (native): $spec"
+        # --kernels: matvec GB/s per quant type first; the best one gives bound_tok_s
+        limited 20 "$PY" bench/bench.py --kernels --models "$path" --prompt-tokens "$PROMPT" --gen-tokens "$GEN" \
+            --context "$CONTEXT" --chunk "$CHUNK" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    done
+}
+
+step_browser() {
+    local spec path res
+    [ -x "$W/bin/node" ] || { log "browser: no node (carry .carry/node)"; return 1; }
+    busy browser && return 1
+    for spec in $MODELS; do
+        path=$(model_path "$spec"); res=$RES/browser-$(model_name "$spec").jsonl
+        done_already "$res" && continue
+        [ -f "$path.ok" ] || { log "browser: no $path"; continue; }
+        log "browser (Pyodide + Dawn in Node): $spec"
+        PROMPT_TOKENS=$PROMPT GEN_TOKENS=$GEN CONTEXT=$CONTEXT CHUNK=$CHUNK PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+            limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    done
+}
+
+step_ttft() {
+    local spec path res ctx=$(( (TTFT_PROMPT * 2 + 1023) / 1024 * 1024 ))
+    busy ttft && return 1
+    for spec in $TTFT_MODELS; do
+        path=$(model_path "$spec")
+        [ -f "$path.ok" ] || { log "ttft: no $path"; continue; }
+        res=$RES/ttft-native-$(model_name "$spec").jsonl
+        if ! done_already "$res"; then
+            log "ttft (native): $spec, $TTFT_PROMPT-token prompt"
+            limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$TTFT_PROMPT" --gen-tokens 4 \
+                --context "$ctx" --chunk "$CHUNK" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+        res=$RES/ttft-llama-$(model_name "$spec").jsonl
+        if [ "$(build_state)" = ok ] && ! done_already "$res"; then
+            log "ttft (llama.cpp): $spec"
+            # shellcheck disable=SC2086
+            limited 20 "$W/build/bin/llama-bench" -m "$path" -p "$TTFT_PROMPT" -n 0 -ngl 99 -o jsonl $LLAMA_ARGS \
+                > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+        res=$RES/ttft-browser-$(model_name "$spec").jsonl
+        if [ "${TTFT_BROWSER:-0}" = 1 ] && [ -x "$W/bin/node" ] && ! done_already "$res"; then
+            log "ttft (browser): $spec"
+            PROMPT_TOKENS=$TTFT_PROMPT GEN_TOKENS=4 CONTEXT=$ctx CHUNK=$CHUNK PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+                limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+    done
+}
+
+step_table() {
+    "$PY" bench/side_by_side.py --prompt "$PROMPT" --gen "$GEN" --ttft-prompt "$TTFT_PROMPT" "$RES" > "$RES/table.md" \
+        && cat "$RES/table.md"
+}
+
+step_status() {
+    log "build: $(build_state); $(tail -1 "$W/build.log" 2>/dev/null)"
+    ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
+    ls -la "$RES" 2>/dev/null
+}
+
+finish() {   # what comes back: at most 8 files in $OUT
+    local kind
+    step_table > /dev/null 2>&1
+    for kind in native browser llama ttft; do
+        cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
+    done
+    cp "$RES/table.md" "$OUT/" 2>/dev/null
+    tail -c 8000000 "$W/build.log" > "$OUT/build.log" 2>/dev/null || rm -f "$OUT/build.log"
+    log "call done; build $(build_state)"
+    sleep 0.2
+    tail -c 8000000 "$W/h100.log" > "$OUT/h100.log"
+}
+
+environment
+trap finish EXIT
+[ $# -gt 0 ] || set -- status
+for s in "$@"; do
+    [ "$s" = all ] && set -- setup build models wait llama ours browser ttft table && break
+done
+for s in "$@"; do
+    case $s in
+        setup|build|models|wait|llama|ours|browser|ttft|table|status) ;;
+        *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
+    esac
+done
+rc=0
+for s in "$@"; do
+    log "== $s (budget left $(left) s)"
+    "step_$s" || { rc=1; log "$s: failed or incomplete"; }
+done
+exit $rc
