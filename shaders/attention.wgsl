@@ -182,6 +182,8 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (lid == 0u) { PART[pbase] = m; PART[pbase + 1u] = l; }
 }
 
+var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weight e^(m_s - M) / L
+
 @compute @workgroup_size(128)
 fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -193,12 +195,11 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         let b = (h * NSPLIT + s) * stride;
         l += exp(PART[b] - mx) * PART[b + 1u];
     }
+    for (var s = lid; s < NSPLIT; s += 128u) { cw[s] = exp(PART[(h * NSPLIT + s) * stride] - mx) / l; }
+    workgroupBarrier();
     for (var d = lid; d < HD; d += 128u) {
         var a = 0.0;
-        for (var s = 0u; s < NSPLIT; s++) {
-            let b = (h * NSPLIT + s) * stride;
-            a += exp(PART[b] - mx) * PART[b + 2u + d];
-        }
-        O[h * HD + d] = a / l;
+        for (var s = 0u; s < NSPLIT; s++) { a += cw[s] * PART[(h * NSPLIT + s) * stride + 2u + d]; }
+        O[h * HD + d] = a;
     }
 }

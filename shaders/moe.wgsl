@@ -3,7 +3,7 @@
 // Mirrors reference.forward ReferenceModel.moe (Ollama's gemma4 TextMoE):
 //   route:   probs = softmax(LOG[t, :E]); the KSEL largest (lowest id on ties)
 //            -> IDS[t, k]; WTS[t, k] = their probs renormalized to sum 1.
-//            One workgroup of RWG threads per token (E <= 32 * RWG, KSEL <= RWG). Dispatch (T).
+//            One workgroup of RWG threads per token, ranks in shared memory. Dispatch (T).
 //   experts: Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k] for slots s = t*KSEL + j,
 //            W raw GGUF bytes of [E, N, K]; xrow = t (XPER = 1, shared input) or s
 //            (XPER = KSEL, one input row per slot). Like matvec.wgsl, TPR threads per
@@ -34,89 +34,42 @@ override WG: u32 = 256u;
 
 //!include quants
 
-// route: one workgroup of RWG threads per token; thread l owns experts l, l + RWG, ...
-// (at most 32 each: a bit mask marks those taken). Max and sum of exp by tree reductions,
-// then KSEL rounds of a parallel argmax (ties -> lowest expert id, as the reference's
-// stable sort). A single-thread version took ~290 us per layer on an H100 for E = 128.
+// route: one workgroup of RWG threads per token, the token's E logits in shared memory.
+// Every thread finds the max and the softmax sum itself (E shared reads), then the rank of
+// each of its experts: the number of experts ahead of it (a larger logit, or an equal one
+// with a lower id: the reference's stable sort). Ranks below KSEL are the chosen; three
+// barriers in all. (A single thread per token took ~290 us per layer on an H100 for E = 128,
+// KSEL rounds of a tree argmax ~63 us.)
 override RWG: u32 = 128u;
-var<workgroup> rv: array<f32, RWG>;
-var<workgroup> ri: array<u32, RWG>;
-var<workgroup> rp: array<f32, RWG>;
-const NONE: u32 = 0xffffffffu;
-
-fn reduce_max(lid: u32, v: f32) -> f32 {
-    rv[lid] = v;
-    workgroupBarrier();
-    for (var s = RWG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { rv[lid] = max(rv[lid], rv[lid + s]); }
-        workgroupBarrier();
-    }
-    let r = rv[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(lid: u32, v: f32) -> f32 {
-    rv[lid] = v;
-    workgroupBarrier();
-    for (var s = RWG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { rv[lid] += rv[lid + s]; }
-        workgroupBarrier();
-    }
-    let r = rv[0];
-    workgroupBarrier();
-    return r;
-}
-
-// (value, id) with the larger value, the lower id on equal values; NONE loses.
-fn better(v: f32, i: u32, ov: f32, oi: u32) -> bool {
-    return oi != NONE && (i == NONE || ov > v || (ov == v && oi < i));
-}
+var<workgroup> lv: array<f32, E>;
+var<workgroup> rank: array<u32, E>;
 
 @compute @workgroup_size(RWG)
 fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     if (t >= S.n_tokens) { return; }
-    let base = t * E;
+    for (var e = lid; e < E; e += RWG) { lv[e] = LOG[t * E + e]; }
+    workgroupBarrier();
     var m = -3.4e38;
-    for (var e = lid; e < E; e += RWG) { m = max(m, LOG[base + e]); }
-    m = reduce_max(lid, m);
-    var part = 0.0;
-    for (var e = lid; e < E; e += RWG) { part += exp(LOG[base + e] - m); }
-    let total = reduce_sum(lid, part);
-
-    var taken = 0u;
-    var chosen_sum = 0.0;
-    for (var j = 0u; j < KSEL; j++) {
-        var bv = -3.4e38;
-        var bi = NONE;
-        var k = 0u;
-        for (var e = lid; e < E; e += RWG) {
-            let v = LOG[base + e];
-            if ((taken & (1u << k)) == 0u && better(bv, bi, v, e)) { bv = v; bi = e; }
-            k++;
-        }
-        rv[lid] = bv;
-        ri[lid] = bi;
-        workgroupBarrier();
-        for (var s = RWG / 2u; s > 0u; s >>= 1u) {
-            if (lid < s && better(rv[lid], ri[lid], rv[lid + s], ri[lid + s])) {
-                rv[lid] = rv[lid + s];
-                ri[lid] = ri[lid + s];
-            }
-            workgroupBarrier();
-        }
-        let best = ri[0];
-        let p = exp(rv[0] - m) / total;
-        if (best % RWG == lid) { taken |= 1u << (best / RWG); }
-        if (lid == 0u) {
-            IDS[t * KSEL + j] = best;
-            rp[j] = p;
-        }
-        chosen_sum += p;
-        workgroupBarrier();
+    for (var e = 0u; e < E; e++) { m = max(m, lv[e]); }
+    var total = 0.0;
+    for (var e = 0u; e < E; e++) { total += exp(lv[e] - m); }
+    for (var e = lid; e < E; e += RWG) {
+        let v = lv[e];
+        var r = 0u;
+        for (var o = 0u; o < E; o++) { r += select(0u, 1u, lv[o] > v || (lv[o] == v && o < e)); }
+        rank[e] = r;
     }
-    if (lid < KSEL) { WTS[t * KSEL + lid] = rp[lid] / chosen_sum; }
+    workgroupBarrier();
+    var chosen = 0.0;
+    for (var e = 0u; e < E; e++) { if (rank[e] < KSEL) { chosen += exp(lv[e] - m); } }
+    for (var e = lid; e < E; e += RWG) {
+        let r = rank[e];
+        if (r < KSEL) {
+            IDS[t * KSEL + r] = e;
+            WTS[t * KSEL + r] = exp(lv[e] - m) / chosen;
+        }
+    }
 }
 
 var<workgroup> red: array<f32, WG>;

@@ -336,12 +336,12 @@ def sample(dev: Device, v: int, logits: Buffer, out: Buffer, params: Buffer, scr
 def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buffer, weights: Buffer,
               step: Buffer, max_tokens: int, plan: Plan | None = None) -> Plan:
     """ids/weights [T, k_used] = top-k of softmax(logits [T, n_experts]), renormalized.
-    One workgroup per token: a power of two >= n_experts / 32 and k_used threads (32..256)."""
+    One workgroup per token (threads: n_experts rounded up to a power of two, 32..256)."""
     rwg = 32
-    while rwg < 256 and (rwg < n_experts or rwg < k_used):
+    while rwg < 256 and rwg < n_experts:
         rwg *= 2
-    if n_experts > 32 * rwg or k_used > rwg:
-        raise ValueError(f"routing supports up to {32 * rwg} experts and {rwg} chosen, got {n_experts}, {k_used}")
+    if n_experts > 4096 or k_used > n_experts:
+        raise ValueError(f"routing supports up to 4096 experts, k <= experts; got {n_experts}, {k_used}")
     p = _pipeline(dev, "moe", entry="route", prelude=quant_prelude(ggml.F32),
                   constants={"E": n_experts, "KSEL": k_used, "RWG": rwg})
     bg = dev.bind_group(p, {"S": step, "IDS": ids, "WTS": weights, "LOG": logits})
