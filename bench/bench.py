@@ -49,6 +49,8 @@ def bench_model(path: str, args) -> dict:
     from pyapp.gguf import read_gguf
     g = read_gguf(path)
     t = time.perf_counter()
+    from pyapp.engine import DEFAULT_CHUNK
+    args.chunk = args.chunk or DEFAULT_CHUNK
     eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk)
     load_s = time.perf_counter() - t
     r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
@@ -104,7 +106,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=None, help="most tokens per prefill step (default: the engine's)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="GB/s for the bound (0: best matvec measured)")
     args = ap.parse_args()
     if args.kernels:

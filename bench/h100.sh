@@ -28,7 +28,7 @@
 # once. Each call stops starting work BUDGET seconds (570) after it began; steps left undone are
 # done by repeating the same command line. See bench/RESULTS.md, "How to reproduce".
 #
-# Env: MODELS ("e2b:Q4_K a26b:Q4_K"), PROMPT (512), GEN (128), CONTEXT (2048), CHUNK (64),
+# Env: MODELS ("e2b:Q4_K a26b:Q4_K"), PROMPT (512), GEN (128), CONTEXT (2048), CHUNK (512),
 #      TTFT_PROMPT (4000), TTFT_MODELS ("e2b:Q4_K"), JOBS (14), BUDGET (570), REDO (0), CUDA (1; 0: a
 #      CPU-only llama-bench, to try this script on a machine without a GPU), PYTHON (python3),
 #      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments).
@@ -43,7 +43,7 @@ MODELS=${MODELS:-"e2b:Q4_K a26b:Q4_K"}
 PROMPT=${PROMPT:-512}
 GEN=${GEN:-128}
 CONTEXT=${CONTEXT:-2048}
-CHUNK=${CHUNK:-64}
+CHUNK=${CHUNK:-512}
 TTFT_PROMPT=${TTFT_PROMPT:-4000}
 TTFT_MODELS=${TTFT_MODELS:-"e2b:Q4_K"}
 JOBS=${JOBS:-14}

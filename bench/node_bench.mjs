@@ -3,7 +3,7 @@
 //
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
-//      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (64: prefill chunk).
+//      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step).
 // Prints one JSON line per model.
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -28,7 +28,7 @@ py.runPython("import sys; sys.path.insert(0, '/repo')");
 const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
 import json, time
-from pyapp.engine import Engine
+from pyapp.engine import DEFAULT_CHUNK, Engine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
 dev = await get_device_async("browser")
@@ -37,12 +37,12 @@ for m in ${JSON.stringify(models)}:
     g = read_gguf(m)
     t = time.perf_counter()
     eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
-                                  chunk=${Number(process.env.CHUNK || 64)})
+                                  chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
     load = time.perf_counter() - t
     r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
                               gen_tokens=${Number(process.env.GEN_TOKENS || 64)})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
-             chunk=${Number(process.env.CHUNK || 64)})
+             chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
     out.append(json.dumps(r))
     eng.close()
 "\\n".join(out)

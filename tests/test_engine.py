@@ -227,3 +227,17 @@ def test_ple_table_in_the_file_or_on_the_gpu(dev, toy):
     greedy = SamplingParams(temperature=0, max_tokens=12)
     assert in_file.generate(TOKENS[:5], greedy, stop_ids=()).tokens == \
         on_gpu.generate(TOKENS[:5], greedy, stop_ids=()).tokens
+
+
+def test_prefill_steps_of_several_sizes(dev, toy):
+    """A 128-token chunk makes plans of 1, 64 and 128 tokens; each step takes the smallest that fits,
+    and the logits are those of 7-token steps."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny-moe", "Q8_0"))
+    wide = Engine.open(g, device=dev, context_length=256, chunk=128)
+    assert wide.runner.step_sizes == [1, 64, 128] and wide.runner.step_size(20) == 64
+    tokens = [(7 * i + 3) % 1000 for i in range(150)]          # steps of 128 and 22 tokens
+    np.testing.assert_allclose(engine_logits(wide, tokens),
+                               engine_logits(Engine.open(g, device=dev, context_length=256, chunk=7), tokens),
+                               atol=2e-4)

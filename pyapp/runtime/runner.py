@@ -27,10 +27,15 @@ class Runner:
         self.ctx, self.chunk = context_length, chunk
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.model = Gemma4(cfg, layout, self.state)
+        self.step_sizes = sorted({1, min(64, chunk), chunk})   # a plan per size, built at load
         self._plans: dict = {}
 
+    def step_size(self, n: int) -> int:
+        """The plan for a step of n tokens: the smallest size that holds them."""
+        return next(size for size in self.step_sizes if size >= n)
+
     def layers_plan(self, T: int, sampled: bool = False) -> Plan:
-        """Embeddings and every layer for up to T tokens (T is 1 or the chunk size)."""
+        """Embeddings and every layer for up to T tokens (T: one of step_sizes)."""
         key = ("layers", T, sampled)
         if key not in self._plans:
             plan = self.dev.plan()
