@@ -113,8 +113,8 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // ---------------------------------------------------------------------------
 // Decode attention, split over the keys (one query token, S.n_tokens = 1):
 //   attend_split:   workgroup (h, s) covers keys [lo + s*CH, lo + (s+1)*CH) of the
-//                   query's range [lo, pos]; 4 threads per key compute q.k (vec4 loads,
-//                   coalesced V reads after), then writes its partial softmax state
+//                   query's range [lo, pos]; 4 threads per key compute q.k (interleaved
+//                   vec4s, coalesced; V reads after too), then writes its partial softmax state
 //                   PART[h, s] = (max m, sum l, acc[HD]) (m = NEG, l = 0 when empty).
 //                   Dispatch (H, NSPLIT) with NSPLIT * CH >= the most keys a query sees.
 //   attend_combine: O[h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Dispatch (H).
@@ -152,14 +152,17 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     for (var d = lid; d < HD; d += 128u) { qs[d] = Q[h * HD + d] * SCALE; }
     workgroupBarrier();
 
-    // scores: key j = lid / 4, quarter lid % 4 of its dims
+    // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims, so the
+    // four read one contiguous 64 bytes at a time (coalesced)
     let j = lid / 4u;
     let quarter = lid % 4u;
     var dotv = 0.0;
     if (j < n) {
         let kb = (kvh * CTX + (k0 + j) % CTX) * HD;
-        let q4 = HD / 4u;
-        for (var d = quarter * q4; d < (quarter + 1u) * q4; d++) { dotv += qs[d] * KC[kb + d]; }
+        for (var d = quarter * 4u; d < HD; d += 16u) {
+            dotv += dot(vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]),
+                        vec4<f32>(KC[kb + d], KC[kb + d + 1u], KC[kb + d + 2u], KC[kb + d + 3u]));
+        }
     }
     part4[lid] = dotv;
     workgroupBarrier();

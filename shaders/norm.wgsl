@@ -7,6 +7,8 @@
 // Dispatch: T * RPT workgroups, split into (x, y) above 65535. Entry points:
 //   main:       Y = norm(X) [* Wt] * SCALE   (SCALE: a constant factor, e.g. the MoE
 //               router's 1/sqrt(hidden), kept out of the weights)
+//   norm_pair:  Y = norm(X) [* Wt] * SCALE and A = norm(X) * W2: two norms of one row in one
+//               pass (the MoE router's input and the experts' input)
 //   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
 //               optionally times layer_output_scale (saves two dispatches);
 //               HAS_NEXT: also Y = norm(A) * W2, the next pre-norm (saves one more)
@@ -60,6 +62,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let base = row * D;
     let inv = inv_rms(base, lid) * SCALE;
     for (var i = lid; i < D; i += WG) { Y[base + i] = X[base + i] * inv * weight(i); }
+}
+
+@compute @workgroup_size(WG)
+fn norm_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.n_tokens * RPT) { return; }
+    let base = row * D;
+    let inv = inv_rms(base, lid);
+    for (var i = lid; i < D; i += WG) {
+        let v = X[base + i] * inv;
+        Y[base + i] = v * weight(i) * SCALE;
+        A[base + i] = v * W2[i];
+    }
 }
 
 @compute @workgroup_size(WG)

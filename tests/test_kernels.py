@@ -190,6 +190,21 @@ def test_rope(dev, hd, nrot, ff):
     np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, atol=2e-5)
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_pair(dev, weighted):
+    """Two norms of one row: weighted and scaled (the MoE router's input), and by a second weight."""
+    rng = np.random.default_rng(31)
+    t, d = 3, 137
+    x = rng.standard_normal((t, d)).astype(np.float32) * 2
+    w1, w2 = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    y, y2 = dev.buffer(4 * t * d), dev.buffer(4 * t * d)
+    dev.submit(K.rms_norm_pair(dev, d, f32(dev, x), y, f32(dev, w1) if weighted else None, y2, f32(dev, w2),
+                               step_buffer(dev, t), t, scale=0.25))
+    np.testing.assert_allclose(read_f32(dev, y, t * d).reshape(t, d), rms_norm(x, w1 if weighted else None, 1e-6) * 0.25,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(read_f32(dev, y2, t * d).reshape(t, d), rms_norm(x, w2, 1e-6), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rpt", [1, 3])
 def test_geglu_halves(dev, rpt):
     """gelu(gate) * up over rows of a fused [gate | up] output (odd width, several rows per token)."""
@@ -517,7 +532,7 @@ def test_matvec_epilogues(dev, qtype, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
-@pytest.mark.parametrize("hd,window,pos", [(64, 0, 0), (256, 0, 77), (512, 0, 40), (128, 8, 70), (256, 40, 100)])
+@pytest.mark.parametrize("hd,window,pos", [(64, 0, 0), (256, 0, 77), (512, 0, 40), (128, 8, 70), (256, 40, 100), (20, 0, 33)])
 def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     """The split-K decode kernel equals the reference attention for one query at `pos`."""
     rng = np.random.default_rng(hd + pos)

@@ -181,6 +181,16 @@ def rms_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, s
     return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens * rows_per_token))
 
 
+def rms_norm_pair(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, y2: Buffer, weight2: Buffer,
+                  step: Buffer, max_tokens: int, eps: float = 1e-6, scale: float = 1.0,
+                  plan: Plan | None = None) -> Plan:
+    """y = rms_norm(x) [* weight] * scale and y2 = rms_norm(x) * weight2, rows of d floats, one dispatch."""
+    p = _pipeline(dev, "norm", entry="norm_pair", constants={"D": d, "EPS": eps, "HAS_W": weight is not None,
+                                                            "SCALE": scale})
+    res = {"X": x, "Y": y, "Wt": weight if weight is not None else dev.dummy, "S": step, "A": y2, "W2": weight2}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
+
+
 def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step: Buffer, max_tokens: int,
                eps: float = 1e-6, scale: Buffer | None = None, next_out: Buffer | None = None,
                next_weight: Buffer | None = None, plan: Plan | None = None) -> Plan:

@@ -77,6 +77,12 @@ class Ops:
                    self.step, max_tokens=self.T, rows_per_token=rows_per_token, eps=self.eps, scale=scale,
                    plan=self.plan)
 
+    def rms_norm_pair(self, x: Buffer, y: Buffer, weight: GpuTensor | None, y2: Buffer, weight2: GpuTensor,
+                      scale: float = 1.0) -> None:
+        """Fuses two rms_norms of the same x: y = rms_norm(x) [* weight] * scale, y2 = rms_norm(x) * weight2."""
+        K.rms_norm_pair(self.dev, self.cfg.hidden, x, y, weight.buffer if weight is not None else None, y2,
+                        weight2.buffer, self.step, self.T, eps=self.eps, scale=scale, plan=self.plan)
+
     def add_norm(self, y: Buffer, weight: GpuTensor, into: Buffer, scale: GpuTensor | None = None,
                  next_weight: GpuTensor | None = None, next_out: Buffer | None = None) -> None:
         """Fuses a post-norm's residual add, the layer scale and the next pre-norm:
