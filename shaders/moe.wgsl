@@ -19,6 +19,8 @@ override N: u32 = 1u;
 override XPER: u32 = 1u;
 override D: u32 = 1u;
 override HAS_SC: bool = false;
+override E0: u32 = 0u;       // experts: the first expert in W
+override NE: u32 = 1u;       // experts: how many W holds
 override TPR: u32 = 64u;
 override WG: u32 = 256u;
 
@@ -81,11 +83,14 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let row = wid.x * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
     let e = IDS[slot];
+    // W holds experts E0 .. E0 + NE - 1 (a big expert tensor is split over buffers): others skip
+    // the work but still meet the barriers below
+    let here = e >= E0 && e < E0 + NE;
     let xrow = select(slot / KSEL, slot, XPER > 1u);
     let gpb = QK / 4u;
-    let rowbase = (e * N + min(row, N - 1u)) * (K / QK) * QB;
+    let rowbase = (select(0u, e - E0, here) * N + min(row, N - 1u)) * (K / QK) * QB;
     var acc = 0.0;
-    for (var g = t; g < K / 4u; g += TPR) {
+    for (var g = t; here && g < K / 4u; g += TPR) {
         acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[xrow * (K / 4u) + g]);
     }
     red[lid] = acc;
@@ -94,7 +99,7 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         if (t < s) { red[lid] += red[lid + s]; }
         workgroupBarrier();
     }
-    if (t == 0u && row < N) { Y[slot * N + row] = red[lid]; }
+    if (t == 0u && row < N && here) { Y[slot * N + row] = red[lid]; }
 }
 
 @compute @workgroup_size(64)

@@ -241,3 +241,23 @@ def test_prefill_steps_of_several_sizes(dev, toy):
     np.testing.assert_allclose(engine_logits(wide, tokens),
                                engine_logits(Engine.open(g, device=dev, context_length=256, chunk=7), tokens),
                                atol=2e-4)
+
+
+def test_expert_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
+    """A 300 KiB binding limit splits the experts (whole experts per buffer); logits are unchanged."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny-moe", "Q8_0"))
+    whole = Engine.open(g, device=dev, context_length=32, chunk=4)
+    want, want_tokens = engine_logits(whole, TOKENS[:6]), \
+        whole.generate(TOKENS[:4], SamplingParams(temperature=0, max_tokens=8), stop_ids=()).tokens
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 300 << 10)
+    split = Engine.open(g, device=dev, context_length=32, chunk=4)
+    layer = split.runner.layout.layers[0]
+    assert len(layer.experts_gate_up.parts) == 4 and len(layer.experts_down.parts) == 2
+    np.testing.assert_allclose(engine_logits(split, TOKENS[:6]), want, atol=1e-5)
+    assert split.generate(TOKENS[:4], SamplingParams(temperature=0, max_tokens=8), stop_ids=()).tokens == want_tokens
+    from pyapp.engine import EngineError
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 100 << 10)
+    with pytest.raises(EngineError, match="ffn_gate_up_exps.weight: one expert .* exceeds the GPU's binding limit"):
+        Engine.open(g, device=dev, context_length=32, chunk=4)

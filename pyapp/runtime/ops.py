@@ -170,10 +170,13 @@ class Ops:
                     plan=self.plan)
 
     def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
-        """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token."""
-        cfg = self.cfg
-        K.moe_experts(self.dev, w.qtype, w.shape[0], w.shape[1], cfg.n_experts, cfg.n_experts_used, w.buffer, x, y,
-                      ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan)
+        """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token
+        (one dispatch per buffer of a split W, each writing the slots of its experts)."""
+        cfg, n = self.cfg, w.shape[1]
+        for p in w.parts:
+            K.moe_experts(self.dev, w.qtype, w.shape[0], n, cfg.n_experts, cfg.n_experts_used, p.buffer, x, y,
+                          ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
+                          first_expert=p.row0 // n, experts_here=p.rows // n)
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:

@@ -156,12 +156,15 @@ def _vector(dev: Device, t, uploads: list) -> GpuTensor:
 
 
 def _matrix(dev: Device, t, limit: int, uploads: list) -> GpuTensor:
-    """Row blocks of a multiple of 64 rows, each within one binding: outputs start 256-byte aligned."""
+    """Row blocks, each within one binding: a multiple of 64 rows for a matrix (its outputs start
+    256-byte aligned), whole experts for an expert tensor [E, n, k]."""
     _check_kernel(t)
     rows, rb = t.n_elements // t.shape[0], t.row_bytes
-    per = rows if t.nbytes + WEIGHT_PAD <= limit else max(64, (limit - WEIGHT_PAD) // rb // 64 * 64)
+    unit = t.shape[1] if len(t.shape) == 3 else 64          # rows of one expert, or 64
+    per = rows if t.nbytes + WEIGHT_PAD <= limit else max(1, (limit - WEIGHT_PAD) // rb // unit) * unit
     if per * rb + WEIGHT_PAD > limit:
-        raise ModelError(f"{t.name}: one row block ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
+        what = "one expert" if len(t.shape) == 3 else "one row block"
+        raise ModelError(f"{t.name}: {what} ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
     parts = []
     for r0 in range(0, rows, per):
         n = min(per, rows - r0)
