@@ -53,7 +53,7 @@ def bench_model(path: str, args) -> dict:
     args.chunk = args.chunk or DEFAULT_CHUNK
     eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk)
     load_s = time.perf_counter() - t
-    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens)
+    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, repeat=args.repeat)
     bpt = bytes_per_token(g)
     r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
              bytes_per_token=bpt, chunk=args.chunk)
@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; medians are reported")
     ap.add_argument("--chunk", type=int, default=None, help="most tokens per prefill step (default: the engine's)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="GB/s for the bound (0: best matvec measured)")
     args = ap.parse_args()

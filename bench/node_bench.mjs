@@ -3,7 +3,8 @@
 //
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
-//      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step).
+//      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
+//      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported).
 // Prints one JSON line per model.
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -40,7 +41,7 @@ for m in ${JSON.stringify(models)}:
                                   chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
     load = time.perf_counter() - t
     r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
-                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)})
+                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
     out.append(json.dumps(r))

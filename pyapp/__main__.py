@@ -145,7 +145,7 @@ def cmd_bench(args) -> int:
     from .engine import Engine
     g = _open(args.model)
     engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
-    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens)
+    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat)
     if args.json:
         print(json.dumps(result))
     else:
@@ -206,6 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3, help="timed runs after the warm-up (medians are reported)")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
     p.add_argument("--ple-in-file", action="store_true", help=PLE_HELP)

@@ -18,6 +18,7 @@ the browser, where reading a buffer back is asynchronous.
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -346,25 +347,34 @@ class Engine:
         return await self._drive_async(self._forward(tokens))
 
     # -- benchmark ------------------------------------------------------------------
-    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int):
-        """Steps: prefill and decode speed on random tokens (greedy, no early stop), after a warm-up."""
+    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int):
+        """Steps: prefill and decode speed on random tokens (greedy, no early stop): a warm-up over
+        the same prompt (every plan the runs use), then `repeat` runs; medians, and every run's."""
         rng = random.Random(seed)
-        self.reset()
         ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
-        yield from self._generate(ids[:8], SamplingParams(temperature=0, max_tokens=2), None, None, stop_ids=())
-        self.reset()
-        res = yield from self._generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens), None, None,
-                                        stop_ids=())
-        return {"adapter": self.dev.describe(), "backend": self.dev.backend,
-                "prompt_tokens": len(ids), "prefill_s": res.prefill_s, "prefill_tok_s": res.prefill_tps,
-                "generated_tokens": len(res.tokens), "decode_s": res.decode_s, "decode_tok_s": res.decode_tps,
+        runs = []
+        for i in range(repeat + 1):
+            self.reset()
+            res = yield from self._generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens if i else 2),
+                                            None, None, stop_ids=())
+            if i:
+                runs.append(res)
+        return {"adapter": self.dev.describe(), "backend": self.dev.backend, "prompt_tokens": len(ids),
+                "prefill_s": statistics.median(r.prefill_s for r in runs),
+                "prefill_tok_s": statistics.median(r.prefill_tps for r in runs),
+                "generated_tokens": len(runs[0].tokens),
+                "decode_s": statistics.median(r.decode_s for r in runs),
+                "decode_tok_s": statistics.median(r.decode_tps for r in runs),
+                "runs": {"prefill_tok_s": [round(r.prefill_tps, 1) for r in runs],
+                         "decode_tok_s": [round(r.decode_tps, 1) for r in runs]},
                 "context_length": self.context_length, "model": self.config.describe()}
 
-    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
-        return self._drive(self._bench(prompt_tokens, gen_tokens, seed))
+    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0, repeat: int = 3) -> dict:
+        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat))
 
-    async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0) -> dict:
-        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed))
+    async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0,
+                          repeat: int = 3) -> dict:
+        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat))
 
     def close(self) -> None:
         self.runner = None

@@ -59,6 +59,7 @@ def test_generate_and_bench():
     b = json.loads(pyapp("bench", FIX / "gemma4-dense-q8_0.gguf", "--json", "--prompt-tokens", "16",
                          "--decode-tokens", "8").stdout.strip().splitlines()[-1])
     assert b["generated_tokens"] == 8 and b["decode_tok_s"] > 0 and b["adapter"].startswith("native")
+    assert len(b["runs"]["decode_tok_s"]) == 3 and sorted(b["runs"]["decode_tok_s"])[1] == round(b["decode_tok_s"], 1)
 
 
 def test_bad_file_is_a_clean_error(tmp_path):
