@@ -60,7 +60,14 @@ def cmd_tokenize(args) -> int:
 def cmd_logits(args) -> int:
     import numpy as np
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
-    model = _model(_open(args.model), args.backend)
+    gguf = _open(args.model)
+    from .model.config import Gemma4Config
+    vocab = Gemma4Config.from_gguf(gguf).vocab_size
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        print(f"error: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", file=sys.stderr)
+        return 2
+    model = _model(gguf, args.backend)
     logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")

@@ -229,9 +229,7 @@ class Engine:
             raise EngineError("empty prompt")
         if len(prompt) >= self.context_length:
             raise EngineError(f"prompt of {len(prompt)} tokens does not fit the context of {self.context_length}")
-        bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
-        if bad:
-            raise EngineError(f"token id {bad[0]} is outside the vocabulary ({cfg.vocab_size})")
+        self._check_ids(prompt)
         reuse = self._reusable(prompt)
         self.cached = prompt[:reuse]
         result.cached_tokens, result.prompt_tokens = reuse, len(prompt) - reuse
@@ -294,6 +292,12 @@ class Engine:
                 on_token(None, tail)
         return result
 
+    def _check_ids(self, tokens: list[int]) -> None:
+        """Ids outside the vocabulary would read past the embedding tables on the GPU."""
+        bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+
     def _decoder(self):
         """A streaming detokenizer, or None for a GGUF without a vocabulary (benchmark models)."""
         from .tokenizer import TokenizerError
@@ -327,6 +331,7 @@ class Engine:
         tokens = [int(t) for t in tokens]
         if len(tokens) > self.context_length:
             raise EngineError(f"{len(tokens)} tokens do not fit the context of {self.context_length}")
+        self._check_ids(tokens)
         self.reset()
         rows = []
         for i in range(0, len(tokens), r.chunk):

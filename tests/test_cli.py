@@ -62,6 +62,13 @@ def test_generate_and_bench():
     assert len(b["runs"]["decode_tok_s"]) == 3 and sorted(b["runs"]["decode_tok_s"])[1] == round(b["decode_tok_s"], 1)
 
 
+def test_logits_refuses_ids_outside_the_vocabulary(tmp_path):
+    for ids in ("2,99999", "2,-1"):
+        r = pyapp("logits", FIX / "demo.gguf", "--tokens", ids, "--out", tmp_path / "x.npy", "--backend", "reference",
+                  check=False)
+        assert r.returncode == 2 and "outside the vocabulary (0..4095)" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_bad_file_is_a_clean_error(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)

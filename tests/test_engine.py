@@ -141,6 +141,8 @@ def test_stop_cancel_and_context_limits(dev, toy):
     assert res.stop_reason == "cancelled" and len(res.tokens) == 2
     with pytest.raises(EngineError, match="outside the vocabulary"):
         eng.generate([2, 5000], greedy)
+    with pytest.raises(EngineError, match="token id -1 is outside the vocabulary"):
+        eng.forward([2, -1])
 
 
 def test_seeded_sampling_is_reproducible(dev, toy):
