@@ -205,15 +205,23 @@ class Engine:
                     return 0
         return n
 
-    def _prefill(self, tokens: list[int], pos: int):
-        """Run tokens through the layers in chunks; returns the row of the last token."""
+    def _layer_steps(self, tokens: list[int], pos: int):
+        """Submit tokens through the layers in steps of up to chunk tokens, the first at `pos`;
+        yields each step's token count once it is submitted (its rows are then in state.x)."""
         r = self.runner
         for i in range(0, len(tokens), r.chunk):
             part = tokens[i:i + r.chunk]
             r.write_step(part, pos + i)
             self.dev.submit(r.layers_plan(r.step_size(len(part))))
-        self.kv_end = pos + len(tokens)
-        return (len(tokens) - 1) % r.chunk
+            self.kv_end = pos + i + len(part)
+            yield len(part)
+
+    def _prefill(self, tokens: list[int], pos: int) -> int:
+        """Run tokens through the layers; returns the row of the last token in its step."""
+        last = 0
+        for last in self._layer_steps(tokens, pos):
+            pass
+        return last - 1
 
     def _read_token(self):
         """Step: the id the sampler wrote on the GPU."""
@@ -222,7 +230,7 @@ class Engine:
 
     def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
         """Steps of one generation; returns its GenerationResult."""
-        r, cfg = self.runner, self.config
+        r = self.runner
         result = GenerationResult()
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -334,14 +342,11 @@ class Engine:
         self._check_ids(tokens)
         self.reset()
         rows = []
-        for i in range(0, len(tokens), r.chunk):
-            part = tokens[i:i + r.chunk]
-            r.write_step(part, i)
-            self.dev.submit(r.layers_plan(r.step_size(len(part))))
-            for row in range(len(part)):
+        for n in self._layer_steps(tokens, 0):
+            for row in range(n):
                 self.dev.submit(r.head_plan(row, sample=False))
                 rows.append((yield ReadGpu(r.state.logits, 0, 4 * self.config.vocab_size)))
-        self.cached, self.kv_end = tokens, len(tokens)
+        self.cached = tokens
         return Logits.from_rows(rows)
 
     def forward(self, tokens: list[int]) -> Logits:

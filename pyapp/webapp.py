@@ -142,20 +142,22 @@ def _fail(e: BaseException) -> dict:
 
 # -- commands -----------------------------------------------------------------
 
-def _sampling_defaults() -> dict:
-    """What the settings start from: SamplingParams' defaults, the one definition (the page has none)."""
-    return {**dataclasses.asdict(SamplingParams()), "context_length": DEFAULT_CONTEXT}
+def _sampling_settings(ollama_params: dict | None = None) -> dict:
+    """The page's sampling settings from SamplingParams, the one definition (the page has none):
+    its defaults, or those of a model's Ollama params layer."""
+    return dataclasses.asdict(SamplingParams.from_ollama(ollama_params))
 
 
 async def boot() -> dict:
     """Request the WebGPU device; describe it. Also hands the page the sampling defaults."""
+    defaults = {**_sampling_settings(), "context_length": DEFAULT_CONTEXT}
     try:
         S.device = await get_device_async("browser")
     except GPUError as e:
-        return {"error": str(e).removeprefix("Error: "), "webgpu": False, "defaults": _sampling_defaults()}
+        return {"error": str(e).removeprefix("Error: "), "webgpu": False, "defaults": defaults}
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
-            "limits": d.limits, "webgpu": True, "defaults": _sampling_defaults()}
+            "limits": d.limits, "webgpu": True, "defaults": defaults}
 
 
 def _describe(g, source_name: str) -> dict:
@@ -216,14 +218,7 @@ async def open_folder_model(name: str) -> dict:
         return _fail(e)
     _unload()
     S.gguf, S.model_info, S.params = g, info, dict(m.params or {})
-    return {"model": info, "params": _defaults()}
-
-
-def _defaults() -> dict:
-    p = SamplingParams.from_ollama(S.params)
-    return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-            "repeat_penalty": p.repeat_penalty, "seed": p.seed, "max_tokens": p.max_tokens,
-            "num_ctx": int(S.params.get("num_ctx") or 0)}
+    return {"model": info, "params": {**_sampling_settings(S.params), "num_ctx": int(S.params.get("num_ctx") or 0)}}
 
 
 def _unload() -> None:

@@ -183,6 +183,14 @@ class Device:
             self._dummy = self.buffer(256, label="dummy")
         return self._dummy
 
+    @property
+    def dummy_out(self) -> Buffer:
+        """As dummy, for a writable binding a pipeline declares but won't write (bound beside
+        dummy in one bind group: a writable binding may not alias another)."""
+        if getattr(self, "_dummy_out", None) is None:
+            self._dummy_out = self.buffer(256, label="dummy out")
+        return self._dummy_out
+
     def write(self, buf: Buffer, data, offset: int = 0) -> None:
         """Queue a write of bytes-like `data` (padded to 4 bytes) at `offset`."""
         mv = memoryview(data).cast("B")

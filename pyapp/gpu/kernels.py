@@ -202,8 +202,8 @@ def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step
     res = {"X": x, "Wt": weight, "S": step, "A": acc, "SC": scale if scale is not None else dev.dummy}
     if nxt:
         res.update({"Y": next_out, "W2": next_weight})
-    else:   # a writable binding may not share the (read-only bound) dummy
-        res.update({"Y": dev.buffer(16, label="unused"), "W2": dev.dummy})
+    else:
+        res.update({"Y": dev.dummy_out, "W2": dev.dummy})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
 
 
@@ -229,7 +229,7 @@ def kv_prep(dev: Device, x: Buffer, k_off: int, v_off: int, k_weight: Buffer, kc
         "D": head_dim, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None,
         "HKV": kv_heads, "QOFF": q_off, "KOFF": k_off, "VOFF": v_off, "CTX": ctx})
     res = {"X": x, "Wt": k_weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy,
-           "KC": kc, "VC": vc, "Y": q_out if q_heads else dev.buffer(16, label="unused"),
+           "KC": kc, "VC": vc, "Y": q_out if q_heads else dev.dummy_out,
            "W2": q_weight if q_heads else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), kv_heads + q_heads)
 
