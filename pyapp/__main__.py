@@ -92,14 +92,15 @@ def cmd_generate(args) -> int:
     g = _open(args.model)
     tok = _tokenizer(g)
     ids = _prompt_ids(tok, g, args.prompt, args.raw)
+    params = _params(args)       # checked before the model loads
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        out = ReferenceModel(g).generate_greedy(ids, args.max_tokens)
+        out = ReferenceModel(g).generate_greedy(ids, int(min(params.token_limit, args.context)))
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
     from .engine import Engine
     engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
-    res = engine.generate(ids, _params(args), on_token=_print_piece)
+    res = engine.generate(ids, params, on_token=_print_piece)
     sys.stdout.write("\n")
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
           f"{res.decode_tps:.1f} tok/s, {res.stop_reason}]", file=sys.stderr)
@@ -109,7 +110,8 @@ def cmd_generate(args) -> int:
 def _params(args):
     from .engine import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repeat_penalty=args.repeat_penalty, max_tokens=args.max_tokens, seed=args.seed)
+                          repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                          max_tokens=args.max_tokens, seed=args.seed)
 
 
 def _print_piece(_tok, piece: str) -> None:
@@ -122,9 +124,9 @@ def cmd_chat(args) -> int:
     from .engine import Engine
     g = _open(args.model)
     tok = _tokenizer(g)
+    params = _params(args)       # checked before the model loads
     engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
     conv = Conversation(system=args.system, style=_chat_style(g))
-    params = _params(args)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
     while True:
         try:
@@ -196,12 +198,13 @@ def main(argv=None) -> int:
             p.add_argument("--raw", action="store_true", help="no chat template")
         else:
             p.add_argument("--system", default=None)
-        p.add_argument("--max-tokens", type=int, default=256)
+        p.add_argument("--max-tokens", type=int, default=256, help="-1: until a stop token or the context is full")
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--top-k", type=int, default=base.top_k)
         p.add_argument("--top-p", type=float, default=base.top_p)
         p.add_argument("--min-p", type=float, default=base.min_p)
         p.add_argument("--repeat-penalty", type=float, default=base.repeat_penalty)
+        p.add_argument("--repeat-last-n", type=int, default=base.repeat_last_n)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
@@ -227,7 +230,8 @@ def main(argv=None) -> int:
         from .gguf import GGUFError
         from .gpu import GPUError
         from .model.config import ConfigError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, OSError)):
+        from .sampling import ParamError
+        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, OSError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

@@ -29,10 +29,10 @@ from .model.logits import Logits
 from .model.weights import WeightsError, bind
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
-from .runtime.upload import ModelError, f32_vector, plan_uploads
+from .runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
+from .sampling import DEFAULT_CONTEXT, ParamError, SamplingParams, check_context_length  # noqa: F401 (re-exported)
 from .steps import drive, drive_async
 
-DEFAULT_CONTEXT = 4096
 # The most tokens one prefill step takes. Long prompts need wide steps to fill a big GPU (on an
 # H100, E2B prefill: 928 tok/s in steps of 64, 3026 in steps of 512); short ones take a 64-token plan.
 DEFAULT_CHUNK = 512
@@ -42,28 +42,16 @@ class EngineError(Exception):
     """A request the engine cannot serve (prompt too long, model too big, bad file)."""
 
 
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = 64
-    top_p: float = 0.95
-    min_p: float = 0.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
-    max_tokens: int = 512
-
-    @classmethod
-    def from_ollama(cls, params: dict | None) -> "SamplingParams":
-        """Defaults from an Ollama params layer ({"temperature": 1, "top_k": 64, ...})."""
-        p = params or {}
-        base = cls()
-        return cls(temperature=float(p.get("temperature", base.temperature)),
-                   top_k=int(p.get("top_k", base.top_k)), top_p=float(p.get("top_p", base.top_p)),
-                   min_p=float(p.get("min_p", base.min_p)),
-                   repeat_penalty=float(p.get("repeat_penalty", base.repeat_penalty)),
-                   repeat_last_n=int(p.get("repeat_last_n", base.repeat_last_n)),
-                   seed=p.get("seed"), max_tokens=int(p.get("num_predict", base.max_tokens) or base.max_tokens))
+def _check_context_fits(dev: Device, cfg, ctx: int) -> None:
+    """Each global layer's K and V caches hold the whole context in one GPU binding
+    (pyapp.runtime.state): refuse a context the GPU cannot bind before any upload."""
+    per_token = max((4 * lc.n_kv_heads * lc.head_dim for lc in cfg.layers if lc.owns_kv and not lc.sliding),
+                    default=0)
+    limit = binding_limit(dev)
+    if per_token and ctx * per_token > limit:
+        raise EngineError(f"a context of {ctx} tokens needs {ctx * per_token / 2**20:,.0f} MiB of KV cache per "
+                          f"layer in one GPU buffer; this GPU binds at most {limit / 2**20:,.0f} MiB: choose a "
+                          f"context of at most {limit // per_token} tokens")
 
 
 @dataclass
@@ -125,7 +113,8 @@ class Engine:
             bound = bind(cfg, gguf.tensors)
         except (ConfigError, WeightsError) as e:
             raise EngineError(str(e)) from e
-        ctx = min(context_length or DEFAULT_CONTEXT, cfg.context_length)
+        ctx = check_context_length(context_length, cfg.context_length)
+        _check_context_fits(dev, cfg, ctx)
         need = sum(t.nbytes for t in gguf.tensors.values()) - (bound.ple_token_embd.nbytes if ple_in_file else 0)
         limit = dev.limits.get("max_buffer_size", 0) * 64   # WebGPU exposes no memory size; a sanity bound
         if limit and need > limit:
@@ -230,6 +219,7 @@ class Engine:
 
     def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
         """Steps of one generation; returns its GenerationResult."""
+        params.validate()        # fields may have changed since it was made
         r = self.runner
         result = GenerationResult()
         prompt = [int(t) for t in prompt]
@@ -258,7 +248,7 @@ class Engine:
             # Decode ahead: feed the sampled id to the next step on the GPU before reading it, so the
             # GPU never waits for the CPU's readback and encoding. Wasted only on the last token.
             pos = len(self.cached)
-            ahead = r.decodes_ahead and len(result.tokens) + 1 < params.max_tokens and pos + 1 < self.context_length
+            ahead = r.decodes_ahead and len(result.tokens) + 1 < params.token_limit and pos + 1 < self.context_length
             if ahead:
                 r.write_position(pos)
                 self.dev.submit(r.layers_plan(1, sampled=True))
@@ -278,7 +268,7 @@ class Engine:
             result.text += piece
             if on_token:
                 on_token(tok, piece)
-            if len(result.tokens) >= params.max_tokens:
+            if len(result.tokens) >= params.token_limit:
                 result.stop_reason = "length"
                 break
             if should_stop and should_stop():

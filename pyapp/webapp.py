@@ -25,6 +25,7 @@ from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
 from .model.config import ConfigError, Gemma4Config
+from .sampling import page_rules
 from .source import SourceError
 from .tokenizer import TokenizerError
 
@@ -148,16 +149,23 @@ def _sampling_settings(ollama_params: dict | None = None) -> dict:
     return dataclasses.asdict(SamplingParams.from_ollama(ollama_params))
 
 
+def _sampling_params(p: dict) -> SamplingParams:
+    """The page's settings as SamplingParams: checked there (ParamError names the bad one)."""
+    return SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
+
+
 async def boot() -> dict:
-    """Request the WebGPU device; describe it. Also hands the page the sampling defaults."""
+    """Request the WebGPU device; describe it. Also hands the page the sampling defaults and the
+    rules each setting follows (pyapp.sampling.RULES: its inputs' bounds)."""
     defaults = {**_sampling_settings(), "context_length": DEFAULT_CONTEXT}
     try:
         S.device = await get_device_async("browser")
     except GPUError as e:
-        return {"error": str(e).removeprefix("Error: "), "webgpu": False, "defaults": defaults}
+        return {"error": str(e).removeprefix("Error: "), "webgpu": False, "defaults": defaults,
+                "rules": page_rules()}
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
-            "limits": d.limits, "webgpu": True, "defaults": defaults}
+            "limits": d.limits, "webgpu": True, "defaults": defaults, "rules": page_rules()}
 
 
 def _describe(g, source_name: str) -> dict:
@@ -214,11 +222,13 @@ async def open_folder_model(name: str) -> dict:
                                      f"{m.model.size}: incomplete download?")
         g = read_gguf(src)
         info = _describe(g, name)
+        # the model's Ollama defaults, checked like the page's own settings
+        params = {**_sampling_settings(m.params), "num_ctx": int(m.params.get("num_ctx") or 0) if m.params else 0}
     except EXPECTED as e:
         return _fail(e)
     _unload()
     S.gguf, S.model_info, S.params = g, info, dict(m.params or {})
-    return {"model": info, "params": {**_sampling_settings(S.params), "num_ctx": int(S.params.get("num_ctx") or 0)}}
+    return {"model": info, "params": params}
 
 
 def _unload() -> None:
@@ -252,7 +262,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0) -> dict:
 
     try:
         t = time.perf_counter()
-        S.engine = await Engine.open_async(S.gguf, S.device, context_length=int(context_length), progress=progress,
+        S.engine = await Engine.open_async(S.gguf, S.device, context_length=context_length, progress=progress,
                                            cancelled=lambda: S.cancelled_load == load_id)
         err = S.device.last_error
         if err:
@@ -287,10 +297,10 @@ async def chat(messages_json: str, params_json: str) -> dict:
     messages = json.loads(messages_json)
     p = json.loads(params_json)
     thinking = bool(p.pop("thinking", False))
-    params = SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
     eng = S.engine
     prompt = render(messages, add_generation_prompt=True, thinking=thinking, style=_style())
     try:
+        params = _sampling_params(p)
         ids = eng.tokenizer.encode(prompt)
         if len(ids) + 1 >= eng.context_length:
             return {"error": f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
@@ -336,9 +346,9 @@ async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
     if S.engine is None:
         return {"error": "no model loaded"}
     p = json.loads(params_json)
-    params = SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
     S.engine.reset()
     try:
+        params = _sampling_params(p)
         res = await S.engine.generate_async(json.loads(tokens_json), params, stop_ids=())
     except EXPECTED as e:
         return _fail(e)

@@ -210,7 +210,7 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
             total += p;
         }
         var keep = n;
-        if (SP.top_p > 0.0 && SP.top_p < 1.0) {
+        if (SP.top_p < 1.0) {               // 0 keeps only the most likely (Ollama)
             var c = 0.0;
             for (var i = 0u; i < n; i++) {
                 c += cand_v[i] / total;

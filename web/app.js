@@ -67,6 +67,7 @@ async function boot() {
   DEFAULTS = { ...r.defaults, seed: r.defaults.seed ?? "" };
   state.settings = { ...DEFAULTS, ...state.settings };
   state.modelDefaults = { ...DEFAULTS };
+  applyRules(r.rules || {});
   showSettings();
   if (r.error) {
     $("gpu").textContent = "No WebGPU";
@@ -118,7 +119,7 @@ async function loadModel() {
   $("load-progress").value = 0;
   $("load-text").textContent = "Uploading weights to the GPU…";
   state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
-  const r = await call("load", Number(state.settings.context_length) || DEFAULTS.context_length, state.loadId);
+  const r = await call("load", settingNumber(state.settings.context_length, DEFAULTS.context_length), state.loadId);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
@@ -262,15 +263,30 @@ function applyModelDefaults(p) {
 for (const k of [...PARAMS, "system", "thinking"]) $(k).addEventListener("change", readSettings);
 $("reset-settings").onclick = () => { state.settings = { ...state.modelDefaults }; showSettings(); saveSettings(); };
 
+// Each setting's bounds come from Python (pyapp.sampling.RULES), which also checks what is sent:
+// a value out of range comes back as an error naming the setting, never silently changed here.
+function applyRules(rules) {
+  for (const [k, r] of Object.entries(rules)) {
+    const el = $(k);
+    if (!el) continue;
+    el.min = r.min;
+    if (r.max !== null) el.max = r.max;
+    el.title = r.rule;
+  }
+}
+// A setting's number; an empty field means the default.
+function settingNumber(v, d) {
+  return v === "" || v === null || v === undefined ? d : Number(v);
+}
+
 function samplingParams() {
   const s = state.settings;
-  const num = (v, d) => (v === "" || v === null || isNaN(Number(v)) ? d : Number(v));
+  const num = settingNumber;
   return {
-    temperature: num(s.temperature, DEFAULTS.temperature), top_k: Math.round(num(s.top_k, DEFAULTS.top_k)),
+    temperature: num(s.temperature, DEFAULTS.temperature), top_k: num(s.top_k, DEFAULTS.top_k),
     top_p: num(s.top_p, DEFAULTS.top_p), min_p: num(s.min_p, DEFAULTS.min_p),
     repeat_penalty: num(s.repeat_penalty, DEFAULTS.repeat_penalty),
-    seed: s.seed === "" || s.seed === null ? null : Math.round(Number(s.seed)),
-    max_tokens: Math.max(1, Math.round(num(s.max_tokens, DEFAULTS.max_tokens))), thinking: !!state.chat.thinking,
+    seed: num(s.seed, null), max_tokens: num(s.max_tokens, DEFAULTS.max_tokens), thinking: !!state.chat.thinking,
   };
 }
 

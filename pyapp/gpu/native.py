@@ -67,9 +67,12 @@ class NativeDevice(Device):
 
     def _create_bind_group(self, pipeline, entries):
         layout = pipeline.handle.get_bind_group_layout(0)
-        return self.device.create_bind_group(layout=layout, entries=[
-            {"binding": i, "resource": {"buffer": b.handle, "offset": off, "size": size}}
-            for i, b, off, size in entries])
+        try:     # wgpu's own validation errors (a binding over the size limit) are ours to report
+            return self.device.create_bind_group(layout=layout, entries=[
+                {"binding": i, "resource": {"buffer": b.handle, "offset": off, "size": size}}
+                for i, b, off, size in entries])
+        except Exception as e:
+            raise GPUError(f"bind group for {pipeline.label}: {e}") from e
 
     def _encode(self, plan: Plan):
         enc = self.device.create_command_encoder()

@@ -6,7 +6,7 @@ Order of operations (Ollama's sampler order, with llama.cpp's repeat penalty):
   2. temperature <= 0: greedy argmax (lowest id wins ties)
   3. top-k: the k largest logits (k is capped at MAX_TOP_K on the GPU)
   4. softmax of logits / temperature over those k
-  5. top-p: the smallest prefix (by descending probability) whose mass >= top_p
+  5. top-p: the smallest prefix (by descending probability) whose mass >= top_p (at least one)
   6. min-p: drop tokens whose probability < min_p * the largest probability
   7. renormalize and pick with a uniform u in [0, 1) supplied by the caller
 """
@@ -36,7 +36,7 @@ def sample(logits: np.ndarray, *, temperature: float, top_k: int, top_p: float, 
     p /= p.sum()
 
     keep = len(p)
-    if 0.0 < top_p < 1.0:
+    if top_p < 1.0:                       # 0 keeps only the most likely (as Ollama)
         keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
         keep = min(keep, len(p))
     if min_p > 0.0:
