@@ -231,7 +231,8 @@ def main(argv=None) -> int:
         from .gpu import GPUError
         from .model.config import ConfigError
         from .sampling import ParamError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, OSError)):
+        from .source import SourceError
+        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, SourceError, OSError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

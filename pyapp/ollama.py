@@ -105,17 +105,33 @@ class AsyncDirectory(Protocol):
     async def exists(self, path: str) -> bool: ...
 
 
-class LocalDirectory:
-    """A folder on the local disk (CPython)."""
+class OutsideFolderError(PermissionError):
+    """A path inside the models folder that leads out of it through a symbolic link."""
 
-    def __init__(self, root: str | os.PathLike):
+
+class LocalDirectory:
+    """A folder on the local disk (CPython).
+
+    Symbolic links inside it that lead out of it are not followed (OutsideFolderError, so the
+    model is listed as broken, saying where the link goes) unless follow_links_outside: the
+    folder the user names is all that is read. Links within the folder are followed."""
+
+    def __init__(self, root: str | os.PathLike, follow_links_outside: bool = False):
         self.root = os.fspath(root)
+        self.follow_links_outside = follow_links_outside
+        self._real_root = os.path.realpath(self.root)
 
     def _p(self, path: str) -> str:
         parts = [p for p in path.split("/") if p]
         if any(p == ".." for p in parts):
             raise ValueError(f"path leaves the folder: {path!r}")
-        return os.path.join(self.root, *parts)
+        p = os.path.join(self.root, *parts)
+        if not self.follow_links_outside:
+            real = os.path.realpath(p)
+            if os.path.commonpath([self._real_root, real]) != self._real_root:
+                raise OutsideFolderError(f"{path} leads to {real}, outside the models folder: links out of it "
+                                         "are not followed")
+        return p
 
     def list(self, path: str) -> list[tuple[str, bool]]:
         with os.scandir(self._p(path)) as it:
@@ -260,7 +276,7 @@ class OllamaModel:
 
 
 def blob_path(digest: str, root: str = "") -> str:
-    m = _DIGEST.match(digest or "")
+    m = _DIGEST.match(digest) if isinstance(digest, str) else None
     if not m:
         raise OllamaError(f"invalid digest {digest!r} (want sha256:<64 hex>)")
     return f"{root}blobs/sha256-{m.group(1).lower()}"
@@ -285,7 +301,8 @@ def is_gemma4(model: OllamaModel) -> bool:
     """Trust the GGUF header when read, else the config blob, else the name."""
     if model.architecture:
         return model.architecture == "gemma4"
-    fam = [model.config.get("model_family")] + list(model.config.get("model_families") or [])
+    families = model.config.get("model_families")
+    fam = [model.config.get("model_family")] + (families if isinstance(families, list) else [])
     if any(f == "gemma4" for f in fam):
         return True
     return model.ref.model.lower().startswith("gemma4")
@@ -300,10 +317,7 @@ def gemma4_models(models: list[OllamaModel], usable_only: bool = False) -> list[
 
 def parse_manifest(data: bytes, root: str = "") -> tuple[Layer | None, list[Layer]]:
     """Manifest JSON -> (config layer, layers). Raises ValueError with a reason."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"manifest is not valid JSON ({e})") from None
+    doc = _read_json(data, "manifest")
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list):
         raise ValueError("manifest has no 'layers' list")
 
@@ -311,13 +325,11 @@ def parse_manifest(data: bytes, root: str = "") -> tuple[Layer | None, list[Laye
         if not isinstance(d, dict):
             raise ValueError(f"manifest layer is not an object: {d!r}")
         digest, size = d.get("digest"), d.get("size")
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(digest, str) or not _DIGEST.match(digest):
+            raise ValueError(f"manifest layer has an invalid digest {digest!r} (want sha256:<64 hex>)")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"manifest layer {digest!r} has a bad size {size!r}")
-        try:
-            path = blob_path(digest, root)
-        except OllamaError as e:
-            raise ValueError(str(e)) from None
-        return Layer(str(d.get("mediaType", "")), digest, size, path, str(d.get("name", "")))
+        return Layer(str(d.get("mediaType", "")), digest, size, blob_path(digest, root), str(d.get("name", "")))
 
     cfg = doc.get("config")
     config = layer(cfg) if isinstance(cfg, dict) and cfg.get("digest") else None
@@ -358,6 +370,8 @@ def _read_json(data: bytes, what: str):
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{what} is not valid JSON ({e})") from None
+    except RecursionError:      # [[[[...]]]]: json recurses once per level
+        raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
 
 
 # ---------------------------------------------------------------- I/O requests
@@ -405,28 +419,43 @@ def _find_root():
 
 
 def _manifest_paths(root: str):
-    """All 4-deep manifest files (host/namespace/model/tag), like Ollama's glob."""
-    found = []
+    """All 4-deep manifest files (host/namespace/model/tag), like Ollama's glob, and the folders
+    below manifests/ that could not be listed: (found [(name, path)], broken [(name, path, why)])."""
+    found, broken = [], []
     base = root + "manifests"
 
-    def dirs(path):
-        entries = yield ListDir(path)
-        return [(n, d) for n, d in entries if not n.startswith(".")]
+    def dirs(path, *parts):
+        """The subfolders of path; a folder that cannot be listed is broken (its name: parts, then *)."""
+        try:
+            entries = yield ListDir(path)
+        except (OSError, SourceError) as e:
+            if not parts:           # manifests/ itself: nothing to list at all
+                raise OllamaError(f"cannot list {path}: {_why(e)}") from e
+            broken.append((ModelName(*parts, *["*"] * (4 - len(parts))), path,
+                           f"cannot list this folder ({_why(e)})"))
+            return []
+        return [n for n, is_dir in entries if is_dir and not n.startswith(".")]
 
-    for host, h_dir in (yield from dirs(base)):
-        if not h_dir:
-            continue
-        for ns, n_dir in (yield from dirs(f"{base}/{host}")):
-            if not n_dir:
-                continue
-            for model, m_dir in (yield from dirs(f"{base}/{host}/{ns}")):
-                if not m_dir:
+    for host in (yield from dirs(base)):
+        for ns in (yield from dirs(f"{base}/{host}", host)):
+            for model in (yield from dirs(f"{base}/{host}/{ns}", host, ns)):
+                path = f"{base}/{host}/{ns}/{model}"
+                try:
+                    tags = yield ListDir(path)
+                except (OSError, SourceError) as e:
+                    broken.append((ModelName(host, ns, model, "*"), path, f"cannot list this folder ({_why(e)})"))
                     continue
-                for tag, t_dir in (yield from dirs(f"{base}/{host}/{ns}/{model}")):
+                for tag, t_dir in tags:
                     name = ModelName(host, ns, model, tag)
-                    if not t_dir and name.is_valid():
-                        found.append((name, f"{base}/{host}/{ns}/{model}/{tag}"))
-    return found
+                    if not t_dir and not tag.startswith(".") and name.is_valid():
+                        found.append((name, f"{path}/{tag}"))
+    return found, broken
+
+
+def _read_prefix(path: str, limit: int):
+    """(the first `limit` bytes of a blob, whether it is longer)."""
+    size = yield Size(path)
+    return (yield ReadRange(path, 0, min(size, limit))), size > limit
 
 
 def _read_all(path: str, limit: int):
@@ -435,6 +464,10 @@ def _read_all(path: str, limit: int):
     if size > limit:
         return None
     return (yield ReadRange(path, 0, size))
+
+
+# Text layers Ollama keeps one of (the last in the manifest); a template may be called prompt.
+_ONE_OF = {"template": "template", "prompt": "template", "system": "system", "params": "params"}
 
 
 def _load(name: ModelName, manifest_path: str, root: str, header: bool):
@@ -451,36 +484,29 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
 
     if m.config_layer:
         try:
-            m.config = _read_json((yield from _read_all(m.config_layer.path, TEXT_LIMIT)) or b"{}", "config blob")
+            config = _read_json((yield from _read_all(m.config_layer.path, TEXT_LIMIT)) or b"{}", "config blob")
+            if not isinstance(config, dict):
+                raise ValueError("config blob is not a JSON object")
+            m.config = config
             _apply_config(m)
         except (ValueError, OSError, SourceError) as e:
             m.warnings.append(f"config blob: {_why(e)}")
 
+    # Each blob is read once, and only those that count: the last template, system and params,
+    # and every distinct license (up to LICENSE_LIMIT in all). A manifest may repeat a layer.
+    texts, licenses = {}, {}
     for layer in m.layers:
-        kind = layer.kind
-        if kind == "model" and m.model is None:
+        if layer.kind == "model" and m.model is None:
             m.model = layer
-        elif kind in ("template", "prompt", "system", "license", "params"):
-            try:
-                data = yield from _read_all(layer.path, LICENSE_LIMIT if kind == "license" else TEXT_LIMIT)
-            except (OSError, SourceError) as e:
-                m.warnings.append(f"{kind} blob: {_why(e)}")
-                continue
-            if data is None:
-                m.warnings.append(f"{kind} blob is too large to show ({layer.size} bytes)")
-            elif kind == "params":
-                try:
-                    params = _read_json(data, "params blob")
-                    if not isinstance(params, dict):
-                        raise ValueError("params blob is not a JSON object")
-                    m.params = params
-                except ValueError as e:
-                    m.warnings.append(str(e))
-            else:
-                text = data.decode("utf-8", errors="replace")
-                if kind == "license" and m.license:  # a model may carry several licenses
-                    text = m.license + "\n\n" + text
-                setattr(m, "template" if kind == "prompt" else kind, text)
+        elif layer.kind in _ONE_OF:
+            texts[_ONE_OF[layer.kind]] = layer
+        elif layer.kind == "license":
+            licenses.setdefault(layer.path, layer)
+    for field_name, layer in texts.items():
+        yield from _read_text(m, field_name, layer)
+    for layer in licenses.values():
+        if not (yield from _read_license(m, layer)):
+            break
 
     if m.model is None:
         if m.layers_of("tensor"):
@@ -492,7 +518,10 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
     try:
         size = yield Size(m.model.path)
     except (OSError, SourceError) as e:
-        m.error = f"model blob {m.model.path} is missing: {_why(e)} (re-pull with `ollama pull {m.name}`)"
+        if isinstance(e, FileNotFoundError):
+            m.error = f"model blob {m.model.path} is missing: {_why(e)} (re-pull with `ollama pull {m.name}`)"
+        else:
+            m.error = f"model blob {m.model.path} is unreadable: {_why(e)}"
         return m
     if size != m.model.size:
         m.error = (f"model blob {m.model.path} is {size} bytes, the manifest says {m.model.size}: "
@@ -501,6 +530,44 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
     if header:
         yield from _header(m)
     return m
+
+
+def _read_text(m: OllamaModel, field_name: str, layer: Layer):
+    """Steps: one template, system or params blob into its field (a problem is a warning)."""
+    try:
+        data = yield from _read_all(layer.path, TEXT_LIMIT)
+    except (OSError, SourceError) as e:
+        m.warnings.append(f"{layer.kind} blob: {_why(e)}")
+        return
+    if data is None:
+        m.warnings.append(f"{layer.kind} blob is too large to show ({layer.size} bytes)")
+    elif field_name == "params":
+        try:
+            params = _read_json(data, "params blob")
+            if not isinstance(params, dict):
+                raise ValueError("params blob is not a JSON object")
+            m.params = params
+        except ValueError as e:
+            m.warnings.append(str(e))
+    else:
+        setattr(m, field_name, data.decode("utf-8", errors="replace"))
+
+
+def _read_license(m: OllamaModel, layer: Layer):
+    """Steps: append a license (a model may carry several) within LICENSE_LIMIT characters in all;
+    False once the limit is reached."""
+    room = LICENSE_LIMIT - len(m.license or "")
+    try:
+        data, cut = yield from _read_prefix(layer.path, room)
+    except (OSError, SourceError) as e:
+        m.warnings.append(f"license blob: {_why(e)}")
+        return True
+    text = data.decode("utf-8", errors="replace")
+    m.license = text if m.license is None else (m.license + "\n\n" + text)[:LICENSE_LIMIT]
+    if cut or len(m.license) >= LICENSE_LIMIT:
+        m.warnings.append(f"license text cut at {LICENSE_LIMIT >> 10} KiB")
+        return False
+    return True
 
 
 def _header(m: OllamaModel):
@@ -526,9 +593,17 @@ def _why(e: BaseException) -> str:
 
 def _list(header: bool):
     root = yield from _find_root()
-    models = []
-    for name, path in (yield from _manifest_paths(root)):
-        models.append((yield from _load(name, path, root, header)))
+    found, broken = yield from _manifest_paths(root)
+    models = [OllamaModel(name=name.display, ref=name, manifest_path=path, error=f"{path}: {why}")
+              for name, path, why in broken]
+    for name, path in found:
+        try:
+            models.append((yield from _load(name, path, root, header)))
+        except ImportError:  # our bug, not the folder's
+            raise
+        except Exception as e:  # whatever one manifest does, the others still list
+            models.append(OllamaModel(name=name.display, ref=name, manifest_path=path,
+                                      error=f"{path}: {type(e).__name__}: {_why(e)}"))
     models.sort(key=lambda m: m.name.lower())
     return models
 
@@ -540,7 +615,7 @@ def _resolve(name: str, header: bool):
     if (yield Exists(path)):
         found = want
     else:  # names are case-insensitive in Ollama
-        candidates = yield from _manifest_paths(root)
+        candidates, _ = yield from _manifest_paths(root)
         match = [(n, p) for n, p in candidates if n.same(want)]
         if not match:
             have = ", ".join(sorted(n.display for n, _ in candidates)) or "none"

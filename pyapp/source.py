@@ -10,6 +10,7 @@ worker, or async (`AsyncSource`, `await read(...)`).
 from __future__ import annotations
 
 import os
+import stat
 from typing import Protocol
 
 
@@ -23,13 +24,30 @@ class SourceError(Exception):
     """A read outside the source or an I/O failure."""
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
 class FileSource:
-    """A local file opened for random access."""
+    """A local regular file opened for random access. Anything else (a FIFO, a device, a
+    directory) is a SourceError: opening a FIFO would wait for a writer forever."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        self._f = open(self.path, "rb")
-        self.size = os.fstat(self._f.fileno()).st_size
+        nonblock = getattr(os, "O_NONBLOCK", 0)     # so that open() of a FIFO returns at once
+        fd = os.open(self.path, os.O_RDONLY | nonblock | getattr(os, "O_BINARY", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a file")
+                raise SourceError(f"{self.path} is not a regular file ({kind})")
+            if nonblock:
+                os.set_blocking(fd, True)
+            self._f = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.size = os.fstat(fd).st_size
 
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.size:

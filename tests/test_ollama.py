@@ -6,6 +6,9 @@ import asyncio
 import hashlib
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -352,3 +355,206 @@ def test_default_models_dir(monkeypatch, folder):
     monkeypatch.delenv("OLLAMA_MODELS")
     monkeypatch.setenv("HOME", "/home/x")
     assert ollama.default_models_dir() == "/home/x/.ollama/models"
+
+
+# ---------------------------------------------------------------- hostile folders
+# One bad entry is listed as broken, with the reason; the rest of the folder still lists.
+
+def good_gemma(f: Folder, tmp, name="gemma4:e2b") -> None:
+    gemma = f.blob(write_gguf(tmp / "g.gguf", "gemma4", 15, 131072, GEMMA_TENSORS), M + "model")
+    f.manifest(name, [gemma], {"model_family": "gemma4"})
+
+
+class Locked(LocalDirectory):
+    """A folder whose listing of `locked` fails, as an unreadable directory does."""
+
+    def __init__(self, root, locked: str):
+        super().__init__(root)
+        self.locked = locked
+
+    def list(self, path):
+        if path == self.locked:
+            raise PermissionError(13, "Permission denied", path)
+        return super().list(path)
+
+
+def test_bad_manifests_are_listed_as_broken_and_the_rest_still_lists(tmp_path):
+    f = Folder(tmp_path / "models")
+    good_gemma(f, tmp_path)
+    f.manifest("numeric:latest", [], raw=json.dumps(
+        {"layers": [{"mediaType": M + "model", "digest": 12345, "size": 10}]}).encode())
+    f.manifest("nested:latest", [], raw=b'{"layers": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    deep = f.blob(b"[" * 100_000 + b"]" * 100_000, DOCKER_CONFIG)
+    listy = f.blob(b"[1, 2]", DOCKER_CONFIG)
+    gemma = json.loads((f.root / "manifests/registry.ollama.ai/library/gemma4/e2b").read_bytes())["layers"]
+    for name, cfg in (("deepconfig:latest", deep), ("listconfig:latest", listy)):
+        f.manifest(name, [], raw=json.dumps({"config": cfg, "layers": gemma}).encode())
+    f.manifest("secret/hidden:latest", gemma, {})
+    models = {m.name: m for m in list_models(Locked(f.root, "manifests/registry.ollama.ai/secret"))}
+
+    assert models["gemma4:e2b"].usable and models["gemma4:e2b"].architecture == "gemma4"
+    assert models["numeric:latest"].error == ("manifests/registry.ollama.ai/library/numeric/latest: manifest layer "
+                                              "has an invalid digest 12345 (want sha256:<64 hex>)")
+    assert models["nested:latest"].error == ("manifests/registry.ollama.ai/library/nested/latest: manifest is not "
+                                             "valid JSON (nested too deeply)")
+    # a bad config blob is a warning (it only fills fields the GGUF header has too)
+    assert models["deepconfig:latest"].usable and models["deepconfig:latest"].warnings == [
+        "config blob: config blob is not valid JSON (nested too deeply)"]
+    assert models["listconfig:latest"].usable and models["listconfig:latest"].warnings == [
+        "config blob: config blob is not a JSON object"]
+    locked = models["secret/*:*"]
+    assert not locked.usable and locked.error == ("manifests/registry.ollama.ai/secret: cannot list this folder "
+                                                  "([Errno 13] Permission denied: 'manifests/registry.ollama.ai/secret')")
+    assert len(models) == 6
+
+
+def test_unreadable_directory_on_disk(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads any directory")
+    f = Folder(tmp_path / "models")
+    good_gemma(f, tmp_path)
+    good_gemma(f, tmp_path, "me/other:latest")
+    (f.root / "manifests/registry.ollama.ai/me").chmod(0)
+    try:
+        models = {m.name: m for m in list_models(f.root)}
+    finally:
+        (f.root / "manifests/registry.ollama.ai/me").chmod(0o755)
+    assert models["gemma4:e2b"].usable and "cannot list this folder" in models["me/*:*"].error
+
+
+def test_a_repeated_license_layer_is_read_once_and_licenses_are_bounded(tmp_path):
+    """A manifest repeating a license layer 400 times built a 100 MB string in 36 s."""
+    f = Folder(tmp_path / "models")
+    gemma = f.blob(write_gguf(tmp_path / "g.gguf", "gemma4", 15, 131072, GEMMA_TENSORS), M + "model")
+    text = "Gemma Terms of Use. " * 12_000                    # 240 KB: just under the license limit
+    lic = f.blob(text.encode(), M + "license")
+    f.manifest("gemma4:e2b", [gemma] + [lic] * 400, {})
+    many = [f.blob(f"license {i}: ".encode() + b"x" * 100_000, M + "license") for i in range(8)]
+    f.manifest("gemma4:many", [gemma] + many, {})
+    reads = []
+
+    class Counting(LocalDirectory):
+        def open(self, path):
+            reads.append(path)
+            return super().open(path)
+
+    models = {m.name: m for m in list_models(Counting(f.root))}
+    g = models["gemma4:e2b"]
+    assert g.usable and g.license == text and g.warnings == []
+    assert reads.count(lic["digest"].replace("sha256:", "blobs/sha256-")) == 1
+    m = models["gemma4:many"]
+    assert len(m.license) <= ollama.LICENSE_LIMIT and m.license.startswith("license 0: xxx")
+    assert "license 2: " in m.license and "license 3: " not in m.license       # 256 KiB hold two and a half
+    assert m.warnings == ["license text cut at 256 KiB"]
+
+
+def test_the_last_template_system_and_params_count_and_only_they_are_read(tmp_path):
+    f = Folder(tmp_path / "models")
+    gemma = f.blob(write_gguf(tmp_path / "g.gguf", "gemma4", 15, 131072, GEMMA_TENSORS), M + "model")
+    t1, t2 = f.blob(b"first {{ .Prompt }}", M + "template"), f.blob(b"second {{ .Prompt }}", M + "template")
+    p1, p2 = f.blob(b'{"top_k": 1}', M + "params"), f.blob(b'{"top_k": 2}', M + "params")
+    f.manifest("gemma4:e2b", [gemma, t1, p1, t2, p2, f.blob(b"be brief", M + "system")], {})
+    reads = []
+
+    class Counting(LocalDirectory):
+        def open(self, path):
+            reads.append(path)
+            return super().open(path)
+
+    g = list_models(Counting(f.root))[0]
+    assert (g.template, g.params, g.system) == ("second {{ .Prompt }}", {"top_k": 2}, "be brief")
+    assert t1["digest"].replace("sha256:", "blobs/sha256-") not in reads
+    assert p1["digest"].replace("sha256:", "blobs/sha256-") not in reads
+
+
+def finishes(fn, fifos, seconds=20):
+    """fn() run in a thread; if it has not returned after `seconds` (blocked opening a FIFO), the
+    FIFOs get a writer so that it can end, and the test fails."""
+    import threading
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", _call(fn)), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        for p in fifos:
+            try:
+                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        t.join(5)
+        pytest.fail(f"still blocked after {seconds} s (opening a FIFO)")
+    kind, value = out["r"]
+    if kind == "raise":
+        raise value
+    return value
+
+
+def _call(fn):
+    try:
+        return ("return", fn())
+    except BaseException as e:   # re-raised in the test's thread
+        return ("raise", e)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_fifos_are_refused_not_waited_on(tmp_path):
+    from pyapp.source import FileSource, SourceError
+    f = Folder(tmp_path / "models")
+    good_gemma(f, tmp_path)
+    model = {"mediaType": M + "model", "digest": "sha256:" + "ab" * 32, "size": 100}
+    template = {"mediaType": M + "template", "digest": "sha256:" + "cd" * 32, "size": 10}
+    for layer in (model, template):
+        os.mkfifo(f.root / "blobs" / layer["digest"].replace("sha256:", "sha256-"))
+    f.manifest("fifo:latest", [model], {})
+    good_gemma(f, tmp_path, "gemma4:fifotemplate")
+    man = f.root / "manifests/registry.ollama.ai/library/gemma4/fifotemplate"
+    doc = json.loads(man.read_bytes())
+    man.write_bytes(json.dumps(dict(doc, layers=doc["layers"] + [template])).encode())
+    os.mkfifo(f.root / "manifests/registry.ollama.ai/library/gemma4/fifomanifest")
+    fifos = [str(p) for p in tmp_path.rglob("*") if p.is_fifo()]
+
+    models = {m.name: m for m in finishes(lambda: list_models(f.root), fifos)}
+    blob = "blobs/sha256-" + "ab" * 32
+    assert models["fifo:latest"].error == (f"model blob {blob} is unreadable: {f.root / blob} is not a regular "
+                                           "file (a FIFO)")
+    assert models["gemma4:fifotemplate"].usable and models["gemma4:fifotemplate"].warnings == [
+        f"template blob: {f.root}/blobs/sha256-{'cd' * 32} is not a regular file (a FIFO)"]
+    assert "is not a regular file (a FIFO)" in models["gemma4:fifomanifest"].error
+    assert models["gemma4:e2b"].usable
+
+    with pytest.raises(SourceError, match="is not a regular file \\(a directory\\)"):
+        FileSource(tmp_path)
+    r = finishes(lambda: subprocess.run([sys.executable, "-m", "pyapp", "info", fifos[0]], capture_output=True,
+                                        text=True, timeout=60, cwd=Path(__file__).parent.parent), fifos)
+    assert r.returncode == 2 and "is not a regular file (a FIFO)" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symlinks here")
+def test_symlinks_out_of_the_folder_are_refused_by_default(tmp_path):
+    f = Folder(tmp_path / "models")
+    good_gemma(f, tmp_path)
+    outside = Folder(tmp_path / "elsewhere")
+    stray = outside.blob(write_gguf(tmp_path / "s.gguf", "gemma4", 15, 4096, GEMMA_TENSORS), M + "model")
+    blob = stray["digest"].replace("sha256:", "blobs/sha256-")
+    os.symlink(outside.root / blob, f.root / blob)                   # a blob leading out of the folder
+    f.manifest("stray:latest", [stray], {})
+    outside.manifest("away:latest", [stray], {})                     # a manifests folder leading out
+    os.symlink(outside.root / "manifests/registry.ollama.ai/library/away",
+               f.root / "manifests/registry.ollama.ai/library/away")
+    inside = f.root / "manifests/registry.ollama.ai/library/gemma4/alias"   # a link inside the folder: fine
+    os.symlink(f.root / "manifests/registry.ollama.ai/library/gemma4/e2b", inside)
+
+    models = {m.name: m for m in list_models(f.root)}
+    assert models["gemma4:e2b"].usable and models["gemma4:alias"].usable
+    assert models["stray:latest"].error == (f"model blob {blob} is unreadable: {blob} leads to "
+                                            f"{outside.root / blob}, outside the models folder: links out of it "
+                                            "are not followed")
+    assert models["away:*"].error == ("manifests/registry.ollama.ai/library/away: cannot list this folder "
+                                      "(manifests/registry.ollama.ai/library/away leads to "
+                                      f"{outside.root}/manifests/registry.ollama.ai/library/away, outside the "
+                                      "models folder: links out of it are not followed)")
+    with pytest.raises(ollama.OutsideFolderError, match="outside the models folder"):
+        ollama.open_model(f.root, models["stray:latest"])
+
+    followed = {m.name: m for m in list_models(LocalDirectory(f.root, follow_links_outside=True))}
+    assert followed["stray:latest"].usable and followed["away:latest"].usable
