@@ -4,28 +4,112 @@ Mirrors how Ollama's model/models/gemma4 (newTextModel) and llama.cpp's gemma4
 loader interpret the `gemma4.*` keys. Every value the forward pass needs is
 resolved per layer here, so the reference and the GPU engine share one source
 of truth and never read metadata themselves.
+
+Every value is checked before use (type, range, agreement with the other keys
+and with the tensor list): a bad file raises ConfigError naming the key and the
+value, never a ZeroDivisionError or a huge allocation further on. Tensor shapes
+are checked against the result by pyapp.model.weights.bind.
 """
 
 from __future__ import annotations
 
+import reprlib
+from array import array
 from dataclasses import dataclass, field
 
 from . import weights
 
 ARCH = "gemma4"
 
+# Bounds: each far above any Gemma 4, and within what the kernels take. They keep a
+# corrupt header from sizing per-layer tables and GPU buffers by absurd numbers.
+MAX_LAYERS = 1024           # Gemma 4 has tens; per-layer tables are built from this count
+MAX_WIDTH = 1 << 18         # hidden, FFN and PLE widths (Gemma 4's are in the thousands)
+MAX_HEADS = 1024            # query heads (Gemma 4: tens)
+MAX_HEAD_DIM = 512          # the attention kernels hold one head of at most 512 dims (gpu.kernels)
+VEC = 4                     # kernels move f32 rows as vec4 and read float weights in 4-element blocks
+MAX_EXPERTS = 4096          # the router kernel ranks a token's experts in one workgroup (gpu.kernels.moe_route)
+MAX_CONTEXT = 1 << 24       # positions reach the shaders as f32, exact integers up to 2^24
+MAX_VOCAB = 1 << 24         # 64x Gemma 4's 262,144 tokens
+F32_MAX = 3.4028234663852886e38   # float hyperparameters become f32 shader constants
+ARRAYS = (list, tuple, array, memoryview)   # how a GGUF array may arrive from the reader
+
+_repr = reprlib.Repr()                   # a value in a message, bounded (a corrupt array may be huge)
+_repr.maxlist = _repr.maxarray = 6
+_repr.maxstring = _repr.maxother = 40
+_show = _repr.repr
+
 
 class ConfigError(ValueError):
     """The GGUF does not describe a Gemma 4 text model we can run."""
 
 
-def _per_layer(value, n: int, what: str) -> list:
-    """Scalar -> repeated; array -> checked length (GGUF stores some keys either way)."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ConfigError(f"{what} has {len(value)} entries for {n} layers")
-        return list(value)
-    return [value] * n
+_REQUIRED = object()         # the default of a key that must be present
+
+
+class _Keys:
+    """Typed, range-checked reads of the `gemma4.*` keys; a failure names the key and the value."""
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+
+    def raw(self, key: str, default):
+        full = f"{ARCH}.{key}"
+        if full in self.meta:
+            return self.meta[full]
+        if default is _REQUIRED:
+            raise ConfigError(f"GGUF metadata lacks {full}")
+        return default
+
+    @staticmethod
+    def fail(key: str, value, problem: str, index: int | None = None):
+        where = f"{ARCH}.{key}" + (f"[{index}]" if index is not None else "")
+        raise ConfigError(f"{where} = {_show(value)}: {problem}")
+
+    def check_int(self, key, v, lo, hi, multiple=1, index=None, divides=None) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            self.fail(key, v, "must be an integer", index)
+        if not lo <= v <= hi:
+            self.fail(key, v, f"must be between {lo} and {hi}", index)
+        if v % multiple:
+            self.fail(key, v, f"must be a multiple of {multiple}", index)
+        if divides is not None and divides % v:
+            self.fail(key, v, f"must divide {divides}", index)
+        return v
+
+    def integer(self, key, lo, hi, default=_REQUIRED, multiple=1) -> int:
+        return self.check_int(key, self.raw(key, default), lo, hi, multiple)
+
+    def number(self, key, default, hi=F32_MAX, zero_ok=False, alias=None) -> float:
+        """A finite number in (0, hi], or [0, hi] with zero_ok."""
+        if alias and f"{ARCH}.{key}" not in self.meta:
+            key = alias
+        v = self.raw(key, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            self.fail(key, v, "must be a number")
+        if not (0 <= v <= hi if zero_ok else 0 < v <= hi):     # NaN fails both
+            self.fail(key, v, f"must be {'>= 0' if zero_ok else '> 0'} and at most {hi:g}")
+        return float(v)
+
+    def per_layer(self, key, n: int, default, check) -> list:
+        """Scalar -> checked once, repeated; array -> checked length and entries (GGUF stores some keys
+        either way). check(value, index) validates one value."""
+        v = self.raw(key, default)
+        if not isinstance(v, ARRAYS):
+            return [check(v, None)] * n
+        if len(v) != n:
+            self.fail(key, v, f"has {len(v)} entries for {n} layers")
+        return [check(x, i) for i, x in enumerate(v)]
+
+    def per_layer_int(self, key, n, lo, hi, multiple=1, divides=None) -> list[int]:
+        return self.per_layer(key, n, _REQUIRED, lambda v, i: self.check_int(key, v, lo, hi, multiple, i, divides))
+
+    def per_layer_bool(self, key, n, default) -> list[bool]:
+        def check(v, i):
+            if v not in (0, 1) or isinstance(v, float):      # bools, or 0/1 from a u8 array
+                self.fail(key, v, "must be true or false", i)
+            return bool(v)
+        return self.per_layer(key, n, default, check)
 
 
 @dataclass(frozen=True)
@@ -91,8 +175,13 @@ class Gemma4Config:
 
     @classmethod
     def from_gguf(cls, gguf) -> "Gemma4Config":
-        """Hyperparameters from the metadata; per-layer kinds (MoE, K=V) from which tensors exist."""
-        emb = gguf.tensors.get(weights.gguf_name(weights.ModelWeights, "token_embd"))
+        """Hyperparameters from the metadata, the vocabulary size from the embedding table; per-layer
+        kinds (MoE, K=V) from which tensors exist."""
+        emb_field = "token_embd"
+        emb = gguf.tensors.get(weights.gguf_name(weights.ModelWeights, emb_field))
+        dims = weights.declared_shape(weights.ModelWeights, emb_field)
+        if emb is not None and len(emb.shape) != len(dims):    # the vocabulary size is its second dimension
+            raise ConfigError(f"{emb.name} has shape {list(emb.shape)}; expected [{', '.join(dims)}]")
         return cls.from_metadata(gguf.metadata, vocab_size=emb.shape[1] if emb is not None else None,
                                  tensors=gguf.tensors)
 
@@ -102,42 +191,66 @@ class Gemma4Config:
         the tensor list tells; without it every layer of an MoE model counts as MoE."""
         arch = meta.get("general.architecture")
         if arch != ARCH:
-            raise ConfigError(f"architecture is {arch!r}, not {ARCH!r}: this app runs Gemma 4 models only")
+            raise ConfigError(f"architecture is {_show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
+        k = _Keys(meta)
 
-        def get(key, default=None, required=False):
-            full = f"{ARCH}.{key}"
-            if full not in meta:
-                if required:
-                    raise ConfigError(f"GGUF metadata lacks {full}")
-                return default
-            return meta[full]
+        n = k.integer("block_count", 1, MAX_LAYERS)
+        hidden = k.integer("embedding_length", VEC, MAX_WIDTH, multiple=VEC)
+        n_heads = k.integer("attention.head_count", 1, MAX_HEADS)
+        pattern = k.per_layer_bool("attention.sliding_window_pattern", n, False)
+        head_dim_global = k.integer("attention.key_length", VEC, MAX_HEAD_DIM, 512, VEC)
+        head_dim_swa = k.integer("attention.key_length_swa", VEC, MAX_HEAD_DIM, 256, VEC)
+        for key, hd in (("attention.value_length", head_dim_global), ("attention.value_length_swa", head_dim_swa)):
+            if k.raw(key, hd) != hd:      # the KV cache and the attention kernels give K and V one width
+                k.fail(key, k.raw(key, hd), f"must equal the key length ({hd})")
+        # grouped-query attention: each KV head serves a whole number of query heads
+        kv_heads = k.per_layer_int("attention.head_count_kv", n, 1, n_heads, divides=n_heads)
+        global_kv = k.raw("attention.global_head_count_kv", 0)  # Ollama's converter writes this scalar; 0: absent
+        if global_kv != 0:
+            global_kv = k.check_int("attention.global_head_count_kv", global_kv, 1, n_heads, divides=n_heads)
+            kv_heads = [h if s else global_kv for h, s in zip(kv_heads, pattern)]
+        ffn = k.per_layer_int("feed_forward_length", n, VEC, MAX_WIDTH, VEC)
 
-        n = int(get("block_count", required=True))
-        hidden = int(get("embedding_length", required=True))
-        n_heads = int(get("attention.head_count", required=True))
-        pattern = [bool(x) for x in _per_layer(get("attention.sliding_window_pattern", False), n,
-                                               "attention.sliding_window_pattern")]
-        head_dim_global = int(get("attention.key_length", 512))
-        head_dim_swa = int(get("attention.key_length_swa", 256))
-        kv_heads = [int(x) for x in _per_layer(get("attention.head_count_kv", required=True), n,
-                                               "attention.head_count_kv")]
-        global_kv = get("attention.global_head_count_kv")  # Ollama's converter writes this scalar
-        if global_kv:
-            kv_heads = [h if s else int(global_kv) for h, s in zip(kv_heads, pattern)]
-        ffn = [int(x) for x in _per_layer(get("feed_forward_length", required=True), n, "feed_forward_length")]
+        rope_base = k.number("rope.freq_base", 1_000_000.0)
+        rope_base_swa = k.number("rope.freq_base_swa", 10_000.0, alias="rope.local.freq_base")
+        # NeoX RoPE rotates pairs of dims within a head: an even count, at most the head
+        rope_dims_global = k.integer("rope.dimension_count", 0, head_dim_global, 0, multiple=2)
+        if not rope_dims_global:
+            factor = k.number("rope.partial_rotary_factor", 1.0, hi=1.0)
+            rope_dims_global = int(head_dim_global * factor)
+            if rope_dims_global < 2 or rope_dims_global % 2:
+                k.fail("rope.partial_rotary_factor", factor,
+                       f"rotates {rope_dims_global} of {head_dim_global} dims; RoPE rotates pairs")
+        rope_dims_swa = k.integer("rope.dimension_count_swa", 0, head_dim_swa, 0, multiple=2) or head_dim_swa
 
-        rope_base = float(get("rope.freq_base", 1_000_000.0))
-        rope_base_swa = float(get("rope.freq_base_swa", get("rope.local.freq_base", 10_000.0)))
-        rope_dims_global = int(get("rope.dimension_count", 0)) or int(
-            head_dim_global * float(get("rope.partial_rotary_factor", 1.0)))
-        rope_dims_swa = int(get("rope.dimension_count_swa", 0)) or head_dim_swa
+        n_experts = k.integer("expert_count", 0, MAX_EXPERTS, 0)
+        n_used = expert_ffn = 0
+        if n_experts:
+            n_used = k.integer("expert_used_count", 1, n_experts)      # distinct experts per token
+            expert_ffn = k.integer("expert_feed_forward_length", VEC, MAX_WIDTH, multiple=VEC)
 
-        n_experts = int(get("expert_count", 0) or 0)
-        ple_dim = int(get("embedding_length_per_layer_input", 0) or 0)
-        n_shared = int(get("attention.shared_kv_layers", 0))
+        def has_moe(i: int) -> bool:
+            return n_experts > 0 and (tensors is None or weights.present(tensors, "router", i))
+
+        # a layer's experts must not be left out silently: MoE tensors without the router or the count
+        for i in range(n if tensors is not None else 0):
+            if not has_moe(i) and (name := weights.moe_tensor(tensors, i)):
+                if not n_experts:
+                    k.fail("expert_count", n_experts, f"no experts, yet the GGUF has {name}")
+                router = weights.gguf_name(weights.LayerWeights, "router", i)
+                raise ConfigError(f"the GGUF has {name} but lacks {router}")
+        ple_dim = k.integer("embedding_length_per_layer_input", 0, MAX_WIDTH, 0, VEC)     # 0: no PLE
+        n_shared = k.integer("attention.shared_kv_layers", 0, n - 1, 0)
         first_shared = n - n_shared
-        if not 0 <= n_shared < n:
-            raise ConfigError(f"attention.shared_kv_layers={n_shared} with {n} layers")
+        context_length = k.integer("context_length", 1, MAX_CONTEXT, 131072)
+        sliding_window = k.integer("attention.sliding_window", 0, MAX_CONTEXT, 0)        # 0: no window
+        eps = k.number("attention.layer_norm_rms_epsilon", 1e-6, hi=1.0)   # a stabilizer beside mean(x^2)
+        final_softcap = k.number("final_logit_softcapping", 0.0, zero_ok=True)         # 0: off
+        if vocab_size is None:
+            tokens = meta.get("tokenizer.ggml.tokens", ())
+            vocab_size = len(tokens) if isinstance(tokens, ARRAYS) else 0
+        if not 1 <= vocab_size <= MAX_VOCAB:
+            raise ConfigError(f"a vocabulary of {vocab_size} tokens: expected 1 to {MAX_VOCAB}")
 
         def kv_source(i: int) -> int:
             # A shared layer reuses the K/V of the last non-shared layer of its own kind.
@@ -146,7 +259,8 @@ class Gemma4Config:
             for j in range(first_shared - 1, -1, -1):
                 if pattern[j] == pattern[i]:
                     return j
-            raise ConfigError(f"shared layer {i} has no earlier {'sliding' if pattern[i] else 'global'} layer")
+            k.fail("attention.shared_kv_layers", n_shared,
+                   f"layer {i} shares K/V but no earlier layer is {'sliding' if pattern[i] else 'global'}")
 
         layers = tuple(
             LayerConfig(
@@ -158,31 +272,27 @@ class Gemma4Config:
                 rope_base=rope_base_swa if pattern[i] else rope_base,
                 rope_dims=rope_dims_swa if pattern[i] else rope_dims_global,
                 kv_source=kv_source(i),
-                has_moe=n_experts > 0 and (tensors is None or weights.present(tensors, "router", i)),
+                has_moe=has_moe(i),
                 k_eq_v=kv_source(i) == i and tensors is not None and not weights.present(tensors, "attn_v", i),
                 has_ple=ple_dim > 0,
-                experts_fused=tensors is not None and weights.present(tensors, "experts_gate_up", i),
+                experts_fused=has_moe(i) and tensors is not None and weights.present(tensors, "experts_gate_up", i),
             )
             for i in range(n)
         )
-        for lc in layers:
-            if n_heads % lc.n_kv_heads:
-                raise ConfigError(f"layer {lc.index}: {n_heads} heads not a multiple of {lc.n_kv_heads} KV heads")
-
         return cls(
             n_layers=n,
             hidden=hidden,
             n_heads=n_heads,
-            vocab_size=int(vocab_size or len(meta.get("tokenizer.ggml.tokens", ()))),
-            context_length=int(get("context_length", 131072)),
-            eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            sliding_window=int(get("attention.sliding_window", 0)),
-            final_softcap=float(get("final_logit_softcapping", 0.0) or 0.0),
+            vocab_size=vocab_size,
+            context_length=context_length,
+            eps=eps,
+            sliding_window=sliding_window,
+            final_softcap=final_softcap,
             ple_dim=ple_dim,
             n_shared_kv_layers=n_shared,
             n_experts=n_experts,
-            n_experts_used=int(get("expert_used_count", 0) or 0),
-            expert_ffn_dim=int(get("expert_feed_forward_length", 0) or 0),
+            n_experts_used=n_used,
+            expert_ffn_dim=expert_ffn,
             layers=layers,
         )
 

@@ -1,14 +1,17 @@
 """Where each Gemma 4 weight lives in a GGUF: model fields bound to tensor names, once.
 
 Like the struct tags of Ollama's model_text.go, every field below names its GGUF
-tensor (layer fields relative to `blk.N.`) and says when the model needs it:
-`when` names a flag of the layer's LayerConfig (or of Gemma4Config for the
-model-level fields); a field whose flag is false is absent, one with
-`when=OPTIONAL` may be absent either way. This module is the only place in
-pyapp that spells tensor names: the reference forward, the GPU forward and the
-upload planner read fields.
+tensor (layer fields relative to `blk.N.`), its shape, and when the model needs
+it. Shapes are in ggml order (shape[0] is the row length: a torch [out, in]
+weight is [in, out] here, an expert tensor [in, out, experts]), written as names
+of sizes the config fixes (`_sizes`, `_layer_sizes`); `bind` checks every tensor
+present against them. `when` names a flag of the layer's LayerConfig (or of
+Gemma4Config for the model-level fields); a field whose flag is false is absent,
+one with `when=OPTIONAL` may be absent either way. This module is the only place
+in pyapp that spells tensor names: the reference forward, the GPU forward and
+the upload planner read fields.
 
-    w = bind(cfg, gguf.tensors)            # ModelWeights of TensorInfo
+    w = bind(cfg, gguf.tensors)            # ModelWeights of TensorInfo, shapes and types checked
     w.layers[3].attn_q                      # -> TensorInfo of blk.3.attn_q.weight
     w = w.map(load)                         # the same structure, any value type
 
@@ -21,17 +24,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
+from .. import ggml
+
 OPTIONAL = "optional"        # `when` of a field that may be absent on any model
 ALWAYS = None                # `when` of a field every model has
+MOE_FLAGS = ("has_moe", "experts_fused", "experts_split")   # `when` of the tensors only MoE layers have
+
+# 1-D tensors (norms, scales, frequency factors) become f32 vectors on the GPU (runtime.upload.f32_vector)
+VECTOR_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16})
+INTEGER_TYPES = frozenset({ggml.I8, ggml.I16, ggml.I32, ggml.I64})     # never a weight matrix
 
 
 class WeightsError(ValueError):
-    """The GGUF lacks tensors this model needs."""
+    """The GGUF lacks tensors this model needs, or has them in a shape or type it cannot use."""
 
 
-def tensor(name: str, when: str | None = ALWAYS):
-    """A field bound to the GGUF tensor `name`, required when the config flag `when` is true."""
-    return field(default=None, metadata={"gguf": name, "when": when})
+def tensor(name: str, shape: str, when: str | None = ALWAYS):
+    """A field bound to the GGUF tensor `name` of `shape` (names of sizes, ggml order, space-separated),
+    required when the config flag `when` is true."""
+    return field(default=None, metadata={"gguf": name, "shape": tuple(shape.split()), "when": when})
 
 
 def runtime(doc: str):
@@ -42,36 +53,36 @@ def runtime(doc: str):
 @dataclass
 class LayerWeights:
     # attention
-    attn_norm: object = tensor("attn_norm.weight")
-    attn_q: object = tensor("attn_q.weight")
-    attn_q_norm: object = tensor("attn_q_norm.weight")
-    attn_k: object = tensor("attn_k.weight", when="owns_kv")            # KV-shared layers reuse another's K/V
-    attn_v: object = tensor("attn_v.weight", when="has_v")              # absent: V is the raw K (k_eq_v)
-    attn_k_norm: object = tensor("attn_k_norm.weight", when="owns_kv")
-    attn_output: object = tensor("attn_output.weight")
-    post_attention_norm: object = tensor("post_attention_norm.weight")
+    attn_norm: object = tensor("attn_norm.weight", "hidden")
+    attn_q: object = tensor("attn_q.weight", "hidden heads*hd")
+    attn_q_norm: object = tensor("attn_q_norm.weight", "hd")
+    attn_k: object = tensor("attn_k.weight", "hidden kv_heads*hd", when="owns_kv")   # shared layers: another's K/V
+    attn_v: object = tensor("attn_v.weight", "hidden kv_heads*hd", when="has_v")     # absent: V is the raw K (k_eq_v)
+    attn_k_norm: object = tensor("attn_k_norm.weight", "hd", when="owns_kv")
+    attn_output: object = tensor("attn_output.weight", "heads*hd hidden")
+    post_attention_norm: object = tensor("post_attention_norm.weight", "hidden")
     # dense MLP (every layer; on MoE layers it runs beside the experts)
-    ffn_norm: object = tensor("ffn_norm.weight")
-    ffn_gate: object = tensor("ffn_gate.weight")
-    ffn_up: object = tensor("ffn_up.weight")
-    ffn_down: object = tensor("ffn_down.weight")
-    post_ffw_norm: object = tensor("post_ffw_norm.weight")
+    ffn_norm: object = tensor("ffn_norm.weight", "hidden")
+    ffn_gate: object = tensor("ffn_gate.weight", "hidden ff")
+    ffn_up: object = tensor("ffn_up.weight", "hidden ff")
+    ffn_down: object = tensor("ffn_down.weight", "ff hidden")
+    post_ffw_norm: object = tensor("post_ffw_norm.weight", "hidden")
     # mixture of experts
-    post_ffw_norm_1: object = tensor("post_ffw_norm_1.weight", when="has_moe")
-    router: object = tensor("ffn_gate_inp.weight", when="has_moe")                 # [E, hidden]
-    router_scale: object = tensor("ffn_gate_inp.scale", when=OPTIONAL)           # [hidden]
-    pre_ffw_norm_2: object = tensor("pre_ffw_norm_2.weight", when="has_moe")
-    experts_gate_up: object = tensor("ffn_gate_up_exps.weight", when="experts_fused")  # [E, 2*eff, hidden]
-    experts_gate: object = tensor("ffn_gate_exps.weight", when="experts_split")        # [E, eff, hidden]
-    experts_up: object = tensor("ffn_up_exps.weight", when="experts_split")
-    experts_down: object = tensor("ffn_down_exps.weight", when="has_moe")              # [E, hidden, eff]
-    experts_down_scale: object = tensor("ffn_down_exps.scale", when=OPTIONAL)        # [E]
-    post_ffw_norm_2: object = tensor("post_ffw_norm_2.weight", when="has_moe")
+    router: object = tensor("ffn_gate_inp.weight", "hidden experts", when="has_moe")   # a layer has experts iff this
+    post_ffw_norm_1: object = tensor("post_ffw_norm_1.weight", "hidden", when="has_moe")
+    router_scale: object = tensor("ffn_gate_inp.scale", "hidden", when=OPTIONAL)
+    pre_ffw_norm_2: object = tensor("pre_ffw_norm_2.weight", "hidden", when="has_moe")
+    experts_gate_up: object = tensor("ffn_gate_up_exps.weight", "hidden 2*expert_ff experts", when="experts_fused")
+    experts_gate: object = tensor("ffn_gate_exps.weight", "hidden expert_ff experts", when="experts_split")
+    experts_up: object = tensor("ffn_up_exps.weight", "hidden expert_ff experts", when="experts_split")
+    experts_down: object = tensor("ffn_down_exps.weight", "expert_ff hidden experts", when="has_moe")
+    experts_down_scale: object = tensor("ffn_down_exps.scale", "experts", when=OPTIONAL)
+    post_ffw_norm_2: object = tensor("post_ffw_norm_2.weight", "hidden", when="has_moe")
     # per-layer embeddings (PLE)
-    ple_gate: object = tensor("inp_gate.weight", when="has_ple")       # [ple_dim, hidden]
-    ple_proj: object = tensor("proj.weight", when="has_ple")           # [hidden, ple_dim]
-    ple_post_norm: object = tensor("post_norm.weight", when="has_ple")
-    output_scale: object = tensor("layer_output_scale.weight", when=OPTIONAL)    # [1]
+    ple_gate: object = tensor("inp_gate.weight", "hidden ple", when="has_ple")
+    ple_proj: object = tensor("proj.weight", "ple hidden", when="has_ple")
+    ple_post_norm: object = tensor("post_norm.weight", "hidden", when="has_ple")
+    output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL)
     # filled by the GPU upload planner (pyapp.runtime.upload), absent in the GGUF
     qkv: object = runtime("q, k (and v) rows in one buffer: one matvec per decode step")
     ffn_gate_up: object = runtime("ffn_gate and ffn_up rows in one buffer: one GeGLU matvec")
@@ -79,13 +90,13 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    token_embd: object = tensor("token_embd.weight")                   # [vocab, hidden]; also the tied head
-    output: object = tensor("output.weight", when=OPTIONAL)            # absent: the head is token_embd
-    output_norm: object = tensor("output_norm.weight")
-    rope_freqs: object = tensor("rope_freqs.weight", when=OPTIONAL)    # global layers' frequency factors
-    ple_token_embd: object = tensor("per_layer_token_embd.weight", when="has_ple")   # [vocab, L*ple_dim]
-    ple_model_proj: object = tensor("per_layer_model_proj.weight", when="has_ple")   # [L*ple_dim, hidden]
-    ple_proj_norm: object = tensor("per_layer_proj_norm.weight", when="has_ple")     # [ple_dim]
+    token_embd: object = tensor("token_embd.weight", "hidden vocab")             # also the tied head
+    output: object = tensor("output.weight", "hidden vocab", when=OPTIONAL)      # absent: the head is token_embd
+    output_norm: object = tensor("output_norm.weight", "hidden")
+    rope_freqs: object = tensor("rope_freqs.weight", "global_hd/2", when=OPTIONAL)   # global layers' frequency factors
+    ple_token_embd: object = tensor("per_layer_token_embd.weight", "layers*ple vocab", when="has_ple")
+    ple_model_proj: object = tensor("per_layer_model_proj.weight", "hidden layers*ple", when="has_ple")
+    ple_proj_norm: object = tensor("per_layer_proj_norm.weight", "ple", when="has_ple")
     layers: list = field(default_factory=list)
 
     @property
@@ -111,10 +122,19 @@ def layer_prefix(index: int) -> str:
     return f"blk.{index}."
 
 
+def _field(cls, field_name: str):
+    return next(f for f in fields(cls) if f.name == field_name)
+
+
 def gguf_name(cls, field_name: str, layer: int | None = None) -> str:
     """The GGUF tensor name of a declared field (for messages and lookups)."""
-    name = next(f.metadata["gguf"] for f in fields(cls) if f.name == field_name)
+    name = _field(cls, field_name).metadata["gguf"]
     return name if layer is None else layer_prefix(layer) + name
+
+
+def declared_shape(cls, field_name: str) -> tuple[str, ...]:
+    """The names of a declared field's dimensions, ggml order."""
+    return _field(cls, field_name).metadata["shape"]
 
 
 def present(tensors, field_name: str, layer: int | None = None) -> bool:
@@ -123,30 +143,79 @@ def present(tensors, field_name: str, layer: int | None = None) -> bool:
     return gguf_name(cls, field_name, layer) in tensors
 
 
+def moe_tensor(tensors, layer: int) -> str | None:
+    """The name of a tensor only MoE layers have that this layer has in the GGUF, else None."""
+    for f in _bound(LayerWeights):
+        if f.metadata["when"] in MOE_FLAGS and present(tensors, f.name, layer):
+            return gguf_name(LayerWeights, f.name, layer)
+    return None
+
+
 def _required(when, flags) -> bool:
     return when is ALWAYS or (when != OPTIONAL and bool(getattr(flags, when)))
 
 
+def _sizes(cfg) -> dict:
+    """Every model-wide size the declared shapes name."""
+    global_hd = next((lc.head_dim for lc in cfg.layers if not lc.sliding), None)
+    return {"1": 1, "hidden": cfg.hidden, "vocab": cfg.vocab_size, "ple": cfg.ple_dim,
+            "layers*ple": cfg.n_layers * cfg.ple_dim, "experts": cfg.n_experts,
+            "expert_ff": cfg.expert_ffn_dim, "2*expert_ff": 2 * cfg.expert_ffn_dim,
+            # one frequency factor per rotated pair of a global head (any length without global layers)
+            "global_hd/2": global_hd // 2 if global_hd else None}
+
+
+def _layer_sizes(cfg, lc) -> dict:
+    """The sizes that differ from layer to layer."""
+    return {"hd": lc.head_dim, "heads*hd": cfg.n_heads * lc.head_dim, "kv_heads*hd": lc.n_kv_heads * lc.head_dim,
+            "ff": lc.ffn_dim}
+
+
+def _misfit(t, shape: tuple[str, ...], sizes: dict) -> str | None:
+    """Why tensor t does not fit its declared shape and the types its use allows; None if it fits."""
+    want = [sizes[d] for d in shape]
+    if len(t.shape) != len(want) or any(w is not None and w != n for w, n in zip(want, t.shape)):
+        shown = ", ".join(d if w is None or d == str(w) else f"{d}={w}" for d, w in zip(shape, want))
+        return f"has shape {list(t.shape)}, expected [{shown}]"
+    vector = len(shape) == 1
+    if not (t.type in VECTOR_TYPES if vector else t.type not in INTEGER_TYPES):
+        kind = "F32, F16 or BF16" if vector else "a float or quantized type"
+        return f"is stored as {getattr(ggml.TYPES.get(t.type), 'name', t.type)}, expected {kind}"
+    return None
+
+
+def _listing(items: list, sep: str = ", ") -> str:
+    return sep.join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
+
+
 def bind(cfg, tensors: dict) -> ModelWeights:
-    """ModelWeights whose fields are tensors[name] (None when absent); missing required ones raise.
+    """ModelWeights whose fields are tensors[name] (None when absent), checked against the config
+    before anything uses them: missing required tensors, and present ones of the wrong shape or
+    type, raise WeightsError naming each.
 
-    `tensors` maps GGUF names to anything (TensorInfo, arrays): only the lookup is done here."""
-    missing = []
+    `tensors` maps GGUF names to TensorInfo (or anything with its `shape`, ggml order, and `type`)."""
+    missing, misfits = [], []
 
-    def take(cls, flags, prefix):
+    def take(cls, flags, prefix, sizes):
         values = {}
         for f in _bound(cls):
             name = prefix + f.metadata["gguf"]
-            values[f.name] = tensors.get(name)
-            if values[f.name] is None and _required(f.metadata["when"], flags):
-                missing.append(name)
+            t = values[f.name] = tensors.get(name)
+            if t is None:
+                if _required(f.metadata["when"], flags):
+                    missing.append(name)
+            elif why := _misfit(t, f.metadata["shape"], sizes):
+                misfits.append(f"{name} {why}")
         return cls(**values)
 
-    w = take(ModelWeights, cfg, "")
-    w.layers = [take(LayerWeights, lc, layer_prefix(lc.index)) for lc in cfg.layers]
+    sizes = _sizes(cfg)
+    w = take(ModelWeights, cfg, "", sizes)
+    w.layers = [take(LayerWeights, lc, layer_prefix(lc.index), sizes | _layer_sizes(cfg, lc)) for lc in cfg.layers]
     if missing:
-        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise WeightsError(f"the GGUF lacks {shown}")
+        raise WeightsError(f"the GGUF lacks {_listing(missing)}")
+    if misfits:
+        raise WeightsError("tensors that do not fit the model's hyperparameters (shapes in ggml order, row "
+                           f"length first): {_listing(misfits, '; ')}")
     return w
 
 
