@@ -51,7 +51,8 @@ def bench_model(path: str, args) -> dict:
     t = time.perf_counter()
     from pyapp.engine import DEFAULT_CHUNK
     args.chunk = args.chunk or DEFAULT_CHUNK
-    eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk)
+    eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk,
+                      gpu_memory_mib=args.gpu_memory)
     load_s = time.perf_counter() - t
     r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, repeat=args.repeat)
     bpt = bytes_per_token(g)
@@ -107,6 +108,8 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; medians are reported")
+    ap.add_argument("--gpu-memory", type=float, default=None, metavar="MIB",
+                    help="GPU memory budget (experts stream from the file beyond it)")
     ap.add_argument("--chunk", type=int, default=None, help="most tokens per prefill step (default: the engine's)")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="GB/s for the bound (0: best matvec measured)")
     args = ap.parse_args()

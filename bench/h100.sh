@@ -17,6 +17,10 @@
 #   browser  bench/node_bench.mjs (Pyodide + Dawn in Node), one Node process per model
 #   ttft     time to first token for a TTFT_PROMPT-token prompt (TTFT_MODELS): ours native and
 #            llama-bench -p TTFT_PROMPT -n 0 (TTFT_BROWSER=1 adds the browser path)
+#   stream   the STREAM_MODEL under each GPU memory budget of STREAM_BUDGETS (MiB): experts streamed
+#            from the file into a cache; native and browser path, STREAM_PROMPT/STREAM_GEN tokens, 1 run
+#   skew     the stream runs again on a copy of STREAM_MODEL whose routers favor 16 experts per
+#            layer (tools/skew_router.py): uniform routing is the worst case for the cache
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
@@ -31,7 +35,8 @@
 # Env: MODELS ("e2b:Q4_K a26b:Q4_K"), PROMPT (512), GEN (128), CONTEXT (2048), CHUNK (512),
 #      TTFT_PROMPT (4000), TTFT_MODELS ("e2b:Q4_K"), JOBS (14), BUDGET (570), REDO (0), CUDA (1; 0: a
 #      CPU-only llama-bench, to try this script on a machine without a GPU), PYTHON (python3),
-#      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments).
+#      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments),
+#      STREAM_MODEL (a26b:Q4_K), STREAM_BUDGETS ("8192 4096"), STREAM_PROMPT (128), STREAM_GEN (32).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -51,6 +56,10 @@ CUDA=${CUDA:-1}
 BUDGET=${BUDGET:-570}
 REDO=${REDO:-0}
 LLAMA_ARGS=${LLAMA_ARGS:-}
+STREAM_MODEL=${STREAM_MODEL:-a26b:Q4_K}
+STREAM_BUDGETS=${STREAM_BUDGETS:-"8192 4096"}
+STREAM_PROMPT=${STREAM_PROMPT:-128}
+STREAM_GEN=${STREAM_GEN:-32}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -266,6 +275,52 @@ step_ttft() {
     done
 }
 
+step_stream() {
+    local path
+    busy stream && return 1
+    path=$(model_path "$STREAM_MODEL")
+    [ -f "$path.ok" ] || { log "stream: no $path"; return 1; }
+    stream_runs "$path"
+}
+
+# skew: the same runs on a copy of STREAM_MODEL whose routers favor 16 experts per layer
+# (tools/skew_router.py): random routers are uniform, the worst case for a cache
+step_skew() {
+    local path skewed
+    busy skew && return 1
+    path=$(model_path "$STREAM_MODEL")
+    skewed=${path%.gguf}-skew.gguf
+    [ -f "$path.ok" ] || { log "skew: no $path"; return 1; }
+    if [ ! -f "$skewed.ok" ]; then
+        log "skew: $skewed"
+        cp "$path" "$skewed.tmp" && "$PY" tools/skew_router.py "$skewed.tmp" && mv "$skewed.tmp" "$skewed" \
+            && touch "$skewed.ok" || return 1
+    fi
+    stream_runs "$skewed"
+}
+
+stream_runs() {
+    local path=$1 b res name
+    name=$(basename "$path" .gguf)
+    for b in $STREAM_BUDGETS; do
+        res=$RES/stream-native-$name-$b.jsonl
+        if ! done_already "$res"; then
+            log "stream (native): $name, --gpu-memory $b"
+            limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$STREAM_PROMPT" --gen-tokens "$STREAM_GEN" \
+                --repeat 1 --context "$CONTEXT" --chunk "$CHUNK" --gpu-memory "$b" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+        res=$RES/stream-browser-$name-$b.jsonl
+        if [ -x "$W/bin/node" ] && ! done_already "$res"; then
+            log "stream (browser): $name, GPU_MEMORY=$b"
+            GPU_MEMORY=$b PROMPT_TOKENS=$STREAM_PROMPT GEN_TOKENS=$STREAM_GEN REPEAT=1 CONTEXT=$CONTEXT CHUNK=$CHUNK \
+                PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+                limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+    done
+}
+
 step_table() {
     "$PY" bench/side_by_side.py --prompt "$PROMPT" --gen "$GEN" --ttft-prompt "$TTFT_PROMPT" "$RES" > "$RES/table.md" \
         && cat "$RES/table.md"
@@ -280,7 +335,7 @@ step_status() {
 finish() {   # what comes back: at most 8 files in $OUT
     local kind
     step_table > /dev/null 2>&1
-    for kind in native browser llama ttft; do
+    for kind in native browser llama ttft stream; do
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cp "$RES/table.md" "$OUT/" 2>/dev/null
@@ -298,7 +353,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

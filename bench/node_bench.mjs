@@ -4,7 +4,9 @@
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
-//      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported).
+//      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
+//      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it).
+// Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
 // Prints one JSON line per model.
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -26,24 +28,34 @@ py.FS.mount(py.FS.filesystems.NODEFS, { root }, "/repo");
 py.FS.mkdirTree("/models");
 py.FS.mount(py.FS.filesystems.NODEFS, { root: "/" }, "/models");
 py.runPython("import sys; sys.path.insert(0, '/repo')");
+// Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
+globalThis.wasm_heap_bytes = () => (py._module && py._module.HEAP8 ? py._module.HEAP8.buffer.byteLength : 0);
 const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
 import json, time
 from pyapp.engine import DEFAULT_CHUNK, Engine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
+from js import wasm_heap_bytes
 dev = await get_device_async("browser")
+
+def heap_mib():
+    return round(wasm_heap_bytes() / 2**20)
+
 out = []
 for m in ${JSON.stringify(models)}:
     g = read_gguf(m)
     t = time.perf_counter()
     eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
-                                  chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
+                                  chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
+                                  gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"})
+    heap_after_load = heap_mib()
     load = time.perf_counter() - t
     r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
                               gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
-             chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"})
+             chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
+             wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())
     out.append(json.dumps(r))
     eng.close()
 "\\n".join(out)

@@ -29,6 +29,7 @@ from .model.logits import Logits
 from .model.weights import WeightsError, bind
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
+from .runtime.memory import MemoryCounter, PlanError, plan_memory
 from .runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
 from .sampling import DEFAULT_CONTEXT, ParamError, SamplingParams, check_context_length  # noqa: F401 (re-exported)
 from .steps import drive, drive_async
@@ -38,16 +39,21 @@ from .steps import drive, drive_async
 DEFAULT_CHUNK = 512
 
 
+def _mib(n: float | None) -> int | None:
+    """MiB (fractions allowed: tests give tiny models tiny caches) -> bytes."""
+    return None if n is None else int(float(n) * 2**20)
+
+
 class EngineError(Exception):
     """A request the engine cannot serve (prompt too long, model too big, bad file)."""
 
 
-def _check_context_fits(dev: Device, cfg, ctx: int) -> None:
+def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
     """Each global layer's K and V caches hold the whole context in one GPU binding
     (pyapp.runtime.state): refuse a context the GPU cannot bind before any upload."""
     per_token = max((4 * lc.n_kv_heads * lc.head_dim for lc in cfg.layers if lc.owns_kv and not lc.sliding),
                     default=0)
-    limit = binding_limit(dev)
+    limit = binding_limit(MemoryCounter(limits))     # a device with these limits that allocates nothing
     if per_token and ctx * per_token > limit:
         raise EngineError(f"a context of {ctx} tokens needs {ctx * per_token / 2**20:,.0f} MiB of KV cache per "
                           f"layer in one GPU buffer; this GPU binds at most {limit / 2**20:,.0f} MiB: choose a "
@@ -63,6 +69,8 @@ class GenerationResult:
     cached_tokens: int = 0           # prompt tokens reused from the KV cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # streamed experts: the cache's (hits, misses, bytes read) at the start, the first token, the end
+    expert_counts: list = field(default_factory=list)
 
     @property
     def prefill_tps(self) -> float:
@@ -82,47 +90,50 @@ class Engine:
         self.cached: list[int] = []       # tokens whose K/V are in the cache, in order
         self.kv_end = 0                   # positions written so far (a step decoded ahead may pass cached)
         self._tokenizer = None
+        self.memory_plan = None           # pyapp.runtime.memory.MemoryPlan it was loaded with
+        self.load_bytes_per_s = 0.0       # file -> GPU rate of the load: what streamed experts may expect
 
     # -- loading, written once ---------------------------------------------------
     @classmethod
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
-             progress=None, cancelled=None, device: Device | None = None, ple_in_file: bool = False) -> "Engine":
+             progress=None, cancelled=None, device: Device | None = None, **memory) -> "Engine":
         """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device.
-        ple_in_file: keep the per-layer embedding table (E2B/E4B) in the file, one row read per token."""
+        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan (see _load)."""
         from .gguf import GGUFFile, read_gguf
         from .gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
         dev = device or get_device(backend)
-        return drive(cls._load(dev, gguf, context_length, chunk, progress, cancelled, ple_in_file),
+        return drive(cls._load(dev, gguf, context_length, chunk, progress, cancelled, **memory),
                      handler(dev, gguf.source))
 
     @classmethod
     async def open_async(cls, gguf, device: Device, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
-                         progress=None, cancelled=None, ple_in_file: bool = False) -> "Engine":
+                         progress=None, cancelled=None, **memory) -> "Engine":
         """Load in the browser. gguf.source: a sync ByteSource (FileReaderSync, for per-token
         PLE rows) with a `.blob` (the File) so weights go Blob -> GPU inside JS."""
-        return await drive_async(cls._load(device, gguf, context_length, chunk, progress, cancelled, ple_in_file),
+        return await drive_async(cls._load(device, gguf, context_length, chunk, progress, cancelled, **memory),
                                  handler(device, gguf.source, asynchronous=True))
 
     @classmethod
     def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled,
-              ple_in_file: bool = False):
-        """Steps: plan the layout, copy every tensor to the GPU, build the plans; returns the Engine."""
+              gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
+              ple_in_file: bool | None = None, on_plan=None):
+        """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
+        plans; returns the Engine. gpu_memory_mib: the GPU memory budget (None: everything
+        resident); expert_cache_mib: the streamed experts' cache, directly; ple_in_file: keep the
+        per-layer embedding table (E2B/E4B) in the file, one row read per token (None: the plan
+        decides); on_plan(MemoryPlan) sees the plan before anything is uploaded."""
+        cfg, bound, mem = cls._plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
+                                    ple_in_file)
+        ctx = mem.context_length
+        if on_plan:
+            on_plan(mem)
         try:
-            cfg = Gemma4Config.from_gguf(gguf)
-            bound = bind(cfg, gguf.tensors)
-        except (ConfigError, WeightsError) as e:
-            raise EngineError(str(e)) from e
-        ctx = check_context_length(context_length, cfg.context_length)
-        _check_context_fits(dev, cfg, ctx)
-        need = sum(t.nbytes for t in gguf.tensors.values()) - (bound.ple_token_embd.nbytes if ple_in_file else 0)
-        limit = dev.limits.get("max_buffer_size", 0) * 64   # WebGPU exposes no memory size; a sanity bound
-        if limit and need > limit:
-            raise EngineError(f"the model needs {need / 2**30:.1f} GiB of GPU memory; this adapter cannot hold it")
-        try:
-            layout, uploads = plan_uploads(dev, cfg, bound, ple_in_file)
+            layout, uploads = plan_uploads(dev, cfg, bound, mem.ple_in_file, mem.slots)
         except GPUError as e:
-            raise EngineError(f"out of GPU memory while allocating the weights: {e}") from e
+            raise EngineError(f"out of GPU memory while allocating the weights ({mem.total / 2**20:,.0f} MiB "
+                              f"planned): {e}. Set a GPU memory budget (--gpu-memory) below what the GPU "
+                              "has free.") from e
         except ModelError as e:
             raise EngineError(str(e)) from e
 
@@ -140,20 +151,43 @@ class Engine:
             done += u.n
             if progress:
                 progress(done, total, time.perf_counter() - t0)
+        load_s = time.perf_counter() - t0
 
         try:
-            runner = Runner(dev, cfg, layout, gguf.source, ctx, chunk)
+            runner = Runner(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots)
             # build the plans now: shader compilation belongs to loading, not to the first reply
             for size in runner.step_sizes:
-                runner.layers_plan(size)
+                runner.layers_program(size)
             if runner.decodes_ahead:
-                runner.layers_plan(1, sampled=True)
+                runner.layers_program(1, sampled=True)
             runner.head_plan(0, sample=True)
         except ModelError as e:
             raise EngineError(str(e)) from e
         except GPUError as e:
             raise EngineError(f"the GPU rejected the model: {e}") from e
-        return cls(dev, gguf, runner)
+        engine = cls(dev, gguf, runner)
+        engine.memory_plan = mem
+        engine.load_bytes_per_s = total / load_s if load_s > 0 else 0.0
+        return engine
+
+    @staticmethod
+    def plan(gguf, limits: dict, context_length: int | None = None, gpu_memory_mib: float | None = None,
+             expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int = DEFAULT_CHUNK):
+        """The MemoryPlan loading would follow (see _load's options), without a GPU."""
+        return Engine._plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file)[2]
+
+    @staticmethod
+    def _plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file):
+        try:
+            cfg = Gemma4Config.from_gguf(gguf)
+            bound = bind(cfg, gguf.tensors)
+            ctx = check_context_length(context_length, cfg.context_length)
+            _check_context_fits(limits, cfg, ctx)
+            mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
+                              ple_in_file)
+        except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
+            raise EngineError(str(e)) from e
+        return cfg, bound, mem
 
     def _drive(self, steps):
         return drive(steps, handler(self.dev, self.gguf.source))
@@ -194,23 +228,24 @@ class Engine:
                     return 0
         return n
 
-    def _layer_steps(self, tokens: list[int], pos: int):
-        """Submit tokens through the layers in steps of up to chunk tokens, the first at `pos`;
-        yields each step's token count once it is submitted (its rows are then in state.x)."""
+    def _layer_steps(self, tokens: list[int], pos: int, after_each=None):
+        """Steps: tokens through the layers in steps of up to chunk tokens, the first at `pos`; after
+        each step, `after_each(n)`'s steps (its n rows are then in state.x). Returns the last n."""
         r = self.runner
+        n = 0
         for i in range(0, len(tokens), r.chunk):
             part = tokens[i:i + r.chunk]
             r.write_step(part, pos + i)
-            self.dev.submit(r.layers_plan(r.step_size(len(part))))
+            yield from r.run_layers(len(part))
             self.kv_end = pos + i + len(part)
-            yield len(part)
+            n = len(part)
+            if after_each:
+                yield from after_each(n)
+        return n
 
-    def _prefill(self, tokens: list[int], pos: int) -> int:
-        """Run tokens through the layers; returns the row of the last token in its step."""
-        last = 0
-        for last in self._layer_steps(tokens, pos):
-            pass
-        return last - 1
+    def _prefill(self, tokens: list[int], pos: int):
+        """Steps: tokens through the layers; returns the row of the last token in its step."""
+        return (yield from self._layer_steps(tokens, pos)) - 1
 
     def _read_token(self):
         """Step: the id the sampler wrote on the GPU."""
@@ -236,8 +271,9 @@ class Engine:
         decoder = self._decoder()
         history = list(prompt)
 
+        self._count_experts(result)
         t0 = time.perf_counter()
-        row = self._prefill(prompt[reuse:], reuse)
+        row = yield from self._prefill(prompt[reuse:], reuse)
         self.cached = list(prompt)
         while True:
             recent = history[-params.repeat_last_n:] if params.repeat_last_n > 0 and params.repeat_penalty != 1 else []
@@ -251,12 +287,13 @@ class Engine:
             ahead = r.decodes_ahead and len(result.tokens) + 1 < params.token_limit and pos + 1 < self.context_length
             if ahead:
                 r.write_position(pos)
-                self.dev.submit(r.layers_plan(1, sampled=True))
+                yield from r.run_layers(1, sampled=True)
                 self.kv_end = max(self.kv_end, pos + 1)
             tok = yield from self._read_token()
             now = time.perf_counter()
             if not result.tokens and not result.prefill_s:
                 result.prefill_s, t0 = now - t0, now
+                self._count_experts(result)
             else:
                 result.decode_s = now - t0
             if tok in stops:
@@ -279,16 +316,22 @@ class Engine:
                 break
             if not ahead:
                 r.write_step([tok], len(self.cached))
-                self.dev.submit(r.layers_plan(1))
+                yield from r.run_layers(1)
                 self.kv_end = len(self.cached) + 1
             self.cached.append(tok)
             row = 0
+        self._count_experts(result)
         tail = decoder.flush() if decoder else ""
         if tail:
             result.text += tail
             if on_token:
                 on_token(None, tail)
         return result
+
+    def _count_experts(self, result: GenerationResult) -> None:
+        cache = self.runner.experts
+        if cache is not None:
+            result.expert_counts.append((cache.hits, cache.misses, cache.bytes_read))
 
     def _check_ids(self, tokens: list[int]) -> None:
         """Ids outside the vocabulary would read past the embedding tables on the GPU."""
@@ -332,10 +375,13 @@ class Engine:
         self._check_ids(tokens)
         self.reset()
         rows = []
-        for n in self._layer_steps(tokens, 0):
+
+        def logits_of_step(n: int):
             for row in range(n):
                 self.dev.submit(r.head_plan(row, sample=False))
                 rows.append((yield ReadGpu(r.state.logits, 0, 4 * self.config.vocab_size)))
+
+        yield from self._layer_steps(tokens, 0, after_each=logits_of_step)
         self.cached = tokens
         return Logits.from_rows(rows)
 
@@ -367,7 +413,24 @@ class Engine:
                 "decode_tok_s": statistics.median(r.decode_tps for r in runs),
                 "runs": {"prefill_tok_s": [round(r.prefill_tps, 1) for r in runs],
                          "decode_tok_s": [round(r.decode_tps, 1) for r in runs]},
-                "context_length": self.context_length, "model": self.config.describe()}
+                "context_length": self.context_length, "model": self.config.describe(),
+                **self._bench_memory(runs)}
+
+    def _bench_memory(self, runs: list) -> dict:
+        """The memory plan, and with streamed experts what decoding read: hit rate, bytes per token."""
+        plan = self.memory_plan
+        out = {"gpu_memory_mib": round(plan.total / 2**20), "budget_mib": plan.budget and round(plan.budget / 2**20)}
+        if not plan.streams:
+            return out
+        hits = misses = read = tokens = 0
+        for r in runs:          # decode only: from the first token to the end
+            (h0, m0, b0), (h1, m1, b1) = r.expert_counts[1], r.expert_counts[-1]
+            hits, misses, read, tokens = hits + h1 - h0, misses + m1 - m0, read + b1 - b0, tokens + len(r.tokens) - 1
+        return {**out, "expert_slots": plan.slots, "expert_cache_mib": round(plan.expert_cache / 2**20),
+                "decode_expert_hit_rate": round(hits / max(hits + misses, 1), 3),
+                "decode_read_mib_per_token": round(read / max(tokens, 1) / 2**20, 1),
+                "planned_read_mib_per_token": round(plan.read_per_token / 2**20, 1),
+                "load_read_gb_s": round(self.load_bytes_per_s / 1e9, 2)}
 
     def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0, repeat: int = 3) -> dict:
         return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat))

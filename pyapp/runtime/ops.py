@@ -12,16 +12,22 @@ Buffers come from the State (pyapp.runtime.state); weights are GpuTensors.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..gpu import Buffer, Plan
 from ..gpu import kernels as K
+from .experts import ExpertRounds
 from .upload import GpuTensor
 
 
 class Ops:
-    def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None):
+    def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None,
+                 experts_stream: bool = False):
         self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
         self.step = step or state.step       # the uniform holding this plan's token count and position
         self.eps = cfg.eps
+        self.experts_stream = experts_stream
+        self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
 
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
@@ -168,6 +174,20 @@ class Ops:
         """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
         K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
                     plan=self.plan)
+
+    @contextmanager
+    def expert_rounds(self, layer: int, ids: Buffer):
+        """The expert ops recorded inside run once per round of experts fetched into the GPU's cache
+        (pyapp.runtime.experts); yields the ids buffer they index the expert tensors by: the router's
+        ids when every expert is resident (then this is a no-op), else the ids' cache slots."""
+        if not self.experts_stream:
+            yield ids
+            return
+        self.plan = self.dev.plan()
+        yield self.s.expert_slots
+        self.program.append(ExpertRounds(layer, self.plan))
+        self.plan = self.dev.plan()
+        self.program.append(self.plan)
 
     def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
         """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token

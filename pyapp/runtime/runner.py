@@ -4,10 +4,12 @@ Plans are recorded once per shape by running the model's forward
 (pyapp.model.gemma4) against the ops recorder, then replayed every step with
 only the small per-step inputs rewritten (`write_step`):
 
-  layers_plan(T)       embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
+  layers_program(T)    embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
                        (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill);
                        `sampled=True`: one token, the id the sampler left on the GPU, so a
-                       decode step can be submitted before the CPU has read that id
+                       decode step can be submitted before the CPU has read that id.
+                       One Plan; with streamed experts, Plans and ExpertRounds in turn
+                       (pyapp.runtime.experts), which `run_layers` executes
   head_plan(row, ...)  final norm, output projection and softcap for one row of the
                        last step, then (sample=True) the next token id drawn on the GPU and
                        copied to a readback buffer
@@ -17,16 +19,20 @@ from __future__ import annotations
 
 from ..gpu import Device, Plan
 from ..model.gemma4 import Gemma4
+from .experts import ExpertCache, ExpertRounds
 from .ops import Ops
 from .state import State
 
 
 class Runner:
-    def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64):
+    def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
+                 expert_slots: int | None = None):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
         self.ctx, self.chunk = context_length, chunk
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.model = Gemma4(cfg, layout, self.state)
+        # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
+        self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None
         self.step_sizes = sorted({1, min(64, chunk), chunk})   # a plan per size, built at load
         self._plans: dict = {}
 
@@ -34,16 +40,32 @@ class Runner:
         """The plan for a step of n tokens: the smallest size that holds them."""
         return next(size for size in self.step_sizes if size >= n)
 
-    def layers_plan(self, T: int, sampled: bool = False) -> Plan:
+    def layers_program(self, T: int, sampled: bool = False) -> list:
         """Embeddings and every layer for up to T tokens (T: one of step_sizes)."""
         key = ("layers", T, sampled)
         if key not in self._plans:
             plan = self.dev.plan()
             if sampled:
                 plan.copy(self.state.token, 0, self.state.ids, 0, 4)
-            self.model.layers(Ops(self.dev, self.cfg, self.state, plan, T))
-            self._plans[key] = plan
+            ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None)
+            self.model.layers(ops)
+            self._plans[key] = ops.program
         return self._plans[key]
+
+    def layers_plan(self, T: int, sampled: bool = False) -> Plan:
+        """The layers as one Plan (every expert resident): for profiling."""
+        program = self.layers_program(T, sampled)
+        if len(program) != 1:
+            raise ValueError("experts stream: the layers run as several plans (layers_program)")
+        return program[0]
+
+    def run_layers(self, n_tokens: int, sampled: bool = False):
+        """Steps: submit the layers for a step of n_tokens (written by write_step / write_position)."""
+        for part in self.layers_program(self.step_size(n_tokens), sampled):
+            if isinstance(part, ExpertRounds):
+                yield from self.experts.run(part, n_tokens)
+            else:
+                self.dev.submit(part)
 
     def head_plan(self, row: int, sample: bool) -> Plan:
         """Logits of row `row` of the last step [+ sampling]."""

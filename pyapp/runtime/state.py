@@ -67,6 +67,7 @@ class State:
             self.router_in = f32(T * d, "router_in")            # [T, d] rms_norm(x) / sqrt(d) * scale
             self.router_logits = f32(T * E, "router_logits")    # [T, E]
             self.expert_ids = f32(T * KS, "expert_ids")         # u32 [T, KS] chosen experts
+            self.expert_slots = f32(T * KS, "expert_slots")     # u32 [T, KS] their cache slots (streamed experts)
             self.expert_weights = f32(T * KS, "expert_weights")  # [T, KS] renormalized probabilities
             self.experts_gate_up = f32(T * KS * 2 * eff, "experts_gate_up")  # [T*KS, 2 eff]
             self.experts_gate = f32(T * KS * eff, "experts_gate")  # [T*KS, eff]

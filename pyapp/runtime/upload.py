@@ -13,7 +13,11 @@ From the bound weights (pyapp.model.weights) and the device's binding limit,
 - residency: the per-layer embedding table (as big as the rest of an E2B) is
   uploaded like the embedding table, or, with `ple_in_file`, stays in the file
   and its rows are read per step (pyapp.runtime.state): less GPU memory, but the
-  CPU must know each token before its step can start.
+  CPU must know each token before its step can start. With `expert_slots`, a
+  MoE layer's expert tensors stay in the file too: each becomes a cache of that
+  many experts on the GPU, filled per step (pyapp.runtime.experts).
+
+pyapp.runtime.memory decides ple_in_file and expert_slots from the GPU budget.
 
 It returns the layout (ModelWeights of GpuTensor) and the list of uploads the
 engine's loader performs (pyapp.engine), file range -> buffer range.
@@ -53,6 +57,7 @@ class GpuTensor:
     parts: list           # [Part]: row ranges, each within one binding
     offset: int = 0       # byte offset in its buffer (q, k, v share one buffer)
     nbytes: int = 0
+    cached_from: object = None   # an expert cache: the file tensor [E, n, k] whose experts it holds
 
     @property
     def buffer(self) -> Buffer:
@@ -114,9 +119,13 @@ def binding_limit(dev: Device) -> int:
     return min(dev.limits.get("max_storage_buffer_binding_size", 1 << 27), dev.limits.get("max_buffer_size", 1 << 28))
 
 
-def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = False
+EXPERT_FIELDS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
+
+
+def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = False, expert_slots: int | None = None
                  ) -> tuple[ModelWeights, list[Upload]]:
-    """The GPU layout of the bound weights (TensorInfo fields) and the uploads that fill it."""
+    """The GPU layout of the bound weights (TensorInfo fields) and the uploads that fill it.
+    expert_slots: experts held per MoE layer when experts stream (None: every expert uploaded)."""
     limit = binding_limit(dev)
     uploads: list[Upload] = []
     gpu: dict[int, object] = {}       # id(TensorInfo) -> its GPU form
@@ -131,6 +140,8 @@ def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = Fals
             continue
         if owner is bound and field_name == "ple_token_embd" and ple_in_file:
             gpu[id(t)] = FileTensor(t)
+        elif field_name in EXPERT_FIELDS and expert_slots is not None:
+            gpu[id(t)] = _expert_cache(dev, t, expert_slots, limit)
         elif len(t.shape) == 1:
             gpu[id(t)] = _vector(dev, t, uploads)
         else:
@@ -156,22 +167,35 @@ def _vector(dev: Device, t, uploads: list) -> GpuTensor:
 
 
 def _matrix(dev: Device, t, limit: int, uploads: list) -> GpuTensor:
-    """Row blocks, each within one binding: a multiple of 64 rows for a matrix (its outputs start
-    256-byte aligned), whole experts for an expert tensor [E, n, k]."""
+    """The tensor as stored, in row blocks that each fit one binding."""
+    g = GpuTensor(t.name, t.type, t.shape, _row_blocks(dev, t, t.n_elements // t.shape[0], limit))
+    uploads.extend(Upload(p.buffer, t.offset + p.row0 * t.row_bytes, p.rows * t.row_bytes) for p in g.parts)
+    return g
+
+
+def _expert_cache(dev: Device, t, slots: int, limit: int) -> GpuTensor:
+    """GPU room for `slots` of the experts of t [E, n, k], filled per step from the file."""
+    if (t.shape[1] * t.row_bytes) % 4:
+        raise ModelError(f"{t.name}: one expert is {t.shape[1] * t.row_bytes} bytes, not whole u32 words; "
+                         "its experts cannot be streamed")
+    shape = (t.shape[0], t.shape[1], slots)
+    return GpuTensor(t.name, t.type, shape, _row_blocks(dev, t, slots * t.shape[1], limit), cached_from=t)
+
+
+def _row_blocks(dev: Device, t, rows: int, limit: int) -> list:
+    """Buffers for `rows` rows of t, each within one binding: a multiple of 64 rows for a matrix
+    (its outputs start 256-byte aligned), whole experts for an expert tensor [E, n, k]."""
     _check_kernel(t)
-    rows, rb = t.n_elements // t.shape[0], t.row_bytes
+    if rows == 0:                  # an expert cache of no slots (pyapp.runtime.memory's count of the rest)
+        return []
+    rb = t.row_bytes
     unit = t.shape[1] if len(t.shape) == 3 else 64          # rows of one expert, or 64
-    per = rows if t.nbytes + WEIGHT_PAD <= limit else max(1, (limit - WEIGHT_PAD) // rb // unit) * unit
+    per = rows if rows * rb + WEIGHT_PAD <= limit else max(1, (limit - WEIGHT_PAD) // rb // unit) * unit
     if per * rb + WEIGHT_PAD > limit:
         what = "one expert" if len(t.shape) == 3 else "one row block"
         raise ModelError(f"{t.name}: {what} ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
-    parts = []
-    for r0 in range(0, rows, per):
-        n = min(per, rows - r0)
-        part = Part(dev.buffer(n * rb + WEIGHT_PAD, label=t.name), r0, n)
-        parts.append(part)
-        uploads.append(Upload(part.buffer, t.offset + r0 * rb, n * rb))
-    return GpuTensor(t.name, t.type, t.shape, parts)
+    return [Part(dev.buffer(min(per, rows - r0) * rb + WEIGHT_PAD, label=t.name), r0, min(per, rows - r0))
+            for r0 in range(0, rows, per)]
 
 
 def _fuse_qkv(dev: Device, lw, limit: int, uploads: list, gpu: dict) -> None:
