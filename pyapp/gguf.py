@@ -16,12 +16,17 @@ Every malformed input raises GGUFError naming the problem and the byte offset.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from dataclasses import dataclass
 
 from . import ggml
 from .source import ByteSource, SourceError, open_source
 
 MAGIC = b"GGUF"
+# Number arrays longer than this are kept as array.array: a Python list costs ~8x the file's
+# bytes (a 64 MiB u8 array took 546 MB). Shorter ones stay lists, as callers have had them.
+LIST_MAX = 1024
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 READ_CHUNK = 1 << 20
@@ -68,8 +73,17 @@ class TensorInfo:
         return ggml.row_bytes(self.type, self.shape[0])
 
 
+def _decode(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        # ggml does not validate; keep the bytes readable rather than failing the whole file
+        return raw.decode("utf-8", errors="replace")
+
+
 class GGUFFile:
-    """A parsed header plus the source it came from."""
+    """A parsed header plus the source it came from. Metadata arrays of more than LIST_MAX
+    numbers are array.array (bools as u8 0/1); other arrays are lists."""
 
     def __init__(self, source: ByteSource, version: int, metadata: dict, tensors: dict[str, TensorInfo],
                  alignment: int, data_offset: int):
@@ -145,11 +159,7 @@ class _Cursor:
         self.need(n, what)
         raw = self.buf[self.pos - self.base:self.pos - self.base + n]
         self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            # ggml does not validate; keep the bytes readable rather than failing the whole file
-            return raw.decode("utf-8", errors="replace")
+        return _decode(raw)
 
     def strings(self, count: int, what: str) -> list[str]:
         out = []
@@ -159,14 +169,26 @@ class _Cursor:
             if off + 8 <= len(self.buf):
                 (n,) = struct.unpack_from("<Q", self.buf, off)
                 if off + 8 + n <= len(self.buf):
-                    raw = self.buf[off + 8:off + 8 + n]
                     self.pos += 8 + n
-                    try:
-                        out.append(raw.decode("utf-8"))
-                    except UnicodeDecodeError:
-                        out.append(raw.decode("utf-8", errors="replace"))
+                    out.append(_decode(self.buf[off + 8:off + 8 + n]))
                     continue
             out.append(self.string(f"{what}[{i}]"))
+        return out
+
+    def number_array(self, fmt: str, count: int, what: str) -> array:
+        """count little-endian scalars as an array.array (bools as u8), filled chunk by chunk."""
+        size = struct.calcsize("<" + fmt)
+        out = array("B" if fmt == "?" else fmt, [0]) * count
+        view = memoryview(out).cast("B")
+        done, per = 0, max(size, READ_CHUNK // size * size)
+        while done < size * count:
+            n = min(per, size * count - done)
+            self.need(n, what)
+            view[done:done + n] = self.buf[self.pos - self.base:self.pos - self.base + n]
+            self.pos += n
+            done += n
+        if sys.byteorder == "big":
+            out.byteswap()
         return out
 
 
@@ -194,7 +216,9 @@ def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0):
     raise GGUFError(f"{key}: unknown metadata value type {vtype}", cur.pos - 4)
 
 
-def _chunked_scalars(cur: _Cursor, fmt: str, count: int, key: str) -> list:
+def _chunked_scalars(cur: _Cursor, fmt: str, count: int, key: str) -> list | array:
+    if count > LIST_MAX:
+        return cur.number_array(fmt, count, f"value of {key}")
     size = struct.calcsize("<" + fmt)
     per = max(1, READ_CHUNK // size)
     out: list = []

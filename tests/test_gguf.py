@@ -184,3 +184,59 @@ def test_fuzz_random_bytes(blob):
         read_gguf(BytesSource(b"GGUF" + blob))
     except GGUFError:
         pass
+
+
+# ---- large arrays stay compact ----------------------------------------------------
+# A Python list costs ~6-8x the file's bytes (a 64 MiB u8 array took 546 MB of RSS).
+
+def gguf_with_arrays(arrays: dict) -> bytes:
+    """A tensor-less GGUF v3 whose metadata are the given arrays: {key: (element type, count, payload)}."""
+    out = [b"GGUF", struct.pack("<IQQ", 3, 0, len(arrays))]
+    for key, (etype, count, payload) in arrays.items():
+        k = key.encode()
+        out += [struct.pack("<Q", len(k)), k, struct.pack("<IIQ", 9, etype, count), payload]
+    return b"".join(out)
+
+
+def parse_measured(data: bytes):
+    """(GGUFFile, peak bytes Python allocated while parsing)."""
+    import tracemalloc
+    src = BytesSource(data)
+    tracemalloc.start()
+    try:
+        g = read_gguf(src)
+        return g, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_large_number_array_is_an_array_not_a_list():
+    from array import array
+    n = 16 << 20
+    payload = bytes(range(256)) * (n // 256)
+    f32 = np.linspace(-1, 1, 100_000, dtype=np.float32)
+    flags = bytes([1, 0, 0]) * 1000
+    g, peak = parse_measured(gguf_with_arrays({"big.u8": (0, n, payload), "big.f32": (6, len(f32), f32.tobytes()),
+                                               "big.bool": (7, 3000, flags), "small.i32": (5, 3, struct.pack("<3i", 1, -2, 3))}))
+    m = g.metadata
+    assert isinstance(m["big.u8"], array) and m["big.u8"].typecode == "B" and len(m["big.u8"]) == n
+    assert m["big.u8"].tobytes() == payload and m["big.u8"][257] == 1
+    assert m["big.f32"].typecode == "f" and np.array_equal(np.frombuffer(m["big.f32"], np.float32), f32)
+    assert m["big.bool"].typecode == "B" and list(m["big.bool"][:4]) == [1, 0, 0, 1]
+    assert m["small.i32"] == [1, -2, 3] and isinstance(m["small.i32"], list)     # small ones: lists, as before
+    assert peak < n + (8 << 20), f"parsing a {n >> 20} MiB array peaked at {peak / 2**20:.0f} MiB"
+
+
+def test_real_vocab_arrays_are_compact_and_the_tokenizer_reads_them(vocab_gguf_path):
+    from array import array
+
+    from pyapp.tokenizer import Tokenizer
+    ref = gguf.GGUFReader(str(vocab_gguf_path))
+    m = read_gguf(vocab_gguf_path).metadata
+    types, scores = m["tokenizer.ggml.token_type"], m["tokenizer.ggml.scores"]
+    assert isinstance(types, array) and types.typecode == "i" and isinstance(scores, array) and scores.typecode == "f"
+    assert types.tolist() == ref.fields["tokenizer.ggml.token_type"].contents()     # gguf-py's reader agrees
+    assert scores.tolist() == ref.fields["tokenizer.ggml.scores"].contents()
+    assert m["tokenizer.ggml.tokens"][:3] == ["<pad>", "<eos>", "<bos>"] and types[2] == 3
+    tok = Tokenizer.from_metadata(m)
+    assert tok.n_vocab == 262144 and tok.decode(tok.encode("Hello world")) == "Hello world"
