@@ -142,8 +142,8 @@ def check_context_length(requested, model_max: int) -> int:
 
 
 def page_rules() -> dict:
-    """The rules as the page's number inputs take them: {name: {min, max, step}} (max None: none)."""
+    """The rules as the page's number inputs take them: {name: {min, max, rule}} (max None: none)."""
     rules = {**RULES, "context_length": CONTEXT_RULE}
     return {name: {"min": min(r.lo, r.special if r.special is not None else r.lo), "max": r.hi,
-                   "step": 1 if r.integer else "any", "rule": r.describe()}
+                   "rule": r.describe()}
             for name, r in rules.items()}

@@ -104,7 +104,7 @@ def test_context_length():
 
 def test_page_rules_match_the_checks():
     rules = page_rules()
-    assert rules["top_k"] == {"min": 0, "max": 256, "step": 1, "rule": "an integer from 0 to 256 (0 = no limit; "
+    assert rules["top_k"] == {"min": 0, "max": 256, "rule": "an integer from 0 to 256 (0 = no limit; "
                               "the GPU sampler keeps at most 256 candidates)"}
     assert rules["max_tokens"]["min"] == -1 and rules["max_tokens"]["max"] is None
     assert rules["context_length"]["min"] == 2
