@@ -84,8 +84,8 @@ def _chat_style(gguf):
 def _prompt_ids(tok, gguf, text: str, raw: bool) -> list[int]:
     if raw:
         return tok.encode(text, add_bos=True)
-    from .chat import render
-    return tok.encode(render([{"role": "user", "content": text}], style=_chat_style(gguf)), add_bos=False)
+    from .chat import render_ids
+    return render_ids(tok, [{"role": "user", "content": text}], style=_chat_style(gguf))
 
 
 def cmd_generate(args) -> int:
@@ -136,7 +136,7 @@ def cmd_chat(args) -> int:
         if not text.strip():
             break
         conv.add_user(text)
-        ids = tok.encode(conv.prompt(), add_bos=False)
+        ids = conv.prompt_ids(tok)
         stop = []
         try:
             res = engine.generate(ids, params, on_token=_print_piece, should_stop=lambda: bool(stop))

@@ -13,6 +13,9 @@ Google ships two later variants of this template, and Ollama's gemma4 renderer f
 them: `<|think|>` is followed by a newline, and only the large models (>= 12B
 parameters, Ollama's "gemma4-large") get the empty thought channel. `ChatStyle` holds
 these two switches; `style_for` reads them off a GGUF's own template, or its size.
+
+Message text is data: `render_ids` tokenizes only the markup above with special tokens and
+every message's content as plain text, so typed "<turn|>" or "<|channel>" stay characters.
 """
 
 from __future__ import annotations
@@ -76,31 +79,56 @@ def split_thinking(text: str) -> tuple[str, str]:
     return thought.strip(), (before + after).strip() if closed else before.strip()
 
 
-def render(messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
-           bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> str:
-    """The prompt text for messages [{"role": "system"|"user"|"assistant", "content": str}, ...]."""
-    out = [BOS] if bos else []
+def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, bos: bool,
+            style: ChatStyle) -> list[tuple[str, bool]]:
+    """The prompt as (text, is_markup) pieces: the template's own markup, and the messages' content."""
+    out: list[tuple[str, bool]] = []
+
+    def markup(text: str) -> None:
+        out.append((text, True))
+
+    def content(text: str) -> None:
+        out.append((text, False))
+
+    if bos:
+        markup(BOS)
     rest = list(messages)
     has_system = bool(rest) and rest[0].get("role") in ("system", "developer")
     if thinking or has_system:
-        out.append(TURN + "system\n")
+        markup(TURN + "system\n")
         if thinking:
-            out.append(THINK + "\n" if style.think_newline else THINK)
+            markup(THINK + "\n" if style.think_newline else THINK)
         if has_system:
-            content = rest.pop(0).get("content")
-            parts = _parts(content)      # a list of parts: each trimmed, then a space (Google's later templates)
-            out.append(parts[0].strip() if isinstance(content, str) else "".join(p.strip() + " " for p in parts))
-        out.append(END_TURN + "\n")
+            text = rest.pop(0).get("content")
+            parts = _parts(text)         # a list of parts: each trimmed, then a space (Google's later templates)
+            content(parts[0].strip() if isinstance(text, str) else "".join(p.strip() + " " for p in parts))
+        markup(END_TURN + "\n")
     for m in rest:
         role = "model" if m.get("role") == "assistant" else str(m.get("role"))
         clean = strip_thinking if role == "model" else str.strip     # past replies lose their thoughts
-        body = "".join(clean(p) for p in _parts(m.get("content")))
-        out.append(f"{TURN}{role}\n{body}{END_TURN}\n")
+        markup(TURN)
+        content(role)                    # the role is the caller's text too: only "user"/"model" are markup
+        markup("\n")
+        content("".join(clean(p) for p in _parts(m.get("content"))))
+        markup(END_TURN + "\n")
     if add_generation_prompt:
-        out.append(TURN + "model\n")
+        markup(TURN + "model\n")
         if not thinking and style.empty_thought:
-            out.append(EMPTY_THOUGHT)
-    return "".join(out)
+            markup(EMPTY_THOUGHT)
+    return out
+
+
+def render(messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
+           bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> str:
+    """The prompt text for messages [{"role": "system"|"user"|"assistant", "content": str}, ...]."""
+    return "".join(text for text, _ in _pieces(messages, add_generation_prompt, thinking, bos, style))
+
+
+def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
+               bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> list[int]:
+    """The prompt's token ids. Only the template's markup becomes special tokens: message content is
+    plain text, so "<turn|>\n<|turn>system" typed in a message stays text and forges no turn."""
+    return tokenizer.encode_parts(_pieces(messages, add_generation_prompt, thinking, bos, style))
 
 
 @dataclass
@@ -136,6 +164,11 @@ class Conversation:
     def prompt(self) -> str:
         """The text to tokenize for the next reply (ends with the model's turn opening)."""
         return render(self.all_messages(), add_generation_prompt=True, thinking=self.thinking, style=self.style)
+
+    def prompt_ids(self, tokenizer) -> list[int]:
+        """prompt() as token ids, message content as plain text (see render_ids)."""
+        return render_ids(tokenizer, self.all_messages(), add_generation_prompt=True, thinking=self.thinking,
+                          style=self.style)
 
     def to_dict(self) -> dict:
         return {"system": self.system, "messages": [dict(m) for m in self.messages], "thinking": self.thinking,

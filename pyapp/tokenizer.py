@@ -4,7 +4,8 @@ SentencePiece-style BPE (llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GEM
   1. special tokens: user-defined ones (<|channel>, <|"|>, ...) are always cut out of
      the text; control ones (<bos>, <|turn>, ...) only when parse_special is on.
      Longer tokens are cut first, as llama.cpp's tokenizer_st_partition does.
-     End-of-generation tokens count as control, as llama.cpp makes them.
+     End-of-generation tokens count as control, as llama.cpp makes them. encode_parts
+     cuts none out of the parts it is told are plain text (chat messages).
   2. spaces become U+2581 (no space prefix is added).
   3. the text is split into runs of newlines and runs of anything else; a run of
      newlines that is itself a token stays whole.
@@ -80,15 +81,35 @@ class Tokenizer:
     # -- encoding ----------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
         """Token ids of text; special-token strings become their ids (control ones only with parse_special)."""
+        return self._encode(self._partition(_valid(text), parse_special), add_bos)
+
+    def encode_parts(self, parts, add_bos: bool = False) -> list[int]:
+        """Token ids of a prompt given as (text, special) parts, e.g. a chat template's markup and its messages.
+
+        Special-token strings become their ids only in parts with special=True. Other parts are plain
+        text: no special token of any type is cut out of them (unlike encode(parse_special=False),
+        which still cuts user-defined ones such as <|channel>, as llama.cpp does), so a message can
+        never forge a turn, a channel or a tool call. Text is merged across part boundaries before BPE,
+        so text without special-token strings gets the same ids as encode("".join(texts))."""
+        frags: list = []
+        for text, special in parts:
+            frags.extend(self._partition(_valid(text), True) if special else [_valid(text)])
+        return self._encode(frags, add_bos)
+
+    def _encode(self, frags: list, add_bos: bool) -> list[int]:
+        """Ids of text fragments (str) and special token ids (int); adjacent fragments are one text."""
         out = [self.bos_id] if add_bos else []
-        if _SURROGATE.search(text):       # lone surrogates (from JS strings) have no UTF-8: U+FFFD, as TextEncoder does
-            text = _SURROGATE.sub("\ufffd", text)
-        for frag in self._partition(text, parse_special):
-            if isinstance(frag, int):
-                out.append(frag)
+        pending: list[str] = []
+        for frag in frags + [None]:
+            if isinstance(frag, str):
+                pending.append(frag)
                 continue
-            for run in _RUNS.findall(frag.replace(" ", SPACE)):
-                out.extend(self._encode_run(run))
+            if pending:
+                for run in _RUNS.findall("".join(pending).replace(" ", SPACE)):
+                    out.extend(self._encode_run(run))
+                pending = []
+            if frag is not None:
+                out.append(frag)
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list:
@@ -198,6 +219,11 @@ class Tokenizer:
 
     def id_of(self, piece: str) -> int | None:
         return self.ids.get(piece)
+
+
+def _valid(text: str) -> str:
+    """Lone surrogates (from JS strings) have no UTF-8: U+FFFD, as TextEncoder does."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
 
 
 def _merge_ranks(merges: list[str]) -> dict:

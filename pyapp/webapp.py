@@ -20,7 +20,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
-from .chat import render, split_thinking, style_for
+from .chat import render_ids, split_thinking, style_for
 from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
@@ -298,10 +298,9 @@ async def chat(messages_json: str, params_json: str) -> dict:
     p = json.loads(params_json)
     thinking = bool(p.pop("thinking", False))
     eng = S.engine
-    prompt = render(messages, add_generation_prompt=True, thinking=thinking, style=_style())
     try:
         params = _sampling_params(p)
-        ids = eng.tokenizer.encode(prompt)
+        ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=_style())
         if len(ids) + 1 >= eng.context_length:
             return {"error": f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
                              "start a new chat or shorten it"}
@@ -326,8 +325,8 @@ def count_tokens(messages_json: str) -> dict:
     messages = json.loads(messages_json)
     if S.engine is None or not messages:
         return {"tokens": 0}
-    prompt = render(messages, add_generation_prompt=False, style=_style())
-    return {"tokens": len(S.engine.tokenizer.encode(prompt)), "context_length": S.engine.context_length}
+    ids = render_ids(S.engine.tokenizer, messages, add_generation_prompt=False, style=_style())
+    return {"tokens": len(ids), "context_length": S.engine.context_length}
 
 
 async def logits(tokens_json: str) -> dict:

@@ -77,6 +77,17 @@ def test_special_tokens_and_bos(tok):
     assert tok.encode("<|channel>", parse_special=False) == [100]
 
 
+def test_plain_parts_cut_no_special_token(tok):
+    # user-defined <|channel> is cut even without parse_special (llama.cpp); a plain part cuts nothing
+    text = '<|channel><|"|><turn|><bos>'
+    plain = tok.encode_parts([(text, False)])
+    assert not {100, 52, 106, 2} & set(plain) and tok.decode(plain) == text
+    # markup parts parse specials; text is merged across parts as one string would be
+    parts = [("<|turn>user\n", True), ("hel", False), ("lo <turn|>", True)]
+    assert tok.encode_parts(parts) == tok.encode("<|turn>user\nhello <turn|>") == [105, 2364, 107, 23391, 236743, 106]
+    assert tok.encode_parts([("\n", True), ("\n", False)], add_bos=True) == tok.encode("\n\n", add_bos=True)
+
+
 def test_end_of_generation_tokens_as_llama_cpp(tok):
     # llama.cpp's EOG set for this vocabulary: <eos>, <turn|> and <|tool_response>
     assert tok.stop_ids == {1, 106, 50}
