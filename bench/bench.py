@@ -54,7 +54,8 @@ def bench_model(path: str, args) -> dict:
     eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk,
                       gpu_memory_mib=args.gpu_memory)
     load_s = time.perf_counter() - t
-    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, repeat=args.repeat)
+    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, repeat=args.repeat,
+                  temperature=args.temperature)
     bpt = bytes_per_token(g)
     r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
              bytes_per_token=bpt, chunk=args.chunk)
@@ -108,6 +109,8 @@ def main() -> int:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; medians are reported")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample decoded tokens (0: greedy, which repeats itself on random weights)")
     ap.add_argument("--gpu-memory", type=float, default=None, metavar="MIB",
                     help="GPU memory budget (experts stream from the file beyond it)")
     ap.add_argument("--chunk", type=int, default=None, help="most tokens per prefill step (default: the engine's)")

@@ -36,7 +36,9 @@
 #      TTFT_PROMPT (4000), TTFT_MODELS ("e2b:Q4_K"), JOBS (14), BUDGET (570), REDO (0), CUDA (1; 0: a
 #      CPU-only llama-bench, to try this script on a machine without a GPU), PYTHON (python3),
 #      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments),
-#      STREAM_MODEL (a26b:Q4_K), STREAM_BUDGETS ("8192 4096"), STREAM_PROMPT (128), STREAM_GEN (32).
+#      STREAM_MODEL (a26b:Q4_K), STREAM_BUDGETS ("8192 4096"), STREAM_PROMPT (128), STREAM_GEN (32),
+#      STREAM_TEMPERATURE (1: sampled tokens; greedy decoding of random weights repeats itself, and
+#      so does its routing, which flatters a cache).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -60,6 +62,7 @@ STREAM_MODEL=${STREAM_MODEL:-a26b:Q4_K}
 STREAM_BUDGETS=${STREAM_BUDGETS:-"8192 4096"}
 STREAM_PROMPT=${STREAM_PROMPT:-128}
 STREAM_GEN=${STREAM_GEN:-32}
+STREAM_TEMPERATURE=${STREAM_TEMPERATURE:-1}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -307,13 +310,15 @@ stream_runs() {
         if ! done_already "$res"; then
             log "stream (native): $name, --gpu-memory $b"
             limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$STREAM_PROMPT" --gen-tokens "$STREAM_GEN" \
-                --repeat 1 --context "$CONTEXT" --chunk "$CHUNK" --gpu-memory "$b" > "$res.tmp" && mv "$res.tmp" "$res"
+                --repeat 1 --context "$CONTEXT" --chunk "$CHUNK" --gpu-memory "$b" --temperature "$STREAM_TEMPERATURE" \
+                > "$res.tmp" && mv "$res.tmp" "$res"
             cat "$res" 2>/dev/null
         fi
         res=$RES/stream-browser-$name-$b.jsonl
         if [ -x "$W/bin/node" ] && ! done_already "$res"; then
             log "stream (browser): $name, GPU_MEMORY=$b"
             GPU_MEMORY=$b PROMPT_TOKENS=$STREAM_PROMPT GEN_TOKENS=$STREAM_GEN REPEAT=1 CONTEXT=$CONTEXT CHUNK=$CHUNK \
+                TEMPERATURE=$STREAM_TEMPERATURE \
                 PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
                 limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
             cat "$res" 2>/dev/null

@@ -5,7 +5,8 @@
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
-//      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it).
+//      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it),
+//      TEMPERATURE (0: greedy decoding).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
 // Prints one JSON line per model.
 import path from "node:path";
@@ -52,7 +53,8 @@ for m in ${JSON.stringify(models)}:
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
     r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
-                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)})
+                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
+                              temperature=${Number(process.env.TEMPERATURE || 0)})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())

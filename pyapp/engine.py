@@ -393,16 +393,18 @@ class Engine:
         return await self._drive_async(self._forward(tokens))
 
     # -- benchmark ------------------------------------------------------------------
-    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int):
-        """Steps: prefill and decode speed on random tokens (greedy, no early stop): a warm-up over
-        the same prompt (every plan the runs use), then `repeat` runs; medians, and every run's."""
+    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int, temperature: float = 0.0):
+        """Steps: prefill and decode speed on random tokens (greedy unless temperature > 0, no early
+        stop): a warm-up over the same prompt (every plan the runs use), then `repeat` runs; medians,
+        and every run's. (Greedy decoding of random weights repeats itself, and so does its expert
+        routing: temperature 1 gives the varied tokens that measure an expert cache fairly.)"""
         rng = random.Random(seed)
         ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
         runs = []
         for i in range(repeat + 1):
             self.reset()
-            res = yield from self._generate(ids, SamplingParams(temperature=0, max_tokens=gen_tokens if i else 2),
-                                            None, None, stop_ids=())
+            params = SamplingParams(temperature=temperature, seed=seed + i, max_tokens=gen_tokens if i else 2)
+            res = yield from self._generate(ids, params, None, None, stop_ids=())
             if i:
                 runs.append(res)
         return {"adapter": self.dev.describe(), "backend": self.dev.backend, "prompt_tokens": len(ids),
@@ -413,7 +415,7 @@ class Engine:
                 "decode_tok_s": statistics.median(r.decode_tps for r in runs),
                 "runs": {"prefill_tok_s": [round(r.prefill_tps, 1) for r in runs],
                          "decode_tok_s": [round(r.decode_tps, 1) for r in runs]},
-                "context_length": self.context_length, "model": self.config.describe(),
+                "context_length": self.context_length, "model": self.config.describe(), "temperature": temperature,
                 **self._bench_memory(runs)}
 
     def _bench_memory(self, runs: list) -> dict:
@@ -432,12 +434,13 @@ class Engine:
                 "planned_read_mib_per_token": round(plan.read_per_token / 2**20, 1),
                 "load_read_gb_s": round(self.load_bytes_per_s / 1e9, 2)}
 
-    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0, repeat: int = 3) -> dict:
-        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat))
+    def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0, repeat: int = 3,
+              temperature: float = 0.0) -> dict:
+        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature))
 
     async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0,
-                          repeat: int = 3) -> dict:
-        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat))
+                          repeat: int = 3, temperature: float = 0.0) -> dict:
+        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature))
 
     def close(self) -> None:
         self.runner = None

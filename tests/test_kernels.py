@@ -594,3 +594,45 @@ def test_kv_prep_writes_normed_roped_kv_into_the_cache(dev, hd, nrot, ff):
     got_v = read_f32(dev, vc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx]
     np.testing.assert_allclose(got_k, want_k, atol=3e-5)
     np.testing.assert_allclose(got_v, rms_norm(v, None, 1e-6)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
+@pytest.mark.parametrize("t,e,ksel,per_slot", [(70, 11, 4, False), (37, 128, 8, True), (5, 3, 2, False)],
+                         ids=["tiles-over-64", "26b-a4b-down", "few"])
+def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot):
+    """The grouped matmul (slots sorted by expert, a tile per 64 slots) against the reference
+    products, with ids the cache leaves out (NOT_HERE) and W split into two buffers of experts."""
+    rng = np.random.default_rng(t * e)
+    k, n = (256, 67) if qtype != "q4_k" else (256, 130)
+    raw = random_tensor(qtype, e * n, k, rng)
+    w = dequantize(qtype, raw, e * n, k).reshape(e, n, k)
+    ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
+    ids[0, 0] = 0xFFFFFFFF                   # a slot this round does not serve: left unwritten
+    rows = t * ksel if per_slot else t
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    step = step_buffer(dev, t)
+    grp = dev.buffer(4 * K.moe_group_rows(e, ksel, t))
+    y = dev.buffer(4 * t * ksel * n)
+    dev.write(y, np.full(t * ksel * n, 7.0, np.float32).tobytes())
+    ids_buf = dev.buffer(ids.nbytes)
+    dev.write(ids_buf, ids.tobytes())
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    split = e // 2 + 1                       # experts 0..split-1 in one buffer, the rest in another
+    rb = len(raw) // (e * n)
+    for first, here in ((0, split), (split, e - split)):
+        part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
+        K.moe_experts_grouped(dev, qtype, k, n, e, ksel, part, f32(dev, x), y, grp, t,
+                              per_slot_input=per_slot, plan=plan, first_expert=first, experts_here=here)
+    dev.submit(plan)
+    got = read_f32(dev, y, t * ksel * n).reshape(t * ksel, n)
+    flat = ids.reshape(-1)
+    for s, ex in enumerate(flat):
+        if ex == 0xFFFFFFFF:
+            assert (got[s] == 7.0).all()
+            continue
+        want = w[ex] @ x[s if per_slot else s // ksel]
+        np.testing.assert_allclose(got[s], want, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=f"slot {s}")
+    g = np.frombuffer(dev.read(grp, 0, 4 * K.moe_group_rows(e, ksel, t)), np.uint32)
+    counts = np.bincount(flat[flat < e], minlength=e)
+    np.testing.assert_array_equal(g[:e + 1], np.concatenate([[0], np.cumsum(counts)]))
+    assert g[2 * e + 1] == sum(-(-c // 64) for c in counts)

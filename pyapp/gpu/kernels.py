@@ -374,6 +374,35 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
     return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
 
 
+def moe_group_rows(n_experts: int, k_used: int, max_tokens: int) -> int:
+    """u32s of the buffer moe_group fills: first rows, first tiles, the grouped slots."""
+    return 2 * (n_experts + 1) + max_tokens * k_used
+
+
+def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer, step: Buffer,
+              plan: Plan | None = None) -> Plan:
+    """grp = the step's slots grouped by their expert ids[s] (ids >= n_experts left out), with each
+    expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl)."""
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32),
+                  constants={"E": n_experts, "KSEL": k_used})
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
+
+
+def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
+                        y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
+                        plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None) -> Plan:
+    """moe_experts for a chunk, from moe_group's grouping: a tiled matmul per expert, each expert's
+    weights read once per 64 slots instead of once per slot."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype),
+                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
+                             "XPER": k_used if per_slot_input else 1, "E0": first_expert,
+                             "NE": n_experts - first_expert if experts_here is None else experts_here})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "GRP": grp})     # the step's size is in grp
+    slots = max_tokens * k_used
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // MATMUL_TILE), -(-slots // MATMUL_TILE) + min(n_experts, slots))
+
+
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,
                 out: Buffer, step: Buffer, max_tokens: int, down_scale: Buffer | None = None,
                 plan: Plan | None = None) -> Plan:

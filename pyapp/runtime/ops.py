@@ -28,6 +28,7 @@ class Ops:
         self.eps = cfg.eps
         self.experts_stream = experts_stream
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
+        self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
 
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
@@ -174,6 +175,7 @@ class Ops:
         """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
         K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
                     plan=self.plan)
+        self._grouped_ids = None             # new ids: the next chunk's expert products group them again
 
     @contextmanager
     def expert_rounds(self, layer: int, ids: Buffer):
@@ -191,8 +193,19 @@ class Ops:
 
     def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
         """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token
-        (one dispatch per buffer of a split W, each writing the slots of its experts)."""
-        cfg, n = self.cfg, w.shape[1]
+        (one dispatch per buffer of a split W, each writing the slots of its experts).
+        A chunk groups its slots by expert first (once per ids), then runs a tiled matmul per
+        expert: each expert's weights are read once per 64 slots, not once per slot."""
+        cfg, n, E = self.cfg, w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
+        if self.T > 1:
+            if self._grouped_ids is not ids:
+                K.moe_group(self.dev, E, cfg.n_experts_used, ids, self.s.expert_groups, self.step, plan=self.plan)
+                self._grouped_ids = ids
+            for p in w.parts:
+                K.moe_experts_grouped(self.dev, w.qtype, w.shape[0], n, E, cfg.n_experts_used, p.buffer, x, y,
+                                      self.s.expert_groups, self.T, per_slot_input=per_slot_input, plan=self.plan,
+                                      first_expert=p.row0 // n, experts_here=p.rows // n)
+            return
         for p in w.parts:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n, cfg.n_experts, cfg.n_experts_used, p.buffer, x, y,
                           ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,

@@ -68,6 +68,7 @@ class State:
             self.router_logits = f32(T * E, "router_logits")    # [T, E]
             self.expert_ids = f32(T * KS, "expert_ids")         # u32 [T, KS] chosen experts
             self.expert_slots = f32(T * KS, "expert_slots")     # u32 [T, KS] their cache slots (streamed experts)
+            self.expert_groups = f32(K.moe_group_rows(E, KS, T), "expert_groups")  # u32: the slots by expert
             self.expert_weights = f32(T * KS, "expert_weights")  # [T, KS] renormalized probabilities
             self.experts_gate_up = f32(T * KS * 2 * eff, "experts_gate_up")  # [T*KS, 2 eff]
             self.experts_gate = f32(T * KS * eff, "experts_gate")  # [T*KS, eff]

@@ -1,0 +1,145 @@
+// Mixture of experts for a prefill chunk: the chunk's slots grouped by expert, then one tiled
+// matmul per expert, so each expert's weights are read once per chunk instead of once per slot.
+//
+// Mirrors reference.forward ReferenceModel.moe's expert products (as moe.wgsl `experts` does
+// slot by slot): Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k] for the slots s = t*KSEL + j
+// of the step's tokens; xrow = t (XPER = 1, one input row per token) or s (XPER = KSEL).
+//
+//   group:  one workgroup. Counts the slots of each expert (IDS[s] < E; larger ids, such as
+//           the streamed-expert cache's NOT_HERE, are left out), and writes GRP:
+//             GRP[e]            first row of expert e in the grouped order (GRP[E]: all rows)
+//             GRP[E + 1 + e]    first tile of expert e (GRP[2E + 1]: all tiles)
+//             GRP[2E + 2 + i]   the slot at grouped row i (within an expert, in any order:
+//                               each slot's output depends only on its own row)
+//           Dispatch (1).
+//   matmul: the 64 x 64 tiles of matmul.wgsl (64 rows of W by 64 grouped slots, W dequantized
+//           once per tile into shared memory); a workgroup's tile index (wid.y) finds its expert
+//           by binary search over the first tiles. W holds experts E0 .. E0 + NE - 1 (an expert
+//           tensor split over buffers, or the streamed cache): tiles of other experts return.
+//           Dispatch (ceil(N / TILE), ceil(T * KSEL / TILE) + min(E, T * KSEL)), the most tiles
+//           T tokens can need; those past GRP[2E + 1] return at once.
+// S.n_tokens = T tokens (S: Step, the per-step uniform).
+
+override E: u32 = 1u;
+override KSEL: u32 = 1u;
+override K: u32 = 4u;
+override N: u32 = 1u;
+override XPER: u32 = 1u;
+override E0: u32 = 0u;
+override NE: u32 = 1u;
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> S: Step;
+@group(0) @binding(4) var<storage, read> IDS: array<u32>;
+@group(0) @binding(5) var<storage, read_write> GRP: array<u32>;
+
+const TILE: u32 = MATMUL_TILE;
+const STEP: u32 = 4u;      // vec4 groups of K per step
+const PAD: u32 = 5u;       // shared row stride in vec4
+
+//!include quants
+
+var<workgroup> count: array<atomic<u32>, E>;
+var<workgroup> first_row: array<u32, E>;
+
+@compute @workgroup_size(256)
+fn group(@builtin(local_invocation_index) lid: u32) {
+    let n = S.n_tokens * KSEL;
+    for (var e = lid; e < E; e += 256u) { atomicStore(&count[e], 0u); }
+    workgroupBarrier();
+    for (var s = lid; s < n; s += 256u) {
+        let e = IDS[s];
+        if (e < E) { atomicAdd(&count[e], 1u); }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {      // E is small (128): a serial prefix sum is cheaper than a parallel one's barriers
+        var row = 0u;
+        var tile = 0u;
+        for (var e = 0u; e < E; e++) {
+            let c = atomicLoad(&count[e]);
+            first_row[e] = row;
+            GRP[e] = row;
+            GRP[E + 1u + e] = tile;
+            row += c;
+            tile += (c + TILE - 1u) / TILE;
+            atomicStore(&count[e], 0u);         // from here on: each expert's fill cursor
+        }
+        GRP[E] = row;
+        GRP[2u * E + 1u] = tile;
+    }
+    workgroupBarrier();
+    for (var s = lid; s < n; s += 256u) {
+        let e = IDS[s];
+        if (e < E) { GRP[2u * E + 2u + first_row[e] + atomicAdd(&count[e], 1u)] = s; }
+    }
+}
+
+var<workgroup> ws: array<vec4<f32>, TILE * PAD>;   // [TILE rows of W][PAD]
+var<workgroup> xs: array<vec4<f32>, TILE * PAD>;   // [TILE slots][PAD]
+var<workgroup> slot_at: array<u32, TILE>;          // the slot of each grouped row of the tile
+var<workgroup> tile_expert: u32;
+
+@compute @workgroup_size(256)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let tile = wid.y;
+    if (lid == 0u) {
+        // the expert owning this tile: the last e whose first tile is <= tile (experts without
+        // slots share their first tile with the next one, so the last is the one with rows)
+        var lo = 0u;
+        var hi = E - 1u;
+        while (lo < hi) {
+            let mid = (lo + hi + 1u) / 2u;
+            if (GRP[E + 1u + mid] <= tile) { lo = mid; } else { hi = mid - 1u; }
+        }
+        tile_expert = select(lo, E, tile >= GRP[2u * E + 1u]);
+    }
+    let e = workgroupUniformLoad(&tile_expert);
+    if (e >= E || e < E0 || e >= E0 + NE) { return; }
+    let row0 = GRP[e] + (tile - GRP[E + 1u + e]) * TILE;
+    let rows = min(TILE, GRP[e + 1u] - row0);
+    if (lid < TILE) { slot_at[lid] = select(0u, GRP[2u * E + 2u + row0 + lid], lid < rows); }
+    workgroupBarrier();
+
+    let r0 = wid.x * TILE;
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    let lr = lid / STEP;          // W row / grouped slot this thread loads
+    let lg = lid % STEP;          // group within the K step
+    let gpb = QK / 4u;
+    let kg = K / 4u;
+    let rowbase = ((e - E0) * N + min(r0 + lr, N - 1u)) * (K / QK) * QB;
+    let s_load = slot_at[lr];
+    let xrow = select(s_load / KSEL, s_load, XPER > 1u);
+    var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var k0 = 0u; k0 < kg; k0 += STEP) {
+        let g = k0 + lg;
+        var wv = vec4<f32>(0.0);
+        var xv = vec4<f32>(0.0);
+        if (g < kg && r0 + lr < N) { wv = dq4(rowbase + (g / gpb) * QB, g % gpb); }
+        if (g < kg && lr < rows) { xv = X[xrow * kg + g]; }
+        ws[lr * PAD + lg] = wv;
+        xs[lr * PAD + lg] = xv;
+        workgroupBarrier();
+        for (var s = 0u; s < STEP; s++) {
+            let w = array<vec4<f32>, 4>(ws[tx * PAD + s], ws[(tx + 16u) * PAD + s],
+                                        ws[(tx + 32u) * PAD + s], ws[(tx + 48u) * PAD + s]);
+            for (var j = 0u; j < 4u; j++) {
+                let x = xs[(ty + 16u * j) * PAD + s];
+                acc[j] += vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var j = 0u; j < 4u; j++) {
+        let i = ty + 16u * j;
+        if (i < rows) {
+            let s = slot_at[i];
+            for (var c = 0u; c < 4u; c++) {
+                let r = r0 + tx + 16u * c;
+                if (r < N) { Y[s * N + r] = acc[j][c]; }
+            }
+        }
+    }
+}
