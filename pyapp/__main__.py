@@ -21,15 +21,24 @@ def _tokenizer(gguf):
     return Tokenizer.from_metadata(gguf.metadata)
 
 
-def _model(gguf, backend: str):
-    if backend == "reference":
+def _model(gguf, args):
+    if args.backend == "reference":
         from .reference.forward import ReferenceModel
         return ReferenceModel(gguf)
+    return _engine(gguf, args)
+
+
+def _engine(gguf, args):
+    """The engine on the native GPU, with the memory options; the memory plan goes to stderr first."""
     from .engine import Engine
-    return Engine.open(gguf, backend=backend)
+    context = getattr(args, "context", None)
+    return Engine.open(gguf, backend="native", context_length=context, gpu_memory_mib=args.gpu_memory,
+                       expert_cache_mib=args.expert_cache, ple_in_file=True if args.ple_in_file else None,
+                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr))
 
 
 def cmd_info(args) -> int:
+    from .engine import EngineError
     from .gguf import summarize
     from .model.config import ConfigError, Gemma4Config
     g = _open(args.model)
@@ -41,14 +50,25 @@ def cmd_info(args) -> int:
         if key in g.metadata:
             print(f"{key + ':':<15}{g.metadata[key]}")
     try:
-        print(f"config:        {Gemma4Config.from_gguf(g).describe()}")
-    except ConfigError as e:
+        cfg = Gemma4Config.from_gguf(g)
+        print(f"config:        {cfg.describe()}")
+        for line in _memory_plan(g, args).describe():
+            print(line)
+    except (ConfigError, EngineError) as e:
         print(f"config:        not runnable here: {e}")
     print("tensor types:")
     for name, row in sorted(s["by_type"].items(), key=lambda kv: -kv[1]["bytes"]):
         print(f"  {name:<8} {row['count']:>5} tensors {row['bytes'] / 2**20:>10.2f} MiB")
     print(f"parameters:    {s['n_elements']:,}")
     return 0
+
+
+def _memory_plan(g, args):
+    """The memory plan `info` shows, under WebGPU's default limits."""
+    from .engine import Engine
+    limits = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}
+    return Engine.plan(g, limits, args.context, args.gpu_memory, args.expert_cache,
+                       True if args.ple_in_file else None)
 
 
 def cmd_tokenize(args) -> int:
@@ -67,7 +87,7 @@ def cmd_logits(args) -> int:
     if bad:
         print(f"error: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", file=sys.stderr)
         return 2
-    model = _model(gguf, args.backend)
+    model = _model(gguf, args)
     logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
@@ -98,8 +118,7 @@ def cmd_generate(args) -> int:
         out = ReferenceModel(g).generate_greedy(ids, int(min(params.token_limit, args.context)))
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
-    from .engine import Engine
-    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
+    engine = _engine(g, args)
     res = engine.generate(ids, params, on_token=_print_piece)
     sys.stdout.write("\n")
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
@@ -121,11 +140,10 @@ def _print_piece(_tok, piece: str) -> None:
 
 def cmd_chat(args) -> int:
     from .chat import Conversation
-    from .engine import Engine
     g = _open(args.model)
     tok = _tokenizer(g)
     params = _params(args)       # checked before the model loads
-    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
+    engine = _engine(g, args)
     conv = Conversation(system=args.system, style=_chat_style(g))
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
     while True:
@@ -151,9 +169,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .engine import Engine
     g = _open(args.model)
-    engine = Engine.open(g, backend=args.backend, context_length=args.context, ple_in_file=args.ple_in_file)
+    engine = _engine(g, args)
     result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat)
     if args.json:
         print(json.dumps(result))
@@ -163,8 +180,15 @@ def cmd_bench(args) -> int:
     return 0
 
 
-PLE_HELP = ("keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
-            "less GPU memory, slower decode")
+def _memory_args(p) -> None:
+    p.add_argument("--gpu-memory", type=float, metavar="MIB",
+                   help="GPU memory budget: what does not fit stays in the file (the per-layer embedding "
+                        "table, then experts, streamed into a cache); default: everything on the GPU")
+    p.add_argument("--expert-cache", type=float, metavar="MIB",
+                   help="GPU memory for cached experts of a mixture-of-experts model (the rest stream from the file)")
+    p.add_argument("--ple-in-file", action="store_true",
+                   help="keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
+                        "less GPU memory, slower decode")
 
 
 def main(argv=None) -> int:
@@ -173,6 +197,8 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("info", help="architecture, hyperparameters, tensor/quant summary")
     p.add_argument("model")
+    p.add_argument("--context", type=int, default=None, help="context length the memory plan assumes")
+    _memory_args(p)
     p.set_defaults(fn=cmd_info)
 
     p = sub.add_parser("tokenize", help="print token ids (no BOS unless --bos)")
@@ -186,6 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
+    _memory_args(p)
     p.set_defaults(fn=cmd_logits)
 
     from .engine import DEFAULT_CONTEXT, SamplingParams
@@ -208,7 +235,7 @@ def main(argv=None) -> int:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
-        p.add_argument("--ple-in-file", action="store_true", help=PLE_HELP)
+        _memory_args(p)
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("bench", help="prefill and decode tokens/s")
@@ -219,7 +246,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed runs after the warm-up (medians are reported)")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
-    p.add_argument("--ple-in-file", action="store_true", help=PLE_HELP)
+    _memory_args(p)
     p.set_defaults(fn=cmd_bench)
 
     args = ap.parse_args(argv)

@@ -154,6 +154,18 @@ def _sampling_params(p: dict) -> SamplingParams:
     return SamplingParams(**{k: v for k, v in p.items() if k in SamplingParams.__dataclass_fields__})
 
 
+# WebGPU does not tell a page how much memory the GPU has: the budget is a setting. Its default
+# suits an 8 GB GPU (a CPU adapter such as SwiftShader borrows system memory: less).
+DEFAULT_GPU_MEMORY_MIB = 6144
+CPU_ADAPTER_GPU_MEMORY_MIB = 2048
+
+
+def default_gpu_memory(info: dict) -> int:
+    described = " ".join(str(info.get(k, "")) for k in ("architecture", "description", "device")).lower()
+    cpu = info.get("fallback") or any(name in described for name in ("swiftshader", "llvmpipe", "lavapipe"))
+    return CPU_ADAPTER_GPU_MEMORY_MIB if cpu else DEFAULT_GPU_MEMORY_MIB
+
+
 async def boot() -> dict:
     """Request the WebGPU device; describe it. Also hands the page the sampling defaults and the
     rules each setting follows (pyapp.sampling.RULES: its inputs' bounds)."""
@@ -165,7 +177,27 @@ async def boot() -> dict:
                 "rules": page_rules()}
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
-            "limits": d.limits, "webgpu": True, "defaults": defaults, "rules": page_rules()}
+            "limits": d.limits, "webgpu": True, "defaults": defaults, "rules": page_rules(),
+            "gpu_memory": default_gpu_memory(d.info)}
+
+
+def _budget(gpu_memory) -> float | None:
+    """The page's GPU memory setting in MiB; 0 or empty: no budget (everything on the GPU)."""
+    return float(gpu_memory) if gpu_memory not in (None, "") and float(gpu_memory) > 0 else None
+
+
+def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
+    """What loading the chosen model with these settings would put on the GPU and leave in the file."""
+    if S.gguf is None:
+        return {"error": "choose a model first"}
+    try:
+        plan = Engine.plan(S.gguf, S.device.limits if S.device else {}, int(context_length), _budget(gpu_memory))
+    except EXPECTED as e:
+        return {"error": str(e)}
+    return {"lines": plan.describe(), "total": plan.total, "budget": plan.budget, "streams": plan.streams,
+            "minimum": plan.minimum, "expert_each": plan.expert_each,
+            "resident": plan.total - plan.expert_cache, "expert_cache": plan.expert_cache,
+            "in_file": plan.experts - plan.expert_cache + (plan.ple_table if plan.ple_in_file else 0)}
 
 
 def _describe(g, source_name: str) -> dict:
@@ -240,7 +272,7 @@ def _unload() -> None:
     S.engine = None
 
 
-async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0) -> dict:
+async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None) -> dict:
     """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it)."""
     if S.gguf is None:
         return {"error": "choose a model first"}
@@ -263,13 +295,14 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0) -> dict:
     try:
         t = time.perf_counter()
         S.engine = await Engine.open_async(S.gguf, S.device, context_length=context_length, progress=progress,
-                                           cancelled=lambda: S.cancelled_load == load_id)
+                                           cancelled=lambda: S.cancelled_load == load_id,
+                                           gpu_memory_mib=_budget(gpu_memory))
         err = S.device.last_error
         if err:
             _unload()
             return _fail(GPUError(f"the GPU rejected the model: {err}"))
         return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
-                "model": S.model_info}
+                "model": S.model_info, "plan": S.engine.memory_plan.describe(S.engine.load_bytes_per_s)}
     except Exception as e:
         S.engine = None
         if isinstance(e, EXPECTED) or _device_lost():
