@@ -19,6 +19,7 @@ import functools
 import hashlib
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,6 +183,8 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Cross-Origin-Opener-Policy", "same-origin")
         self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
         self.send_header("Cache-Control", "no-cache")
+        if self.server.csp:     # every response: the worker's scripts run under their own response's policy
+            self.send_header("Content-Security-Policy", self.server.csp)
         super().end_headers()
 
     def log_message(self, fmt, *args):
@@ -189,9 +192,20 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             super().log_message(fmt, *args)
 
 
+def page_policy(directory: Path = DIST) -> str:
+    """The Content-Security-Policy of index.html's meta tag (web/index.html is its one source), plus
+    frame-ancestors, which only a header can set (no other site may frame the page)."""
+    page = directory / "index.html"
+    meta = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">',
+                     page.read_text(encoding="utf-8") if page.exists() else "")
+    return f"{meta.group(1)}; frame-ancestors 'none'" if meta else ""
+
+
 def make_server(port: int = 8000, directory: Path = DIST) -> http.server.ThreadingHTTPServer:
     handler = functools.partial(_Handler, directory=str(directory))
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    srv.csp = page_policy(directory)
+    return srv
 
 
 def serve(port: int) -> None:

@@ -7,14 +7,21 @@ the file input and a drop event, the GPU logits against a golden file, a fake
 Ollama folder in OPFS (and its model file changing on disk), a reload that
 keeps the conversation, and a browser without WebGPU.
 A screenshot of the chat is saved to test-artifacts/.
+
+The page runs under its Content-Security-Policy (no eval), which Playwright's
+wait_for_function breaks (it evals its expression in the page): pages made with
+_under_csp poll with evaluate() instead, and collect every CSP violation, which the
+last test checks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,13 +83,43 @@ def page(server):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
         ctx = browser.new_context(viewport={"width": 1280, "height": 860})
-        pg = ctx.new_page()
+        pg = _under_csp(ctx.new_page())
         pg.set_default_timeout(TIMEOUT)
         pg.errors = []
         pg.on("pageerror", lambda e: pg.errors.append(str(e)))
         pg.goto(server + "/index.html")
         yield pg
         browser.close()
+
+
+def _under_csp(pg):
+    """A page ready for the app's CSP: wait_for_function polls with evaluate() (exempt from the
+    policy), and violations are collected: the document's events, and the console, where the
+    worker reports its own."""
+    pg.csp_violations = []
+    pg.on("console", lambda m: pg.csp_violations.append(m.text)
+          if re.search("Content.Security.Policy", m.text) else None)
+    pg.add_init_script("window.cspViolations = []; document.addEventListener('securitypolicyviolation', "
+                       "(e) => window.cspViolations.push(`${e.effectiveDirective} ${e.blockedURI}`));")
+
+    def wait_for_function(expression, arg=None, timeout=None, polling=None):
+        limit = TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + limit / 1000
+        while True:
+            try:
+                value = pg.evaluate(expression, arg)
+            except Exception as e:                  # a navigation in between: ask the new document
+                if "context was destroyed" not in str(e):
+                    raise
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still false after {limit} ms: {expression}")
+            pg.wait_for_timeout(polling if isinstance(polling, (int, float)) else 50)
+
+    pg.wait_for_function = wait_for_function
+    return pg
 
 
 def wait_state(page, *states):
@@ -126,6 +163,13 @@ def test_boot_shows_the_adapter(page):
     gpu = page.inner_text("#gpu")
     assert "browser:" in gpu and "subgroups" in gpu and "max buffer" in gpu
     assert page.is_hidden("#webgpu-help")
+
+
+def test_worker_runs_only_its_own_commands(page):
+    # names every object inherits (toString, constructor, ...) are not commands
+    for name in ("toString", "constructor", "hasOwnProperty", "__proto__", "valueOf", "no_such_command"):
+        assert page.evaluate("(c) => window.app.call(c)", name) == {"error": f"unknown command {name}"}
+    assert page.evaluate("window.app.call('stop')") == {}                  # an own command still runs
 
 
 def test_markdown_never_turns_model_output_into_html(page):
@@ -386,12 +430,34 @@ def test_without_webgpu_the_page_says_how_to_enable_it(page, server):
     browser = page.context.browser.browser_type.launch(executable_path=str(CHROMIUM), headless=True,
                                                        args=["--no-sandbox", "--disable-background-networking"])
     try:
-        pg = browser.new_page()
+        pg = _under_csp(browser.new_page())
         pg.goto(server + "/index.html")
         pg.wait_for_function("['ready', 'no-webgpu'].includes(document.body.dataset.state)", timeout=TIMEOUT)
         assert pg.evaluate("document.body.dataset.state") == "no-webgpu"
         help_text = pg.inner_text("#webgpu-help")
         assert "WebGPU is not available" in help_text and "no WebGPU adapter" in help_text
         assert "chrome://flags/#enable-unsafe-webgpu" in help_text and "No WebGPU" in pg.inner_text("#gpu")
+        assert pg.evaluate("window.cspViolations") == [] and pg.csp_violations == [], pg.csp_violations
     finally:
         browser.close()
+
+
+def test_content_security_policy_held_everywhere(page, server):
+    """The page's policy, from the server's header and from index.html's meta tag alike (static
+    hosts send no header), forbids eval and other origins; every test above ran under it."""
+    import urllib.request
+    import build
+    policy = build.page_policy(DIST)
+    with urllib.request.urlopen(server + "/index.html") as r:
+        assert r.headers["Content-Security-Policy"] == policy
+    meta = page.evaluate("document.querySelector('meta[http-equiv=\"Content-Security-Policy\"]').content")
+    assert policy == meta + "; frame-ancestors 'none'"
+    directives = dict(d.strip().split(" ", 1) for d in meta.split(";"))
+    assert directives["script-src"] == "'self' 'wasm-unsafe-eval'" and directives["connect-src"] == "'self'"
+    assert directives["default-src"] == "'none'" and "unsafe-inline" not in meta
+    assert page.evaluate("window.cspViolations") == [] and page.csp_violations == [], page.csp_violations
+    # enforced, not only present: an inline script does not run, another origin is not contacted
+    assert page.evaluate("""() => { const s = document.createElement("script"); s.textContent = "window.ran = 1";
+                                    document.head.append(s); return window.ran === undefined; }""")
+    page.evaluate("fetch('http://127.0.0.2:9/').catch(() => 0)")
+    page.wait_for_function("window.cspViolations.some((v) => v.startsWith('connect-src'))")

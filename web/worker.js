@@ -2,6 +2,7 @@
 // so the page never freezes. The page sends {id, cmd, args}; we answer {id, result}
 // and forward the events Python posts ({event: "progress" | "token" | ...}).
 import { loadPyodide } from "./pyodide/pyodide.mjs";
+import { createHelper } from "./gpu.js";
 
 // File System Access helpers Python calls (js.fsList / fsFile / fsExists).
 async function walk(root, path, wantFile) {
@@ -29,6 +30,7 @@ let webapp = null;
 const ready = (async () => {
   postMessage({ event: "status", text: "Starting Python (Pyodide)…" });
   pyodide = await loadPyodide({ indexURL: new URL("./pyodide/", import.meta.url).href });
+  pyodide.registerJsModule("webgpu_helper", { createHelper });     // pyapp.gpu.browser's WebGPU calls
   const zip = await (await fetch(new URL("./pyapp.zip", import.meta.url))).arrayBuffer();
   pyodide.unpackArchive(zip, "zip", { extractDir: "/home/pyodide/app" });
   pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/app')");
@@ -45,14 +47,16 @@ function toJs(value) {
   return value;
 }
 
-// Commands that must run while another is in flight (they only set flags).
-const IMMEDIATE = new Set(["stop", "cancel_load"]);
+// Chrome shows a worker's CSP violations only in DevTools: say them in the console the page sees too.
+self.addEventListener("securitypolicyviolation", (e) =>
+  console.error(`Content-Security-Policy blocked ${e.blockedURI || "code"} (${e.effectiveDirective})`));
 
 self.onmessage = async (ev) => {
   const { id, cmd, args = [] } = ev.data;
   try {
     await ready;
-    if (!IMMEDIATE.has(cmd) && !(cmd in KNOWN)) throw new Error(`unknown command ${cmd}`);
+    // an own property: `cmd in KNOWN` would accept inherited names such as toString
+    if (!Object.hasOwn(KNOWN, cmd)) throw new Error(`unknown command ${cmd}`);
     const result = toJs(await webapp[cmd](...args));
     postMessage({ id, result });
   } catch (err) {
