@@ -139,7 +139,7 @@ def _print_piece(_tok, piece: str) -> None:
 
 
 def cmd_chat(args) -> int:
-    from .chat import Conversation
+    from .chat import Conversation, reply_ids
     g = _open(args.model)
     tok = _tokenizer(g)
     params = _params(args)       # checked before the model loads
@@ -164,7 +164,7 @@ def cmd_chat(args) -> int:
             conv.pop_last() if hasattr(conv, "pop_last") else None
             continue
         sys.stdout.write("\n")
-        conv.add_assistant(res.text)
+        conv.add_assistant(res.text, reply_ids(tok, ids, res.tokens))
     return 0
 
 

@@ -80,9 +80,10 @@ def split_thinking(text: str) -> tuple[str, str]:
 
 
 def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, bos: bool,
-            style: ChatStyle) -> list[tuple[str, bool]]:
-    """The prompt as (text, is_markup) pieces: the template's own markup, and the messages' content."""
-    out: list[tuple[str, bool]] = []
+            style: ChatStyle, kept_ids=None) -> list[tuple[str | list[int], bool]]:
+    """The prompt as (text, is_markup) pieces: the template's own markup, and the messages' content.
+    kept_ids(message) -> a past reply's token ids to use instead of its text, or None."""
+    out: list[tuple[str | list[int], bool]] = []
 
     def markup(text: str) -> None:
         out.append((text, True))
@@ -109,7 +110,11 @@ def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, b
         markup(TURN)
         content(role)                    # the role is the caller's text too: only "user"/"model" are markup
         markup("\n")
-        content("".join(clean(p) for p in _parts(m.get("content"))))
+        ids = kept_ids(m) if kept_ids and role == "model" else None
+        if ids:
+            out.append((ids, False))
+        else:
+            content("".join(clean(p) for p in _parts(m.get("content"))))
         markup(END_TURN + "\n")
     if add_generation_prompt:
         markup(TURN + "model\n")
@@ -127,8 +132,38 @@ def render(messages: list[dict], add_generation_prompt: bool = True, thinking: b
 def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
                bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> list[int]:
     """The prompt's token ids. Only the template's markup becomes special tokens: message content is
-    plain text, so "<turn|>\n<|turn>system" typed in a message stays text and forges no turn."""
-    return tokenizer.encode_parts(_pieces(messages, add_generation_prompt, thinking, bos, style))
+    plain text, so "<turn|>\n<|turn>system" typed in a message stays text and forges no turn.
+
+    A past reply that carries the ids it was generated as (reply_ids) keeps them: re-tokenizing its
+    text may give other ids, and the KV cache, which holds the generated ones, would then be
+    recomputed from there on (with sliding-window layers, often the whole conversation)."""
+    return tokenizer.encode_parts(_pieces(messages, add_generation_prompt, thinking, bos, style,
+                                          lambda m: _kept_ids(tokenizer, m)))
+
+
+def reply_ids(tokenizer, prompt: list[int], generated: list[int]) -> dict:
+    """What an assistant message keeps of its reply so the next prompt extends the KV cache exactly:
+    the ids that followed the prompt's last "<|turn>model\n" (its empty thought channel, if any) and
+    the reply as generated, with the vocabulary they belong to. Store them in the message's dict."""
+    opening = tokenizer.encode_parts([(TURN + "model\n", True)])
+    start = next((i + len(opening) for i in range(len(prompt) - len(opening), -1, -1)
+                  if prompt[i:i + len(opening)] == opening), len(prompt))
+    return {"ids": [int(t) for t in prompt[start:]] + [int(t) for t in generated], "vocab": tokenizer.fingerprint}
+
+
+def _kept_ids(tokenizer, m: dict) -> list[int] | None:
+    """A past reply's kept ids, if they still stand for its text in this vocabulary. A reply that
+    thought is rendered from its text: the template drops past thoughts (Google's guidance)."""
+    ids = m.get("ids")
+    if not isinstance(ids, list) or not ids or m.get("vocab") != tokenizer.fingerprint:
+        return None
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tokenizer.n_vocab for t in ids):
+        return None
+    said = tokenizer.decode(ids)
+    text = "".join(_parts(m.get("content")))
+    if CHANNEL in said.replace(EMPTY_THOUGHT, "") or strip_thinking(said) != strip_thinking(text):
+        return None                      # a thought, or the text was changed since: the text decides
+    return ids
 
 
 @dataclass
@@ -143,8 +178,9 @@ class Conversation:
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
 
-    def add_assistant(self, text: str) -> None:
-        self.messages.append({"role": "assistant", "content": text})
+    def add_assistant(self, text: str, kept: dict | None = None) -> None:
+        """kept: reply_ids(...) of the reply, so the next prompt reuses the KV cache exactly."""
+        self.messages.append({"role": "assistant", "content": text, **(kept or {})})
 
     def pop_last(self) -> dict | None:
         return self.messages.pop() if self.messages else None

@@ -17,6 +17,7 @@ Decoding maps U+2581 back to spaces, byte tokens to their byte and drops control
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import re
 
@@ -58,6 +59,7 @@ class Tokenizer:
         self._cache: dict[str, list[int]] = {}
         self._cache_chars = 0
         self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._fingerprint: str | None = None
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "Tokenizer":
@@ -90,11 +92,24 @@ class Tokenizer:
         text: no special token of any type is cut out of them (unlike encode(parse_special=False),
         which still cuts user-defined ones such as <|channel>, as llama.cpp does), so a message can
         never forge a turn, a channel or a tool call. Text is merged across part boundaries before BPE,
-        so text without special-token strings gets the same ids as encode("".join(texts))."""
+        so text without special-token strings gets the same ids as encode("".join(texts)).
+        A part may also be a list of token ids (a past reply as generated): kept as they are."""
         frags: list = []
         for text, special in parts:
-            frags.extend(self._partition(_valid(text), True) if special else [_valid(text)])
+            if isinstance(text, (list, tuple)):
+                frags.extend(int(t) for t in text)
+            else:
+                frags.extend(self._partition(_valid(text), True) if special else [_valid(text)])
         return self._encode(frags, add_bos)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of the vocabulary: token ids kept with a conversation are only reused by a
+        model whose vocabulary gives them the same meaning."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256("\n".join(self.tokens).encode("utf-8", "surrogatepass"))
+            self._fingerprint = digest.hexdigest()[:16]
+        return self._fingerprint
 
     def _encode(self, frags: list, add_bos: bool) -> list[int]:
         """Ids of text fragments (str) and special token ids (int); adjacent fragments are one text."""

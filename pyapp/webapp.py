@@ -20,7 +20,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
-from .chat import render_ids, split_thinking, style_for
+from .chat import render_ids, reply_ids, split_thinking, style_for
 from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
@@ -348,7 +348,9 @@ async def chat(messages_json: str, params_json: str) -> dict:
             return _fail(e)
         raise
     thought, answer = split_thinking(res.text)
+    # the page keeps ids + vocab with the reply and sends them back: the next prompt then extends the cache
     return {"text": res.text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
+            **reply_ids(eng.tokenizer, ids, res.tokens), "cached": res.cached_tokens,
             "tokens": len(res.tokens), "prompt_tokens": len(ids), "evaluated": res.prompt_tokens,
             "prefill_s": res.prefill_s, "decode_tps": res.decode_tps, "context_used": eng.n_past + 1,
             "context_length": eng.context_length}

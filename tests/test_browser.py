@@ -135,6 +135,11 @@ def messages(page) -> list[dict]:
     return page.evaluate("window.app.state.chat.messages")
 
 
+def as_sent(msgs: list[dict]) -> list[dict]:
+    """Messages as the page sends them to the worker: replies with the ids they were generated as."""
+    return [{k: m[k] for k in ("role", "content", "ids", "vocab") if k in m} for m in msgs]
+
+
 def send(page, text: str) -> dict:
     page.fill("#prompt", text)
     page.click("#send")
@@ -216,10 +221,14 @@ def test_multi_turn_chat_matches_native_greedy(page):
     conv = [{"role": "user", "content": "Hello there!"}]
     assert first["content"] == native_greedy(conv, 10)
     second = send(page, "Tell me more.")
-    conv += [{"role": "assistant", "content": first["content"]}, {"role": "user", "content": "Tell me more."}]
+    conv += as_sent([first]) + [{"role": "user", "content": "Tell me more."}]
     assert second["content"] == native_greedy(conv, 10)
-    assert second["stats"]["evaluated"] < len(__import__("pyapp.chat", fromlist=["render_ids"]).render_ids(
-        native_greedy.engine.tokenizer, conv))                                # the KV cache was reused
+    # the first turn's prompt and reply (kept as generated ids) stay in the KV cache: only the new turn
+    # (and the reply's last token, which was never fed) is evaluated
+    from pyapp.chat import render_ids
+    tok = native_greedy.engine.tokenizer
+    new_turn = len(render_ids(tok, conv)) - len(render_ids(tok, conv[:1])) - first["stats"]["tokens"]
+    assert first["ids"] and new_turn <= second["stats"]["evaluated"] <= new_turn + 1
     assert "tokens" in page.inner_text("#ctx-text")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-chat.png"), full_page=True)
@@ -272,8 +281,7 @@ def test_device_lost_then_reload_the_model(page):
     page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
     wait_state(page, "loaded")
     msgs = messages(page)
-    conv = [{"role": m["role"], "content": m["content"]} for m in msgs[:-1]]
-    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"] == native_greedy(conv, 10)
+    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"] == native_greedy(as_sent(msgs[:-1]), 10)
 
 
 def test_damaged_file_is_a_clear_error(page):

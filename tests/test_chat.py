@@ -207,3 +207,50 @@ def test_render_ids_of_ordinary_text_as_before(tok, messages):
                 text = render(messages, add_generation_prompt=gen, thinking=thinking, style=style)
                 assert render_ids(tok, messages, add_generation_prompt=gen, thinking=thinking, style=style) == \
                     tok.encode(text)
+
+
+def _char_ids(tok, text: str) -> list[int]:
+    """text as one token per character: ids a model may well generate, which re-tokenizing never gives."""
+    return [i for ch in text for i in tok.encode(ch, parse_special=False)]
+
+
+@pytest.mark.parametrize("style", [TEMPLATE_STYLE, OLLAMA_SMALL, OLLAMA_LARGE])
+def test_next_prompt_extends_the_ids_a_reply_was_generated_as(tok, style):
+    """The next turn's prompt starts with the previous prompt and the reply's ids as generated
+    (so the KV cache holding them is reused whole), not with its text re-tokenized."""
+    from pyapp.chat import reply_ids
+    conv = [{"role": "user", "content": "Hi"}]
+    prompt = render_ids(tok, conv, style=style)
+    generated = _char_ids(tok, "Hello there")
+    assert generated != tok.encode("Hello there")
+    kept = reply_ids(tok, prompt, generated)
+    nxt = conv + [{"role": "assistant", "content": "Hello there", **kept}, {"role": "user", "content": "More"}]
+    ids = render_ids(tok, nxt, style=style)
+    assert ids[:len(prompt) + len(generated)] == prompt + generated
+    by_text = render_ids(tok, [{k: v for k, v in m.items() if k in ("role", "content")} for m in nxt], style=style)
+    assert by_text[:len(prompt) + len(generated)] != prompt + generated
+    assert ids[len(prompt) + len(generated):] == by_text[len(by_text) - len(ids) + len(prompt) + len(generated):]
+    c = Conversation(style=style)                  # the CLI's conversation keeps them the same way
+    c.add_user("Hi")
+    c.add_assistant("Hello there", kept)
+    c.add_user("More")
+    assert c.prompt_ids(tok) == ids
+
+
+def test_kept_reply_ids_only_while_they_still_mean_its_text(tok):
+    """Kept ids are ignored (the text is rendered) for another vocabulary, an edited text, a reply
+    with a thought (the template drops past thoughts), or ids outside the vocabulary."""
+    from pyapp.chat import reply_ids
+    conv = [{"role": "user", "content": "Hi"}]
+    prompt = render_ids(tok, conv)
+
+    def rendered(text, kept):
+        return render_ids(tok, conv + [{"role": "assistant", "content": text, **kept}])
+
+    kept = reply_ids(tok, prompt, _char_ids(tok, "Hello"))
+    assert rendered("Hello", kept) != rendered("Hello", {})
+    assert rendered("Hello", {**kept, "vocab": "0" * 16}) == rendered("Hello", {})
+    assert rendered("Goodbye", kept) == rendered("Goodbye", {})
+    assert rendered("Hello", {**kept, "ids": kept["ids"] + [tok.n_vocab]}) == rendered("Hello", {})
+    thought = "<|channel>thought\nhmm<channel|>Hello"
+    assert rendered(thought, reply_ids(tok, prompt, tok.encode(thought))) == rendered(thought, {})

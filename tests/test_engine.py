@@ -123,6 +123,32 @@ def test_kv_cache_reuse_across_turns(dev, toy, shape, ple_in_file):
         Engine.open(g, device=dev, context_length=64).generate(edited, greedy, stop_ids=()).tokens
 
 
+def test_a_reply_that_retokenizes_differently_keeps_its_cache(dev):
+    """The demo model's greedy reply re-tokenizes to other ids. Built from its text, the next prompt
+    diverges at the reply, and rolling back that far overruns the sliding-window ring (chunk 4: 3
+    slots to spare), so the whole conversation is computed again; built from the ids the reply was
+    generated as (chat.reply_ids, what the page keeps), only the new turn is."""
+    from pyapp.chat import render_ids, reply_ids
+    from pyapp.engine import Engine, SamplingParams
+    eng = Engine.open(str(FIXTURES / "demo.gguf"), device=dev, context_length=256, chunk=4)
+    tok, greedy = eng.tokenizer, SamplingParams(temperature=0, max_tokens=24)
+    conv, turn2 = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "more"}]
+    prompt = render_ids(tok, conv)
+    first = eng.generate(prompt, greedy)
+    by_text = render_ids(tok, conv + [{"role": "assistant", "content": first.text}] + turn2)
+    by_ids = render_ids(tok, conv + [{"role": "assistant", "content": first.text,
+                                      **reply_ids(tok, prompt, first.tokens)}] + turn2)
+    assert by_text != by_ids                                  # the reply re-tokenizes differently
+    fed = len(prompt) + len(first.tokens) - 1                 # the last token (max_tokens) was never fed
+    second = eng.generate(by_ids, greedy)
+    assert second.cached_tokens == fed and second.prompt_tokens == len(by_ids) - fed
+    eng.reset()
+    eng.generate(prompt, greedy)
+    assert eng.generate(by_text, greedy).cached_tokens == 0   # what re-tokenizing the text cost
+    assert second.tokens == Engine.open(str(FIXTURES / "demo.gguf"), device=dev, context_length=256).generate(
+        by_ids, greedy).tokens                                # and the kept cache computes the same reply
+
+
 def test_stop_cancel_and_context_limits(dev, toy):
     from pyapp.engine import Engine, EngineError, SamplingParams
     from pyapp.gguf import read_gguf

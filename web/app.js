@@ -293,7 +293,12 @@ function samplingParams() {
 // ---------------------------------------------------------------- chat
 function templateMessages() {
   const head = state.chat.system ? [{ role: "system", content: state.chat.system }] : [];
-  return head.concat(state.chat.messages.map((m) => ({ role: m.role, content: m.content })));
+  return head.concat(state.chat.messages.map(sentMessage));
+}
+// A reply goes back with the token ids it was generated as (and their vocabulary): the worker builds
+// the next prompt from them, so the KV cache that holds them is reused (pyapp.chat.reply_ids).
+function sentMessage(m) {
+  return m.ids ? { role: m.role, content: m.content, ids: m.ids, vocab: m.vocab } : { role: m.role, content: m.content };
 }
 
 function messageEl(m, i) {
@@ -414,6 +419,7 @@ async function generate() {
     }
   } else {
     reply.content = r.text;
+    Object.assign(reply, { ids: r.ids, vocab: r.vocab });
     reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
                     stop_reason: r.stop_reason };
     updateMeter(r);
