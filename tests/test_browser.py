@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DIST = ROOT / "dist"
 FIXTURES = ROOT / "tests" / "fixtures"
 ARTIFACTS = ROOT / "test-artifacts"
+SCREENSHOTS = ROOT / "tests" / "screenshots"   # the chat list and recent models, for people to look at
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
 TIMEOUT = 180_000   # ms: SwiftShader runs the GPU kernels on the CPU
@@ -248,6 +249,69 @@ def test_stop_mid_generation(page):
     assert seen <= last["stats"]["tokens"] <= seen + 2
     assert "stopped" in page.inner_text("#messages")
     set_field(page, "max_tokens", 10)
+
+
+def chat_titles(page) -> list[str]:
+    return page.evaluate("[...document.querySelectorAll('#chat-list .chat-open .title')].map((e) => e.textContent)")
+
+
+def test_several_conversations_new_edit_delete_undo(page):
+    """New chat keeps the old conversation in the sidebar list (titled by its first message); any
+    earlier user message can be edited and what followed is regenerated; delete can be undone."""
+    pytest.importorskip("wgpu")
+    before, kept = chat_titles(page), messages(page)
+    page.click("#new-chat")
+    assert messages(page) == [] and chat_titles(page) == ["New chat"] + before
+    page.click("#new-chat")                                      # an empty conversation is not doubled
+    assert chat_titles(page) == ["New chat"] + before
+    send(page, "First question")
+    send(page, "Second question")
+    assert chat_titles(page) == ["First question"] + before
+    assert page.get_attribute("#chat-list li:first-child .chat-open", "aria-current") == "true"
+    # edit the first message: the conversation after it is answered again
+    page.click(".msg.user[data-index='0'] .edit-msg")
+    page.fill(".msg.editing textarea", "Changed question")
+    page.click(".msg.editing .save-edit")
+    wait_state(page, "loaded")
+    msgs = messages(page)
+    assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[0]["content"] == "Changed question"
+    assert msgs[1]["content"] == native_greedy([{"role": "user", "content": "Changed question"}], 10)
+    assert chat_titles(page) == ["Changed question"] + before
+    # delete the conversation on screen, then undo
+    page.click("#chat-list li:first-child .chat-delete")
+    assert chat_titles(page) == (before or ["New chat"]) and page.is_visible("#undo-delete")
+    assert 'Deleted "Changed question"' in page.inner_text("#undo-delete")
+    assert page.evaluate("document.activeElement.id") == "undo-button"
+    page.click("#undo-button")
+    assert chat_titles(page) == ["Changed question"] + before and page.is_hidden("#undo-delete")
+    assert [m["content"] for m in messages(page)] == [m["content"] for m in msgs]
+    stored = page.evaluate("JSON.parse(localStorage.getItem('gemma4.chats.v1'))")
+    assert [len(c["messages"]) for c in stored["chats"]][0] == 2 and len(stored["chats"]) == 1 + len(before)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "conversations.png"), full_page=True)
+    if kept:                                                     # back to the conversation the tests after use
+        page.click("#chat-list li:nth-child(2) .chat-open")
+        assert messages(page) == kept
+
+
+def test_the_single_saved_conversation_moves_into_the_list(page, server):
+    """Earlier versions kept one conversation under gemma4.chat.v1: it becomes the first of the list."""
+    ctx = page.context.browser.new_context()
+    try:
+        pg = _under_csp(ctx.new_page())
+        pg.goto(server + "/favicon.svg")                         # the origin, without running the app
+        pg.evaluate("""() => localStorage.setItem('gemma4.chat.v1', JSON.stringify({system: 'Be brief.',
+            thinking: true, messages: [{role: 'user', content: 'An old question'},
+                                       {role: 'assistant', content: 'An old answer'}]}))""")
+        pg.goto(server + "/index.html")
+        pg.wait_for_selector("#chat-list .chat-open")
+        assert chat_titles(pg) == ["An old question"] and "An old answer" in pg.inner_text("#messages")
+        assert pg.input_value("#system") == "Be brief." and pg.is_checked("#thinking")
+        stored = pg.evaluate("JSON.parse(localStorage.getItem('gemma4.chats.v1')).chats")
+        assert [m["content"] for m in stored[0]["messages"]] == ["An old question", "An old answer"]
+        assert pg.evaluate("localStorage.getItem('gemma4.chat.v1')") is None
+    finally:
+        ctx.close()
 
 
 def test_cancel_loading(page):

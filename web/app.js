@@ -2,7 +2,8 @@
 import { escapeHtml, renderMarkdown } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
-const CHAT_KEY = "gemma4.chat.v1";
+const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions kept: moved into CHATS_KEY
+const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chats: [...]}, newest first
 const SETTINGS_KEY = "gemma4.settings.v1";
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
@@ -30,7 +31,8 @@ const on = (event, f) => listeners[event].push(f);
 
 // ---------------------------------------------------------------- state
 const state = {
-  chat: loadJSON(CHAT_KEY, { system: "", messages: [] }),
+  chats: loadChats(),   // every conversation (see "conversations" below)
+  chat: null,           // the one on screen: an element of chats.chats
   settings: loadJSON(SETTINGS_KEY, {}),
   modelDefaults: {},
   model: null,
@@ -40,12 +42,13 @@ const state = {
   loadId: 0,
   streamedTokens: 0,   // tokens of the reply being streamed
 };
+state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
 window.app = { call, state, loadModel };   // for tests and the curious
 
 function loadJSON(key, fallback) {
   try { return JSON.parse(localStorage.getItem(key)) ?? fallback; } catch { return fallback; }
 }
-function saveChat() { localStorage.setItem(CHAT_KEY, JSON.stringify(state.chat)); }
+function saveChat() { state.chat.updated = Date.now(); saveChats(); }
 function saveSettings() { localStorage.setItem(SETTINGS_KEY, JSON.stringify(state.settings)); }
 function setState(s) { document.body.dataset.state = s; updateButtons(); }
 
@@ -326,6 +329,7 @@ function messageEl(m, i) {
   copy.textContent = "Copy";
   copy.onclick = () => navigator.clipboard && navigator.clipboard.writeText(splitThinking(m.content).answer);
   meta.append(copy);
+  if (m.role === "user") meta.append(editButton(i));
   div.append(body, meta);
   return div;
 }
@@ -355,6 +359,7 @@ function renderChat() {
     box.innerHTML = '<p class="empty">Load a model, then say hello. Conversations are kept in this browser only.</p>';
   }
   box.scrollTop = box.scrollHeight;
+  renderChatList();
   updateButtons();
 }
 
@@ -367,6 +372,7 @@ function updateButtons() {
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
   for (const id of ["demo", "open-folder", "file-input"]) $(id).disabled = gen || state.busy;
+  for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
 }
 
 function updateMeter(r) {
@@ -455,8 +461,179 @@ $("edit").onclick = () => {
   renderChat();
   $("prompt").focus();
 };
-$("new-chat").onclick = () => { state.chat.messages = []; saveChat(); renderChat(); updateMeter(null); };
 
+// ---------------------------------------------------------------- conversations
+// Every conversation is kept in localStorage (CHATS_KEY), newest first; state.chat is the one on screen.
+// New chat keeps the old one, a delete can be undone, and any earlier user message can be edited
+// (what came after it is dropped and answered again).
+function makeChat(from = {}) {
+  const now = Date.now();
+  return { id: `${now.toString(36)}-${Math.random().toString(36).slice(2, 8)}`, created: now, updated: now,
+           system: from.system || "", thinking: !!from.thinking, messages: from.messages || [] };
+}
+function loadChats() {
+  const saved = loadJSON(CHATS_KEY, null);
+  if (saved && Array.isArray(saved.chats) && saved.chats.length) {
+    if (!saved.chats.some((c) => c.id === saved.current)) saved.current = saved.chats[0].id;
+    return saved;
+  }
+  const old = loadJSON(CHAT_KEY, null);   // the single conversation of earlier versions becomes the first
+  const first = makeChat(old && Array.isArray(old.messages) ? old : {});
+  return { current: first.id, chats: [first] };
+}
+function saveChats() {
+  try {
+    localStorage.setItem(CHATS_KEY, JSON.stringify(state.chats));
+    localStorage.removeItem(CHAT_KEY);   // migrated: the list holds it now
+  } catch (e) {
+    showError("chat-error", "This browser's storage is full, so the conversation was not saved. " +
+      "Delete old conversations to make room.");
+  }
+}
+
+function chatTitle(chat) {
+  const first = chat.messages.find((m) => m.role === "user");
+  const text = first ? first.content.replace(/\s+/g, " ").trim() : "";
+  if (!text) return "New chat";
+  return text.length > 48 ? `${text.slice(0, 47)}…` : text;
+}
+function shortDate(ms) {
+  const d = new Date(ms);
+  return d.toDateString() === new Date().toDateString()
+    ? d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleDateString(undefined, { dateStyle: "medium" });
+}
+function button(text, className, onclick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = className;
+  b.textContent = text;
+  b.onclick = onclick;
+  return b;
+}
+
+function renderChatList() {
+  $("chat-list").replaceChildren(...state.chats.chats.map((chat) => {
+    const li = document.createElement("li");
+    const title = document.createElement("span");
+    title.className = "title";
+    title.textContent = chatTitle(chat);
+    const date = document.createElement("small");
+    date.textContent = shortDate(chat.updated);
+    const open = button("", "chat-open", () => selectChat(chat));
+    open.append(title, date);
+    if (chat === state.chat) open.setAttribute("aria-current", "true");
+    const del = button("×", "chat-delete", () => deleteChat(chat));
+    del.title = "Delete";
+    del.setAttribute("aria-label", `Delete "${chatTitle(chat)}"`);
+    li.append(open, del);
+    return li;
+  }));
+}
+
+// Show a conversation: its messages, its system prompt and thinking mode, its share of the context.
+async function showChat(chat) {
+  state.chat = chat;
+  state.chats.current = chat.id;
+  saveChats();
+  showSettings();
+  renderChat();
+  const n = state.loaded ? await call("count_tokens", JSON.stringify(templateMessages())) : {};
+  updateMeter(n.context_length ? { context_used: n.tokens, context_length: n.context_length } : null);
+}
+function selectChat(chat) {
+  if (chat === state.chat || state.streaming !== null) return;
+  $("undo-delete").hidden = true;
+  // an empty conversation left behind is dropped: New chat and undo never pile them up
+  if (!state.chat.messages.length) state.chats.chats = state.chats.chats.filter((c) => c !== state.chat);
+  showChat(chat);
+}
+$("new-chat").onclick = () => {
+  if (state.streaming !== null) return;
+  if (state.chat.messages.length) {
+    const chat = makeChat({ system: state.chat.system, thinking: state.chat.thinking });   // settings carry over
+    state.chats.chats.unshift(chat);
+    selectChat(chat);
+  }
+  $("prompt").focus();
+};
+
+let deleted = null;   // {chat, index, wasCurrent}: the last deleted conversation, until Undo or the next delete
+function deleteChat(chat) {
+  if (state.streaming !== null) return;
+  const list = state.chats.chats;
+  const index = list.indexOf(chat);
+  list.splice(index, 1);
+  deleted = { chat, index, wasCurrent: chat === state.chat };
+  if (deleted.wasCurrent) {
+    if (!list.length) list.push(makeChat({ system: chat.system, thinking: chat.thinking }));
+    showChat(list[Math.min(index, list.length - 1)]);
+  } else {
+    saveChats();
+    renderChatList();
+    updateButtons();
+  }
+  $("undo-text").textContent = `Deleted "${chatTitle(chat)}".`;
+  $("undo-delete").hidden = false;
+  $("undo-button").focus();   // the focused Delete button is gone: keyboard users land on Undo
+}
+$("undo-button").onclick = () => {
+  if (!deleted || state.streaming !== null) return;
+  const { chat, index, wasCurrent } = deleted;
+  deleted = null;
+  $("undo-delete").hidden = true;
+  state.chats.chats.splice(Math.min(index, state.chats.chats.length), 0, chat);
+  if (wasCurrent) {
+    selectChat(chat);
+  } else {
+    saveChats();
+    renderChatList();
+    updateButtons();
+  }
+};
+
+function editButton(i) {
+  const b = button("Edit", "edit-msg", () => startEdit(i));
+  b.setAttribute("aria-label", "Edit this message");
+  return b;
+}
+function startEdit(i) {
+  const el = $("messages").querySelector(`.msg[data-index="${i}"]`);
+  const box = document.createElement("textarea");
+  box.value = state.chat.messages[i].content;
+  box.rows = Math.min(12, box.value.split("\n").length + 1);
+  box.setAttribute("aria-label", "Edit your message (Enter saves, Escape cancels)");
+  const cancel = () => {
+    renderChat();
+    $("messages").querySelector(`.msg[data-index="${i}"] .edit-msg`).focus();
+  };
+  const save = () => saveEdit(i, box.value);
+  box.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); save(); }
+    if (ev.key === "Escape") { ev.preventDefault(); cancel(); }
+  });
+  const buttons = document.createElement("div");
+  buttons.className = "buttons";
+  buttons.append(button(state.loaded ? "Save and regenerate" : "Save", "save-edit", save),
+                 button("Cancel", "cancel-edit", cancel));
+  el.classList.add("editing");
+  el.replaceChildren(box, buttons);
+  box.focus();
+}
+async function saveEdit(i, text) {
+  text = text.trim();
+  if (!text || state.streaming !== null) return;
+  state.chat.messages.splice(i);   // the edited message and everything after it are replaced
+  state.chat.messages.push({ role: "user", content: text });
+  if (state.loaded && !state.busy) {
+    await generate();
+  } else {                         // kept unanswered: Regenerate answers it once a model is loaded
+    saveChat();
+    renderChat();
+  }
+}
+
+if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
 showSettings();
 renderChat();
 boot();
