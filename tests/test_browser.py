@@ -497,6 +497,61 @@ def test_reload_keeps_the_conversation(page):
     assert not page.errors, page.errors
 
 
+def recent_names(page) -> list[str]:
+    return page.evaluate("[...document.querySelectorAll('#recent-list button.model strong')].map((e) => e.textContent)")
+
+
+def test_recent_models_reopen_with_one_click_after_a_reload(page):
+    """Files opened with the picker or dropped keep their handles in IndexedDB (OPFS files here) and
+    are listed as recent models; after a reload with a conversation on screen, the page says the model
+    must be reopened and offers it, and the list reopens the others with one click."""
+    wait_state(page, "ready", "loaded")
+    page.evaluate("""async () => {
+        const blob = await (await fetch('models/demo.gguf')).blob();
+        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('recent', {create: true});
+        for (const name of ['picked.gguf', 'dropped.gguf']) {
+            const w = await (await dir.getFileHandle(name, {create: true})).createWritable();
+            await w.write(blob);
+            await w.close();
+        }
+        window.showOpenFilePicker = async () => [await dir.getFileHandle('picked.gguf')];
+    }""")
+    page.click("#open-file")                                     # the picker, where the browser has one
+    wait_loaded_file(page, "picked.gguf")
+    assert recent_names(page) == ["picked.gguf"]
+    page.evaluate("""async () => {
+        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('recent');
+        const handle = await dir.getFileHandle('dropped.gguf');
+        // a page-made DataTransfer has no handles: give its items the one a real drop would have
+        DataTransferItem.prototype.getAsFileSystemHandle = async () => handle;
+        const dt = new DataTransfer();
+        dt.items.add(await handle.getFile());
+        window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""")
+    wait_loaded_file(page, "dropped.gguf")
+    assert recent_names(page) == ["dropped.gguf", "picked.gguf"]
+    if not messages(page):
+        send(page, "Hello there!")
+    page.reload()
+    wait_state(page, "ready")
+    page.wait_for_selector("#reopen-model:visible")
+    notice = page.inner_text("#reopen-notice")
+    assert "not loaded since the page was reloaded" in notice and "reopen dropped.gguf" in notice
+    assert page.inner_text("#reopen-model") == "Reopen dropped.gguf" and page.is_disabled("#send")
+    assert recent_names(page) == ["dropped.gguf", "picked.gguf"]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "recent-models.png"), full_page=True)
+    page.click("#reopen-model")                                  # one click (permission is asked again)
+    wait_loaded_file(page, "dropped.gguf")
+    assert page.is_hidden("#reopen-notice")
+    page.click("#recent-list li:has-text('picked.gguf') button.model")
+    wait_loaded_file(page, "picked.gguf")
+    assert recent_names(page) == ["picked.gguf", "dropped.gguf"]
+    page.click("#recent-list li:has-text('dropped.gguf') button.forget")
+    assert recent_names(page) == ["picked.gguf"]
+    assert not page.errors, page.errors
+
+
 def test_without_webgpu_the_page_says_how_to_enable_it(page, server):
     # the same Chromium without --enable-unsafe-webgpu: no adapter on this machine
     browser = page.context.browser.browser_type.launch(executable_path=str(CHROMIUM), headless=True,

@@ -4,6 +4,7 @@ import { escapeHtml, renderMarkdown } from "./markdown.js";
 const $ = (id) => document.getElementById(id);
 const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions kept: moved into CHATS_KEY
 const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chats: [...]}, newest first
+const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offered again after a reload
 const SETTINGS_KEY = "gemma4.settings.v1";
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
@@ -97,8 +98,9 @@ function describe(m) {
     `<small>${escapeHtml(m.config)}</small></div>`;
 }
 
-async function afterOpen(r) {
+async function afterOpen(r, source) {
   if (r.error) { showError("model-error", r.error); setState(state.loaded ? "loaded" : "ready"); return; }
+  if (source) rememberModel(source);
   showError("model-error", "");
   state.model = r.model;
   $("model-info").innerHTML = describe(r.model);
@@ -106,10 +108,11 @@ async function afterOpen(r) {
   await loadModel();
 }
 
-async function openFile(file) {
+// source: {kind: "file" | "demo", handle}: a file's FileSystemFileHandle, when there is one, is remembered
+async function openFile(file, source = { kind: "file" }) {
   if (!file || state.busy) return;
   setState("opening");
-  await afterOpen(await call("open_file", file, file.name));
+  await afterOpen(await call("open_file", file, file.name), { ...source, name: file.name, size: file.size });
 }
 
 async function loadModel() {
@@ -155,7 +158,8 @@ window.addEventListener("drop", (ev) => {
   ev.preventDefault();
   $("drop").classList.remove("over");
   const file = ev.dataTransfer && ev.dataTransfer.files[0];
-  if (file) openFile(file);
+  const handle = droppedHandle(ev.dataTransfer);   // asked for now: a drop's data is gone after an await
+  if (file) handle.then((h) => openFile(file, { kind: "file", handle: h }));
 });
 
 $("demo").onclick = async () => {
@@ -163,7 +167,7 @@ $("demo").onclick = async () => {
   setState("opening");
   const res = await fetch("models/demo.gguf");
   if (!res.ok) { showError("model-error", "this build has no demo model"); setState("ready"); return; }
-  await openFile(new File([await res.blob()], "demo.gguf"));
+  await openFile(new File([await res.blob()], "demo.gguf"), { kind: "demo" });
 };
 
 // Ollama folder: File System Access API; the handle is kept in IndexedDB for next time.
@@ -184,19 +188,25 @@ async function idbDo(mode, f) {
   });
 }
 
+// What IndexedDB remembers: the Ollama folder (a Reopen button) and recent files (a list).
+let savedFolder = null;
 async function offerReopen() {
-  try {
-    const h = await idbDo("readonly", (s) => s.get("ollama"));
-    if (h) {
-      $("reopen-folder").textContent = `Reopen "${h.name}"`;
-      $("reopen-folder").hidden = false;
-      $("reopen-folder").onclick = async () => {
-        const perm = h.requestPermission ? await h.requestPermission({ mode: "read" }) : "granted";
-        if (perm !== "granted") { showError("model-error", "Permission to read the folder was denied."); return; }
-        await openFolder(h);
-      };
-    }
-  } catch (e) { /* no IndexedDB (private mode): nothing to offer */ }
+  try { savedFolder = await idbDo("readonly", (s) => s.get("ollama")); } catch (e) { /* no IndexedDB (private mode) */ }
+  if (savedFolder) {
+    $("reopen-folder").textContent = `Reopen "${savedFolder.name}"`;
+    $("reopen-folder").hidden = false;
+    $("reopen-folder").onclick = reopenFolder;
+  }
+  await loadRecent();
+}
+// A handle kept in IndexedDB must be granted again after a reload: the browser asks, on a click.
+async function grantRead(handle, what) {
+  const perm = handle.requestPermission ? await handle.requestPermission({ mode: "read" }) : "granted";
+  if (perm !== "granted") showError("model-error", `Permission to read ${what} was denied.`);
+  return perm === "granted";
+}
+async function reopenFolder() {
+  if (savedFolder && await grantRead(savedFolder, "the folder")) await openFolder(savedFolder);
 }
 
 $("open-folder").onclick = async () => {
@@ -212,6 +222,7 @@ $("open-folder").onclick = async () => {
     return;
   }
   try { await idbDo("readwrite", (s) => s.put(handle, "ollama")); } catch (e) { /* not persisted */ }
+  savedFolder = handle;
   await openFolder(handle);
 };
 
@@ -233,14 +244,16 @@ async function openFolder(handle) {
     b.innerHTML = `<strong>${escapeHtml(m.name)}</strong> <small>${escapeHtml(m.parameters || "")} ` +
       `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB</small>` +
       (m.usable ? "" : `<br><small class="why">${escapeHtml(m.why)}</small>`);
-    b.onclick = async () => {
-      if (state.busy) return;
-      setState("opening");
-      await afterOpen(await call("open_folder_model", m.name));
-    };
+    b.onclick = () => openFolderModel(m.name);
     li.append(b);
     list.append(li);
   }
+}
+
+async function openFolderModel(name) {
+  if (state.busy) return;
+  setState("opening");
+  await afterOpen(await call("open_folder_model", name), { kind: "ollama", name });
 }
 
 // ---------------------------------------------------------------- settings
@@ -371,8 +384,10 @@ function updateButtons() {
   $("regen").disabled = !state.loaded || gen || state.busy || !msgs.length;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
-  for (const id of ["demo", "open-folder", "file-input"]) $(id).disabled = gen || state.busy;
+  for (const id of ["demo", "open-folder", "open-file", "file-input"]) $(id).disabled = gen || state.busy;
   for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
+  for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || state.busy;
+  updateReopenNotice();
 }
 
 function updateMeter(r) {
@@ -630,6 +645,117 @@ async function saveEdit(i, text) {
   } else {                         // kept unanswered: Regenerate answers it once a model is loaded
     saveChat();
     renderChat();
+  }
+}
+
+// ---------------------------------------------------------------- remembered models
+// Files opened with the picker or dropped keep their FileSystemFileHandle in IndexedDB (beside the
+// Ollama folder's) and are listed under "Recent models"; after a reload one click, and the browser's
+// permission prompt, opens one again. The last model loaded is offered again when a reload left a
+// conversation on screen without a model.
+const RECENT_KEY = "recent-files";   // in the "handles" store: [{handle, name, size, opened}], newest first
+const RECENT_MAX = 8;
+let recent = [];                     // as stored: a click must not wait on IndexedDB before asking permission
+
+async function loadRecent() {
+  try { recent = (await idbDo("readonly", (s) => s.get(RECENT_KEY))) || []; } catch (e) { recent = []; }
+  renderRecent();
+}
+async function storeRecent() {
+  try { await idbDo("readwrite", (s) => s.put(recent, RECENT_KEY)); } catch (e) { /* not persisted */ }
+  renderRecent();
+}
+async function rememberFile(handle, name, size) {
+  const same = await Promise.all(recent.map((r) => r.handle.isSameEntry(handle).catch(() => false)));
+  recent = [{ handle, name, size, opened: Date.now() }, ...recent.filter((_, i) => !same[i])].slice(0, RECENT_MAX);
+  await storeRecent();
+}
+function rememberModel({ kind, name, size, handle }) {
+  localStorage.setItem(LAST_MODEL_KEY, JSON.stringify({ kind, name, handle: !!handle }));
+  if (handle) rememberFile(handle, name, size);
+}
+
+function renderRecent() {
+  $("recent-list").replaceChildren(...recent.map((r) => {
+    const li = document.createElement("li");
+    const open = button("", "model", () => reopenFile(r));
+    const name = document.createElement("strong");
+    name.textContent = r.name;
+    const about = document.createElement("small");
+    about.textContent = ` ${(r.size / 2 ** 30).toFixed(r.size < 2 ** 30 ? 3 : 2)} GiB · ${shortDate(r.opened)}`;
+    open.append(name, about);
+    open.setAttribute("aria-label", `Open ${r.name} again`);
+    const forget = button("×", "forget", () => { recent = recent.filter((x) => x !== r); storeRecent(); });
+    forget.title = "Remove from this list";
+    forget.setAttribute("aria-label", `Remove ${r.name} from recent models`);
+    li.append(open, forget);
+    return li;
+  }));
+  $("recent").hidden = !recent.length;
+  updateButtons();
+}
+async function reopenFile(r) {
+  if (state.busy || state.streaming !== null) return;
+  if (!(await grantRead(r.handle, `"${r.name}"`))) return;
+  let file;
+  try {
+    file = await r.handle.getFile();
+  } catch (e) {
+    showError("model-error", `"${r.name}" is no longer where it was (moved, renamed or deleted). ` +
+      "Open it again with Open a GGUF file.");
+    return;
+  }
+  await openFile(file, { kind: "file", handle: r.handle });
+}
+
+// "Open a GGUF file": the browser's file picker where it has one (its handle can be remembered),
+// else the plain file input.
+$("open-file").onclick = async () => {
+  if (!window.showOpenFilePicker) { $("file-input").click(); return; }
+  let handle;
+  try {
+    [handle] = await window.showOpenFilePicker({
+      id: "gguf", types: [{ description: "GGUF model", accept: { "application/octet-stream": [".gguf"] } }] });
+  } catch (e) {
+    if (e.name !== "AbortError") showError("model-error", `Could not open the file: ${e.message}`);
+    return;
+  }
+  await openFile(await handle.getFile(), { kind: "file", handle });
+};
+// A dropped file's handle; null where the browser gives none.
+function droppedHandle(dt) {
+  const item = dt && [...dt.items].find((i) => i.kind === "file");
+  const pending = item && item.getAsFileSystemHandle ? item.getAsFileSystemHandle() : null;
+  return Promise.resolve(pending).then((h) => (h && h.kind === "file" ? h : null), () => null);
+}
+
+// After a reload the conversation is on screen but no model is loaded: say so plainly, offer the last one.
+function lastModel() {
+  const last = loadJSON(LAST_MODEL_KEY, null);
+  if (!last) return null;
+  if (last.kind === "demo") return { ...last, label: "Load the built-in test model", open: () => $("demo").click() };
+  if (last.kind === "ollama" && savedFolder) {
+    return { ...last, label: `Reopen ${last.name}`, open: async () => {
+      if (!(await grantRead(savedFolder, "the folder"))) return;
+      await openFolder(savedFolder);
+      await openFolderModel(last.name);
+    } };
+  }
+  const r = last.handle && recent.find((x) => x.name === last.name);
+  return { ...last, label: r ? `Reopen ${last.name}` : null, open: r ? () => reopenFile(r) : null };
+}
+function updateReopenNotice() {
+  const show = document.body.dataset.state === "ready" && !state.model && state.chat.messages.length > 0;
+  $("reopen-notice").hidden = !show;
+  if (!show) return;
+  const last = lastModel();
+  $("reopen-text").textContent = !last ? "No model is loaded: choose one to continue this conversation."
+    : last.open ? `The model is not loaded since the page was reloaded: reopen ${last.name} to continue this conversation.`
+    : `The model is not loaded since the page was reloaded: open ${last.name} again to continue this conversation.`;
+  $("reopen-model").hidden = !(last && last.open);
+  if (last && last.open) {
+    $("reopen-model").textContent = last.label;
+    $("reopen-model").onclick = () => { if (!state.busy) last.open(); };
   }
 }
 
