@@ -255,6 +255,28 @@ def chat_titles(page) -> list[str]:
     return page.evaluate("[...document.querySelectorAll('#chat-list .chat-open .title')].map((e) => e.textContent)")
 
 
+def test_tokens_per_second_chart_per_reply(page):
+    """A bar per reply of the conversation on screen (its decode tokens/s); the streaming reply's
+    bar moves live (plain SVG: attributes and CSS classes only, under the page's CSP)."""
+    set_field(page, "max_tokens", 200)
+    page.fill("#prompt", "Count slowly to a hundred.")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('#speed-chart rect.live') !== null")
+    assert float(page.get_attribute("#speed-chart rect.live", "height")) > 0
+    assert "tok/s now" in page.inner_text("#speed-text")
+    page.click("#stop")
+    wait_state(page, "loaded")
+    replies = [m["stats"]["decode_tps"] for m in messages(page)
+               if m["role"] == "assistant" and m.get("stats", {}).get("decode_tps", 0) > 0][-24:]
+    bars = page.evaluate("[...document.querySelectorAll('#speed-chart rect')].map((r) => "
+                         "[r.classList.contains('live'), r.querySelector('title').textContent])")
+    assert [title for _, title in bars] == [f"{tps:.1f} tokens/s" for tps in replies] and len(bars) >= 2
+    assert not any(is_live for is_live, _ in bars)
+    assert f"{replies[-1]:.1f} tok/s last reply" in page.inner_text("#speed-text")
+    assert page.get_attribute("#speed-chart", "aria-label").endswith(", ".join(f"{t:.1f}" for t in replies))
+    set_field(page, "max_tokens", 10)
+
+
 def test_several_conversations_new_edit_delete_undo(page):
     """New chat keeps the old conversation in the sidebar list (titled by its first message); any
     earlier user message can be edited and what followed is regenerated; delete can be undone."""

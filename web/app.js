@@ -373,6 +373,7 @@ function renderChat() {
   }
   box.scrollTop = box.scrollHeight;
   renderChatList();
+  drawSpeed();
   updateButtons();
 }
 
@@ -757,6 +758,45 @@ function updateReopenNotice() {
     $("reopen-model").textContent = last.label;
     $("reopen-model").onclick = () => { if (!state.busy) last.open(); };
   }
+}
+
+// ---------------------------------------------------------------- speed chart
+// Decode tokens/s of each reply in the conversation on screen (the last SPEED_BARS), the streaming
+// reply's live: SVG bars with attributes and CSS classes (the page's CSP allows no inline styles).
+const SPEED_BARS = 24;
+const live = { reply: null, first: 0, last: 0, tokens: 0, drawn: 0 };   // the reply streaming now
+on("token", () => {
+  const reply = state.streaming;
+  if (reply === null) return;
+  const now = performance.now();
+  if (live.reply !== reply) Object.assign(live, { reply, first: now, tokens: 0 });
+  live.tokens += 1;
+  live.last = now;
+  if (now - live.drawn > 250) { live.drawn = now; drawSpeed(); }   // a few times a second is plenty
+});
+function drawSpeed() {
+  const bars = state.chat.messages.filter((m) => m.role === "assistant" && m.stats)
+    .map((m) => ({ tps: m.stats.decode_tps, live: false }));
+  // so far: the tokens after the first (which waited for the prompt) over the time since it came
+  if (state.streaming !== null && live.reply === state.streaming && live.tokens >= 2) {
+    bars.push({ tps: ((live.tokens - 1) * 1000) / (live.last - live.first), live: true });
+  }
+  const shown = bars.filter((b) => Number.isFinite(b.tps) && b.tps > 0).slice(-SPEED_BARS);
+  $("speed").hidden = !shown.length;
+  if (!shown.length) return;
+  const top = Math.max(...shown.map((b) => b.tps));
+  const step = 240 / SPEED_BARS;
+  $("speed-chart").innerHTML = shown.map((b, i) => {
+    const h = Math.max(1, (34 * b.tps) / top);
+    return `<rect class="bar${b.live ? " live" : ""}" x="${(i * step).toFixed(1)}" y="${(36 - h).toFixed(1)}" ` +
+      `width="${(step - 2).toFixed(1)}" height="${h.toFixed(1)}"><title>${b.tps.toFixed(1)} tokens/s` +
+      `${b.live ? " so far" : ""}</title></rect>`;
+  }).join("");
+  const last = shown[shown.length - 1];
+  $("speed-text").textContent = `${last.tps.toFixed(1)} tok/s ${last.live ? "now" : "last reply"}` +
+    (shown.length > 1 ? ` · best ${top.toFixed(1)}` : "");
+  $("speed-chart").setAttribute("aria-label", `Tokens per second of the last ${shown.length} ` +
+    `replies, oldest first: ${shown.map((b) => b.tps.toFixed(1)).join(", ")}`);
 }
 
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
