@@ -12,7 +12,8 @@ SentencePiece-style BPE (llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GEM
   4. each run is merged by BPE rank (lowest rank first, leftmost on ties), starting
      from single characters; a final piece not in the vocabulary falls back to its
      UTF-8 bytes as <0xXX> tokens.
-Decoding maps U+2581 back to spaces, byte tokens to their byte and drops control tokens.
+Decoding maps U+2581 back to spaces, byte tokens to their byte and drops control tokens and
+the <unusedN> placeholders (Gemma GGUFs type them NORMAL; they never come out of encoding text).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _RUNS = re.compile(r"[^\n]+|\n+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_UNUSED = re.compile(r"<unused\d+>")
 _CACHE_CHARS = 1 << 22         # characters of runs remembered (repeated prompts re-encode fast; memory bounded)
 # Tokens that end generation, found by their text as llama.cpp does (its EOG list, the
 # entries a Gemma vocabulary can hold). llama.cpp also marks them CONTROL, so a
@@ -51,6 +53,9 @@ class Tokenizer:
         self.types = list(types)
         for i in eog:
             self.types[i] = CONTROL
+        for i, t in enumerate(tokens):   # placeholders typed NORMAL in Gemma GGUFs: a model that emits one shows nothing
+            if t.startswith("<unused") and _UNUSED.fullmatch(t) and self.types[i] == NORMAL:
+                self.types[i] = UNUSED
         types = self.types
         specials = [i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED, UNKNOWN)]
         specials.sort(key=lambda i: -len(tokens[i].encode("utf-8")))      # longest (in bytes) cut first

@@ -200,6 +200,9 @@ def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
             "in_file": plan.experts - plan.expert_cache + (plan.ple_table if plan.ple_in_file else 0)}
 
 
+TEST_MODEL_MAX_TOKENS = 64      # the default max tokens of a test model (random weights)
+
+
 def _describe(g, source_name: str) -> dict:
     cfg = Gemma4Config.from_gguf(g)
     s = summarize(g)
@@ -222,6 +225,8 @@ def open_file(blob, name: str = "") -> dict:
         return _fail(e)
     _unload()
     S.gguf, S.model_info, S.params = g, info, {}
+    if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
+        return {"model": info, "params": _sampling_settings({"num_predict": TEST_MODEL_MAX_TOKENS})}
     return {"model": info}
 
 
@@ -323,6 +328,23 @@ def _style():
     return style_for(S.gguf.metadata, S.model_info.get("parameters")) if S.gguf is not None else style_for({})
 
 
+def _token_events(prompt_tokens: int, context_length: int):
+    """on_token for a reply: each piece of text goes to the page with the figures so far (tokens,
+    decode tokens/s, context used), so the page shows them moving while the reply streams."""
+    count, first = 0, 0.0
+
+    def on_token(tok, text: str) -> None:
+        nonlocal count, first
+        now = time.perf_counter()
+        if tok is not None:              # None: the decoder's last bytes, no new token
+            count += 1
+            first = first or now
+        tps = (count - 1) / (now - first) if count > 1 and now > first else 0.0   # the first waited on the prompt
+        emit("token", text=text, tokens=count, tps=tps, context_used=prompt_tokens + count,
+             context_length=context_length)
+    return on_token
+
+
 async def chat(messages_json: str, params_json: str) -> dict:
     """Generate the next assistant reply for a conversation; tokens stream as events."""
     if S.engine is None:
@@ -338,7 +360,7 @@ async def chat(messages_json: str, params_json: str) -> dict:
             return {"error": f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
                              "start a new chat or shorten it"}
         S.stop = False
-        res = await eng.generate_async(ids, params, on_token=lambda tok, text: emit("token", text=text),
+        res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
                                        should_stop=lambda: S.stop)
     except Exception as e:
         if _device_lost():

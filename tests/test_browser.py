@@ -196,6 +196,10 @@ def test_demo_model_loads(page):
     assert "test model" in info and "Loaded in" in info and "Q8_0" in info
 
 
+def test_demo_model_defaults_to_short_replies(page):
+    assert page.input_value("#max_tokens") == "64"       # random weights: a short reply shows it working
+
+
 def test_message_text_never_becomes_control_tokens(page):
     """The worker counts a conversation whose messages spell control tokens as the native
     render_ids does: as text (parsed as special tokens, it would be far fewer tokens)."""
@@ -334,6 +338,43 @@ def test_the_single_saved_conversation_moves_into_the_list(page, server):
         assert pg.evaluate("localStorage.getItem('gemma4.chat.v1')") is None
     finally:
         ctx.close()
+
+
+def test_live_feedback_while_a_reply_streams(page):
+    """The token count, tokens/s and the context meter move while the reply streams; the demo model's
+    stray <channel|> markers (kept in the text, which the next prompt needs) are never shown."""
+    set_field(page, "max_tokens", 40)
+    page.evaluate("""() => {
+        window.__live = [];
+        const record = () => window.__live.push({
+            streaming: window.app.state.streaming !== null,
+            stats: (document.querySelector('.msg.streaming .live-stats') || {}).textContent || '',
+            meter: document.getElementById('ctx-meter').value });
+        window.__observer = new MutationObserver(record);
+        window.__observer.observe(document.getElementById('chat'), {subtree: true, childList: true,
+                                                                     characterData: true});
+    }""")
+    reply = send(page, "Hi")
+    live = page.evaluate("window.__observer.disconnect(), window.__live")
+    counts = sorted({int(e["stats"].split()[0]) for e in live if e["streaming"] and e["stats"]})
+    assert len(counts) >= 3 and counts[-1] <= reply["stats"]["tokens"], counts
+    assert any("tok/s" in e["stats"] for e in live if e["streaming"])
+    meters = [e["meter"] for e in live if e["streaming"]]
+    assert len(set(meters)) >= 3 and meters == sorted(meters), meters        # the meter moved up, live
+    assert "<channel|>" in reply["content"]
+    shown = page.inner_text(".msg.assistant >> nth=-1")
+    assert "<channel|>" not in shown and "<|" not in shown and "|>" not in shown
+    set_field(page, "max_tokens", 10)
+
+
+def test_channels_are_folded_and_markers_never_shown(page):
+    html = page.evaluate("""window.app.renderReply('<channel|>Hi <|channel>thought\\nplan it' +
+        '<channel|>**there**<|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|><tool_response|>')""")
+    assert "<details class=\"thought\"><summary>Thought</summary><p>plan it</p></details>" in html
+    assert "<summary>Tool call: get_time</summary>" in html and "zone:&quot;UTC&quot;" in html
+    assert "<strong>there</strong>" in html and "channel" not in html and "tool_response" not in html
+    streaming = page.evaluate("window.app.renderReply('<|channel>thought\\nstill think')")
+    assert "<details class=\"thought\" open><summary>Thinking…</summary>" in streaming
 
 
 def test_cancel_loading(page):

@@ -222,3 +222,15 @@ def test_speed(vocab_gguf):
 def test_not_a_gemma4_vocab():
     with pytest.raises(TokenizerError, match="gemma4"):
         Tokenizer.from_metadata({"tokenizer.ggml.model": "llama"})
+
+
+def test_unused_placeholders_decode_to_nothing(tok):
+    """<unusedN> tokens (typed NORMAL in the GGUF) never show as text, streamed or not; typed as
+    text they stay plain characters, as before."""
+    unused = tok.id_of("<unused85>")
+    ids = tok.encode("Hi") + [unused] + tok.encode(" there")
+    assert tok.decode(ids) == "Hi there"
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == "Hi there"
+    assert unused not in tok.encode("<unused85>", parse_special=False)
+    assert tok.decode(tok.encode("<unused85>", parse_special=False)) == "<unused85>"

@@ -340,29 +340,60 @@ function messageEl(m, i) {
   copy.type = "button";
   copy.className = "copy";
   copy.textContent = "Copy";
-  copy.onclick = () => navigator.clipboard && navigator.clipboard.writeText(splitThinking(m.content).answer);
+  copy.onclick = () => navigator.clipboard &&
+    navigator.clipboard.writeText(m.role === "assistant" ? replyAnswer(m.content) : m.content);
   meta.append(copy);
   if (m.role === "user") meta.append(editButton(i));
   div.append(body, meta);
   return div;
 }
 
-// Gemma 4 thinks in a "<|channel>thought\n...<channel|>" section before its answer.
-function splitThinking(text) {
-  const open = "<|channel>", close = "<channel|>";
-  const t = text.trimStart();
-  if (!t.startsWith(open)) return { thought: null, answer: text, thinking: false };
-  const end = t.indexOf(close);
-  const thought = (end < 0 ? t.slice(open.length) : t.slice(open.length, end)).replace(/^thought\n?/, "");
-  return { thought, answer: end < 0 ? "" : t.slice(end + close.length).trimStart(), thinking: end < 0 };
+// ---------------------------------------------------------------- reply channels
+// A reply's text keeps Gemma 4's channel markers as the tokenizer spells them (control tokens and
+// <unusedN> placeholders never reach it): "<|channel>thought\n…<channel|>" is thinking and
+// "<|tool_call>…<tool_call|>" a tool call, in which '<|"|>' quotes strings. Each becomes a folded part;
+// a marker out of place (a close without an open, as random weights emit) is dropped, never shown.
+const CHANNELS = { "<|channel>": ["<channel|>", "thought"], "<|tool_call>": ["<tool_call|>", "tool_call"] };
+const MARKERS = /<\|channel>|<channel\|>|<\|tool_call>|<tool_call\|>|<\|tool_response>|<tool_response\|>|<\|"\|>/g;
+
+// [{kind: "text" | "thought" | "tool_call", text, done}] in order; done false: still streaming
+function replyParts(text) {
+  const parts = [];
+  let open = null;   // the channel being read: {kind, close, text}
+  let answer = "";
+  const flushAnswer = () => { if (answer) parts.push({ kind: "text", text: answer, done: true }); answer = ""; };
+  const put = (s) => { if (open) open.text += s; else answer += s; };
+  let last = 0;
+  for (const m of text.matchAll(MARKERS)) {
+    put(text.slice(last, m.index));
+    last = m.index + m[0].length;
+    if (m[0] === '<|"|>') put('"');
+    else if (!open && CHANNELS[m[0]]) { flushAnswer(); open = { kind: CHANNELS[m[0]][1], close: CHANNELS[m[0]][0], text: "" }; }
+    else if (open && m[0] === open.close) { parts.push({ kind: open.kind, text: open.text, done: true }); open = null; }
+  }
+  put(text.slice(last));
+  flushAnswer();
+  if (open) parts.push({ kind: open.kind, text: open.text, done: false });
+  for (const p of parts) if (p.kind === "thought") p.text = p.text.replace(/^thought\n?/, "");
+  return parts;
+}
+function replyAnswer(text) {
+  return replyParts(text).filter((p) => p.kind === "text").map((p) => p.text).join("").trim();
 }
 
 function renderReply(text) {
-  const { thought, answer, thinking } = splitThinking(text);
-  if (thought === null) return renderMarkdown(text);
-  return `<details class="thought"${thinking ? " open" : ""}><summary>${thinking ? "Thinking…" : "Thought"}` +
-    `</summary>${renderMarkdown(thought.trim())}</details>${renderMarkdown(answer)}`;
+  return replyParts(text).map((p) => {
+    if (p.kind === "text") return p.text.trim() ? renderMarkdown(p.text) : "";
+    if (p.kind === "thought") {
+      return `<details class="thought"${p.done ? "" : " open"}><summary>${p.done ? "Thought" : "Thinking…"}` +
+        `</summary>${renderMarkdown(p.text.trim())}</details>`;
+    }
+    const name = (p.text.match(/^call:([\w.-]+)/) || [])[1];
+    return `<details class="tool-call"><summary>${p.done ? "Tool call" : "Calling a tool…"}` +
+      `${name ? `: ${escapeHtml(name)}` : ""}</summary><pre><code>${escapeHtml(p.text)}</code></pre></details>`;
+  }).join("");
 }
+Object.assign(window.app, { renderReply });   // tests render crafted replies
 
 function renderChat() {
   const box = $("messages");
@@ -413,6 +444,25 @@ on("token", (m) => {
     });
   }
 });
+
+// Live feedback while a reply streams: its token count and speed so far, and the context meter
+// (each token event carries the worker's figures: pyapp.webapp._token_events).
+on("token", (m) => {
+  if (state.streaming === null || !m.tokens) return;
+  showLiveStats(m);
+  updateMeter(m);
+});
+function showLiveStats(m) {
+  const meta = document.querySelector(".msg.streaming .meta");
+  if (!meta) return;
+  let line = meta.querySelector(".live-stats");
+  if (!line) {
+    line = document.createElement("span");
+    line.className = "live-stats";
+    meta.prepend(line);
+  }
+  line.textContent = `${m.tokens} tokens` + (m.tps ? ` · ${m.tps.toFixed(1)} tok/s` : "");
+}
 
 async function generate() {
   readSettings();
