@@ -142,8 +142,10 @@ def check_context_length(requested, model_max: int) -> int:
 
 
 def page_rules() -> dict:
-    """The rules as the page's number inputs take them: {name: {min, max, rule}} (max None: none)."""
+    """The rules as the page takes them: {name: {min, max, rule, lo, above_lo, integer, special}}: min and
+    max for its number inputs (max None: none), the rest to check a value as Rule.check does."""
     rules = {**RULES, "context_length": CONTEXT_RULE}
     return {name: {"min": min(r.lo, r.special if r.special is not None else r.lo), "max": r.hi,
-                   "rule": r.describe()}
+                   "rule": r.describe(), "lo": r.lo, "above_lo": r.above_lo, "integer": r.integer,
+                   "special": r.special}
             for name, r in rules.items()}

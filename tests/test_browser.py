@@ -377,6 +377,46 @@ def test_channels_are_folded_and_markers_never_shown(page):
     assert "<details class=\"thought\" open><summary>Thinking…</summary>" in streaming
 
 
+def test_settings_are_checked_beside_their_fields(page):
+    """A bad value gets a message beside its field (the rules come from the worker), is not used, and
+    Send waits for a good one; the advanced sampling fields stay folded away until needed."""
+    assert page.is_hidden("#top_k") and page.is_visible("#temperature")
+    good = page.input_value("#temperature")
+    page.fill("#temperature", "-1")
+    assert page.inner_text("#temperature-problem") == "Temperature must be a number from 0 to 100 (0 = greedy)."
+    assert page.get_attribute("#temperature", "aria-invalid") == "true" and page.is_disabled("#send")
+    page.dispatch_event("#temperature", "change")
+    assert str(page.evaluate("window.app.state.settings.temperature")) == good   # the last good value stays
+    set_field(page, "temperature", good)
+    assert page.is_hidden("#temperature-problem") and page.is_enabled("#send")
+    assert page.get_attribute("#temperature", "aria-invalid") is None
+    page.evaluate("""() => { const el = document.getElementById('top_k');      // folded away, as typed
+                             el.value = '2.5'; el.dispatchEvent(new Event('input')); }""")
+    assert page.is_visible("#top_k") and page.inner_text("#top_k-problem").startswith(
+        "Top-k must be an integer from 0 to 256")                             # its section opened
+    set_field(page, "top_k", 64)
+    assert page.is_hidden("#top_k-problem") and page.is_enabled("#send")
+    page.click("#advanced summary")
+    assert page.is_hidden("#top_k")
+
+
+def test_context_field_never_disagrees_with_the_loaded_model(page):
+    set_field(page, "context_length", 2048)
+    assert "loaded with 4096 tokens of context: reload it to use 2048" in page.inner_text("#context-note")
+    page.click("#reload-model")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('context 2048 tokens')")
+    wait_state(page, "loaded")
+    assert page.is_hidden("#context-note") and page.is_hidden("#reload-model")
+    set_field(page, "context_length", 8192)                     # more than the test model takes
+    note = page.inner_text("#context-note")
+    assert note == ("This model takes at most 4096 tokens of context. The model is loaded with 2048 tokens of "
+                    "context: reload it to use 4096.")
+    page.click("#reload-model")
+    page.wait_for_function("document.getElementById('context-note').textContent.includes('Context set to 4096')")
+    wait_state(page, "loaded")
+    assert page.input_value("#context_length") == "4096" and "context 4096 tokens" in page.inner_text("#model-info")
+
+
 def test_cancel_loading(page):
     err = page.evaluate("""async () => {
         const done = window.app.loadModel();          // numbers the load synchronously

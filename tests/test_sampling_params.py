@@ -105,7 +105,9 @@ def test_context_length():
 def test_page_rules_match_the_checks():
     rules = page_rules()
     assert rules["top_k"] == {"min": 0, "max": 256, "rule": "an integer from 0 to 256 (0 = no limit; "
-                              "the GPU sampler keeps at most 256 candidates)"}
+                              "the GPU sampler keeps at most 256 candidates)",
+                              "lo": 0, "above_lo": False, "integer": True, "special": None}
+    assert rules["repeat_penalty"]["above_lo"] and rules["max_tokens"]["special"] == -1
     assert rules["max_tokens"]["min"] == -1 and rules["max_tokens"]["max"] is None
     assert rules["context_length"]["min"] == 2
     assert set(rules) == set(SamplingParams.__dataclass_fields__) | {"context_length"}

@@ -135,6 +135,7 @@ async function loadModel() {
     return;
   }
   state.loaded = true;
+  contextLoaded(r.context_length);
   showError("chat-error", "");
   $("model-info").innerHTML = describe(r.model) +
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
@@ -258,7 +259,7 @@ async function openFolderModel(name) {
 
 // ---------------------------------------------------------------- settings
 function readSettings() {
-  for (const k of PARAMS) state.settings[k] = $(k).value;
+  for (const k of PARAMS) if (checkSetting(k)) state.settings[k] = $(k).value;   // a bad value is not used
   state.chat.system = $("system").value;
   state.chat.thinking = $("thinking").checked;
   saveSettings();
@@ -266,6 +267,7 @@ function readSettings() {
 }
 function showSettings() {
   for (const k of PARAMS) $(k).value = state.settings[k] ?? "";
+  PARAMS.forEach(checkSetting);   // the values shown are good ones: clear any message
   $("system").value = state.chat.system || "";
   $("thinking").checked = !!state.chat.thinking;
 }
@@ -286,14 +288,91 @@ function applyRules(rules) {
     const el = $(k);
     if (!el) continue;
     el.min = r.min;
-    if (r.max !== null) el.max = r.max;
+    if (r.max != null) el.max = r.max;   // Python's None arrives as undefined
     el.title = r.rule;
   }
+  addSettingChecks(rules);
 }
 // A setting's number; an empty field means the default.
 function settingNumber(v, d) {
   return v === "" || v === null || v === undefined ? d : Number(v);
 }
+
+// ---------------------------------------------------------------- checking settings
+// Each number setting is checked as pyapp.sampling's Rule.check does, with the rules the worker sends
+// at boot. A bad value gets a message beside its field (its <details> opens) and is not used: the
+// last good one stays in state.settings, and Send waits until every field is good.
+let RULES = {};
+function addSettingChecks(rules) {
+  RULES = rules;
+  for (const k of Object.keys(rules)) {
+    const el = $(k);
+    if (!el || $(`${k}-problem`)) continue;
+    const msg = document.createElement("span");
+    msg.className = "field-error";
+    msg.id = `${k}-problem`;
+    msg.hidden = true;
+    el.after(msg);
+    el.setAttribute("aria-describedby", `${(el.getAttribute("aria-describedby") || "")} ${msg.id}`.trim());
+  }
+  PARAMS.forEach(checkSetting);
+}
+// What is wrong with a field's value ("" when nothing; an empty field means the default).
+function settingProblem(k) {
+  const el = $(k), r = RULES[k];
+  if (!r) return "";
+  if (el.validity.badInput) return "must be a number";
+  if (el.value === "") return "";
+  const v = Number(el.value);
+  const inRange = (r.above_lo ? v > r.lo : v >= r.lo) && (r.max == null || v <= r.max);   // None: undefined
+  const ok = Number.isFinite(v) && (!r.integer || Number.isInteger(v)) && (v === r.special || inRange);
+  return ok ? "" : `must be ${r.rule}`;
+}
+function checkSetting(k) {
+  const problem = settingProblem(k);
+  const el = $(k), msg = $(`${k}-problem`);
+  if (!msg) return !problem;
+  const name = el.closest("label").firstChild.textContent.trim();
+  msg.textContent = problem ? `${name} ${problem}.` : "";
+  msg.hidden = !problem;
+  if (problem) el.setAttribute("aria-invalid", "true"); else el.removeAttribute("aria-invalid");
+  const section = el.closest("details");
+  if (problem && section) section.open = true;
+  return !problem;
+}
+function settingsValid() { return PARAMS.every((k) => !settingProblem(k)); }
+for (const k of PARAMS) $(k).addEventListener("input", () => { checkSetting(k); updateButtons(); });
+
+// ---------------------------------------------------------------- context length vs the loaded model
+// The KV cache is sized when the model loads, at most to the context the model was trained for: the
+// note under the settings says when the field asks for more than that, or for a size that needs a
+// reload, so the field never disagrees silently with the loaded model.
+function contextNote() {
+  const asked = settingNumber(state.settings.context_length, DEFAULTS.context_length);
+  const max = state.model ? state.model.context_length : 0;
+  const wanted = max ? Math.min(asked, max) : asked;
+  const notes = [];
+  if (max && asked > max) notes.push(`This model takes at most ${max} tokens of context.`);
+  if (state.loaded && state.loadedContext && wanted !== state.loadedContext) {
+    notes.push(`The model is loaded with ${state.loadedContext} tokens of context: reload it to use ${wanted}.`);
+    $("reload-model").hidden = false;
+  }
+  showContextNote(notes.join(" "));
+}
+// After a load: the field shows the context the model got (a model caps it at its own).
+function contextLoaded(n) {
+  state.loadedContext = n;
+  if (settingNumber(state.settings.context_length, DEFAULTS.context_length) === n) { showContextNote(""); return; }
+  state.settings.context_length = n;
+  $("context_length").value = n;
+  saveSettings();
+  showContextNote(`Context set to ${n} tokens, the most this model takes.`);
+}
+function showContextNote(text) {
+  $("context-note").textContent = text;
+  $("context-note").hidden = !text;
+}
+$("context_length").addEventListener("change", contextNote);
 
 function samplingParams() {
   const s = state.settings;
@@ -411,7 +490,7 @@ function renderChat() {
 function updateButtons() {
   const gen = state.streaming !== null;
   const msgs = state.chat.messages;
-  $("send").disabled = !state.loaded || gen || state.busy;
+  $("send").disabled = !state.loaded || gen || state.busy || !settingsValid();
   $("stop").disabled = !gen;
   $("regen").disabled = !state.loaded || gen || state.busy || !msgs.length;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
