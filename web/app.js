@@ -893,22 +893,18 @@ function updateReopenNotice() {
 // Decode tokens/s of each reply in the conversation on screen (the last SPEED_BARS), the streaming
 // reply's live: SVG bars with attributes and CSS classes (the page's CSP allows no inline styles).
 const SPEED_BARS = 24;
-const live = { reply: null, first: 0, last: 0, tokens: 0, drawn: 0 };   // the reply streaming now
-on("token", () => {
-  const reply = state.streaming;
-  if (reply === null) return;
+const live = { reply: null, tps: 0, drawn: 0 };   // the reply streaming now, its speed so far
+on("token", (m) => {
+  if (state.streaming === null) return;
+  Object.assign(live, { reply: state.streaming, tps: m.tps || 0 });   // the worker's figure (webapp._token_events)
   const now = performance.now();
-  if (live.reply !== reply) Object.assign(live, { reply, first: now, tokens: 0 });
-  live.tokens += 1;
-  live.last = now;
   if (now - live.drawn > 250) { live.drawn = now; drawSpeed(); }   // a few times a second is plenty
 });
 function drawSpeed() {
   const bars = state.chat.messages.filter((m) => m.role === "assistant" && m.stats)
     .map((m) => ({ tps: m.stats.decode_tps, live: false }));
-  // so far: the tokens after the first (which waited for the prompt) over the time since it came
-  if (state.streaming !== null && live.reply === state.streaming && live.tokens >= 2) {
-    bars.push({ tps: ((live.tokens - 1) * 1000) / (live.last - live.first), live: true });
+  if (state.streaming !== null && live.reply === state.streaming && live.tps > 0) {
+    bars.push({ tps: live.tps, live: true });
   }
   const shown = bars.filter((b) => Number.isFinite(b.tps) && b.tps > 0).slice(-SPEED_BARS);
   $("speed").hidden = !shown.length;
