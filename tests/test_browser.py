@@ -2,11 +2,14 @@
 
 One browser page is shared by the tests below, which run in file order: boot,
 Markdown safety, demo model, a two-turn chat checked against the native engine,
-stop, cancelled loading, a lost GPU device and its recovery, a damaged file,
-the file input and a drop event, the GPU logits against a golden file, a fake
-Ollama folder in OPFS (and its model file changing on disk), a reload that
-keeps the conversation, and a browser without WebGPU.
-A screenshot of the chat is saved to test-artifacts/.
+stop, the tokens/s chart, several conversations (edit, delete, undo, the old
+single-chat storage migrated), cancelled loading, a lost GPU device and its
+recovery, a damaged file, the file input and a drop event, the GPU logits against
+a golden file, a fake Ollama folder in OPFS (and its model file changing on disk),
+a reload that keeps the conversation, recent models reopened after a reload, and
+a browser without WebGPU.
+A screenshot of the chat is saved to test-artifacts/; of the conversation list
+and the recent models to tests/screenshots/.
 
 The page runs under its Content-Security-Policy (no eval), which Playwright's
 wait_for_function breaks (it evals its expression in the page): pages made with
