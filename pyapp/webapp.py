@@ -22,6 +22,7 @@ from pyodide.ffi import to_js  # type: ignore[import-not-found]
 from . import ollama
 from .chat import render_ids, reply_ids, split_thinking, style_for
 from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
+from .explain import explain
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
 from .model.config import ConfigError, Gemma4Config
@@ -124,21 +125,14 @@ def _device_lost() -> str | None:
     return S.device.lost_reason if S.device is not None else None
 
 
-def _fail(e: BaseException) -> dict:
-    """A user-facing error, with what to do next where we know it."""
+def _fail(e: BaseException, file: str | None = None, ollama_name: str | None = None) -> dict:
+    """A user-facing error: about `file` (the model's, by default), in plain words with what to do
+    next and the technical message as detail (pyapp.explain)."""
     lost = _device_lost()
     if lost:
         return {"error": f"The GPU device was lost ({lost}). Reload the model to go on; your conversation is kept.",
                 "device_lost": True}
-    msg = str(e) or type(e).__name__
-    if "NotReadableError" in msg or "NotFoundError" in msg:
-        msg += ("\nThe model file changed on disk or was removed since it was opened: open it again "
-                "(choose it from the folder or the file picker).")
-    elif "NotAllowedError" in msg or "SecurityError" in msg:
-        msg += "\nPermission to read the folder was denied or withdrawn: open the folder again and allow reading."
-    elif "memory" in msg.lower():
-        msg += "\nTry a shorter context, a smaller quantization, or close other tabs that use the GPU."
-    return {"error": msg}
+    return explain(e, file or S.model_info.get("file"), ollama_name)
 
 
 # -- commands -----------------------------------------------------------------
@@ -222,7 +216,7 @@ def open_file(blob, name: str = "") -> dict:
         g = read_gguf(src)
         info = _describe(g, src.name)
     except EXPECTED as e:
-        return _fail(e)
+        return _fail(e, name or getattr(blob, "name", "") or "the file")
     _unload()
     S.gguf, S.model_info, S.params = g, info, {}
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
@@ -236,7 +230,7 @@ async def open_folder(handle) -> dict:
     try:
         models = await ollama.list_models_async(S.folder, header=True)
     except EXPECTED as e:
-        return _fail(e)
+        return _fail(e, str(getattr(handle, "name", "")) or "the folder")
     S.models = {m.name: m for m in models}
     rows = []
     for m in models:
@@ -262,7 +256,7 @@ async def open_folder_model(name: str) -> dict:
         # the model's Ollama defaults, checked like the page's own settings
         params = {**_sampling_settings(m.params), "num_ctx": int(m.params.get("num_ctx") or 0) if m.params else 0}
     except EXPECTED as e:
-        return _fail(e)
+        return _fail(e, name, ollama_name=name)
     _unload()
     S.gguf, S.model_info, S.params = g, info, dict(m.params or {})
     return {"model": info, "params": params}

@@ -455,18 +455,33 @@ def test_device_lost_then_reload_the_model(page):
 
 
 def test_damaged_file_is_a_clear_error(page):
+    """A file that does not open: plain words naming it and saying what to do, the technical message
+    folded under "Technical details", above the model still loaded (never under its green line)."""
+    loaded = page.evaluate("window.app.state.model.name")
     data = (FIXTURES / "demo.gguf").read_bytes()[:5000]
     page.set_input_files("#file-input", {"name": "broken.gguf", "mimeType": "application/octet-stream",
                                          "buffer": data})
     page.wait_for_function("document.getElementById('model-error').textContent.length > 0")
     err = page.inner_text("#model-error")
-    assert "truncated" in err or "past the end" in err
+    assert err.startswith("\u201cbroken.gguf\u201d is incomplete") and "download it again" in err, err
+    assert f"{loaded} is still loaded." in err and "Technical details" in err
+    detail = page.text_content("#model-error pre")
+    assert ("truncated" in detail or "past the end" in detail) and detail not in err      # folded away
+    assert page.evaluate("""document.getElementById('model-error').compareDocumentPosition(
+        document.getElementById('model-info')) & Node.DOCUMENT_POSITION_FOLLOWING""")
+    assert "Loaded in" in page.inner_text("#model-info")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "error-incomplete-file.png"), full_page=True)
+    page.click("#model-error summary")
+    assert detail in page.inner_text("#model-error")
     page.set_input_files("#file-input", {"name": "notes.gguf", "mimeType": "text/plain", "buffer": b"hello " * 20})
     page.wait_for_function("document.getElementById('model-error').textContent.includes('not a GGUF')")
+    assert page.inner_text("#model-error").startswith("\u201cnotes.gguf\u201d is not a GGUF model file.")
     page.set_input_files("#file-input", {"name": "llama.gguf", "mimeType": "application/octet-stream",
                                          "buffer": _non_gemma_gguf()})
     page.wait_for_function("document.getElementById('model-error').textContent.includes('Gemma 4')")
-    assert "architecture is 'llama'" in page.inner_text("#model-error")
+    assert page.inner_text("#model-error").startswith("\u201cllama.gguf\u201d is a llama model, not Gemma 4")
+    assert "architecture is 'llama'" in page.text_content("#model-error pre")
     assert page.evaluate("window.app.state.loaded")             # the loaded model is still usable
 
 

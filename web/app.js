@@ -53,10 +53,34 @@ function saveChat() { state.chat.updated = Date.now(); saveChats(); }
 function saveSettings() { localStorage.setItem(SETTINGS_KEY, JSON.stringify(state.settings)); }
 function setState(s) { document.body.dataset.state = s; updateButtons(); }
 
-function showError(where, text) {
+// An error: plain text, or a worker's result {error, detail}: the words for people, and the technical
+// detail (pyapp.explain) folded away under "Technical details".
+function showError(where, what) {
+  const r = what && typeof what === "object" ? what : { error: what || "" };
   const el = $(where);
-  el.textContent = text || "";
-  el.hidden = !text;
+  el.textContent = r.error || "";
+  if (r.note) {
+    const note = document.createElement("div");
+    note.className = "error-note";
+    note.textContent = r.note;
+    el.append(note);
+  }
+  if (r.detail) {
+    const details = document.createElement("details");
+    const summary = document.createElement("summary");
+    const pre = document.createElement("pre");
+    summary.textContent = "Technical details";
+    pre.textContent = r.detail;
+    details.append(summary, pre);
+    el.append(details);
+  }
+  el.hidden = !r.error;
+}
+// A file that did not open: the model loaded before, if any, is still there: say so (the error sits
+// above the model's info, never under its green "Loaded" line).
+function openFailed(r) {
+  showError("model-error", { ...r, note: state.loaded && state.model ? `${state.model.name} is still loaded.` : "" });
+  setState(state.loaded ? "loaded" : "ready");
 }
 
 // ---------------------------------------------------------------- boot
@@ -99,7 +123,7 @@ function describe(m) {
 }
 
 async function afterOpen(r, source) {
-  if (r.error) { showError("model-error", r.error); setState(state.loaded ? "loaded" : "ready"); return; }
+  if (r.error) { openFailed(r); return; }
   if (source) rememberModel(source);
   showError("model-error", "");
   state.model = r.model;
@@ -129,7 +153,7 @@ async function loadModel() {
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
-    showError("model-error", r.error);
+    showError("model-error", r);
     $("reload-model").hidden = !r.device_lost;
     setState("ready");
     return;
@@ -231,7 +255,7 @@ async function openFolder(handle) {
   setState("opening");
   const r = await call("open_folder", handle);
   setState(state.loaded ? "loaded" : "ready");
-  if (r.error) { showError("model-error", r.error); return; }
+  if (r.error) { showError("model-error", r); return; }
   showError("model-error", "");
   const list = $("model-list");
   list.innerHTML = "";
@@ -559,7 +583,7 @@ async function generate() {
   state.streaming = null;
   if (r.error) {
     state.chat.messages.pop();   // keep the user's message; drop the empty reply
-    showError("chat-error", r.error);
+    showError("chat-error", r);
     if (r.device_lost) {         // the model is gone with the device: offer to load it again
       state.loaded = false;
       $("reload-model").hidden = false;
