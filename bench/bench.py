@@ -88,8 +88,25 @@ def bench_kernels(args) -> list[dict]:
             s = dev.time_plan(plan, repeat=5) / 50
             out.append({"kernel": "matvec", "quant": q, "subgroups": sg, "rows": n, "cols": k,
                         "us": round(s * 1e6, 2), "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()})
-    # the dispatch floor: an empty-ish elementwise op
+    # prefill matmul: a 512-token step through an E2B FFN matrix
+    t_step = 512
+    xm = dev.buffer(4 * t_step * k)
+    dev.write(xm, rng.standard_normal(t_step * k).astype(np.float32).tobytes())
+    ym = dev.buffer(4 * t_step * n)
     step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(t_step, 0))
+    for q in ("f16", "q8_0", "q4_k", "q6_k"):
+        nbytes = ggml.row_bytes(q, k) * n
+        w = dev.buffer(nbytes + 4)
+        dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())
+        plan = dev.plan()
+        for _ in range(10):
+            K.matmul(dev, q, k, n, w, xm, ym, step, n_tokens=t_step, plan=plan)
+        s = dev.time_plan(plan, repeat=3) / 10
+        out.append({"kernel": "matmul", "quant": q, "tokens": t_step, "rows": n, "cols": k,
+                    "us": round(s * 1e6, 1), "tflop_s": round(2 * t_step * n * k / s / 1e12, 2),
+                    "adapter": dev.describe()})
+    # the dispatch floor: an empty-ish elementwise op
     dev.write(step, K.pack_step(1, 0))
     plan = dev.plan()
     for _ in range(500):

@@ -29,6 +29,9 @@ py.FS.mount(py.FS.filesystems.NODEFS, { root }, "/repo");
 py.FS.mkdirTree("/models");
 py.FS.mount(py.FS.filesystems.NODEFS, { root: "/" }, "/models");
 py.runPython("import sys; sys.path.insert(0, '/repo')");
+// the page's WebGPU helper, registered as web/worker.js does
+const { createHelper } = await import(pathToFileURL(path.join(root, "web/gpu.js")).href);
+py.registerJsModule("webgpu_helper", { createHelper });
 // Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
 globalThis.wasm_heap_bytes = () => (py._module && py._module.HEAP8 ? py._module.HEAP8.buffer.byteLength : 0);
 const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
