@@ -420,6 +420,66 @@ def test_context_field_never_disagrees_with_the_loaded_model(page):
     assert page.input_value("#context_length") == "4096" and "context 4096 tokens" in page.inner_text("#model-info")
 
 
+def _focusables(page) -> list[str]:
+    """Every visible, enabled control of the page, as CSS selectors (ids where they have them)."""
+    return page.evaluate("""() => [...document.querySelectorAll(
+            'button, input, textarea, select, summary, a[href], [tabindex]:not([tabindex="-1"])')]
+        .filter((el) => !el.disabled && el.checkVisibility({visibilityProperty: true}))   // not in a closed <details>
+        .map((el) => el.id ? '#' + el.id : el.outerHTML.slice(0, 60))""")
+
+
+def test_every_control_is_reachable_labelled_and_shows_focus(page):
+    """Tab reaches every visible control in turn, each shows a visible focus ring and has a name a
+    screen reader can say; "Open a GGUF file" opens the picker from the keyboard."""
+    page.evaluate("document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)")
+    wanted, reached, rings = set(_focusables(page)), [], {}
+    for _ in range(len(wanted) + 20):
+        page.keyboard.press("Tab")
+        here = page.evaluate("""() => { const el = document.activeElement; const s = getComputedStyle(el);
+            return el === document.body ? null      // between the last control and the first: the browser's own UI
+                : [el.id ? '#' + el.id : el.outerHTML.slice(0, 60), s.outlineStyle, parseFloat(s.outlineWidth)]; }""")
+        if here is None:
+            continue
+        if reached and here[0] == reached[0]:
+            break
+        reached.append(here[0])
+        rings[here[0]] = here[1] != "none" and here[2] >= 2
+    assert wanted <= set(reached), wanted - set(reached)
+    assert all(rings.values()), [k for k, ok in rings.items() if not ok]
+    # what a screen reader gets: every control in the accessibility tree has a name
+    cdp = page.context.new_cdp_session(page)
+    tree = cdp.send("Accessibility.getFullAXTree")["nodes"]
+    controls = {"button", "textbox", "spinbutton", "checkbox", "combobox", "slider", "meter", "progressbar",
+                "DisclosureTriangle", "link"}
+    unnamed = [n for n in tree if not n.get("ignored") and n.get("role", {}).get("value") in controls
+               and not (n.get("name") or {}).get("value", "").strip()]
+    assert not unnamed, [(n["role"]["value"], n.get("backendDOMNodeId")) for n in unnamed]
+    # the file picker from the keyboard: focus "Open a GGUF file", press Enter
+    page.evaluate("""() => { window.__picker = window.showOpenFilePicker; window.__asked = 0;
+        window.showOpenFilePicker = async () => { window.__asked += 1; throw new DOMException('no', 'AbortError'); }; }""")
+    page.focus("#open-file")
+    page.keyboard.press("Enter")
+    page.keyboard.press("Space")
+    assert page.evaluate("window.__asked") == 2
+    page.evaluate("() => { window.showOpenFilePicker = window.__picker; }")
+
+
+def test_controls_disabled_while_generating_look_disabled(page):
+    set_field(page, "max_tokens", 200)
+    page.fill("#prompt", "Write a long story.")
+    page.click("#send")
+    page.wait_for_function("window.app.state.streaming && window.app.state.streamedTokens >= 1")
+    looks = page.evaluate("""() => ['send', 'regen', 'edit', 'new-chat', 'demo', 'open-folder', 'open-file']
+        .map((id) => { const el = document.getElementById(id), s = getComputedStyle(el);
+                       return [id, el.disabled, parseFloat(s.opacity), s.cursor]; })""")
+    busy = page.get_attribute("#messages", "aria-busy")
+    page.click("#stop")
+    wait_state(page, "loaded")
+    assert all(disabled and opacity <= 0.5 and cursor == "not-allowed" for _, disabled, opacity, cursor in looks), looks
+    assert busy == "true" and page.get_attribute("#messages", "aria-busy") == "false"
+    set_field(page, "max_tokens", 10)
+
+
 def test_cancel_loading(page):
     err = page.evaluate("""async () => {
         const done = window.app.loadModel();          // numbers the load synchronously

@@ -266,6 +266,7 @@ async function openFolder(handle) {
     b.type = "button";
     b.className = "model";
     b.disabled = !m.usable;
+    b.dataset.usable = m.usable ? "yes" : "";   // updateButtons keeps an unusable model's button disabled
     b.innerHTML = `<strong>${escapeHtml(m.name)}</strong> <small>${escapeHtml(m.parameters || "")} ` +
       `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB</small>` +
       (m.usable ? "" : `<br><small class="why">${escapeHtml(m.why)}</small>`);
@@ -443,6 +444,7 @@ function messageEl(m, i) {
   copy.type = "button";
   copy.className = "copy";
   copy.textContent = "Copy";
+  copy.setAttribute("aria-label", m.role === "assistant" ? "Copy this reply" : "Copy this message");
   copy.onclick = () => navigator.clipboard &&
     navigator.clipboard.writeText(m.role === "assistant" ? replyAnswer(m.content) : m.content);
   meta.append(copy);
@@ -522,6 +524,8 @@ function updateButtons() {
   for (const id of ["demo", "open-folder", "open-file", "file-input"]) $(id).disabled = gen || state.busy;
   for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
   for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || state.busy;
+  for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || state.busy;
+  $("messages").setAttribute("aria-busy", String(gen));   // screen readers read the reply once, when it is done
   updateReopenNotice();
 }
 
