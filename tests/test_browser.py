@@ -750,6 +750,40 @@ def test_without_webgpu_the_page_says_how_to_enable_it(page, server):
         browser.close()
 
 
+def test_experts_stream_within_a_small_gpu_memory_setting(page):
+    """The MoE fixture under a GPU memory setting that holds 2 of its 4 experts per layer: the plan
+    says so before loading, and logits and greedy tokens are still transformers'."""
+    path = FIXTURES / "gemma4-moe-q8_0.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    page.fill("#context_length", "256")          # after opening: a model's defaults set the context
+    page.dispatch_event("#context_length", "change")
+    whole = page.evaluate("window.app.call('memory_plan', 256, 0)")
+    assert not whole["streams"] and whole["expert_each"] > 0, whole
+    budget_mib = (whole["minimum"] + whole["expert_each"] // 2) / 2**20      # room for 2 experts per layer
+    page.fill("#gpu_memory", f"{budget_mib:.4f}")
+    page.dispatch_event("#gpu_memory", "change")
+    page.wait_for_function("document.getElementById('memory-plan').textContent.includes('2 of 4 per layer cached')")
+    assert page.evaluate("document.querySelector('#memory-plan svg rect') !== null")   # the picture of the plan
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded === false")
+    wait_state(page, "loaded")
+    assert "2 of 4 per layer cached" in page.inner_text("#memory-plan")
+    golden = np.load(path.with_suffix(".golden.npz"))
+    tokens = golden["tokens_0"].tolist()
+    rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+    assert "error" not in rows, rows
+    got = np.array(rows["rows"], dtype=np.float32)
+    assert np.abs(got - golden["logits_0"]).max() < 2e-3
+    want_ids = golden["generate_0"].tolist()[:8]
+    gen = page.evaluate("([t, p]) => window.app.call('generate_tokens', t, p)",
+                        [json.dumps(tokens), json.dumps({"temperature": 0, "max_tokens": len(want_ids)})])
+    assert gen.get("tokens") == want_ids, gen
+    for field, value in (("#gpu_memory", "0"), ("#context_length", "4096")):   # as the tests after expect
+        page.fill(field, value)
+        page.dispatch_event(field, "change")
+
+
 def test_content_security_policy_held_everywhere(page, server):
     """The page's policy, from the server's header and from index.html's meta tag alike (static
     hosts send no header), forbids eval and other origins; every test above ran under it."""

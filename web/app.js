@@ -6,6 +6,7 @@ const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions 
 const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chats: [...]}, newest first
 const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offered again after a reload
 const SETTINGS_KEY = "gemma4.settings.v1";
+const GPU_MEMORY_KEY = "gemma4.gpu_memory.v1";   // {adapter: MiB}: a property of the GPU, not of a model
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
 let DEFAULTS = {};
@@ -104,6 +105,9 @@ async function boot() {
     setState("no-webgpu");
     return;
   }
+  state.adapter = r.adapter;
+  state.gpuMemory = loadJSON(GPU_MEMORY_KEY, {})[r.adapter] ?? r.gpu_memory;
+  $("gpu_memory").value = state.gpuMemory;
   const mib = (n) => `${Math.round(n / 2 ** 20)} MiB`;
   $("gpu").innerHTML = `<strong>${escapeHtml(r.adapter)}</strong> · f16 ${r.f16 ? "yes" : "no"} · subgroups ` +
     `${r.subgroups ? "yes" : "no"} · max buffer ${mib(r.limits.max_buffer_size)} · max binding ` +
@@ -129,6 +133,7 @@ async function afterOpen(r, source) {
   state.model = r.model;
   $("model-info").innerHTML = describe(r.model);
   if (r.params) applyModelDefaults(r.params);
+  await showPlan();
   await loadModel();
 }
 
@@ -149,7 +154,8 @@ async function loadModel() {
   $("load-progress").value = 0;
   $("load-text").textContent = "Uploading weights to the GPU…";
   state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
-  const r = await call("load", settingNumber(state.settings.context_length, DEFAULTS.context_length), state.loadId);
+  const r = await call("load", settingNumber(state.settings.context_length, DEFAULTS.context_length), state.loadId,
+                       state.gpuMemory);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
@@ -163,6 +169,7 @@ async function loadModel() {
   showError("chat-error", "");
   $("model-info").innerHTML = describe(r.model) +
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
+  $("memory-plan").innerHTML = planHtml(r.plan);
   setState("loaded");
   const n = await call("count_tokens", JSON.stringify(templateMessages()));   // a kept conversation counts
   updateMeter({ context_used: n.tokens || 0, context_length: r.context_length });
@@ -305,6 +312,43 @@ function applyModelDefaults(p) {
 }
 for (const k of [...PARAMS, "system", "thinking"]) $(k).addEventListener("change", readSettings);
 $("reset-settings").onclick = () => { state.settings = { ...state.modelDefaults }; showSettings(); saveSettings(); };
+
+// ---------------------------------------------------------------- the memory plan
+// What loading puts on the GPU and what stays in the file, shown before loading (pyapp.runtime.memory).
+async function showPlan() {
+  const ctx = settingNumber(state.settings.context_length, DEFAULTS.context_length);
+  const p = await call("memory_plan", ctx, state.gpuMemory);
+  $("memory-plan").innerHTML = p.error ? `<div class="error">${escapeHtml(p.error)}</div>` : planHtml(p.lines, p);
+}
+function planHtml(lines, p) {
+  return (p ? planBar(p) : "") + `<ul class="plan">${(lines || []).map((l) => `<li>${escapeHtml(l.trim())}</li>`).join("")}</ul>`;
+}
+// One bar: resident on the GPU | expert cache on the GPU | left in the file (to scale).
+function planBar(p) {
+  const parts = [["resident on the GPU", p.resident, "#1a73e8"], ["expert cache", p.expert_cache, "#7baaf7"],
+                 ["read from the file", p.in_file, "#dadce0"]].filter(([, n]) => n > 0);
+  const total = parts.reduce((a, [, n]) => a + n, 0) || 1;
+  let x = 0;
+  const rects = parts.map(([name, n, color]) => {
+    const w = (300 * n) / total;
+    const r = `<rect x="${x.toFixed(1)}" y="0" width="${w.toFixed(1)}" height="14" fill="${color}">` +
+      `<title>${name}: ${(n / 2 ** 30).toFixed(2)} GiB</title></rect>`;
+    x += w;
+    return r;
+  });
+  const label = parts.map(([name, n]) => `${name} ${(n / 2 ** 30).toFixed(2)} GiB`).join(", ");
+  return `<svg class="plan-bar" viewBox="0 0 300 14" width="300" height="14" role="img" aria-label="${label}">` +
+    `${rects.join("")}</svg>`;
+}
+$("gpu_memory").addEventListener("change", async () => {
+  state.gpuMemory = settingNumber($("gpu_memory").value, 0);
+  const saved = loadJSON(GPU_MEMORY_KEY, {});
+  saved[state.adapter] = state.gpuMemory;
+  localStorage.setItem(GPU_MEMORY_KEY, JSON.stringify(saved));
+  if (!state.model) return;
+  await showPlan();
+  if (state.loaded) $("reload-model").hidden = false;   // the loaded model keeps its old plan until reloaded
+});
 
 // Each setting's bounds come from Python (pyapp.sampling.RULES), which also checks what is sent:
 // a value out of range comes back as an error naming the setting, never silently changed here.
