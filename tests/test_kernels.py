@@ -97,7 +97,8 @@ def assert_close_dot(got, w, x, ref, tol=2e-5):
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
 @pytest.mark.parametrize("long", [False, True], ids=["groups", "units"])
 def test_matvec(dev, qtype, subgroups, long):
-    """Short rows run the 4-weight-group loop, long ones (>= 128 units of 32) the dot32 units."""
+    """The 4-weight-group loop, and on long rows (>= 128 units of 32) the dot32 units (forced: the
+    engine picks them only for the types where they are faster)."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(ggml.lookup(qtype).id)
@@ -111,7 +112,8 @@ def test_matvec(dev, qtype, subgroups, long):
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal(k)
     y = dev.buffer(4 * rows)
-    plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, subgroups=subgroups)
+    plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, subgroups=subgroups,
+                    units=long and k % 32 == 0)
     dev.submit(plan)
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
 
