@@ -22,7 +22,7 @@ MAX_GROUPS = 65535
 KERNEL_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16, ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0,
                           ggml.Q5_1, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K, ggml.MXFP4})
 DOT32_TYPES = frozenset({ggml.Q8_0, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})
-UNIT_TYPES = frozenset({ggml.Q5_K, ggml.Q6_K})    # where matvec's 32-weight units are faster (see matvec)
+UNIT_TYPES = frozenset({ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})    # where matvec's 32-weight units are faster (see matvec)
 
 
 # ---- shared with the shaders -----------------------------------------------------
@@ -146,9 +146,10 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     mode = 1 if geglu else 2 if gelu_times is not None else 0
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
-    # Q6_K rows of 4096-6144 gain 5-30%, Q4_K ties or loses (58 vs 65 us at 2816 x 4096), Q8_0
-    # loses everywhere (13.7 vs 17.9 us at 1536 x 6144): a thread reading a whole 34-byte block
-    # coalesces worse than neighbours reading neighbouring words.
+    # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
+    # (its whole decode step: 6.8 ms of matvecs in groups); Q8_0 loses everywhere (13.7 vs 17.9
+    # us at 1536 x 6144): a thread reading a whole 34-byte block coalesces worse than neighbours
+    # reading neighbouring words.
     if units is None:
         units = k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES
     p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype),
