@@ -220,7 +220,7 @@ def open_file(blob, name: str = "") -> dict:
     _unload()
     S.gguf, S.model_info, S.params = g, info, {}
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
-        return {"model": info, "params": _sampling_settings({"num_predict": TEST_MODEL_MAX_TOKENS})}
+        return {"model": info, "suggested": {"max_tokens": TEST_MODEL_MAX_TOKENS}}
     return {"model": info}
 
 

@@ -133,6 +133,7 @@ async function afterOpen(r, source) {
   state.model = r.model;
   $("model-info").innerHTML = describe(r.model);
   if (r.params) applyModelDefaults(r.params);
+  if (r.suggested) suggestSettings(r.suggested);
   await showPlan();
   await loadModel();
 }
@@ -307,6 +308,13 @@ function applyModelDefaults(p) {
   state.modelDefaults = { ...DEFAULTS, ...Object.fromEntries(Object.entries(p).filter(([, v]) => v !== null)) };
   if (p.num_ctx) state.modelDefaults.context_length = Math.min(p.num_ctx, 32768);
   state.settings = { ...state.modelDefaults };
+  showSettings();
+  saveSettings();
+}
+// A test model suggests a setting or two of its own (short replies): only those change.
+function suggestSettings(suggested) {
+  Object.assign(state.modelDefaults, suggested);
+  Object.assign(state.settings, suggested);
   showSettings();
   saveSettings();
 }
