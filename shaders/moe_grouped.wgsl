@@ -12,8 +12,8 @@
 //             GRP[2E + 2 + i]   the slot at grouped row i (within an expert, in any order:
 //                               each slot's output depends only on its own row)
 //           Dispatch (1).
-//   matmul: the 64 x 64 tiles of matmul.wgsl (64 rows of W by 64 grouped slots, W dequantized
-//           once per tile into shared memory); a workgroup's tile index (wid.y) finds its expert
+//   matmul: the 64 x 64 tiles of matmul_tile.wgsl (64 rows of W by 64 grouped slots, W
+//           dequantized once per tile into shared memory); a workgroup's tile index (wid.y) finds its expert
 //           by binary search over the first tiles. W holds experts E0 .. E0 + NE - 1 (an expert
 //           tensor split over buffers, or the streamed cache): tiles of other experts return.
 //           Dispatch (ceil(N / TILE), ceil(T * KSEL / TILE) + min(E, T * KSEL)), the most tiles
@@ -35,11 +35,8 @@ override NE: u32 = 1u;
 @group(0) @binding(4) var<storage, read> IDS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> GRP: array<u32>;
 
-const TILE: u32 = MATMUL_TILE;
-const STEP: u32 = 4u;      // vec4 groups of K per step
-const PAD: u32 = 5u;       // shared row stride in vec4
-
 //!include quants
+//!include matmul_tile
 
 var<workgroup> count: array<atomic<u32>, E>;
 var<workgroup> first_row: array<u32, E>;
@@ -76,8 +73,6 @@ fn group(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-var<workgroup> ws: array<vec4<f32>, TILE * PAD>;   // [TILE rows of W][PAD]
-var<workgroup> xs: array<vec4<f32>, TILE * PAD>;   // [TILE slots][PAD]
 var<workgroup> slot_at: array<u32, TILE>;          // the slot of each grouped row of the tile
 var<workgroup> tile_expert: u32;
 
@@ -106,32 +101,9 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let tx = lid % 16u;
     let ty = lid / 16u;
     let lr = lid / STEP;          // W row / grouped slot this thread loads
-    let lg = lid % STEP;          // group within the K step
-    let gpb = QK / 4u;
-    let kg = K / 4u;
     let rowbase = ((e - E0) * N + min(r0 + lr, N - 1u)) * (K / QK) * QB;
     let s_load = slot_at[lr];
-    let xrow = select(s_load / KSEL, s_load, XPER > 1u);
-    var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var k0 = 0u; k0 < kg; k0 += STEP) {
-        let g = k0 + lg;
-        var wv = vec4<f32>(0.0);
-        var xv = vec4<f32>(0.0);
-        if (g < kg && r0 + lr < N) { wv = dq4(rowbase + (g / gpb) * QB, g % gpb); }
-        if (g < kg && lr < rows) { xv = X[xrow * kg + g]; }
-        ws[lr * PAD + lg] = wv;
-        xs[lr * PAD + lg] = xv;
-        workgroupBarrier();
-        for (var s = 0u; s < STEP; s++) {
-            let w = array<vec4<f32>, 4>(ws[tx * PAD + s], ws[(tx + 16u) * PAD + s],
-                                        ws[(tx + 32u) * PAD + s], ws[(tx + 48u) * PAD + s]);
-            for (var j = 0u; j < 4u; j++) {
-                let x = xs[(ty + 16u * j) * PAD + s];
-                acc[j] += vec4<f32>(dot(w[0], x), dot(w[1], x), dot(w[2], x), dot(w[3], x));
-            }
-        }
-        workgroupBarrier();
-    }
+    let acc = tile_product(lid, rowbase, r0 + lr < N, select(s_load / KSEL, s_load, XPER > 1u), lr < rows);
     for (var j = 0u; j < 4u; j++) {
         let i = ty + 16u * j;
         if (i < rows) {

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the vendored llama.cpp files are (build.py setup puts them there)."""
+"""Shared fixtures: the native GPU device, where the vendored llama.cpp files are (build.py setup puts them there)."""
 
 import os
 from pathlib import Path
@@ -21,6 +21,17 @@ def vocab_gguf_path() -> Path:
 def vocab_gguf(vocab_gguf_path):
     from pyapp.gguf import read_gguf
     return read_gguf(vocab_gguf_path)
+
+
+@pytest.fixture(scope="session")
+def dev():
+    """The native backend's device (Mesa lavapipe on a machine without a GPU); tests that change
+    its limits restore them (monkeypatch.setitem)."""
+    try:
+        from pyapp.gpu import get_device
+        return get_device("native")
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
 
 
 def load_tool(name: str):

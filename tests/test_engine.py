@@ -28,15 +28,6 @@ TOKENS = [2, 17, 500, 33, 999, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 
 
 
 @pytest.fixture(scope="module")
-def dev():
-    try:
-        from pyapp.gpu import get_device
-        return get_device("native")
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
-
-
-@pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """make(shape, quant) -> path of a toy GGUF (cached per module)."""
     tool, made = load_tool("make_bench_model"), {}

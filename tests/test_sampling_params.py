@@ -132,15 +132,6 @@ def test_cli_refuses_bad_sampling_options(flag, value, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.fixture(scope="module")
-def dev():
-    try:
-        from pyapp.gpu import get_device
-        return get_device("native")
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("context", ["0", "-1"])
 def test_cli_refuses_a_bad_context(dev, context):

@@ -94,15 +94,6 @@ def test_cache_rounds_evict_least_recently_used_and_cover_every_expert_once():
 
 # -- on the GPU -----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def dev():
-    try:
-        from pyapp.gpu import get_device
-        return get_device("native")
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", MOE, ids=lambda p: p.stem)
 @pytest.mark.parametrize("slots", [2, 3])
