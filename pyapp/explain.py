@@ -1,7 +1,7 @@
 """Errors for people: what went wrong, with which file, and what to do about it.
 
 The reader, the config and weight checks, the memory plan and the engine raise errors
-that say precisely what they found ("tensor 'blk.3.ffn_down.weight' ... extends past the
+that say precisely what they found ("tensor 'blk.3.<name>' ... extends past the
 end of the file (at byte 1234)"). That is the right detail for a bug report and the
 wrong first sentence for someone who downloaded a model. `explain` turns such an error
 into {"error": plain words naming the file and the next step, "detail": the original

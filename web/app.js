@@ -872,8 +872,8 @@ async function loadRecent() {
   renderRecent();
 }
 async function storeRecent() {
+  renderRecent();      // the list shows the change at once; storing it follows
   try { await idbDo("readwrite", (s) => s.put(recent, RECENT_KEY)); } catch (e) { /* not persisted */ }
-  renderRecent();
 }
 async function rememberFile(handle, name, size) {
   const same = await Promise.all(recent.map((r) => r.handle.isSameEntry(handle).catch(() => false)));
