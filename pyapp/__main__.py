@@ -40,7 +40,7 @@ def _engine(gguf, args):
 def cmd_info(args) -> int:
     from .engine import EngineError
     from .gguf import summarize
-    from .model.config import ConfigError, Gemma4Config
+    from .model.config import ConfigError, Gemma4Config, diffusion_summary
     g = _open(args.model)
     s = summarize(g)
     print(f"file:          {args.model}")
@@ -49,6 +49,8 @@ def cmd_info(args) -> int:
     for key in ("general.name", "general.file_type", "general.size_label"):
         if key in g.metadata:
             print(f"{key + ':':<15}{g.metadata[key]}")
+    if summary := diffusion_summary(g.metadata):
+        print(f"model:         {summary}")
     try:
         cfg = Gemma4Config.from_gguf(g)
         print(f"config:        {cfg.describe()}")

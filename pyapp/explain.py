@@ -31,6 +31,8 @@ _RULES: list[tuple[str, str]] = [
     (r"unsupported GGUF version|big-endian",
      "{file} is a kind of GGUF this app cannot read. Download the model again (current downloads work), "
      "or convert it with a recent llama.cpp."),
+    (r"DiffusionGemma .*not supported yet",
+     "{file} is a DiffusionGemma model (text diffusion): this app cannot run DiffusionGemma models yet."),
     (r"architecture is '(?P<arch>[^']*)', not 'gemma4'",
      "{file} is a {arch} model, not Gemma 4: this app runs Gemma 4 models only."),
     (r"has no GPU kernel",
