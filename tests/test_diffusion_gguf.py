@@ -329,3 +329,27 @@ def test_converter_refuses_what_it_does_not_know(tmp_path, converter):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "convert_diffusion_gemma.py"), str(tmp_path / "none"),
                         str(tmp_path / "x.gguf"), "--no-vocab"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "config.json" in r.stderr
+
+
+def test_chunked_conversion_writes_the_same_file(tmp_path, converter, converted, monkeypatch):
+    """Big tensors are converted a slice of rows at a time (memory stays at about one chunk): the bytes
+    do not depend on the chunk size."""
+    monkeypatch.setattr(converter, "CHUNK_ELEMENTS", 1000)
+    out = tmp_path / "chunked.gguf"
+    converter.convert(HF, out, "q8_0", vocab=None, log=lambda _msg: None)
+    assert out.read_bytes() == converted["q8_0"].read_bytes()
+
+
+def test_config_with_global_head_dim_instead_of_per_layer_config(tmp_path, converter, converted):
+    """transformers turns global_head_dim / num_global_key_value_heads into per_layer_config when it
+    saves; a config.json written with the former must convert the same."""
+    d = _copy_fixture(tmp_path)
+    tc = {k: v for k, v in CONFIG["text_config"].items() if k != "per_layer_config"}
+    tc.update(global_head_dim=64, num_global_key_value_heads=1)
+    (d / "config.json").write_text(json.dumps(dict(CONFIG, text_config=tc)))
+    out = tmp_path / "x.gguf"
+    converter.convert(d, out, "f32", vocab=None, log=lambda _msg: None)
+    got, ref = read_gguf(out), read_gguf(converted["f32"])
+    assert {k: v for k, v in got.metadata.items() if k != "general.name"} == \
+        {k: v for k, v in ref.metadata.items() if k != "general.name"}
+    assert {n: t.shape for n, t in got.tensors.items()} == {n: t.shape for n, t in ref.tensors.items()}
