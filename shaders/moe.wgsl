@@ -7,7 +7,9 @@
 //   experts: Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k] for slots s = t*KSEL + j,
 //            W raw GGUF bytes of [E, N, K]; xrow = t (XPER = 1, shared input) or s
 //            (XPER = KSEL, one input row per slot). Like matvec.wgsl, TPR threads per
-//            row. Dispatch (ceil(N / (WG/TPR)), T * KSEL).
+//            row. GEGLU: W is [E, 2N, K], each expert's gate rows then its up rows, and
+//            Y[s, n] = gelu(gate_n . x) * (up_n . x) (decode: one dispatch, not two).
+//            Dispatch (ceil(N / (WG/TPR)), T * KSEL).
 //   combine: C[t, d] = sum_j WTS[t, j] * YE[t*KSEL + j, d] * SC[IDS[t*KSEL + j]]
 //            (SC: per-expert down scale, 1 when HAS_SC is false). Dispatch ceil(T*D / 64).
 // S.n_tokens = T tokens (S: Step, the per-step uniform).
@@ -19,6 +21,7 @@ override N: u32 = 1u;
 override XPER: u32 = 1u;
 override D: u32 = 1u;
 override HAS_SC: bool = false;
+override GEGLU: bool = false;  // experts: W rows gate then up per expert, Y = gelu(gate) * up
 override E0: u32 = 0u;       // experts: the first expert in W
 override NE: u32 = 1u;       // experts: how many W holds
 override TPR: u32 = 64u;
@@ -35,6 +38,7 @@ override WG: u32 = 256u;
 @group(0) @binding(9) var<storage, read> SC: array<f32>;
 
 //!include quants
+//!include gelu
 
 // route: one workgroup of RWG threads per token, the token's E logits in shared memory.
 // Every thread finds the max and the softmax sum itself (E shared reads), then the rank of
@@ -75,6 +79,7 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 }
 
 var<workgroup> red: array<f32, WG>;
+var<workgroup> red2: array<f32, WG>;
 
 @compute @workgroup_size(WG)
 fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -88,18 +93,27 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let here = e >= E0 && e < E0 + NE;
     let xrow = select(slot / KSEL, slot, XPER > 1u);
     let gpb = QK / 4u;
-    let rowbase = (select(0u, e - E0, here) * N + min(row, N - 1u)) * (K / QK) * QB;
+    let rows_per_expert = select(N, 2u * N, GEGLU);
+    let rowbase = (select(0u, e - E0, here) * rows_per_expert + min(row, N - 1u)) * (K / QK) * QB;
+    let upbase = rowbase + N * (K / QK) * QB;        // GEGLU: the matching up row
     var acc = 0.0;
+    var acc2 = 0.0;
     for (var g = t; here && g < K / 4u; g += TPR) {
-        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[xrow * (K / 4u) + g]);
+        let xv = X[xrow * (K / 4u) + g];
+        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv);
+        if (GEGLU) { acc2 += dot(dq4(upbase + (g / gpb) * QB, g % gpb), xv); }
     }
     red[lid] = acc;
+    red2[lid] = acc2;
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) { red[lid] += red[lid + s]; }
+        if (t < s) {
+            red[lid] += red[lid + s];
+            red2[lid] += red2[lid + s];
+        }
         workgroupBarrier();
     }
-    if (t == 0u && row < N && here) { Y[slot * N + row] = red[lid]; }
+    if (t == 0u && row < N && here) { Y[slot * N + row] = select(red[lid], gelu_tanh(red[lid]) * red2[lid], GEGLU); }
 }
 
 @compute @workgroup_size(64)

@@ -638,3 +638,30 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     counts = np.bincount(flat[flat < e], minlength=e)
     np.testing.assert_array_equal(g[:e + 1], np.concatenate([[0], np.cumsum(counts)]))
     assert g[2 * e + 1] == sum(-(-c // 64) for c in counts)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
+def test_moe_experts_geglu_fused(dev, qtype):
+    """The decode expert matvec with the GeGLU fused (gate rows then up rows per expert), W split
+    into two buffers of experts: gelu(gate x) * (up x) per slot."""
+    rng = np.random.default_rng(33)
+    t, e, ksel, hidden, ff = 2, 5, 3, 256, 64 if qtype != "q4_k" else 256
+    raw = random_tensor(qtype, e * 2 * ff, hidden, rng)
+    w = dequantize(qtype, raw, e * 2 * ff, hidden).reshape(e, 2 * ff, hidden)
+    ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
+    x = rng.standard_normal((t, hidden)).astype(np.float32)
+    ids_buf = dev.buffer(ids.nbytes)
+    dev.write(ids_buf, ids.tobytes())
+    act = dev.buffer(4 * t * ksel * ff)
+    step = step_buffer(dev, t)
+    plan = dev.plan()
+    rb = len(raw) // (e * 2 * ff)
+    for first, here in ((0, 2), (2, 3)):
+        part = weight_buffer(dev, raw[first * 2 * ff * rb:(first + here) * 2 * ff * rb])
+        K.moe_experts(dev, qtype, hidden, ff, e, ksel, part, f32(dev, x), act, ids_buf, step, t, plan=plan,
+                      first_expert=first, experts_here=here, geglu=True)
+    dev.submit(plan)
+    got = read_f32(dev, act, t * ksel * ff).reshape(t * ksel, ff)
+    for s, ex in enumerate(ids.reshape(-1)):
+        want = gelu_tanh(w[ex, :ff] @ x[s // ksel]) * (w[ex, ff:] @ x[s // ksel])
+        np.testing.assert_allclose(got[s], want, atol=2e-3 * max(1.0, np.abs(want).max()), err_msg=f"slot {s}")

@@ -191,11 +191,13 @@ class Ops:
         self.plan = self.dev.plan()
         self.program.append(self.plan)
 
-    def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
+    def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False,
+                geglu: bool = False) -> None:
         """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token
         (one dispatch per buffer of a split W, each writing the slots of its experts).
         A chunk groups its slots by expert first (once per ids), then runs a tiled matmul per
-        expert: each expert's weights are read once per 64 slots, not once per slot."""
+        expert: each expert's weights are read once per 64 slots, not once per slot.
+        geglu (one token): W holds gate then up rows per expert; y = gelu(x @ gate^T) * (x @ up^T)."""
         cfg, n, E = self.cfg, w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
         if self.T > 1:
             if self._grouped_ids is not ids:
@@ -207,15 +209,18 @@ class Ops:
                                       first_expert=p.row0 // n, experts_here=p.rows // n)
             return
         for p in w.parts:
-            K.moe_experts(self.dev, w.qtype, w.shape[0], n, cfg.n_experts, cfg.n_experts_used, p.buffer, x, y,
-                          ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
-                          first_expert=p.row0 // n, experts_here=p.rows // n)
+            K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, cfg.n_experts, cfg.n_experts_used,
+                          p.buffer, x, y, ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
+                          first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu)
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:
-        """out[t, j] = gelu(x[t] @ gate[e]^T) * (x[t] @ up[e]^T) for e = ids[t, j]."""
+        """out[t, j] = gelu(x[t] @ gate[e]^T) * (x[t] @ up[e]^T) for e = ids[t, j]. With gate and up
+        in one tensor it fuses the GeGLU into the expert matvec for one token (one dispatch)."""
         s, KS = self.s, self.cfg.n_experts_used
-        if gate_up is not None:
+        if gate_up is not None and self.T == 1:
+            self.experts(gate_up, x, out, ids, geglu=True)
+        elif gate_up is not None:
             self.experts(gate_up, x, s.experts_gate_up, ids)
             K.geglu_halves(self.dev, gate_up.shape[1] // 2, KS, s.experts_gate_up, out, self.step, self.T, plan=self.plan)
         else:
