@@ -113,14 +113,14 @@ LAYER_FIELDS = {
     "layer_scalar": "output_scale",                 # the decoder's scale
 }
 GLOBAL_FIELDS = {"model.decoder.embed_tokens.weight": "token_embd", "model.decoder.norm.weight": "output_norm"}
-# DiffusionGemma's own tensors (not in Gemma 4)
-EXTRA_NAMES = {
-    "model.decoder.self_conditioning.pre_norm.weight": "self_cond_pre_norm.weight",
-    "model.decoder.self_conditioning.gate_proj.weight": "self_cond_gate.weight",
-    "model.decoder.self_conditioning.up_proj.weight": "self_cond_up.weight",
-    "model.decoder.self_conditioning.down_proj.weight": "self_cond_down.weight",
-}
-ENC_LAYER_SCALE = "enc_layer_output_scale.weight"     # blk.N. + this: the encoder's layer scalar
+# DiffusionGemma's own tensors (not in Gemma 4), also declared in pyapp/model/weights.py
+EXTRA_NAMES = {hf: W.gguf_name(W.ModelWeights, fld) for hf, fld in {
+    "model.decoder.self_conditioning.pre_norm.weight": "self_cond_pre_norm",
+    "model.decoder.self_conditioning.gate_proj.weight": "self_cond_gate",
+    "model.decoder.self_conditioning.up_proj.weight": "self_cond_up",
+    "model.decoder.self_conditioning.down_proj.weight": "self_cond_down",
+}.items()}
+ENC_LAYER_SCALE = W.gguf_name(W.LayerWeights, "enc_output_scale")    # blk.N. + this: the encoder's layer scalar
 DECODER_LAYER = "model.decoder.layers."
 ENCODER_LAYER = "model.encoder.language_model.layers."
 SKIPPED = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")    # vision only

@@ -16,6 +16,7 @@ from __future__ import annotations
 import reprlib
 from array import array
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from . import weights
 
@@ -48,22 +49,21 @@ _REQUIRED = object()         # the default of a key that must be present
 
 
 class _Keys:
-    """Typed, range-checked reads of the `gemma4.*` keys; a failure names the key and the value."""
+    """Typed, range-checked reads of the `gemma4.*` (`diffusion-gemma.*`) keys; a failure names key and value."""
 
-    def __init__(self, meta: dict):
-        self.meta = meta
+    def __init__(self, meta: dict, arch: str = ARCH):
+        self.meta, self.arch = meta, arch
 
     def raw(self, key: str, default):
-        full = f"{ARCH}.{key}"
+        full = f"{self.arch}.{key}"
         if full in self.meta:
             return self.meta[full]
         if default is _REQUIRED:
             raise ConfigError(f"GGUF metadata lacks {full}")
         return default
 
-    @staticmethod
-    def fail(key: str, value, problem: str, index: int | None = None):
-        where = f"{ARCH}.{key}" + (f"[{index}]" if index is not None else "")
+    def fail(self, key: str, value, problem: str, index: int | None = None):
+        where = f"{self.arch}.{key}" + (f"[{index}]" if index is not None else "")
         raise ConfigError(f"{where} = {_show(value)}: {problem}")
 
     def check_int(self, key, v, lo, hi, multiple=1, index=None, divides=None) -> int:
@@ -82,7 +82,7 @@ class _Keys:
 
     def number(self, key, default, hi=F32_MAX, zero_ok=False, alias=None) -> float:
         """A finite number in (0, hi], or [0, hi] with zero_ok."""
-        if alias and f"{ARCH}.{key}" not in self.meta:
+        if alias and f"{self.arch}.{key}" not in self.meta:
             key = alias
         v = self.raw(key, default)
         if not isinstance(v, (int, float)) or isinstance(v, bool):
@@ -126,6 +126,7 @@ class LayerConfig:
     k_eq_v: bool = False     # no V projection: V is the raw K projection (attention_k_eq_v)
     has_ple: bool = False    # per-layer embedding gate after the FFN (E2B, E4B)
     experts_fused: bool = False   # experts' gate and up stored as one tensor (ffn_gate_up_exps)
+    is_diffusion: bool = False    # a DiffusionGemma layer: it also has the encoder's layer scale
 
     @property
     def shares_kv(self) -> bool:
@@ -161,6 +162,8 @@ class Gemma4Config:
     expert_ffn_dim: int
     layers: tuple[LayerConfig, ...] = field(repr=False)
 
+    is_diffusion: ClassVar[bool] = False     # DiffusionGemmaConfig: the self-conditioning tensors too
+
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
@@ -186,15 +189,19 @@ class Gemma4Config:
                                  tensors=gguf.tensors)
 
     @classmethod
-    def from_metadata(cls, meta: dict, vocab_size: int | None = None, tensors=None) -> "Gemma4Config":
-        """`tensors` (names of the GGUF's tensors), when given, resolves the layer kinds that only
-        the tensor list tells; without it every layer of an MoE model counts as MoE."""
-        arch = meta.get("general.architecture")
-        if arch == DIFFUSION_ARCH:
+    def _architecture(cls, arch) -> str:
+        """The prefix of this config's keys, after checking the file's architecture is this config's."""
+        if arch == DIFFUSION_ARCH:       # the GPU engine, the app and the CLI refuse it with this sentence
             raise UnsupportedModelError(DIFFUSION_UNSUPPORTED)
         if arch != ARCH:
             raise ConfigError(f"architecture is {_show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
-        k = _Keys(meta)
+        return ARCH
+
+    @classmethod
+    def from_metadata(cls, meta: dict, vocab_size: int | None = None, tensors=None) -> "Gemma4Config":
+        """`tensors` (names of the GGUF's tensors), when given, resolves the layer kinds that only
+        the tensor list tells; without it every layer of an MoE model counts as MoE."""
+        k = _Keys(meta, cls._architecture(meta.get("general.architecture")))
 
         n = k.integer("block_count", 1, MAX_LAYERS)
         hidden = k.integer("embedding_length", VEC, MAX_WIDTH, multiple=VEC)
@@ -278,10 +285,12 @@ class Gemma4Config:
                 k_eq_v=kv_source(i) == i and tensors is not None and not weights.present(tensors, "attn_v", i),
                 has_ple=ple_dim > 0,
                 experts_fused=has_moe(i) and tensors is not None and weights.present(tensors, "experts_gate_up", i),
+                is_diffusion=cls.is_diffusion,
             )
             for i in range(n)
         )
-        return cls(
+        return cls._make(
+            k, ffn,
             n_layers=n,
             hidden=hidden,
             n_heads=n_heads,
@@ -298,6 +307,10 @@ class Gemma4Config:
             layers=layers,
         )
 
+    @classmethod
+    def _make(cls, k: _Keys, ffn: list[int], **values) -> "Gemma4Config":
+        return cls(**values)
+
     def describe(self) -> str:
         kinds = "".join("S" if lc.sliding else "G" for lc in self.layers)
         parts = [f"{self.n_layers} layers ({kinds})", f"hidden {self.hidden}", f"{self.n_heads} heads",
@@ -311,17 +324,68 @@ class Gemma4Config:
         return ", ".join(parts)
 
 
-# ---- DiffusionGemma (issue 12): recognised, not runnable yet ------------------------------------
+# ---- DiffusionGemma (issue 12): the numpy reference runs it; the GPU engine does not yet ---------
 # tools/convert_diffusion_gemma.py writes `diffusion-gemma` GGUFs: Gemma 4 26B-A4B's keys and tensor
 # names under another architecture name, plus `diffusion-gemma.diffusion.*` (canvas length, generation
-# defaults) and the extra tensors of shared/notes/diffusion_gemma.md. Until a forward runs them,
-# from_metadata refuses them with this sentence rather than a config error about the wrong architecture.
+# defaults) and the extra tensors of shared/notes/diffusion_gemma.md. Gemma4Config (what the engine, the
+# app and the CLI load) refuses them with this sentence rather than a config error about the wrong
+# architecture; DiffusionGemmaConfig reads them for pyapp.reference.diffusion.
 DIFFUSION_ARCH = "diffusion-gemma"
 DIFFUSION_UNSUPPORTED = "DiffusionGemma (text diffusion on the Gemma 4 26B-A4B): generation is not supported yet"
+MAX_STEPS = 1 << 16          # denoising steps per block (the real model's default is 48)
 
 
 class UnsupportedModelError(ConfigError):
     """A model this app recognises but cannot run yet."""
+
+
+@dataclass(frozen=True)
+class DiffusionGemmaConfig(Gemma4Config):
+    """A DiffusionGemma GGUF: the Gemma 4 fields (one text stack, run as a causal encoder over the prompt and
+    as a bidirectional decoder over the canvas), the self-conditioning MLP's width and the generation
+    defaults of `diffusion-gemma.diffusion.*` (shared/notes/diffusion_gemma.md (a), (d))."""
+    self_cond_ffn_dim: int = 0            # the self-conditioning MLP's width (the dense MLP's)
+    canvas_length: int = 256              # C: the decoder always refines C tokens
+    max_new_tokens: int = 256
+    max_denoising_steps: int = 48
+    t_min: float = 0.4                    # temperature of the last step is t_min + (t_max - t_min) / steps
+    t_max: float = 0.8                    # ... and of the first one t_max
+    entropy_bound: float = 0.1
+    stability_threshold: int = 1
+    confidence_threshold: float = 0.005
+
+    is_diffusion: ClassVar[bool] = True
+
+    @classmethod
+    def _architecture(cls, arch) -> str:
+        if arch != DIFFUSION_ARCH:
+            raise ConfigError(f"architecture is {_show(arch)}, not {DIFFUSION_ARCH!r}: not a DiffusionGemma model")
+        return DIFFUSION_ARCH
+
+    @classmethod
+    def _make(cls, k: _Keys, ffn: list[int], **values) -> "DiffusionGemmaConfig":
+        if len(set(ffn)) != 1:            # HF has one intermediate_size, for the dense MLPs and self-conditioning
+            k.fail("feed_forward_length", ffn, "must be one width for every layer")
+        if not values["n_experts"]:
+            k.fail("expert_count", 0, "DiffusionGemma has experts in every layer")
+        d = "diffusion."
+        if k.raw(d + "shift_logits", False) not in (0, False):
+            k.fail(d + "shift_logits", k.raw(d + "shift_logits", False), "must be false (logit j scores canvas "
+                   "position j)")
+        t_min, t_max = k.number(d + "t_min", 0.4), k.number(d + "t_max", 0.8)
+        if t_min > t_max:
+            k.fail(d + "t_min", t_min, f"must be at most {d}t_max ({t_max:g})")
+        return cls(
+            **values,
+            self_cond_ffn_dim=ffn[0],
+            canvas_length=k.integer(d + "canvas_length", 1, MAX_CONTEXT),
+            max_new_tokens=k.integer(d + "max_new_tokens", 1, MAX_CONTEXT, 256),
+            max_denoising_steps=k.integer(d + "max_denoising_steps", 1, MAX_STEPS, 48),
+            t_min=t_min, t_max=t_max,
+            entropy_bound=k.number(d + "entropy_bound", 0.1, zero_ok=True),
+            stability_threshold=k.integer(d + "stability_threshold", 0, MAX_STEPS, 1),
+            confidence_threshold=k.number(d + "confidence_threshold", 0.005, zero_ok=True),
+        )
 
 
 def diffusion_summary(meta: dict) -> str | None:

@@ -15,8 +15,9 @@ the upload planner read fields.
     w.layers[3].attn_q                      # -> TensorInfo of blk.3.attn_q.weight
     w = w.map(load)                         # the same structure, any value type
 
-A new feature's tensors (DiffusionGemma's extras, LoRA pairs) are a few more
-declared fields.
+A new feature's tensors are a few more declared fields: DiffusionGemma's extras
+(the self-conditioning MLP, the encoder's layer scales) are, under the flag
+`is_diffusion`; LoRA pairs will be.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class LayerWeights:
     ple_gate: object = tensor("inp_gate.weight", "hidden ple", when="has_ple")
     ple_proj: object = tensor("proj.weight", "ple hidden", when="has_ple")
     ple_post_norm: object = tensor("post_norm.weight", "hidden", when="has_ple")
-    output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL)
+    output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL)   # DiffusionGemma: the decoder's
+    # DiffusionGemma: the encoder's layer scale (the only weight its two passes do not share)
+    enc_output_scale: object = tensor("enc_layer_output_scale.weight", "1", when="is_diffusion")
     # filled by the GPU upload planner (pyapp.runtime.upload), absent in the GGUF
     qkv: object = runtime("q, k (and v) rows in one buffer: one matvec per decode step")
     ffn_gate_up: object = runtime("ffn_gate and ffn_up rows in one buffer: one GeGLU matvec")
@@ -97,6 +100,11 @@ class ModelWeights:
     ple_token_embd: object = tensor("per_layer_token_embd.weight", "layers*ple vocab", when="has_ple")
     ple_model_proj: object = tensor("per_layer_model_proj.weight", "hidden layers*ple", when="has_ple")
     ple_proj_norm: object = tensor("per_layer_proj_norm.weight", "ple", when="has_ple")
+    # DiffusionGemma's self-conditioning MLP (previous step's soft embeddings -> a canvas input signal)
+    self_cond_pre_norm: object = tensor("self_cond_pre_norm.weight", "hidden", when="is_diffusion")
+    self_cond_gate: object = tensor("self_cond_gate.weight", "hidden self_cond_ff", when="is_diffusion")
+    self_cond_up: object = tensor("self_cond_up.weight", "hidden self_cond_ff", when="is_diffusion")
+    self_cond_down: object = tensor("self_cond_down.weight", "self_cond_ff hidden", when="is_diffusion")
     layers: list = field(default_factory=list)
 
     @property
@@ -161,6 +169,7 @@ def _sizes(cfg) -> dict:
     return {"1": 1, "hidden": cfg.hidden, "vocab": cfg.vocab_size, "ple": cfg.ple_dim,
             "layers*ple": cfg.n_layers * cfg.ple_dim, "experts": cfg.n_experts,
             "expert_ff": cfg.expert_ffn_dim, "2*expert_ff": 2 * cfg.expert_ffn_dim,
+            "self_cond_ff": cfg.self_cond_ffn_dim if cfg.is_diffusion else None,
             # one frequency factor per rotated pair of a global head (any length without global layers)
             "global_hd/2": global_hd // 2 if global_hd else None}
 

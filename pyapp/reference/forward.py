@@ -83,6 +83,14 @@ class KVCache:
         self.k[layer], self.v[layer] = k, v
         return k, v
 
+    def allowed(self, lc: LayerConfig, positions: np.ndarray, n_keys: int, window: int) -> np.ndarray:
+        """Which keys each query sees [n, n_keys]: causal, within the window on sliding layers."""
+        key_pos = np.arange(n_keys)
+        allowed = key_pos[None, :] <= positions[:, None]
+        if lc.sliding and window > 0:
+            allowed &= positions[:, None] - key_pos[None, :] < window
+        return allowed
+
 
 class ReferenceModel:
     def __init__(self, gguf, config: Gemma4Config | None = None):
@@ -122,12 +130,7 @@ class ReferenceModel:
             k = rope_neox(k, positions, lc.rope_dims, lc.rope_base, freq_factors)
             keys, values = cache.append(lc.index, k, v)
 
-        total = keys.shape[1]
-        key_pos = np.arange(total)
-        allowed = key_pos[None, :] <= positions[:, None]
-        if lc.sliding and cfg.sliding_window > 0:
-            allowed &= positions[:, None] - key_pos[None, :] < cfg.sliding_window
-
+        allowed = cache.allowed(lc, positions, keys.shape[1], cfg.sliding_window)
         group = cfg.n_heads // keys.shape[0]
         kq = np.repeat(keys, group, axis=0)                    # [heads, T, hd]
         vq = np.repeat(values, group, axis=0)
@@ -172,8 +175,10 @@ class ReferenceModel:
         return out
 
     def layer(self, lc: LayerConfig, x: np.ndarray, positions: np.ndarray, ple: np.ndarray | None,
-              cache: KVCache) -> np.ndarray:
+              cache: KVCache, scale: np.ndarray | None = None) -> np.ndarray:
+        """`scale` replaces the layer's output scale (DiffusionGemma's encoder has its own)."""
         w, eps = self.w.layers[lc.index], self.cfg.eps
+        scale = w.output_scale if scale is None else scale
 
         a = self.attention(lc, w, rms_norm(x, w.attn_norm, eps), positions, cache)
         h = x + rms_norm(a, w.post_attention_norm, eps)
@@ -190,7 +195,7 @@ class ReferenceModel:
             g = gelu_tanh(x @ w.ple_gate.T) * ple[:, lc.index]
             x = x + rms_norm(g @ w.ple_proj.T, w.ple_post_norm, eps)
 
-        return x * w.output_scale if w.output_scale is not None else x
+        return x * scale if scale is not None else x
 
     # -- whole model -------------------------------------------------------------
 
