@@ -79,18 +79,49 @@ def cmd_tokenize(args) -> int:
     return 0
 
 
+def _token_ids(text: str, vocab: int, what: str = "token") -> list[int]:
+    """Comma-separated ids, each checked against the vocabulary (ConfigError names the bad one)."""
+    from .model.config import ConfigError
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise ConfigError(f"{what} ids must be comma-separated integers: {e}") from e
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"{what} id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    return ids
+
+
 def cmd_logits(args) -> int:
     import numpy as np
-    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     gguf = _open(args.model)
     from .model.config import Gemma4Config
-    vocab = Gemma4Config.from_gguf(gguf).vocab_size
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        print(f"error: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", file=sys.stderr)
-        return 2
+    tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
     model = _model(gguf, args)
     logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
+    np.save(args.out, logits)
+    print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
+    return 0
+
+
+def cmd_diffusion_logits(args) -> int:
+    """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
+    import numpy as np
+    from .model.config import ConfigError, DiffusionGemmaConfig
+    if args.backend != "reference":
+        raise ConfigError("DiffusionGemma runs on the CPU reference only for now (the GPU forward is not "
+                          "built yet): add --backend reference")
+    gguf = _open(args.model)
+    cfg = DiffusionGemmaConfig.from_gguf(gguf)
+    prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
+    canvas = _token_ids(args.canvas_tokens, cfg.vocab_size, "canvas token")
+    prev = None
+    if args.prev_logits:
+        prev = np.load(args.prev_logits).astype(np.float32)
+        if prev.shape != (len(canvas), cfg.vocab_size):
+            raise ConfigError(f"--prev-logits holds {prev.shape}; this canvas needs ({len(canvas)}, {cfg.vocab_size})")
+    from .reference.diffusion import DiffusionReference
+    logits = np.asarray(DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev), dtype=np.float32)
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -216,6 +247,15 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["native", "reference"], default="native")
     _memory_args(p)
     p.set_defaults(fn=cmd_logits)
+
+    p = sub.add_parser("diffusion-logits", help="DiffusionGemma: one denoising step's [canvas, vocab] logits to .npy")
+    p.add_argument("model")
+    p.add_argument("--prompt-tokens", required=True, help="comma-separated prompt token ids (encoded first)")
+    p.add_argument("--canvas-tokens", required=True, help="comma-separated canvas token ids")
+    p.add_argument("--prev-logits", default=None, help=".npy of the previous step's processed logits [canvas, vocab]")
+    p.add_argument("--out", required=True)
+    p.add_argument("--backend", choices=["native", "reference"], default="reference")
+    p.set_defaults(fn=cmd_diffusion_logits)
 
     from .engine import DEFAULT_CONTEXT, SamplingParams
     base = SamplingParams()     # the CLI differs only in being greedy and shorter by default

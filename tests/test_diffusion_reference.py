@@ -142,3 +142,33 @@ def test_previous_logits_of_the_wrong_shape_are_refused(model):
     prompt, canvas, _, _, _ = case(0)
     with pytest.raises(ValueError, match=r"previous logits of shape \(16, 511\), expected \[16, 512\]"):
         model.decoder_step(prompt, canvas, np.zeros((16, 511), np.float32))
+
+
+@pytest.mark.parametrize("i", [0, 1, 2])
+def test_cli_diffusion_logits_writes_the_golden_step(gguf_files, tmp_path, i, capsys):
+    """`python -m pyapp diffusion-logits` (DESIGN.md's interface) on the reference backend."""
+    from pyapp.__main__ import main
+    prompt, canvas, prev, blocks, want = case(i)
+    assert not blocks
+    args = ["diffusion-logits", str(gguf_files["f32"]), "--prompt-tokens", ",".join(map(str, prompt)),
+            "--canvas-tokens", ",".join(map(str, canvas)), "--out", str(tmp_path / "out.npy")]
+    if prev is not None:
+        np.save(tmp_path / "prev.npy", prev)
+        args += ["--prev-logits", str(tmp_path / "prev.npy")]
+    assert main(args) == 0
+    got = np.load(tmp_path / "out.npy")
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_cli_diffusion_logits_refuses_bad_input(gguf_files, tmp_path, capsys):
+    from pyapp.__main__ import main
+    base = ["diffusion-logits", str(gguf_files["f32"]), "--out", str(tmp_path / "out.npy")]
+    assert main(base + ["--prompt-tokens", "2,3", "--canvas-tokens", "4,99999"]) == 2
+    assert "canvas token id 99999 is outside the vocabulary (0..511)" in capsys.readouterr().err
+    assert main(base + ["--prompt-tokens", "2,3", "--canvas-tokens", "4,5", "--backend", "native"]) == 2
+    assert "--backend reference" in capsys.readouterr().err
+    np.save(tmp_path / "prev.npy", np.zeros((3, 512), np.float32))
+    assert main(base + ["--prompt-tokens", "2", "--canvas-tokens", "4,5", "--prev-logits", str(tmp_path / "prev.npy")]) == 2
+    assert "needs (2, 512)" in capsys.readouterr().err
+    assert not (tmp_path / "out.npy").exists()
