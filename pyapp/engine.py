@@ -29,7 +29,7 @@ from .model.logits import Logits
 from .model.weights import WeightsError, bind
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
-from .runtime.memory import MemoryCounter, PlanError, plan_memory
+from .runtime.memory import PlanError, plan_memory
 from .runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
 from .sampling import DEFAULT_CONTEXT, ParamError, SamplingParams, check_context_length  # noqa: F401 (re-exported)
 from .steps import drive, drive_async
@@ -53,7 +53,7 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
     (pyapp.runtime.state): refuse a context the GPU cannot bind before any upload."""
     per_token = max((4 * lc.n_kv_heads * lc.head_dim for lc in cfg.layers if lc.owns_kv and not lc.sliding),
                     default=0)
-    limit = binding_limit(MemoryCounter(limits))     # a device with these limits that allocates nothing
+    limit = binding_limit(limits)
     if per_token and ctx * per_token > limit:
         raise EngineError(f"a context of {ctx} tokens needs {ctx * per_token / 2**20:,.0f} MiB of KV cache per "
                           f"layer in one GPU buffer; this GPU binds at most {limit / 2**20:,.0f} MiB: choose a "

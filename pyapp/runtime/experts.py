@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..gpu import Plan
 from .requests import FileToGpu, ReadGpu
+from .upload import layer_experts
 
 NOT_HERE = 0xFFFFFFFF
 
@@ -43,16 +44,9 @@ class ExpertCache:
         self.dev, self.state, self.slots = dev, state, slots
         self.used = cfg.n_experts_used
         # per MoE layer: its expert caches (GpuTensor.cached_from = the file tensor)
-        self.tensors = {lc.index: [t for t in (getattr(layout.layers[lc.index], f) for f in
-                                               ("experts_gate_up", "experts_gate", "experts_up", "experts_down"))
-                                   if t is not None]
-                        for lc in cfg.layers if lc.has_moe}
+        self.tensors = {lc.index: layer_experts(layout, lc) for lc in cfg.layers if lc.has_moe}
         self.resident = {i: OrderedDict() for i in self.tensors}   # expert -> slot, least recently used first
         self.hits = self.misses = self.bytes_read = 0
-
-    def expert_bytes(self, layer: int) -> int:
-        """File bytes of one expert of this layer (all its tensors)."""
-        return sum(t.shape[1] * t.cached_from.row_bytes for t in self.tensors[layer])
 
     def rounds(self, layer: int, ids: list[int]):
         """Groups of at most `slots` distinct experts covering ids, each with {expert: slot} and the

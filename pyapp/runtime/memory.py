@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..gpu import Device
 from .state import State
-from .upload import EXPERT_FIELDS, plan_uploads
+from .upload import layer_experts, plan_uploads
 
 MIB = 1 << 20
 # What one expert read costs when no load has been measured yet: a typical NVMe SSD, or a
@@ -128,17 +128,12 @@ class MemoryPlan:
         return lines
 
 
-def _experts_of(cfg, bound) -> list:
-    return [t for lc in cfg.layers if lc.has_moe for t in
-            (getattr(bound.layers[lc.index], f) for f in EXPERT_FIELDS) if t is not None]
-
-
 def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_memory: int | None = None,
                 expert_cache: int | None = None, ple_in_file: bool | None = None) -> MemoryPlan:
     """The plan for this model and context under a budget (bytes; None: no budget).
     expert_cache (bytes): the experts' cache size, overriding what the budget leaves them.
     ple_in_file: force the per-layer embedding table's place (None: resident if it fits)."""
-    experts = _experts_of(cfg, bound)
+    experts = [t for lc in cfg.layers if lc.has_moe for t in layer_experts(bound, lc)]
     streamable = bool(experts)
     counter = MemoryCounter(limits)
     layout, _ = plan_uploads(counter, cfg, bound, ple_in_file=True, expert_slots=0 if streamable else None)

@@ -209,7 +209,7 @@ class Ops:
                                       first_expert=p.row0 // n, experts_here=p.rows // n)
             return
         for p in w.parts:
-            K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, cfg.n_experts, cfg.n_experts_used,
+            K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,
                           p.buffer, x, y, ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
                           first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu)
 

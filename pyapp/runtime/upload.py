@@ -115,18 +115,24 @@ def f32_vector(data: bytes, qtype: int) -> bytes:
     raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}")
 
 
-def binding_limit(dev: Device) -> int:
-    return min(dev.limits.get("max_storage_buffer_binding_size", 1 << 27), dev.limits.get("max_buffer_size", 1 << 28))
+def binding_limit(limits: dict) -> int:
+    """The most bytes one binding may hold on a device with these limits (WebGPU's defaults if absent)."""
+    return min(limits.get("max_storage_buffer_binding_size", 1 << 27), limits.get("max_buffer_size", 1 << 28))
 
 
 EXPERT_FIELDS = ("experts_gate_up", "experts_gate", "experts_up", "experts_down")
+
+
+def layer_experts(weights: ModelWeights, lc) -> list:
+    """A MoE layer's expert tensors (of whatever kind `weights` holds), the absent ones left out."""
+    return [t for t in (getattr(weights.layers[lc.index], f) for f in EXPERT_FIELDS) if t is not None]
 
 
 def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = False, expert_slots: int | None = None
                  ) -> tuple[ModelWeights, list[Upload]]:
     """The GPU layout of the bound weights (TensorInfo fields) and the uploads that fill it.
     expert_slots: experts held per MoE layer when experts stream (None: every expert uploaded)."""
-    limit = binding_limit(dev)
+    limit = binding_limit(dev.limits)
     uploads: list[Upload] = []
     gpu: dict[int, object] = {}       # id(TensorInfo) -> its GPU form
 
