@@ -21,6 +21,9 @@
 #            from the file into a cache; native and browser path, STREAM_PROMPT/STREAM_GEN tokens, 1 run
 #   skew     the stream runs again on a copy of STREAM_MODEL whose routers favor 16 experts per
 #            layer (tools/skew_router.py): uniform routing is the worst case for the cache
+#   sweep    bench/matvec_sweep.py (Q4_K: the old kernel by threads per row, the chunk kernel by
+#            threads per row and workgroup) -> kernels.jsonl
+#   profile  bench/profile.py on each model, decode and prefill plans by kernel family -> kernels.jsonl
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
@@ -331,6 +334,29 @@ step_table() {
         && cat "$RES/table.md"
 }
 
+step_sweep() {
+    local res=$RES/kernels-sweep.jsonl
+    busy sweep && return 1
+    done_already "$res" && return 0
+    log "sweep: Q4_K decode matvec variants"
+    limited 20 "$PY" bench/matvec_sweep.py --quants q4_k > "$res.tmp" && mv "$res.tmp" "$res"
+    cat "$res" 2>/dev/null
+}
+
+step_profile() {
+    local spec path res
+    busy profile && return 1
+    for spec in $MODELS; do
+        path=$(model_path "$spec"); res=$RES/kernels-profile-$(model_name "$spec").jsonl
+        done_already "$res" && continue
+        [ -f "$path.ok" ] || { log "profile: no $path"; continue; }
+        log "profile: $spec (decode, then a prefill chunk)"
+        { limited 20 "$PY" bench/profile.py "$path" && limited 20 "$PY" bench/profile.py "$path" --prefill; } \
+            > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    done
+}
+
 step_status() {
     log "build: $(build_state); $(tail -1 "$W/build.log" 2>/dev/null)"
     ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
@@ -340,11 +366,11 @@ step_status() {
 finish() {   # what comes back: at most 8 files in $OUT
     local kind
     step_table > /dev/null 2>&1
-    for kind in native browser llama ttft stream; do
+    for kind in native browser llama ttft stream kernels; do
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cp "$RES/table.md" "$OUT/" 2>/dev/null
-    tail -c 8000000 "$W/build.log" > "$OUT/build.log" 2>/dev/null || rm -f "$OUT/build.log"
+    [ -f "$W/build.log" ] && tail -c 8000000 "$W/build.log" > "$OUT/build.log"
     log "call done; build $(build_state)"
     sleep 0.2
     tail -c 8000000 "$W/h100.log" > "$OUT/h100.log"
@@ -358,7 +384,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

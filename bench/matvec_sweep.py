@@ -6,7 +6,8 @@ Prints one JSON line per (shape, quant, TPR): microseconds per dispatch (50 per 
 GB/s. TPR decides how a row's dot product is split: with K = 1536 and TPR = 64 a thread gets
 six 4-weight groups (each decoding its block's scales again); with TPR = 16 it gets three
 32-weight units (scales decoded once per 32). The engine's choice (pyapp.gpu.kernels.matvec)
-comes from these figures.
+comes from these figures. Q4_K also runs the 16-byte chunk kernel (matvec_q4k*.wgsl) by
+threads per row (--chunk-tpr) and workgroup size (--chunk-wg).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quants", nargs="*", default=["q4_k", "q6_k", "q8_0"])
     ap.add_argument("--tpr", nargs="*", type=int, default=[8, 16, 32, 64])
+    ap.add_argument("--chunk-tpr", nargs="*", type=int, default=[8, 16, 32])
+    ap.add_argument("--chunk-wg", nargs="*", type=int, default=[64, 128, 256])
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
@@ -44,14 +47,19 @@ def main() -> int:
                 continue
             w = dev.buffer(nbytes + 4)
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
-            for tpr, units in [(t, u) for t in args.tpr for u in (False, True) if not u or k % 32 == 0]:
+            variants = [dict(tpr=t, units=u, chunks=False) for t in args.tpr for u in (False, True)
+                        if not u or k % 32 == 0]
+            if q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
+                variants += [dict(tpr=t, wg=g, chunks=True) for t in args.chunk_tpr for g in args.chunk_wg
+                             if t <= g and k // 32 >= t]
+            for v in variants:
                 plan = dev.plan()
                 reps = 50 if n < 100000 else 5
                 for _ in range(reps):
-                    K.matvec(dev, q, k, n, w, x, y, plan=plan, tpr=tpr, units=units)
+                    K.matvec(dev, q, k, n, w, x, y, plan=plan, **v)
                 dev.time_plan(plan, repeat=1)          # warm-up: the first plan after setup runs slow
                 s = dev.time_plan(plan, repeat=5) / reps
-                print(json.dumps({"rows": n, "cols": k, "quant": q, "tpr": tpr, "units": units, "us": round(s * 1e6, 2),
+                print(json.dumps({"rows": n, "cols": k, "quant": q, **v, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
 

@@ -113,9 +113,33 @@ def test_matvec(dev, qtype, subgroups, long):
     x = rng.standard_normal(k)
     y = dev.buffer(4 * rows)
     plan = K.matvec(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, subgroups=subgroups,
-                    units=long and k % 32 == 0)
+                    units=long and k % 32 == 0, chunks=False)
     dev.submit(plan)
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
+
+
+@pytest.mark.parametrize("blocks,tpr,wg", [(3, None, None), (17, 32, 64), (1, 4, 64), (6, 64, 128), (11, 8, 256)])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_q4k_chunks(dev, blocks, tpr, wg, subgroups):
+    """The Q4_K 16-byte-chunk matvec: rows of 1-17 blocks, row splits narrower and wider than a
+    subgroup (its butterfly falls back to the tree below the subgroup width), all three epilogues."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(blocks)
+    n, k = 37, 256 * blocks
+    raw = random_tensor("q4_k", 2 * n, k, rng)
+    w = dequantize("q4_k", raw, 2 * n, k)
+    x, b = rng.standard_normal(k), rng.standard_normal(n)
+    wb, xb = weight_buffer(dev, raw), f32(dev, x)
+    y = dev.buffer(4 * 2 * n)
+    opts = dict(subgroups=subgroups, tpr=tpr, wg=wg, chunks=True)
+    dev.submit(K.matvec(dev, "q4_k", k, 2 * n, wb, xb, y, **opts))
+    assert_close_dot(read_f32(dev, y, 2 * n), w, x, w @ x)
+    gate, up = w[:n] @ x, w[n:] @ x
+    dev.submit(K.matvec(dev, "q4_k", k, n, wb, xb, y, geglu=True, **opts))
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
+    dev.submit(K.matvec(dev, "q4_k", k, n, wb, xb, y, gelu_times=f32(dev, b), **opts))
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
 def u32(dev, *vals, kind="uniform"):

@@ -133,17 +133,33 @@ def groups(n: int) -> tuple[int, int]:
 
 
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Plan | None = None,
-           tpr: int = 64, wg: int = 256, subgroups: bool | None = None, geglu: bool = False,
-           gelu_times: Buffer | tuple | None = None, units: bool | None = None) -> Plan:
+           tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
+           gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
-    subgroups: use the subgroupAdd variant (default: when the device has the feature).
+    subgroups: use the subgroup variant (default: when the device has the feature).
+    chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
+    row and per workgroup (defaults per kernel).
     """
     row_bytes(qtype, k)
     sg = dev.has_subgroups if subgroups is None else subgroups
     mode = 1 if geglu else 2 if gelu_times is not None else 0
+    b = gelu_times if gelu_times is not None else dev.dummy
+    plan = plan if plan is not None else dev.plan()
+    if chunks is None:
+        chunks = quant_type(qtype) == ggml.Q4_K
+    if chunks:
+        if quant_type(qtype) != ggml.Q4_K:
+            raise ValueError("the 16-byte chunk matvec reads Q4_K only")
+        tpr = tpr or q4k_threads_per_row(k)
+        wg = wg or Q4K_WORKGROUP
+        p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
+                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode})
+        bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": b})
+        return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+    tpr, wg = tpr or 64, wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
@@ -155,9 +171,16 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype),
                   enables=("subgroups",) if sg else (),
                   constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units})
-    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": gelu_times if gelu_times is not None else dev.dummy})
-    plan = plan if plan is not None else dev.plan()
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": b})
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+
+
+# Q4_K chunk matvec shape: a row's K / 32 chunks over TPR threads, at least two each (up to 32)
+Q4K_WORKGROUP = 64
+
+
+def q4k_threads_per_row(k: int) -> int:
+    return max(4, min(32, 1 << ((k // 64).bit_length() - 1)))
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,

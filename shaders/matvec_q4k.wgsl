@@ -1,0 +1,12 @@
+// Decode matvec for Q4_K in 16-byte chunks (matvec_q4k_common.wgsl), rows summed with a tree in
+// shared memory. Dispatch: ceil(N / (WG / TPR)) workgroups, split into (x, y) above 65535.
+
+//!include matvec_q4k_common
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
+    let t = lid % TPR;
+    reduce_and_finish(lid, t, row, row_partials(row, t));
+}
