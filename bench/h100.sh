@@ -40,7 +40,7 @@
 #      CPU-only llama-bench, to try this script on a machine without a GPU), PYTHON (python3),
 #      H100_WORK (/tmp/h100), MODEL_DIR (/tmp), LLAMA_ARGS (extra llama-bench arguments),
 #      STREAM_MODEL (a26b:Q4_K), STREAM_BUDGETS ("8192 4096"), STREAM_PROMPT (128), STREAM_GEN (32),
-#      STREAM_TEMPERATURE (1: sampled tokens; greedy decoding of random weights repeats itself, and
+#      SWEEP_ARGS (extra bench/matvec_sweep.py arguments), STREAM_TEMPERATURE (1: sampled tokens; greedy decoding of random weights repeats itself, and
 #      so does its routing, which flatters a cache).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -339,7 +339,8 @@ step_sweep() {
     busy sweep && return 1
     done_already "$res" && return 0
     log "sweep: Q4_K decode matvec variants"
-    limited 20 "$PY" bench/matvec_sweep.py --quants q4_k > "$res.tmp" && mv "$res.tmp" "$res"
+    # shellcheck disable=SC2086
+    limited 20 "$PY" bench/matvec_sweep.py --quants q4_k ${SWEEP_ARGS:-} > "$res.tmp" && mv "$res.tmp" "$res"
     cat "$res" 2>/dev/null
 }
 

@@ -3,7 +3,8 @@
     python bench/matvec_sweep.py [--quants q4_k q6_k q8_0] [--tpr 8 16 32 64]
 
 Prints one JSON line per (shape, quant, TPR): microseconds per dispatch (50 per submit) and
-GB/s. TPR decides how a row's dot product is split: with K = 1536 and TPR = 64 a thread gets
+GB/s (matrices under ~40 MB stay in the H100's 50 MB L2 across the 50 repeats: their GB/s are
+L2's; the 262144-row head streams from memory). TPR decides how a row's dot product is split: with K = 1536 and TPR = 64 a thread gets
 six 4-weight groups (each decoding its block's scales again); with TPR = 16 it gets three
 32-weight units (scales decoded once per 32). The engine's choice (pyapp.gpu.kernels.matvec)
 comes from these figures. Q4_K also runs the 16-byte chunk kernel (matvec_q4k*.wgsl) by
@@ -33,10 +34,13 @@ def main() -> int:
     ap.add_argument("--tpr", nargs="*", type=int, default=[8, 16, 32, 64])
     ap.add_argument("--chunk-tpr", nargs="*", type=int, default=[8, 16, 32])
     ap.add_argument("--chunk-wg", nargs="*", type=int, default=[64, 128, 256])
+    ap.add_argument("--shapes", nargs="*", default=None, help="ROWSxCOLS (default: a decode step's shapes)")
+    ap.add_argument("--probe", action="store_true", help="also the chunk kernel's loads alone (PROBE 1)")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
-    for n, k in SHAPES:
+    shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
+    for n, k in shapes:
         x = dev.buffer(4 * k)
         dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
         y = dev.buffer(4 * n)
@@ -50,8 +54,8 @@ def main() -> int:
             variants = [dict(tpr=t, units=u, chunks=False) for t in args.tpr for u in (False, True)
                         if not u or k % 32 == 0]
             if q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
-                variants += [dict(tpr=t, wg=g, chunks=True) for t in args.chunk_tpr for g in args.chunk_wg
-                             if t <= g and k // 32 >= t]
+                variants += [dict(tpr=t, wg=g, chunks=True, probe=p) for t in args.chunk_tpr for g in args.chunk_wg
+                             for p in ((0, 1) if args.probe else (0,)) if t <= g and k // 32 >= t]
             for v in variants:
                 plan = dev.plan()
                 reps = 50 if n < 100000 else 5

@@ -117,7 +117,8 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 //                   vec4s, coalesced; V reads after too), then writes its partial softmax state
 //                   PART[h, s] = (max m, sum l, acc[HD]) (m = NEG, l = 0 when empty).
 //                   Dispatch (H, NSPLIT) with NSPLIT * CH >= the most keys a query sees.
-//   attend_combine: O[h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Dispatch (H).
+//   attend_combine: O[h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits
+//                   that held keys (a context sized plan has many empty ones early on). Dispatch (H).
 // Needs HD % 4 == 0 and HD <= 4 * WG (WG = 128: 4 threads x 32 keys).
 
 override NSPLIT: u32 = 1u;
@@ -191,18 +192,20 @@ var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weig
 fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let stride = HD + 2u;
+    let pos = S.pos0;
+    let used = min(NSPLIT, (pos - query_range(pos)) / CH + 1u);   // the splits that held keys
     var mx = NEG;
-    for (var s = 0u; s < NSPLIT; s++) { mx = max(mx, PART[(h * NSPLIT + s) * stride]); }
+    for (var s = 0u; s < used; s++) { mx = max(mx, PART[(h * NSPLIT + s) * stride]); }
     var l = 0.0;
-    for (var s = 0u; s < NSPLIT; s++) {
+    for (var s = 0u; s < used; s++) {
         let b = (h * NSPLIT + s) * stride;
         l += exp(PART[b] - mx) * PART[b + 1u];
     }
-    for (var s = lid; s < NSPLIT; s += 128u) { cw[s] = exp(PART[(h * NSPLIT + s) * stride] - mx) / l; }
+    for (var s = lid; s < used; s += 128u) { cw[s] = exp(PART[(h * NSPLIT + s) * stride] - mx) / l; }
     workgroupBarrier();
     for (var d = lid; d < HD; d += 128u) {
         var a = 0.0;
-        for (var s = 0u; s < NSPLIT; s++) { a += cw[s] * PART[(h * NSPLIT + s) * stride + 2u + d]; }
+        for (var s = 0u; s < used; s++) { a += cw[s] * PART[(h * NSPLIT + s) * stride + 2u + d]; }
         O[h * HD + d] = a;
     }
 }

@@ -16,6 +16,7 @@ override N: u32;
 override TPR: u32 = 16u;      // threads per row, power of two, <= WG
 override WG: u32 = 64u;
 override MODE: u32 = 0u;      // epilogue: 0 y = Wx; 1 GeGLU y = gelu(W[r]x) * W[N+r]x; 2 y = gelu(Wx) * B
+override PROBE: u32 = 0u;     // bench/matvec_sweep.py --probe 1: the loads alone (a bandwidth probe, wrong sums)
 
 @group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
@@ -30,45 +31,48 @@ fn finish(row: u32, a: f32, b: f32) -> f32 {
     return a;
 }
 
-fn byte_of(h: vec4<u32>, i: u32) -> u32 {      // scale byte i (0..11) of a block header
-    return (h[1u + i / 4u] >> (8u * (i % 4u))) & 0xffu;
+// (scale, min) of sub-blocks 2g and 2g + 1 as (sc0, m0, sc1, m1) (ggml's get_scale_min_k4 on
+// the header words h.y, h.z, h.w = scale bytes 0-3, 4-7, 8-11), without indexing a vector by
+// a runtime value: two 6-bit fields are cut out of a word at once.
+fn scale_min_pair(h: vec4<u32>, g: u32) -> vec4<f32> {
+    let s = 16u * (g & 1u);                   // the pair's first byte within its word
+    let low = (h.y >> s) & 0x3f3fu;           // g < 2: scales in bytes 0-3, mins in 4-7
+    let lowm = (h.z >> s) & 0x3f3fu;
+    let q = h.w >> s;                         // g >= 2: low 4 bits in bytes 8-11, top 2 bits on top of 0-7
+    let high = (q & 0x0f0fu) | (((h.y >> s) >> 2u) & 0x3030u);
+    let highm = ((q >> 4u) & 0x0f0fu) | (((h.z >> s) >> 2u) & 0x3030u);
+    let sc = select(low, high, g >= 2u);
+    let m = select(lowm, highm, g >= 2u);
+    return vec4<f32>(f32(sc & 0xffu), f32(m & 0xffu), f32(sc >> 8u), f32(m >> 8u));
 }
 
-// (scale, min) of sub-block j (ggml's get_scale_min_k4)
-fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
-    if (j < 4u) { return vec2<f32>(f32(byte_of(h, j) & 63u), f32(byte_of(h, j + 4u) & 63u)); }
-    let x = byte_of(h, j + 4u);
-    return vec2<f32>(f32((x & 15u) | ((byte_of(h, j - 4u) >> 6u) << 4u)),
-                     f32((x >> 4u) | ((byte_of(h, j) >> 6u) << 4u)));
-}
-
-// Chunk c of the row whose first block is word `rb`: its 32 weights . X
+// Chunk c of the row whose first block is word `rb`: its 32 weights . X. Nibbles become floats
+// four at a time (unpack4x8unorm gives byte / 255: the 255 goes into the block's scales).
 fn chunk_dot(rb: u32, c: u32) -> f32 {
     let b = c >> 3u;
     let ci = c & 7u;
     let g = ci >> 1u;
     let hdr = W[rb + 9u * b];
     let q = W[rb + 9u * b + 1u + ci];
+    if (PROBE == 1u) { return f32(hdr.x ^ q.x ^ q.y ^ q.z ^ q.w); }
     let xi = 64u * b + 16u * g + 4u * (ci & 1u);     // X (vec4) of the chunk's first low-nibble weight
     var lo = 0.0;
     var hi = 0.0;
     var xlo = vec4<f32>(0.0);
     var xhi = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        let bytes = vec4<u32>(q[i], q[i] >> 8u, q[i] >> 16u, q[i] >> 24u);
         let a = X[xi + i];
         let z = X[xi + 8u + i];
-        lo += dot(vec4<f32>(bytes & vec4<u32>(15u)), a);
-        hi += dot(vec4<f32>((bytes >> vec4<u32>(4u)) & vec4<u32>(15u)), z);
+        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), a);
+        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), z);
         xlo += a;
         xhi += z;
     }
     let dm = unpack2x16float(hdr.x);
-    let s0 = scale_min(hdr, 2u * g);
-    let s1 = scale_min(hdr, 2u * g + 1u);
+    let sm = scale_min_pair(hdr, g);
     let sum_lo = xlo.x + xlo.y + xlo.z + xlo.w;
     let sum_hi = xhi.x + xhi.y + xhi.z + xhi.w;
-    return dm.x * (s0.x * lo + s1.x * hi) - dm.y * (s0.y * sum_lo + s1.y * sum_hi);
+    return 255.0 * dm.x * (sm.x * lo + sm.z * hi) - dm.y * (sm.y * sum_lo + sm.w * sum_hi);
 }
 
 // Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).

@@ -134,14 +134,15 @@ def groups(n: int) -> tuple[int, int]:
 
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
-           gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None) -> Plan:
+           gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
+           probe: int = 0) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
-    row and per workgroup (defaults per kernel).
+    row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
     """
     row_bytes(qtype, k)
     sg = dev.has_subgroups if subgroups is None else subgroups
@@ -156,7 +157,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
         tpr = tpr or q4k_threads_per_row(k)
         wg = wg or Q4K_WORKGROUP
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode})
+                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "PROBE": probe})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": b})
         return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
     tpr, wg = tpr or 64, wg or 256
@@ -473,4 +474,4 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     p = _pipeline(dev, "attention", entry="attend_split", constants=c)
     plan.dispatch(p, dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials}), heads, nsplit)
     p = _pipeline(dev, "attention", entry="attend_combine", constants=c)
-    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials}), heads)
+    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads)
