@@ -58,21 +58,25 @@ fn chunk_dot(rb: u32, c: u32) -> f32 {
     let xi = 64u * b + 16u * g + 4u * (ci & 1u);     // X (vec4) of the chunk's first low-nibble weight
     var lo = 0.0;
     var hi = 0.0;
-    var xlo = vec4<f32>(0.0);
-    var xhi = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        let a = X[xi + i];
-        let z = X[xi + 8u + i];
-        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), a);
-        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), z);
-        xlo += a;
-        xhi += z;
+        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), X[xi + i]);
+        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), X[xi + 8u + i]);
     }
     let dm = unpack2x16float(hdr.x);
     let sm = scale_min_pair(hdr, g);
-    let sum_lo = xlo.x + xlo.y + xlo.z + xlo.w;
-    let sum_hi = xhi.x + xhi.y + xhi.z + xhi.w;
-    return 255.0 * dm.x * (sm.x * lo + sm.z * hi) - dm.y * (sm.y * sum_lo + sm.w * sum_hi);
+    return 255.0 * dm.x * (sm.x * lo + sm.z * hi) - dm.y * (sm.y * xsum16[xi / 4u] + sm.w * xsum16[xi / 4u + 2u]);
+}
+
+// Sums of X over each run of 16 weights, for the blocks' min terms: computed once per
+// workgroup (K / 16 floats) instead of once per chunk. Call in uniform control flow.
+var<workgroup> xsum16: array<f32, K / 16u>;
+
+fn sum_x_runs(lid: u32) {
+    for (var r = lid; r < K / 16u; r += WG) {
+        let v = X[4u * r] + X[4u * r + 1u] + X[4u * r + 2u] + X[4u * r + 3u];
+        xsum16[r] = v.x + v.y + v.z + v.w;
+    }
+    workgroupBarrier();
 }
 
 // Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).

@@ -176,12 +176,14 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
-# Q4_K chunk matvec shape: a row's K / 32 chunks over TPR threads, at least two each (up to 32)
+# Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md): rows of up to
+# 64 chunks (K <= 2048) run fastest with 8 threads each, longer rows with 32 (their matrices have
+# few rows: the GPU needs the threads); at least two chunks a thread.
 Q4K_WORKGROUP = 64
 
 
 def q4k_threads_per_row(k: int) -> int:
-    return max(4, min(32, 1 << ((k // 64).bit_length() - 1)))
+    return max(4, min(8 if k <= 2048 else 32, k // 64))
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
