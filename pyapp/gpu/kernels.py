@@ -451,3 +451,34 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     plan.dispatch(p, dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials}), heads, nsplit)
     p = _pipeline(dev, "attention", entry="attend_combine", constants=c)
     return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials}), heads)
+
+
+# ---- DiffusionGemma (shaders/soft_embed.wgsl, shaders/attention_canvas.wgsl) ----------------
+
+def soft_embed(dev: Device, qtype, v: int, d: int, logits: Buffer, stats: Buffer, parts, out: Buffer,
+               step: Buffer, max_tokens: int, scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """out[t] = softmax(logits[t, :v]) @ E * scale for T = step.n_tokens rows, E the [v, d] table given
+    as `parts` [(buffer, row0, rows)] (row blocks, each within one binding); stats: scratch [T, 2]."""
+    row_bytes(qtype, d)
+    plan = plan or dev.plan()
+    p = _pipeline(dev, "soft_embed", entry="row_stats", prelude=quant_prelude(ggml.F32), constants={"V": v, "D": d})
+    plan.dispatch(p, dev.bind_group(p, {"L": logits, "ST": stats, "S": step}), *groups(max_tokens))
+    for i, (buf, row0, rows) in enumerate(parts):
+        p = _pipeline(dev, "soft_embed", entry="mix", prelude=quant_prelude(qtype),
+                      constants={"V": v, "D": d, "R0": row0, "RN": rows, "SCALE": scale, "ACC": i > 0})
+        bg = dev.bind_group(p, {"L": logits, "STR": stats, "S": step, "W": buf, "O": out})
+        plan.dispatch(p, bg, -(-d // MATMUL_TILE), -(-max_tokens // MATMUL_TILE))
+    return plan
+
+
+def attention_canvas(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, k: Buffer, v: Buffer, out: Buffer,
+                     step: Buffer, heads: int, kv_heads: int, head_dim: int, ctx: int, max_tokens: int,
+                     keep: int = 0, scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """out[t, h] = softmax(scale q k^T) v over the cached prefix (its last `keep` positions before
+    step.pos0; 0: all of it) and the T = step.n_tokens canvas keys k, v [T, kv_heads, head_dim], unmasked;
+    the cache is only read."""
+    c = dict(_attn_consts(heads, kv_heads, head_dim, ctx), KEEP=keep)
+    del c["WINDOW"]
+    p = _pipeline(dev, "attention_canvas", entry="attend_canvas", constants=c)
+    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "Kn": k, "Vn": v, "O": out, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, heads, max_tokens)
