@@ -108,9 +108,6 @@ def cmd_diffusion_logits(args) -> int:
     """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
     import numpy as np
     from .model.config import ConfigError, DiffusionGemmaConfig
-    if args.backend != "reference":
-        raise ConfigError("DiffusionGemma runs on the CPU reference only for now (the GPU forward is not "
-                          "built yet): add --backend reference")
     gguf = _open(args.model)
     cfg = DiffusionGemmaConfig.from_gguf(gguf)
     prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
@@ -120,8 +117,12 @@ def cmd_diffusion_logits(args) -> int:
         prev = np.load(args.prev_logits).astype(np.float32)
         if prev.shape != (len(canvas), cfg.vocab_size):
             raise ConfigError(f"--prev-logits holds {prev.shape}; this canvas needs ({len(canvas)}, {cfg.vocab_size})")
-    from .reference.diffusion import DiffusionReference
-    logits = np.asarray(DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev), dtype=np.float32)
+    if args.backend == "reference":
+        from .reference.diffusion import DiffusionReference
+        logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
+    else:
+        logits = _engine(gguf, args).decoder_logits(prompt, canvas, None if prev is None else prev.tobytes())
+    logits = np.asarray(logits, dtype=np.float32)
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -254,7 +255,9 @@ def main(argv=None) -> int:
     p.add_argument("--canvas-tokens", required=True, help="comma-separated canvas token ids")
     p.add_argument("--prev-logits", default=None, help=".npy of the previous step's processed logits [canvas, vocab]")
     p.add_argument("--out", required=True)
-    p.add_argument("--backend", choices=["native", "reference"], default="reference")
+    p.add_argument("--backend", choices=["native", "reference"], default="native")
+    p.add_argument("--context", type=int, default=None, help="context length (KV cache size)")
+    _memory_args(p)
     p.set_defaults(fn=cmd_diffusion_logits)
 
     from .engine import DEFAULT_CONTEXT, SamplingParams
