@@ -101,3 +101,56 @@ def test_attention_canvas(dev, P, keep, ctx, hd, t):
     np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=2e-5)
     # the cache is only read
     np.testing.assert_array_equal(read_f32(dev, kcb, ring_k.size).reshape(ring_k.shape), ring_k)
+
+
+@pytest.mark.parametrize("n,c,v,first,stab,forced", [
+    (7, 7, 1037, True, 1, False),       # a block's first step: never stable unless the threshold is 0
+    (13, 16, 4099, False, 1, False),    # a shorter canvas than the buffers; the argmax repeats: stable
+    (5, 5, 300, False, 0, True),        # sampled ids given (a replayed trace); stability 0: always stable
+])
+def test_denoise_step(dev, n, c, v, first, stab, forced):
+    """shaders/denoise.wgsl against reference.denoise.step_decisions: processed logits in place, entropies,
+    argmax, inverse-CDF samples (or the given ids), the entropy-bound acceptance, the next canvas, the flags."""
+    from pyapp.reference.denoise import inverse_cdf, step_decisions
+    rng = np.random.default_rng(24)
+    raw = (rng.standard_normal((n, v)) * 3).astype(np.float32)
+    raw[np.arange(n), rng.integers(0, v, n)] += rng.uniform(0, 25, n).astype(np.float32)   # varied entropies
+    raw[1, [3, 9]] = 40.0                                                 # a tie: the first index wins
+    temp, bound, conf = 0.7, 1.5, 2.0
+    proc, probs, ent, am, accepted = step_decisions(raw, temp, bound)
+    u = rng.uniform(0.02, 0.98, n)
+    given = rng.integers(0, v, n)
+    noise = rng.integers(0, v, n)
+    logits = f32(dev, np.concatenate([raw.ravel(), np.zeros((c - n) * v, np.float32)]))
+    params = dev.buffer(4 * K.denoise_param_words(c))
+    dev.write(params, K.pack_denoise_step(c, temp, bound, conf, stab, first, noise.tolist(),
+                                          uniforms=None if forced else u.tolist(),
+                                          forced=given.tolist() if forced else None))
+    prev = np.zeros(1 + c, np.uint32)
+    prev[0] = 3                                                           # 3 steps in a row with this argmax
+    prev[1:1 + n] = am
+    bufs = {k: dev.buffer(4 * c) for k in ("ent", "am", "smp", "ids")}
+    prev_b = dev.buffer(4 * (1 + c))
+    dev.write(prev_b, prev.tobytes())
+    out = dev.buffer(4 * (K.DENOISE_HEADER + 2 * c))
+    dev.submit(K.denoise(dev, v, c, logits, params, bufs["ent"], bufs["am"], bufs["smp"], bufs["ids"], prev_b, out))
+
+    def u32s(b, k):
+        return np.frombuffer(dev.read(b, 0, 4 * k), np.uint32)
+
+    np.testing.assert_array_equal(read_f32(dev, logits, n * v).reshape(n, v), proc)
+    np.testing.assert_allclose(read_f32(dev, bufs["ent"], n), ent, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(u32s(bufs["am"], n), am)
+    assert am[1] == 3
+    sample = given if forced else inverse_cdf(probs, u)
+    np.testing.assert_array_equal(u32s(bufs["smp"], n), sample)
+    np.testing.assert_array_equal(u32s(bufs["ids"], n), np.where(accepted, sample, noise))
+    assert 0 < accepted.sum() < n or n == 5
+    o = u32s(out, K.DENOISE_HEADER + 2 * c)
+    np.testing.assert_array_equal(o[8:8 + n], am)
+    np.testing.assert_array_equal(o[8 + c:8 + c + n].astype(bool), accepted)
+    stable = stab == 0 or not first                                       # the argmax equals PREV's
+    confident = ent.astype(np.float64).mean() < conf
+    assert (o[2], o[3], o[0], o[1]) == (stable, confident, stable and confident, accepted.sum())
+    assert np.frombuffer(o[4:5].tobytes(), np.float32)[0] == pytest.approx(ent.mean(), rel=1e-5)
+    np.testing.assert_array_equal(u32s(prev_b, 1 + n), np.concatenate([[1 if first else 4], am]))

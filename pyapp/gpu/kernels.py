@@ -482,3 +482,35 @@ def attention_canvas(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, k: Buffer, 
     p = _pipeline(dev, "attention_canvas", entry="attend_canvas", constants=c)
     bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "Kn": k, "Vn": v, "O": out, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, heads, max_tokens)
+
+
+DENOISE_HEADER = 8       # u32 words before the draws in a denoising step's parameters (shaders/denoise.wgsl)
+
+
+def denoise_param_words(canvas: int) -> int:
+    """u32 words of a denoising step's parameters for a canvas of this length."""
+    return DENOISE_HEADER + 2 * canvas
+
+
+def pack_denoise_step(canvas: int, temperature: float, entropy_bound: float, confidence: float, stability: int,
+                      first: bool, noise, uniforms=None, forced=None) -> bytes:
+    """Bytes of shaders/denoise.wgsl's DP: the step's settings, then per position a uniform (or, given
+    `forced`, the sampled id) and the renoise id; len(noise) = the step's canvas tokens."""
+    n = len(noise)
+    draws = struct.pack(f"<{n}I", *forced) if forced is not None else struct.pack(f"<{n}f", *uniforms)
+    pad = bytes(4 * (canvas - n))
+    return (struct.pack("<fIffIII", temperature, forced is not None, entropy_bound, confidence, stability,
+                        bool(first), n) + bytes(4) + draws + pad + struct.pack(f"<{n}I", *noise) + pad)
+
+
+def denoise(dev: Device, v: int, canvas: int, logits: Buffer, params: Buffer, ent: Buffer, am: Buffer,
+            smp: Buffer, ids: Buffer, prev: Buffer, out: Buffer, plan: Plan | None = None) -> Plan:
+    """One denoising step's sampler (shaders/denoise.wgsl): `rows` per canvas position, then `accept`.
+    logits [n, v] become the processed logits; ids the next step's canvas; out the step's small results."""
+    plan = plan or dev.plan()
+    c = {"V": v, "C": canvas}
+    p = _pipeline(dev, "denoise", entry="rows", constants=c)
+    plan.dispatch(p, dev.bind_group(p, {"L": logits, "DP": params, "ENT": ent, "AM": am, "SMP": smp}), *groups(canvas))
+    p = _pipeline(dev, "denoise", entry="accept", constants=c)
+    bg = dev.bind_group(p, {"DP": params, "ENTR": ent, "AMR": am, "SMPR": smp, "IDS": ids, "PREV": prev, "OUT": out})
+    return plan.dispatch(p, bg, 1)

@@ -124,6 +124,14 @@ class State:
         self.soft_stats = f32(2 * C, "soft stats")      # [C, 2] max and 1 / sum(exp) of each row of the logits
         self.soft = f32(C * d, "soft")                  # [C, d] softmax(logits) @ token_embd * sqrt(d)
         self.self_cond = f32(C * d, "self_cond")        # [C, d] the self-conditioning MLP's output
+        # the sampler (shaders/denoise.wgsl): the step's settings and draws in, a few small vectors out
+        self.denoise_params = f32(K.denoise_param_words(C), "denoise params")   # u32 (kernels.pack_denoise_step)
+        self.entropies = f32(C, "entropies")            # [C] of softmax(processed logits)
+        self.canvas_argmax = f32(C, "canvas argmax")    # u32 [C] this step's draft
+        self.samples = f32(C, "samples")                # u32 [C] one id drawn per position
+        self.denoise_prev = f32(1 + C, "denoise prev")  # u32: steps in a row with the same argmax, the last argmax
+        self.denoise_out = f32(K.DENOISE_HEADER + 2 * C, "denoise out")   # u32: stop flags, argmax, accepted
+        self.denoise_readback = dev.buffer(self.denoise_out.size, "readback", "denoise readback")
 
     def max_keys(self, lc) -> int:
         """The most keys one query of this layer attends to."""
