@@ -7,12 +7,15 @@
                                   once for the config's canvas length; a shorter canvas replays it with its
                                   own token count. self_conditioned: read the previous step's processed
                                   logits from state.canvas_logits (every step but a block's first)
+  sampler_plan()                  the step's sampler (shaders/denoise.wgsl): processed logits, argmax, entropies,
+                                  samples, acceptance, the next canvas written to state.ids, stop flags
 
 With streamed experts a program is Plans and ExpertRounds in turn, like the layers'.
 """
 
 from __future__ import annotations
 
+from ..gpu import kernels as K
 from ..model.diffusion_gemma import DiffusionDecoder, DiffusionEncoder
 from .ops import Ops
 from .runner import Runner
@@ -36,6 +39,18 @@ class DiffusionRunner(Runner):
             self.layers_program(size)
         for sc in (False, True):
             self.canvas_program(sc)
+        self.sampler_plan()
+
+    def sampler_plan(self):
+        """The step's sampler on the canvas logits (shaders/denoise.wgsl, settings and draws in
+        state.denoise_params): the next canvas into state.ids, the small results copied for the CPU."""
+        if "sampler" not in self._plans:
+            s = self.state
+            plan = K.denoise(self.dev, self.cfg.vocab_size, self.canvas_length, s.canvas_logits, s.denoise_params,
+                             s.entropies, s.canvas_argmax, s.samples, s.ids, s.denoise_prev, s.denoise_out)
+            plan.copy(s.denoise_out, 0, s.denoise_readback, 0, s.denoise_out.size)
+            self._plans["sampler"] = plan
+        return self._plans["sampler"]
 
     def canvas_program(self, self_conditioned: bool) -> list:
         key = ("canvas", self_conditioned)
