@@ -120,3 +120,25 @@ def test_generate_takes_sampling_params(engine):
     assert res.stop_reason in ("length", "stop") and res.tokens == [t for t in seen if t is not None]
     assert len(res.denoise.tokens) == 32 or res.stop_reason == "stop"      # whole canvases: 20 -> 2 blocks
     assert all(t not in (1, 106, 50) for t in res.tokens)
+
+
+@pytest.mark.gpu
+def test_cli_generate_prints_blocks(tmp_path, vocab_gguf_path):
+    """`python -m pyapp generate` on a DiffusionGemma GGUF (with the Gemma 4 tokenizer cut to its 512 ids):
+    the committed text block by block, the same on the GPU and the reference for a seed; bad settings refused."""
+    import subprocess
+    import sys
+    path = tmp_path / "tiny-vocab.gguf"
+    load_tool("convert_diffusion_gemma").convert(HF, path, "f32", vocab=vocab_gguf_path, log=lambda _msg: None)
+    base = [sys.executable, "-m", "pyapp", "generate", str(path), "--prompt", "Hello", "--max-tokens", "20",
+            "--seed", "3", "--steps", "6", "--t-max", "0.3", "--t-min", "0.05", "--context", "128"]
+    out = {}
+    for backend in ("native", "reference"):
+        r = subprocess.run(base + ["--backend", backend], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "[block 1: 6 denoising steps]" in r.stderr and "[block 2: 6 denoising steps]" in r.stderr
+        assert "2 blocks, 12 denoising steps" in r.stderr
+        out[backend] = r.stdout
+    assert out["native"] == out["reference"] and out["native"].strip()
+    r = subprocess.run(base + ["--t-min", "0.9"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "temperatures must satisfy 0 <= t_min <= t_max" in r.stderr
