@@ -40,7 +40,7 @@ def _engine(gguf, args):
 def cmd_info(args) -> int:
     from .engine import EngineError
     from .gguf import summarize
-    from .model.config import ConfigError, Gemma4Config, diffusion_summary
+    from .model.config import ConfigError, diffusion_summary, model_config
     g = _open(args.model)
     s = summarize(g)
     print(f"file:          {args.model}")
@@ -52,7 +52,7 @@ def cmd_info(args) -> int:
     if summary := diffusion_summary(g.metadata):
         print(f"model:         {summary}")
     try:
-        cfg = Gemma4Config.from_gguf(g)
+        cfg = model_config(g)
         print(f"config:        {cfg.describe()}")
         for line in _memory_plan(g, args).describe():
             print(line)
@@ -95,7 +95,10 @@ def _token_ids(text: str, vocab: int, what: str = "token") -> list[int]:
 def cmd_logits(args) -> int:
     import numpy as np
     gguf = _open(args.model)
-    from .model.config import Gemma4Config
+    from .model.config import ConfigError, Gemma4Config
+    if _is_diffusion(gguf):
+        raise ConfigError("DiffusionGemma scores its canvas, not a next token: use diffusion-logits (one "
+                          "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
     model = _model(gguf, args)
     logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
