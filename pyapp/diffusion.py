@@ -46,8 +46,7 @@ class DiffusionEngine(Engine):
     def _decode(self, canvas: list[int], prev_logits=None):
         """Steps: one denoising step over canvas at positions len(cached)..; the logits are left in
         state.canvas_logits [len(canvas), vocab]. prev_logits: the previous step's processed logits
-        (float32 bytes [len(canvas), vocab]) to write there first; None: the state's, when self_conditioned
-        is wanted by the caller through _run_canvas."""
+        (float32 bytes [len(canvas), vocab]) written there first to self-condition the step; None: a first step."""
         canvas = [int(t) for t in canvas]
         self._check_canvas(canvas)
         s = self.runner.state
