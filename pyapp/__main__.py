@@ -40,7 +40,7 @@ def _engine(gguf, args):
 def cmd_info(args) -> int:
     from .engine import EngineError
     from .gguf import summarize
-    from .model.config import ConfigError, Gemma4Config, diffusion_summary
+    from .model.config import ConfigError, diffusion_summary, model_config
     g = _open(args.model)
     s = summarize(g)
     print(f"file:          {args.model}")
@@ -52,7 +52,7 @@ def cmd_info(args) -> int:
     if summary := diffusion_summary(g.metadata):
         print(f"model:         {summary}")
     try:
-        cfg = Gemma4Config.from_gguf(g)
+        cfg = model_config(g)
         print(f"config:        {cfg.describe()}")
         for line in _memory_plan(g, args).describe():
             print(line)
@@ -95,7 +95,10 @@ def _token_ids(text: str, vocab: int, what: str = "token") -> list[int]:
 def cmd_logits(args) -> int:
     import numpy as np
     gguf = _open(args.model)
-    from .model.config import Gemma4Config
+    from .model.config import ConfigError, Gemma4Config
+    if _is_diffusion(gguf):
+        raise ConfigError("DiffusionGemma scores its canvas, not a next token: use diffusion-logits (one "
+                          "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
     model = _model(gguf, args)
     logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
@@ -108,9 +111,6 @@ def cmd_diffusion_logits(args) -> int:
     """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
     import numpy as np
     from .model.config import ConfigError, DiffusionGemmaConfig
-    if args.backend != "reference":
-        raise ConfigError("DiffusionGemma runs on the CPU reference only for now (the GPU forward is not "
-                          "built yet): add --backend reference")
     gguf = _open(args.model)
     cfg = DiffusionGemmaConfig.from_gguf(gguf)
     prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
@@ -120,8 +120,12 @@ def cmd_diffusion_logits(args) -> int:
         prev = np.load(args.prev_logits).astype(np.float32)
         if prev.shape != (len(canvas), cfg.vocab_size):
             raise ConfigError(f"--prev-logits holds {prev.shape}; this canvas needs ({len(canvas)}, {cfg.vocab_size})")
-    from .reference.diffusion import DiffusionReference
-    logits = np.asarray(DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev), dtype=np.float32)
+    if args.backend == "reference":
+        from .reference.diffusion import DiffusionReference
+        logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
+    else:
+        logits = _engine(gguf, args).decoder_logits(prompt, canvas, None if prev is None else prev.tobytes())
+    logits = np.asarray(logits, dtype=np.float32)
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -141,10 +145,71 @@ def _prompt_ids(tok, gguf, text: str, raw: bool) -> list[int]:
     return render_ids(tok, [{"role": "user", "content": text}], style=_chat_style(gguf))
 
 
+def _is_diffusion(gguf) -> bool:
+    from .model.config import DIFFUSION_ARCH
+    return gguf.metadata.get("general.architecture") == DIFFUSION_ARCH
+
+
+def _denoise_params(args, gguf):
+    """DiffusionGemma's settings: the model's defaults (its GGUF), overridden by the flags given."""
+    from .denoising import DenoiseParams
+    from .model.config import DiffusionGemmaConfig
+    p = DenoiseParams.from_config(
+        DiffusionGemmaConfig.from_gguf(gguf), steps=args.steps, t_min=args.t_min, t_max=args.t_max,
+        entropy_bound=args.entropy_bound, stability_threshold=args.stability, confidence_threshold=args.confidence,
+        max_new_tokens=args.max_tokens if args.max_tokens > 0 else None, seed=args.seed)
+    p.validate()
+    return p
+
+
+class _BlockPrinter:
+    """Prints each committed block's text as it comes (up to its eos), and a line per block to stderr."""
+
+    def __init__(self, tok, eos):
+        self.tok, self.eos, self.decoder, self.steps = tok, set(eos), tok.stream(), 0
+
+    def on_step(self, _block, step, _argmax, _accepted):
+        self.steps = step
+
+    def on_block(self, b, block):
+        for t in block:
+            if t in self.eos:
+                break
+            sys.stdout.write(self.decoder.push(t))
+        sys.stdout.flush()
+        print(f"\n[block {b + 1}: {self.steps} denoising steps]", file=sys.stderr)
+
+    def finish(self):
+        sys.stdout.write(self.decoder.flush() + "\n")
+
+
+def _generate_diffusion(args, g, tok, ids) -> int:
+    params = _denoise_params(args, g)          # checked before the model loads
+    printer = _BlockPrinter(tok, params.eos_ids)
+    if args.backend == "reference":
+        from .denoising import SeededDraws
+        from .reference.denoise import generate
+        from .reference.diffusion import DiffusionReference
+        model = DiffusionReference(g)
+        res = generate(model, ids, params, SeededDraws(params.seed, model.cfg.vocab_size, model.cfg.canvas_length),
+                       on_step=printer.on_step)
+        for b, block in enumerate(res.blocks):
+            printer.on_block(b, block)
+    else:
+        res = _engine(g, args).denoise(ids, params, on_step=printer.on_step, on_block=printer.on_block)
+    printer.finish()
+    speed = (f", {sum(t != params.pad_id for t in res.tokens) / res.seconds:.1f} tok/s" if res.seconds else "")
+    print(f"[{len(res.blocks)} blocks, {res.decoder_passes} denoising steps, {res.tokens_per_forward(params.pad_id):.2f} "
+          f"tokens per forward{speed}, {res.stop_reason}]", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args) -> int:
     g = _open(args.model)
     tok = _tokenizer(g)
     ids = _prompt_ids(tok, g, args.prompt, args.raw)
+    if _is_diffusion(g):
+        return _generate_diffusion(args, g, tok, ids)
     params = _params(args)       # checked before the model loads
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
@@ -175,7 +240,7 @@ def cmd_chat(args) -> int:
     from .chat import Conversation, reply_ids
     g = _open(args.model)
     tok = _tokenizer(g)
-    params = _params(args)       # checked before the model loads
+    params = _denoise_params(args, g) if _is_diffusion(g) else _params(args)   # checked before the model loads
     engine = _engine(g, args)
     conv = Conversation(system=args.system, style=_chat_style(g))
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
@@ -254,7 +319,9 @@ def main(argv=None) -> int:
     p.add_argument("--canvas-tokens", required=True, help="comma-separated canvas token ids")
     p.add_argument("--prev-logits", default=None, help=".npy of the previous step's processed logits [canvas, vocab]")
     p.add_argument("--out", required=True)
-    p.add_argument("--backend", choices=["native", "reference"], default="reference")
+    p.add_argument("--backend", choices=["native", "reference"], default="native")
+    p.add_argument("--context", type=int, default=None, help="context length (KV cache size)")
+    _memory_args(p)
     p.set_defaults(fn=cmd_diffusion_logits)
 
     from .engine import DEFAULT_CONTEXT, SamplingParams
@@ -278,6 +345,16 @@ def main(argv=None) -> int:
         p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
+        d = p.add_argument_group("DiffusionGemma (default: the model's settings)")
+        d.add_argument("--steps", type=int, default=None, help="most denoising steps per block")
+        d.add_argument("--t-min", type=float, default=None, help="temperature of the last step")
+        d.add_argument("--t-max", type=float, default=None, help="temperature of the first step")
+        d.add_argument("--entropy-bound", type=float, default=None,
+                       help="accept the lowest-entropy positions while their summed entropy stays under this")
+        d.add_argument("--stability", type=int, default=None,
+                       help="stop a block once its argmax has not changed for this many steps (and is confident)")
+        d.add_argument("--confidence", type=float, default=None,
+                       help="stop a block once the mean entropy is below this (and it is stable)")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("bench", help="prefill and decode tokens/s")
@@ -295,13 +372,15 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except Exception as e:  # our errors carry the message a user needs
+        from .denoising import DenoiseError
         from .engine import EngineError
         from .gguf import GGUFError
         from .gpu import GPUError
         from .model.config import ConfigError
         from .sampling import ParamError
         from .source import SourceError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, SourceError, OSError)):
+        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, SourceError, OSError,
+                          DenoiseError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

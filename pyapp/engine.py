@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .gpu import Device, GPUError
 from .gpu import kernels as K
-from .model.config import ConfigError, Gemma4Config
+from .model.config import ConfigError, Gemma4Config, model_config
 from .model.logits import Logits
 from .model.weights import WeightsError, bind
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
@@ -153,19 +153,19 @@ class Engine:
                 progress(done, total, time.perf_counter() - t0)
         load_s = time.perf_counter() - t0
 
+        engine_class, runner_class = cls, Runner
+        if cfg.is_diffusion:
+            from .diffusion import DiffusionEngine
+            from .runtime.canvas import DiffusionRunner
+            engine_class, runner_class = DiffusionEngine, DiffusionRunner
         try:
-            runner = Runner(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots)
-            # build the plans now: shader compilation belongs to loading, not to the first reply
-            for size in runner.step_sizes:
-                runner.layers_program(size)
-            if runner.decodes_ahead:
-                runner.layers_program(1, sampled=True)
-            runner.head_plan(0, sample=True)
+            runner = runner_class(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots)
+            runner.prepare()
         except ModelError as e:
             raise EngineError(str(e)) from e
         except GPUError as e:
             raise EngineError(f"the GPU rejected the model: {e}") from e
-        engine = cls(dev, gguf, runner)
+        engine = engine_class(dev, gguf, runner)
         engine.memory_plan = mem
         engine.load_bytes_per_s = total / load_s if load_s > 0 else 0.0
         return engine
@@ -179,7 +179,7 @@ class Engine:
     @staticmethod
     def _plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file):
         try:
-            cfg = Gemma4Config.from_gguf(gguf)
+            cfg = model_config(gguf)
             bound = bind(cfg, gguf.tensors)
             ctx = check_context_length(context_length, cfg.context_length)
             _check_context_fits(limits, cfg, ctx)

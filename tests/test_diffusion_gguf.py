@@ -287,16 +287,17 @@ def test_config_and_info_say_what_it_is(converted):
     assert ("model:         DiffusionGemma, text diffusion on the Gemma 4 26B-A4B: 4 layers (SGSG), hidden 64, "
             "4 heads, MoE 2/4 experts x 32, window 8; canvas of 16 tokens, up to 12 denoising steps, "
             "temperature 0.9 -> 0.3, entropy bound 0.25") in out
-    assert ("config:        not runnable here: DiffusionGemma (text diffusion on the Gemma 4 26B-A4B): "
-            "generation is not supported yet") in out
+    assert ("config:        4 layers (SGSG), hidden 64, 4 heads, vocab 512, window 8, MoE 2/4 experts x 32"
+            in out) and "GPU memory:" in out         # the engine runs it (the app does not yet)
     assert "Q8_0        38 tensors" in out
     assert "Traceback" not in out + r.stderr
-    # the commands that would run it refuse with the same sentence
+    # next-token logits do not apply: the command says what does
     r = subprocess.run([sys.executable, "-m", "pyapp", "logits", str(converted["q8_0"]), "--tokens", "2,5",
                         "--out", str(converted["q8_0"].with_suffix(".npy")), "--backend", "reference"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr.strip() == "error: DiffusionGemma (text diffusion on the Gemma 4 26B-A4B): generation is not supported yet"
+    assert r.stderr.strip() == ("error: DiffusionGemma scores its canvas, not a next token: use diffusion-logits "
+                                "(one denoising step's logits), generate or chat")
 
 
 def test_tokenizer_from_gemma4_vocab(tmp_path, converter, vocab_gguf_path):

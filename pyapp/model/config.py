@@ -388,6 +388,13 @@ class DiffusionGemmaConfig(Gemma4Config):
         )
 
 
+def model_config(gguf) -> Gemma4Config:
+    """The config of a model the engine runs: a DiffusionGemmaConfig for a DiffusionGemma GGUF, else Gemma4Config."""
+    if gguf.metadata.get("general.architecture") == DIFFUSION_ARCH:
+        return DiffusionGemmaConfig.from_gguf(gguf)
+    return Gemma4Config.from_gguf(gguf)
+
+
 def diffusion_summary(meta: dict) -> str | None:
     """One line on a DiffusionGemma GGUF (its shape and generation defaults) for `info`; None for any
     other architecture. It only describes: values are shown as the file has them, unchecked."""

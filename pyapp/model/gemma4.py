@@ -66,14 +66,18 @@ class Gemma4:
         else:
             self.mlp(ops, w, s.xn, s.ffn_out)
         if not lc.has_ple:
-            ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x, scale=w.output_scale, next_weight=last_norm,
+            ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x, scale=self.layer_scale(w), next_weight=last_norm,
                          next_out=s.xn)
             return
         ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x)
         ops.gelu_gate(w.ple_gate, s.x, ops.ple_slice(lc.index), s.ple_act)
         ops.linear(w.ple_proj, s.ple_act, s.ple_out)
-        ops.add_norm(s.ple_out, w.ple_post_norm, into=s.x, scale=w.output_scale, next_weight=last_norm,
+        ops.add_norm(s.ple_out, w.ple_post_norm, into=s.x, scale=self.layer_scale(w), next_weight=last_norm,
                      next_out=s.xn)
+
+    def layer_scale(self, w: LayerWeights):
+        """The factor a layer's output is scaled by (layer_output_scale; None: 1)."""
+        return w.output_scale
 
     def attention(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
         """reference: attention on s.xn, result in s.attn_out."""

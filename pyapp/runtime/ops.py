@@ -108,6 +108,13 @@ class Ops:
             K.embed(self.dev, table.qtype, table.shape[0], p.buffer, ids, out, self.step, self.T, scale=scale,
                     row0=p.row0, nrows=p.rows, plan=self.plan)
 
+    def soft_embed(self, table: GpuTensor, logits: Buffer, out: Buffer, scale: float) -> None:
+        """out[t] = softmax(logits[t]) @ table * scale over the whole vocabulary (DiffusionGemma's
+        self-conditioning input), block by block of the table's rows."""
+        K.soft_embed(self.dev, table.qtype, table.shape[1], table.shape[0], logits, self.s.soft_stats,
+                     [(p.buffer, p.row0, p.rows) for p in table.parts], out, self.step, self.T, scale=scale,
+                     plan=self.plan)
+
     def ple_combine(self, proj: Buffer, emb: Buffer, norm: GpuTensor, out: Buffer) -> None:
         """Fuses reference per_layer_inputs' tail: out[l, t] = (rms_norm(proj / sqrt(d)) * norm + emb) / sqrt(2)."""
         cfg = self.cfg
@@ -139,16 +146,23 @@ class Ops:
                       lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan,
                       q_heads=H, q_off=g.q_row, q_weight=w.attn_q_norm.buffer, q_out=s.q)
             return
+        self.qkv(lc, w, x, freq_factors)
+        K.kv_store(dev, s.k, s.v, cache.k, cache.v, self.step, kvh, hd, cache.slots, T, plan=plan)
+
+    def qkv(self, lc, w, x: Buffer, freq_factors: GpuTensor | None) -> None:
+        """The reference attention's first half for a chunk, nothing stored: q into state.q, and
+        k = rope(rms_norm(x @ Wk) * k_norm), v = rms_norm(x @ Wv) (the raw k when k_eq_v) into state.k, state.v."""
+        s, hd, kvh = self.s, lc.head_dim, lc.n_kv_heads
         self.q_proj(lc, w, x, freq_factors)
         self.linear(w.attn_k, x, s.k_raw)
         v_raw = s.k_raw
         if lc.has_v:
             self.linear(w.attn_v, x, s.v_raw)
             v_raw = s.v_raw
-        K.norm_rope(dev, s.k_raw, s.k, w.attn_k_norm.buffer, self.step, kvh, hd, lc.rope_dims, lc.rope_base, T,
-                    eps=self.eps, freq_factors=ff, plan=plan)
+        K.norm_rope(self.dev, s.k_raw, s.k, w.attn_k_norm.buffer, self.step, kvh, hd, lc.rope_dims, lc.rope_base,
+                    self.T, eps=self.eps, freq_factors=freq_factors.buffer if freq_factors is not None else None,
+                    plan=self.plan)
         self.rms_norm(v_raw, s.v, None, dim=hd, rows_per_token=kvh)
-        K.kv_store(dev, s.k, s.v, cache.k, cache.v, self.step, kvh, hd, cache.slots, T, plan=plan)
 
     def q_proj(self, lc, w, x: Buffer, freq_factors: GpuTensor | None) -> None:
         """Fuses q's norm and RoPE: state.q = rope(rms_norm(x @ Wq) * q_norm)."""
@@ -169,6 +183,13 @@ class Ops:
         else:
             K.attention(self.dev, q, cache.k, cache.v, out, self.step, H, kvh, hd, cache.slots, self.T, window=window,
                         plan=self.plan)
+
+    def attend_canvas(self, lc, q: Buffer, cache, k: Buffer, v: Buffer, out: Buffer) -> None:
+        """out = softmax(q k^T) v, unmasked, over the cached prefix and the step's own k, v (DiffusionGemma's
+        decoder over its canvas); sliding layers see the last window - 1 cached positions. The cache is only read."""
+        keep = self.cfg.sliding_window - 1 if lc.sliding and self.cfg.sliding_window else 0
+        K.attention_canvas(self.dev, q, cache.k, cache.v, k, v, out, self.step, self.cfg.n_heads, lc.n_kv_heads,
+                           lc.head_dim, cache.slots, self.T, keep=keep, plan=self.plan)
 
     # -- mixture of experts ------------------------------------------------------------------
     def route(self, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
@@ -241,8 +262,12 @@ class Ops:
         self.plan.copy(src, 4 * width * row, dst, 0, 4 * width)
 
     def softcap(self, x: Buffer, n: int, cap: float) -> None:
-        """x = tanh(x / cap) * cap."""
-        K.elementwise(self.dev, "softcap", n, x, self.step, 1, cap=cap, plan=self.plan)
+        """x = tanh(x / cap) * cap for rows of n floats."""
+        K.elementwise(self.dev, "softcap", n, x, self.step, self.T, cap=cap, plan=self.plan)
+
+    def add(self, a: Buffer, b: Buffer, dim: int | None = None) -> None:
+        """a += b over rows of `dim` (default hidden) floats."""
+        K.elementwise(self.dev, "add", dim or self.cfg.hidden, a, self.step, self.T, b=b, plan=self.plan)
 
     def sample(self, logits: Buffer, n: int, token: Buffer) -> None:
         """token = a draw from logits under the sampling parameters in state.sample_params (on the GPU)."""

@@ -25,15 +25,17 @@ from .state import State
 
 
 class Runner:
+    model_class = Gemma4          # what layers_program records (DiffusionRunner: the encoder)
+
     def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
                  expert_slots: int | None = None):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
-        self.ctx, self.chunk = context_length, chunk
         self.state = State(dev, cfg, layout, context_length, chunk)
-        self.model = Gemma4(cfg, layout, self.state)
+        self.ctx, self.chunk = context_length, self.state.chunk
+        self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
         self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None
-        self.step_sizes = sorted({1, min(64, chunk), chunk})   # a plan per size, built at load
+        self.step_sizes = sorted({1, min(64, self.chunk), self.chunk})   # a plan per size, built at load
         self._plans: dict = {}
 
     def step_size(self, n: int) -> int:
@@ -59,9 +61,21 @@ class Runner:
             raise ValueError("experts stream: the layers run as several plans (layers_program)")
         return program[0]
 
+    def prepare(self) -> None:
+        """Build every plan a generation uses now: shader compilation belongs to loading, not to the first reply."""
+        for size in self.step_sizes:
+            self.layers_program(size)
+        if self.decodes_ahead:
+            self.layers_program(1, sampled=True)
+        self.head_plan(0, sample=True)
+
     def run_layers(self, n_tokens: int, sampled: bool = False):
         """Steps: submit the layers for a step of n_tokens (written by write_step / write_position)."""
-        for part in self.layers_program(self.step_size(n_tokens), sampled):
+        yield from self.run_program(self.layers_program(self.step_size(n_tokens), sampled), n_tokens)
+
+    def run_program(self, program: list, n_tokens: int):
+        """Steps: submit a program (Plans, and ExpertRounds served from the expert cache) for n_tokens."""
+        for part in program:
             if isinstance(part, ExpertRounds):
                 yield from self.experts.run(part, n_tokens)
             else:

@@ -1,0 +1,206 @@
+"""DiffusionGemma on the engine: text by denoising a canvas (issue 12; shared/notes/diffusion_gemma.md).
+
+    eng = Engine.open("diffusion.gguf")          # a DiffusionEngine: the file says what it is
+    logits = eng.decoder_logits(prompt, canvas, prev_logits)    # one denoising step, [C, vocab]
+    res = eng.denoise(prompt, DenoiseParams.from_config(eng.config, seed=1), on_block=print)
+
+Generation runs block by block: encode (the prompt, then each committed block), then per step one canvas
+program and the sampler on the GPU (pyapp.runtime.canvas); per step the CPU writes the step's settings and
+draws (a few KiB) and reads back the stop flags, the argmax draft and the acceptance mask (2 C + 8 words).
+`generate` takes the engine's SamplingParams too (max_tokens, seed), so callers written for Gemma 4 work.
+
+The encoder is the engine's prefill (pyapp.engine: chunked steps writing the KV cache, here through
+DiffusionEncoder's plans); the decoder runs one canvas program (pyapp.runtime.canvas) per step, the
+cache only read. Written once as generators of requests, like the engine, driven sync or async.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+from .denoising import DenoiseParams, DenoiseResult, SeededDraws, finish_block, temperature
+from .engine import Engine, EngineError, GenerationResult
+from .gpu import kernels as K
+from .model.logits import Logits
+from .runtime.requests import ReadGpu, ReadMapped
+
+
+class DiffusionEngine(Engine):
+    @property
+    def canvas_length(self) -> int:
+        return self.config.canvas_length
+
+    # -- the two passes ---------------------------------------------------------------
+    def _encode(self, tokens: list[int]):
+        """Steps: the causal encoder over tokens after those cached (their K/V appended)."""
+        tokens = [int(t) for t in tokens]
+        self._check_ids(tokens)
+        pos = len(self.cached)
+        if pos + len(tokens) > self.context_length:
+            raise EngineError(f"{pos + len(tokens)} tokens do not fit the context of {self.context_length}")
+        if tokens:
+            yield from self._layer_steps(tokens, pos)
+        self.cached = self.cached + tokens
+
+    def _decode(self, canvas: list[int], prev_logits=None):
+        """Steps: one denoising step over canvas at positions len(cached)..; the logits are left in
+        state.canvas_logits [len(canvas), vocab]. prev_logits: the previous step's processed logits
+        (float32 bytes [len(canvas), vocab]) written there first to self-condition the step; None: a first step."""
+        canvas = [int(t) for t in canvas]
+        self._check_canvas(canvas)
+        s = self.runner.state
+        if prev_logits is not None:
+            data = memoryview(prev_logits).cast("B")
+            if len(data) != 4 * len(canvas) * self.config.vocab_size:
+                raise EngineError(f"previous logits of {len(data) // 4} floats; a canvas of {len(canvas)} needs "
+                                  f"{len(canvas)} x {self.config.vocab_size}")
+            self.dev.write(s.canvas_logits, data)
+        yield from self._run_canvas(canvas, prev_logits is not None)
+
+    def _run_canvas(self, canvas: list[int], self_conditioned: bool):
+        self.runner.write_step(canvas, len(self.cached))
+        yield from self.runner.run_canvas(len(canvas), self_conditioned)
+
+    def _check_canvas(self, canvas: list[int]) -> None:
+        if not 1 <= len(canvas) <= self.canvas_length:
+            raise EngineError(f"a canvas of {len(canvas)} tokens: this model's holds 1..{self.canvas_length}")
+        self._check_ids(canvas)
+
+    # -- one step's logits (tests, CLI diffusion-logits) --------------------------------------
+    def _decoder_logits(self, prompt, canvas, prev_logits=None, blocks=()):
+        """Steps: encode the prompt (then each committed block) from an empty cache, one decoder step."""
+        if not len(prompt):
+            raise EngineError("empty prompt")
+        self.reset()
+        yield from self._encode(prompt)
+        for block in blocks:
+            yield from self._encode(block)
+        yield from self._decode(canvas, prev_logits)
+        n, V = len(canvas), self.config.vocab_size
+        data = yield ReadGpu(self.runner.state.canvas_logits, 0, 4 * n * V)
+        return Logits(array("f", bytes(data)), V)
+
+    def decoder_logits(self, prompt, canvas, prev_logits=None, blocks=()) -> Logits:
+        """One denoising step's logits [len(canvas), vocab] (softcap applied) after encoding the prompt and
+        the committed blocks; prev_logits (float32 bytes-like [len(canvas), vocab]) self-conditions it."""
+        return self._drive(self._decoder_logits(prompt, canvas, prev_logits, blocks))
+
+    async def decoder_logits_async(self, prompt, canvas, prev_logits=None, blocks=()) -> Logits:
+        return await self._drive_async(self._decoder_logits(prompt, canvas, prev_logits, blocks))
+
+    # -- generation -------------------------------------------------------------------------
+    def _denoise(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None):
+        """Steps of one generation (reference: pyapp.reference.denoise.generate). on_step(block, step, argmax,
+        accepted) sees each step's draft; on_block(block index, tokens) each committed block."""
+        params.validate()
+        C, V = self.canvas_length, self.config.vocab_size
+        r, s = self.runner, self.runner.state
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise EngineError("empty prompt")
+        self._check_ids(prompt)
+        draws = draws or SeededDraws(params.seed, V, C)
+        eos = set(params.eos_ids)
+        res = DenoiseResult()
+        t0 = time.perf_counter()
+        reuse = self._reusable(prompt)        # a chat's next turn keeps the cached turns
+        self.cached = prompt[:reuse]
+        todo = prompt[reuse:]
+        for b in range(-(-params.max_new_tokens // C)):
+            yield from self._encode(todo)
+            P = len(self.cached)
+            if P + C > self.context_length:
+                res.stop_reason = "context"
+                break
+            canvas = draws.canvas()
+            self._check_canvas(canvas)
+            r.write_step(canvas, P)
+            am, steps = None, 0
+            for cur in range(params.steps, 0, -1):
+                u, forced, noise = draws.step()
+                self.dev.write(s.denoise_params, K.pack_denoise_step(
+                    C, temperature(cur, params.steps, params.t_min, params.t_max), params.entropy_bound,
+                    params.confidence_threshold, params.stability_threshold, steps == 0, noise, u, forced))
+                yield from r.run_canvas(C, steps > 0)
+                self.dev.submit(r.sampler_plan())
+                out = array("I", bytes((yield ReadMapped(s.denoise_readback, 0, s.denoise_out.size))))
+                head = K.DENOISE_HEADER
+                am = out[head:head + C].tolist()
+                accepted = [bool(x) for x in out[head + C:head + 2 * C]]
+                steps += 1
+                res.argmax.append(am)
+                res.accepted.append(accepted)
+                if on_step:
+                    on_step(b, steps, am, accepted)
+                if out[0]:
+                    break
+                if should_stop and should_stop():
+                    break
+            res.steps.append(steps)
+            if should_stop and should_stop():
+                res.stop_reason = "cancelled"
+                break
+            block, had_eos = finish_block(am, eos, params.pad_id)
+            res.blocks.append(block)
+            res.tokens += block
+            if on_block:
+                on_block(b, block)
+            if had_eos:
+                res.stop_reason = "stop"
+                break
+            todo = block
+        else:
+            res.stop_reason = "length"
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def denoise(self, prompt, params: DenoiseParams | None = None, draws=None, on_step=None, on_block=None,
+                should_stop=None) -> DenoiseResult:
+        """Generate by denoising block after block (params: the model's defaults unless given; draws:
+        SeededDraws(params.seed) unless given, e.g. a ReplayDraws of a recorded trace)."""
+        params = params or DenoiseParams.from_config(self.config)
+        return self._drive(self._denoise(prompt, params, draws, on_step, on_block, should_stop))
+
+    async def denoise_async(self, prompt, params: DenoiseParams | None = None, draws=None, on_step=None,
+                            on_block=None, should_stop=None) -> DenoiseResult:
+        params = params or DenoiseParams.from_config(self.config)
+        return await self._drive_async(self._denoise(prompt, params, draws, on_step, on_block, should_stop))
+
+    def _generate(self, prompt, params, on_token, should_stop, stop_ids=None):
+        """Engine.generate's contract on a DiffusionGemma model: params a DenoiseParams, or the engine's
+        SamplingParams (its max_tokens and seed; the rest are autoregressive settings, unused); on_token(id,
+        text) gets each committed block's tokens up to its eos."""
+        if not isinstance(params, DenoiseParams):
+            limit = min(params.token_limit, self.context_length - len(prompt))
+            params = DenoiseParams.from_config(self.config, seed=params.seed,
+                                               max_new_tokens=max(1, int(limit)))
+        result = GenerationResult(prompt_tokens=len(prompt))
+        decoder = self._decoder()
+        eos = set(params.eos_ids)
+
+        def on_block(_b, block):
+            for t in block:
+                if t in eos:
+                    return
+                result.tokens.append(t)
+                piece = decoder.push(t) if decoder else ""
+                result.text += piece
+                if on_token:
+                    on_token(t, piece)
+
+        res = yield from self._denoise(prompt, params, None, None, on_block, should_stop)
+        tail = decoder.flush() if decoder else ""
+        if tail:
+            result.text += tail
+            if on_token:
+                on_token(None, tail)
+        result.stop_reason, result.decode_s = res.stop_reason, res.seconds
+        result.denoise = res
+        return result
+
+    def forward(self, tokens):
+        raise EngineError("DiffusionGemma has no next-token logits: use decoder_logits (CLI: diffusion-logits)")
+
+    async def forward_async(self, tokens):
+        self.forward(tokens)
