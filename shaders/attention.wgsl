@@ -8,9 +8,9 @@
 // KC, VC: f32 [HKV, CTX, HD]; position j lives in slot j % CTX (a ring of CTX
 // >= WINDOW slots serves sliding layers). Query head h reads kv head h / (H / HKV).
 //   store:  writes Kn, Vn [T, HKV, HD] into the caches. Dispatch ceil(T*HKV*HD/64).
-//   attend: one workgroup per (head, token), keys in chunks of WG with an online
-//           softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG).
-//           Dispatch (H, T).
+//   attend: one workgroup per (GH query heads of one KV head, token), keys in chunks of WG
+//           with an online softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG).
+//           Dispatch (H / GH, T).
 
 override H: u32;
 override HKV: u32;
@@ -41,72 +41,92 @@ fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
 }
 
 const NEG: f32 = -3.0e38;
+const MAX_GH: u32 = 8u;                      // query heads a workgroup may serve (GH <= MAX_GH)
+override GH: u32 = 1u;                       // attend: query heads per workgroup, all of one KV head
 
-var<workgroup> qs: array<f32, HD>;
-var<workgroup> p: array<f32, WG>;
-var<workgroup> red: array<f32, WG>;
+var<workgroup> qs: array<f32, GH * HD>;
+var<workgroup> p: array<f32, GH * WG>;
+var<workgroup> red: array<f32, GH * WG>;
 
-fn reduce(lid: u32, is_max: bool) -> f32 {
+// Tree over the WG values of each of the GH heads in red[]; is_max: max, else sum. Holds barriers.
+fn reduce_heads(lid: u32, is_max: bool) {
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
-            red[lid] = select(red[lid] + red[lid + s], max(red[lid], red[lid + s]), is_max);
+            for (var g = 0u; g < GH; g++) {
+                let a = red[g * WG + lid];
+                let b = red[g * WG + lid + s];
+                red[g * WG + lid] = select(a + b, max(a, b), is_max);
+            }
         }
         workgroupBarrier();
     }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
 }
 
+// attend: workgroup (x, t) serves query heads x*GH .. x*GH+GH-1 (one KV head) of token t, so each
+// key and value row is read once for GH heads (GQA: up to 8 query heads share a KV head). Keys in
+// chunks of WG with an online softmax per head; thread lid scores key c + lid against every head's
+// query and owns output dims lid, lid + WG, ... (HD <= 4 WG). Dispatch (H / GH, T).
 @compute @workgroup_size(WG)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
+    let h0 = wid.x * GH;
     let t = wid.y;
     let pos = S.pos0 + t;
-    let kvh = h / (H / HKV);
+    let kvh = h0 / (H / HKV);
     var lo = 0u;
     if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }
-    let qb = (t * H + h) * HD;
-    for (var d = lid; d < HD; d += WG) { qs[d] = Q[qb + d] * SCALE; }
+    for (var i = lid; i < GH * HD; i += WG) { qs[i] = Q[(t * H + h0) * HD + i] * SCALE; }
     workgroupBarrier();
 
-    var m = NEG;
-    var l = 0.0;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var m: array<f32, MAX_GH>;
+    var l: array<f32, MAX_GH>;
+    var acc: array<f32, 4 * MAX_GH>;         // [head g][dim slot i] at 4g + i
+    for (var g = 0u; g < GH; g++) { m[g] = NEG; l[g] = 0.0; }
+    for (var i = 0u; i < 4u * GH; i++) { acc[i] = 0.0; }
     for (var c = lo; c <= pos; c += WG) {
         let j = c + lid;
-        var s = NEG;
+        var score: array<f32, MAX_GH>;
+        for (var g = 0u; g < GH; g++) { score[g] = NEG; }
         if (j <= pos) {
             let kb = (kvh * CTX + j % CTX) * HD;
-            var dotv = 0.0;
-            for (var d = 0u; d < HD; d++) { dotv += qs[d] * KC[kb + d]; }
-            s = dotv;
+            for (var g = 0u; g < GH; g++) { score[g] = 0.0; }
+            for (var d = 0u; d < HD; d++) {
+                let k = KC[kb + d];
+                for (var g = 0u; g < GH; g++) { score[g] += qs[g * HD + d] * k; }
+            }
         }
-        red[lid] = s;
-        let m_new = max(m, reduce(lid, true));
-        let e = select(0.0, exp(s - m_new), j <= pos);
-        p[lid] = e;
-        red[lid] = e;
-        let alpha = exp(m - m_new);
-        l = l * alpha + reduce(lid, false);     // the barriers in reduce also publish p[]
+        for (var g = 0u; g < GH; g++) { red[g * WG + lid] = score[g]; }
+        reduce_heads(lid, true);
+        var alpha: array<f32, MAX_GH>;
+        for (var g = 0u; g < GH; g++) {
+            let m_new = max(m[g], red[g * WG]);
+            let e = select(0.0, exp(score[g] - m_new), j <= pos);
+            alpha[g] = exp(m[g] - m_new);
+            m[g] = m_new;
+            p[g * WG + lid] = e;
+        }
+        workgroupBarrier();                  // everyone has read red[] before it is reused
+        for (var g = 0u; g < GH; g++) { red[g * WG + lid] = p[g * WG + lid]; }
+        reduce_heads(lid, false);            // its barriers also publish p[]
+        for (var g = 0u; g < GH; g++) { l[g] = l[g] * alpha[g] + red[g * WG]; }
         let n = min(WG, pos + 1u - c);
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < HD) {
-                var a = acc[i] * alpha;
+                for (var g = 0u; g < GH; g++) { acc[4u * g + i] *= alpha[g]; }
                 for (var jj = 0u; jj < n; jj++) {
-                    a += p[jj] * VC[(kvh * CTX + (c + jj) % CTX) * HD + d];
+                    let v = VC[(kvh * CTX + (c + jj) % CTX) * HD + d];
+                    for (var g = 0u; g < GH; g++) { acc[4u * g + i] += p[g * WG + jj] * v; }
                 }
-                acc[i] = a;
             }
         }
         workgroupBarrier();
-        m = m_new;
     }
-    for (var i = 0u; i < 4u; i++) {
-        let d = lid + i * WG;
-        if (d < HD) { O[qb + d] = acc[i] / l; }
+    for (var g = 0u; g < GH; g++) {
+        for (var i = 0u; i < 4u; i++) {
+            let d = lid + i * WG;
+            if (d < HD) { O[(t * H + h0 + g) * HD + d] = acc[4u * g + i] / l[g]; }
+        }
     }
 }
 
@@ -126,6 +146,7 @@ const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4
 
 @group(0) @binding(7) var<storage, read_write> PART: array<f32>;
 
+var<workgroup> qd: array<f32, HD>;          // attend_split's query (attend's qs is sized by GH)
 var<workgroup> sc: array<f32, CH>;
 var<workgroup> part4: array<f32, 128>;
 
@@ -150,7 +171,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let n = min(CH, pos + 1u - k0);
-    for (var d = lid; d < HD; d += 128u) { qs[d] = Q[h * HD + d] * SCALE; }
+    for (var d = lid; d < HD; d += 128u) { qd[d] = Q[h * HD + d] * SCALE; }
     workgroupBarrier();
 
     // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims, so the
@@ -161,7 +182,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (j < n) {
         let kb = (kvh * CTX + (k0 + j) % CTX) * HD;
         for (var d = quarter * 4u; d < HD; d += 16u) {
-            dotv += dot(vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]),
+            dotv += dot(vec4<f32>(qd[d], qd[d + 1u], qd[d + 2u], qd[d + 3u]),
                         vec4<f32>(KC[kb + d], KC[kb + d + 1u], KC[kb + d + 2u], KC[kb + d + 3u]));
         }
     }

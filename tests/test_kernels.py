@@ -304,10 +304,12 @@ def attention_ref(q, keys, values, positions, window):
     return np.einsum("hnt,htd->nhd", p, vq)
 
 
-@pytest.mark.parametrize("window,hd", [(0, 36), (13, 136)])
-def test_attention_prefill_then_decode(dev, window, hd):
+@pytest.mark.parametrize("window,hd,h,gh", [(0, 36, 4, None), (13, 136, 4, None), (0, 36, 16, 8), (13, 20, 16, 4),
+                                             (0, 512, 8, 4), (5, 72, 16, 1)])
+def test_attention_prefill_then_decode(dev, window, hd, h, gh):
+    """Prefill attention with 1-8 query heads of a KV head per workgroup (GQA groups of 2 and 8)."""
     rng = np.random.default_rng(10)
-    h, hkv, ctx, t = 4, 2, 300, 150                       # 150 keys: more than one 128-key chunk
+    hkv, ctx, t = 2, 300, 150                             # 150 keys: more than one 128-key chunk
     ks = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
     vs = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
     q = rng.standard_normal((t + 1, h, hd)).astype(np.float32) * 0.3
@@ -317,11 +319,13 @@ def test_attention_prefill_then_decode(dev, window, hd):
     # prefill: T tokens at positions 0..T-1
     step = step_buffer(dev, t, 0)
     plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
-    K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan)
+    K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan,
+                heads_per_group=gh)
     dev.submit(plan)
     keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
     ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)
-    np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=2e-5)
+    atol = 2e-5 * max(1.0, (hd / 128) ** 0.5)             # f32 rounding grows with the dot products' length
+    np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=atol)
 
     # decode: one more token at position T
     step1 = step_buffer(dev, 1, t)
@@ -329,7 +333,7 @@ def test_attention_prefill_then_decode(dev, window, hd):
     K.attention(dev, f32(dev, q[t:]), kc, vc, out, step1, h, hkv, hd, ctx, max_tokens=1, window=window, plan=plan)
     dev.submit(plan)
     ref = attention_ref(q[t:], keys, values, np.array([t]), window)
-    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=2e-5)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
 
 
 @pytest.mark.parametrize("tpr", [4, 32, 256])
