@@ -25,8 +25,6 @@ engine's loader performs (pyapp.engine), file range -> buffer range.
 
 from __future__ import annotations
 
-import struct
-from array import array
 from dataclasses import dataclass
 
 from .. import ggml
@@ -106,13 +104,10 @@ class Upload:
 
 def f32_vector(data: bytes, qtype: int) -> bytes:
     """A small F32/F16/BF16 vector as little-endian f32 bytes, without numpy."""
-    if qtype == ggml.F32:
-        return data
-    if qtype == ggml.F16:
-        return array("f", struct.unpack(f"<{len(data) // 2}e", data)).tobytes()
-    if qtype == ggml.BF16:
-        return array("I", [h << 16 for h in array("H", data)]).tobytes()
-    raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}")
+    try:
+        return ggml.float_bytes_to_f32(data, qtype)
+    except ValueError:
+        raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}") from None
 
 
 def binding_limit(limits: dict) -> int:
