@@ -25,7 +25,7 @@ engine's loader performs (pyapp.engine), file range -> buffer range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import ggml
 from ..gpu import Buffer, Device
@@ -56,6 +56,8 @@ class GpuTensor:
     offset: int = 0       # byte offset in its buffer (q, k, v share one buffer)
     nbytes: int = 0
     cached_from: object = None   # an expert cache: the file tensor [E, n, k] whose experts it holds
+    # LoRA deltas added to this projection's output: [(pyapp.runtime.adapters.GpuLora, first output column)]
+    loras: list = field(default_factory=list)
 
     @property
     def buffer(self) -> Buffer:
@@ -80,6 +82,7 @@ class QKV:
     k_row: int
     v_row: int            # k_row when the layer has no V (k_eq_v: V is the raw K)
     v_apart: GpuTensor | None = None   # attn_v in another encoding: its own matvec into rows v_row..
+    loras: list = field(default_factory=list)   # LoRA deltas of q, k, v: [(GpuLora, its first row here)]
 
     @property
     def out_rows(self) -> int:
