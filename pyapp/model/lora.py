@@ -101,9 +101,13 @@ class LoraAdapter:
 
     def describe(self) -> list[str]:
         """Lines for `info` and the app: the adapter, its scale rule and targets."""
-        rule = f"alpha {self.alpha:g}, scale = {self.user_scale:g} * alpha / rank" if self.alpha else \
-            f"no alpha, scale = {self.user_scale:g}"
         ranks = sorted({t.rank for t in self.targets})
+        if not self.alpha:
+            rule = f"no alpha, scale = user scale {self.user_scale:g}"
+        elif len(ranks) == 1:
+            rule = f"scale = {self.user_scale:g} * alpha {self.alpha:g} / rank {ranks[0]} = {self.scale(self.targets[0]):g}"
+        else:
+            rule = f"scale = {self.user_scale:g} * alpha {self.alpha:g} / rank (per tensor)"
         kinds: dict[str, list] = {}
         for t in self.targets:
             kinds.setdefault(t.field, []).append(t.layer)
