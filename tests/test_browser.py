@@ -597,10 +597,10 @@ def test_lora_adapter_picked_dropped_switched_and_scaled(page):
     a scale out of range is refused beside the field; Remove reloads without it."""
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
-    path, adapter = FIXTURES / "gemma4-dense-f32.gguf", FIXTURES / "lora-gemma4-dense.gguf"
+    path, adapter = FIXTURES / "gemma4-dense-f32.gguf", FIXTURES / "lora" / "gemma4-dense.gguf"
     page.set_input_files("#file-input", str(path))
     wait_loaded_file(page, path.name)
-    page.set_input_files("#adapter-input", str(FIXTURES / "lora-gemma4-moe.gguf"))
+    page.set_input_files("#adapter-input", str(FIXTURES / "lora" / "gemma4-moe.gguf"))
     page.wait_for_function("document.getElementById('adapter-error').textContent.includes('cannot be applied')")
     assert "made for a different base model" in page.inner_text("#adapter-error")
     assert "incorrect shape" in page.text_content("#adapter-error")         # the detail, folded away
@@ -614,7 +614,7 @@ def test_lora_adapter_picked_dropped_switched_and_scaled(page):
                            " && !window.app.state.busy")
     assert page.inner_text("#adapter-info").startswith("tuned.gguf: 32 adapted tensors, rank 4")
     assert page.inner_text("#adapter-error") == ""
-    golden = np.load(FIXTURES / "lora-gemma4-dense-f32.golden.npz")
+    golden = np.load(FIXTURES / "lora" / "gemma4-dense-f32.golden.npz")
     tokens = golden["tokens_1"].tolist()
     base = np.load(path.with_suffix(".golden.npz"))["logits_1"]
     got = _logits(page, tokens)

@@ -1,7 +1,7 @@
 """LoRA adapters in llama.cpp's format (pyapp.model.lora): applied on the GPU and by the reference,
 against transformers + PEFT; every refusal path.
 
-The adapters are tests/fixtures/lora-gemma4-{dense,moe}.gguf: a PEFT LoRA (rank 4, alpha 8, random
+The adapters are tests/fixtures/lora/gemma4-{dense,moe}.gguf: a PEFT LoRA (rank 4, alpha 8, random
 non-zero A and B) converted by llama.cpp's convert_lora_to_gguf.py (tools/make_lora_fixture.py).
 Goldens: transformers + PEFT logits on each base file's dequantized weights, so the only differences
 are float rounding and summation order. Tolerances: GPU <= 1e-3, reference <= 1e-4 (max abs logit,
@@ -28,11 +28,11 @@ def base_path(model: str, qtype: str) -> Path:
 
 
 def adapter_path(model: str) -> Path:
-    return FIX / f"lora-{model}.gguf"
+    return FIX / "lora" / f"{model}.gguf"
 
 
 def lora_golden(model: str, qtype: str):
-    return np.load(FIX / f"lora-{model}-{qtype}.golden.npz")
+    return np.load(FIX / "lora" / f"{model}-{qtype}.golden.npz")
 
 
 def sequences(golden):

@@ -1,4 +1,4 @@
-"""Make the tiny LoRA adapter fixtures and their golden outputs (tests/fixtures/lora-*).
+"""Make the tiny LoRA adapter fixtures and their golden outputs (tests/fixtures/lora/).
 
     python tools/make_lora_fixture.py [--out tests/fixtures]
 
@@ -8,10 +8,10 @@ setup` (the vendored llama.cpp converters and gguf-py).
 For each fixture model of tools/make_fixtures.py (same config and seed, so the same
 random weights; checked against the committed F32 GGUF): a PEFT LoRA (rank 4, alpha 8)
 with random non-zero A and B on the projections llama.cpp adapts for Gemma 4, saved by
-PEFT and converted by llama.cpp's convert_lora_to_gguf.py (F32) into `lora-<model>.gguf`.
+PEFT and converted by llama.cpp's convert_lora_to_gguf.py (F32) into `lora/<model>.gguf`.
 Golden logits and a greedy generation come from transformers + PEFT (float32, eager),
 on each listed base file's own dequantized weights, as the fixtures' goldens do:
-`lora-<model>-<type>.golden.npz`, same keys and sequences as `<model>-<type>.golden.npz`.
+`lora/<model>-<type>.golden.npz`, same keys and sequences as `<model>-<type>.golden.npz`.
 
 The expert tensors are 3-D parameters in transformers (no nn.Linear for PEFT's LoRA),
 so the MoE adapter adapts the router and the shared MLP, not the experts.
@@ -75,7 +75,9 @@ def make(name: str, out_dir: Path) -> None:
     model = fx.hf_model(cfg_kw, vocab, seed)
     names = fx.name_map(model, f32_gguf)        # fails unless this is the committed fixture's model
     lora = add_lora(model, targets, seed + 5)
-    dest = out_dir / f"lora-{name}.gguf"
+    lora_out = out_dir / "lora"          # apart from the models: tests glob the fixtures' *.gguf as models
+    lora_out.mkdir(exist_ok=True)
+    dest = lora_out / f"{name}.gguf"
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, lora_dir = Path(tmp) / "hf", Path(tmp) / "lora"
         fx.write_checkpoint(fx.hf_model(cfg_kw, vocab, seed), vocab, ckpt)
@@ -86,7 +88,7 @@ def make(name: str, out_dir: Path) -> None:
             base = fx.hf_model(cfg_kw, vocab, seed)
             fx.load_gguf_weights(base, out_dir / f"{stem}.gguf", names)
             tuned = PeftModel.from_pretrained(base, lora_dir).eval()
-            np.savez_compressed(out_dir / f"lora-{stem}.golden.npz", **fx.golden(tuned, vocab, seed + 1))
+            np.savez_compressed(lora_out / f"{stem}.golden.npz", **fx.golden(tuned, vocab, seed + 1))
     print(f"{dest.name}: {dest.stat().st_size / 1024:.1f} KiB", flush=True)
 
 
