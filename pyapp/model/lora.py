@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import ggml
-from ..gguf import GGUFFile, read_gguf
+from ..gguf import VALUE_TYPE_NAMES, GGUFFile, read_gguf
 from .config import ARCH
 from .weights import names
 
-F32_VALUE = 6             # GGUF metadata value type of a FLOAT32 (pyapp.gguf.VALUE_TYPE_NAMES)
+F32_VALUE = 6             # GGUF metadata value type of a FLOAT32 (VALUE_TYPE_NAMES)
 ALPHA_KEY = "adapter.lora.alpha"
 
 # LayerWeights fields llama.cpp's gemma4 graph multiplies through build_lora_mm: an adapter may target these
@@ -105,13 +105,15 @@ class LoraAdapter:
         if not self.alpha:
             rule = f"no alpha, scale = user scale {self.user_scale:g}"
         elif len(ranks) == 1:
-            rule = f"scale = {self.user_scale:g} * alpha {self.alpha:g} / rank {ranks[0]} = {self.scale(self.targets[0]):g}"
+            rule = (f"scale = {self.user_scale:g} * alpha {self.alpha:g} / rank {ranks[0]} = "
+                    f"{self.scale(self.targets[0]):g}")
         else:
             rule = f"scale = {self.user_scale:g} * alpha {self.alpha:g} / rank (per tensor)"
         kinds: dict[str, list] = {}
         for t in self.targets:
             kinds.setdefault(t.field, []).append(t.layer)
-        lines = [f"LoRA adapter:  {self.label}: {len(self.targets)} adapted tensors, rank {'/'.join(map(str, ranks))}, {rule}"]
+        lines = [f"LoRA adapter:  {self.label}: {len(self.targets)} adapted tensors, "
+                 f"rank {'/'.join(map(str, ranks))}, {rule}"]
         for f_name, layers in kinds.items():
             lines.append(f"  {f_name:<12} layers {', '.join(str(i) for i in layers)}")
         if self.skipped:
@@ -144,7 +146,6 @@ def check_metadata(g: GGUFFile, arch: str = ARCH) -> float:
     if ALPHA_KEY not in meta:
         return 0.0
     if types.get(ALPHA_KEY) != F32_VALUE:
-        from ..gguf import VALUE_TYPE_NAMES
         raise LoraError(f"{ALPHA_KEY} is stored as {VALUE_TYPE_NAMES.get(types.get(ALPHA_KEY), '?')}; llama.cpp "
                         "requires FLOAT32 (it aborts on any other type): rewrite the adapter with an f32 alpha")
     return float(meta[ALPHA_KEY])
@@ -177,7 +178,8 @@ def bind_lora(g: GGUFFile, cfg, bound, user_scale: float = 1.0, arch: str = ARCH
     alpha = check_metadata(g, arch)
     pairs, skipped = _pairs(g)
     layer_of = {id(lw): lc.index for lc, lw in zip(cfg.layers, bound.layers)}
-    where = {name: (layer_of.get(id(owner)), f_name, getattr(owner, f_name)) for name, owner, f_name in names(cfg, bound)}
+    where = {name: (layer_of.get(id(owner)), f_name, getattr(owner, f_name))
+             for name, owner, f_name in names(cfg, bound)}
     targets = []
     for base, (a, b) in pairs.items():
         if base not in where:
