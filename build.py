@@ -37,7 +37,7 @@ APT_PACKAGES = {"/usr/bin/chromium": "chromium", "/usr/share/vulkan/icd.d/lvp_ic
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 # Files taken from the llama.cpp copy vendored in that sdist (see tests/ and tools/).
 VENDORED = ("models/ggml-vocab-gemma-4.gguf", "models/ggml-vocab-gemma-4.gguf.inp",
-            "models/ggml-vocab-gemma-4.gguf.out", "convert_hf_to_gguf.py")
+            "models/ggml-vocab-gemma-4.gguf.out", "convert_hf_to_gguf.py", "convert_lora_to_gguf.py")
 # The converter's own package and the gguf-py it was written against (tools/ only).
 VENDORED_DIRS = ("conversion/", "gguf-py/")
 # Pure-Python wheels Pyodide's runtime wants next to it (served from dist/, never a CDN).
@@ -91,7 +91,7 @@ def ensure_npm() -> None:
 
 
 def ensure_vendored() -> Path:
-    """Real Gemma 4 vocabulary, its llama.cpp test vectors and the HF->GGUF converter."""
+    """Real Gemma 4 vocabulary, its llama.cpp test vectors and the HF->GGUF model and LoRA converters."""
     out = CACHE / "llama.cpp"
     if _stamp_ok("vendored", LLAMA_CPP_PYTHON) and all((out / f).exists() for f in VENDORED):
         return out

@@ -21,10 +21,21 @@ def _tokenizer(gguf):
     return Tokenizer.from_metadata(gguf.metadata)
 
 
+def _loras(args) -> list:
+    """[(adapter path, user scale)] from --lora (repeatable) and --lora-scale (one for all, or one each)."""
+    from .model.config import ConfigError
+    paths, scales = args.lora or [], args.lora_scale or []
+    if scales and not paths:
+        raise ConfigError("--lora-scale needs --lora ADAPTER.gguf")
+    if len(scales) not in (0, 1, len(paths)):
+        raise ConfigError(f"give one --lora-scale for all adapters or one per --lora ({len(paths)}), not {len(scales)}")
+    return [(p, scales[i] if len(scales) > 1 else scales[0] if scales else 1.0) for i, p in enumerate(paths)]
+
+
 def _model(gguf, args):
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        return ReferenceModel(gguf)
+        return ReferenceModel(gguf, lora=_loras(args))
     return _engine(gguf, args)
 
 
@@ -34,7 +45,7 @@ def _engine(gguf, args):
     context = getattr(args, "context", None)
     return Engine.open(gguf, backend="native", context_length=context, gpu_memory_mib=args.gpu_memory,
                        expert_cache_mib=args.expert_cache, ple_in_file=True if args.ple_in_file else None,
-                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr))
+                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr), lora=_loras(args))
 
 
 def cmd_info(args) -> int:
@@ -56,6 +67,9 @@ def cmd_info(args) -> int:
         print(f"config:        {cfg.describe()}")
         for line in _memory_plan(g, args).describe():
             print(line)
+        for path, scale in _loras(args):
+            for line in _adapter_lines(g, cfg, path, scale):
+                print(line)
     except (ConfigError, EngineError) as e:
         print(f"config:        not runnable here: {e}")
     print("tensor types:")
@@ -63,6 +77,16 @@ def cmd_info(args) -> int:
         print(f"  {name:<8} {row['count']:>5} tensors {row['bytes'] / 2**20:>10.2f} MiB")
     print(f"parameters:    {s['n_elements']:,}")
     return 0
+
+
+def _adapter_lines(g, cfg, path, scale) -> list[str]:
+    """What `info --lora` says of an adapter: its targets, or why it does not load on this model."""
+    from .model.lora import LoraError, load_lora
+    from .model.weights import bind
+    try:
+        return load_lora(path, cfg, bind(cfg, g.tensors), scale, g.architecture).describe()
+    except LoraError as e:
+        return [f"LoRA adapter:  {path}: refused: {e}"]
 
 
 def _memory_plan(g, args):
@@ -213,7 +237,7 @@ def cmd_generate(args) -> int:
     params = _params(args)       # checked before the model loads
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        out = ReferenceModel(g).generate_greedy(ids, int(min(params.token_limit, args.context)))
+        out = ReferenceModel(g, lora=_loras(args)).generate_greedy(ids, int(min(params.token_limit, args.context)))
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
     engine = _engine(g, args)
@@ -289,6 +313,13 @@ def _memory_args(p) -> None:
                         "less GPU memory, slower decode")
 
 
+def _lora_args(p) -> None:
+    p.add_argument("--lora", action="append", metavar="ADAPTER.gguf",
+                   help="apply a LoRA adapter in llama.cpp's GGUF format (repeatable: adapters add up)")
+    p.add_argument("--lora-scale", action="append", type=float, metavar="S",
+                   help="user scale of the adapter(s): delta = S * alpha / rank * B A (default 1; 0: off)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -297,6 +328,7 @@ def main(argv=None) -> int:
     p.add_argument("model")
     p.add_argument("--context", type=int, default=None, help="context length the memory plan assumes")
     _memory_args(p)
+    _lora_args(p)
     p.set_defaults(fn=cmd_info)
 
     p = sub.add_parser("tokenize", help="print token ids (no BOS unless --bos)")
@@ -311,6 +343,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
     _memory_args(p)
+    _lora_args(p)
     p.set_defaults(fn=cmd_logits)
 
     p = sub.add_parser("diffusion-logits", help="DiffusionGemma: one denoising step's [canvas, vocab] logits to .npy")
@@ -355,6 +388,7 @@ def main(argv=None) -> int:
                        help="stop a block once its argmax has not changed for this many steps (and is confident)")
         d.add_argument("--confidence", type=float, default=None,
                        help="stop a block once the mean entropy is below this (and it is stable)")
+        _lora_args(p)
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("bench", help="prefill and decode tokens/s")
@@ -366,6 +400,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
     _memory_args(p)
+    _lora_args(p)
     p.set_defaults(fn=cmd_bench)
 
     args = ap.parse_args(argv)
@@ -377,10 +412,11 @@ def main(argv=None) -> int:
         from .gguf import GGUFError
         from .gpu import GPUError
         from .model.config import ConfigError
+        from .model.lora import LoraError
         from .sampling import ParamError
         from .source import SourceError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, ParamError, SourceError, OSError,
-                          DenoiseError)):
+        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, LoraError, ParamError, SourceError,
+                          OSError, DenoiseError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

@@ -22,16 +22,20 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from .gguf import GGUFError
 from .gpu import Device, GPUError
 from .gpu import kernels as K
 from .model.config import ConfigError, Gemma4Config, model_config
 from .model.logits import Logits
+from .model.lora import LoraError, load_lora
 from .model.weights import WeightsError, bind
+from .runtime.adapters import GpuAdapters
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
 from .runtime.memory import PlanError, plan_memory
 from .runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
 from .sampling import DEFAULT_CONTEXT, ParamError, SamplingParams, check_context_length  # noqa: F401 (re-exported)
+from .source import SourceError
 from .steps import drive, drive_async
 
 # The most tokens one prefill step takes. Long prompts need wide steps to fill a big GPU (on an
@@ -91,6 +95,7 @@ class Engine:
         self.kv_end = 0                   # positions written so far (a step decoded ahead may pass cached)
         self._tokenizer = None
         self.memory_plan = None           # pyapp.runtime.memory.MemoryPlan it was loaded with
+        self.adapters = None              # pyapp.runtime.adapters.GpuAdapters: the LoRA adapters applied
         self.load_bytes_per_s = 0.0       # file -> GPU rate of the load: what streamed experts may expect
 
     # -- loading, written once ---------------------------------------------------
@@ -98,7 +103,7 @@ class Engine:
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
              progress=None, cancelled=None, device: Device | None = None, **memory) -> "Engine":
         """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device.
-        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan (see _load)."""
+        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora (see _load)."""
         from .gguf import GGUFFile, read_gguf
         from .gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
@@ -117,14 +122,20 @@ class Engine:
     @classmethod
     def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled,
               gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
-              ple_in_file: bool | None = None, on_plan=None):
+              ple_in_file: bool | None = None, on_plan=None, lora=()):
         """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
         plans; returns the Engine. gpu_memory_mib: the GPU memory budget (None: everything
         resident); expert_cache_mib: the streamed experts' cache, directly; ple_in_file: keep the
         per-layer embedding table (E2B/E4B) in the file, one row read per token (None: the plan
-        decides); on_plan(MemoryPlan) sees the plan before anything is uploaded."""
+        decides); on_plan(MemoryPlan) sees the plan before anything is uploaded; lora: [(adapter, user
+        scale)], each adapter a path, a synchronous ByteSource or a parsed GGUF of llama.cpp's LoRA format
+        (pyapp.model.lora), applied in every projection it targets (Engine.set_lora_scale changes a scale)."""
         cfg, bound, mem = cls._plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                     ple_in_file)
+        try:
+            adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]
+        except (LoraError, GGUFError, SourceError, OSError) as e:
+            raise EngineError(f"LoRA adapter: {e}") from e
         ctx = mem.context_length
         if on_plan:
             on_plan(mem)
@@ -159,6 +170,10 @@ class Engine:
             from .runtime.canvas import DiffusionRunner
             engine_class, runner_class = DiffusionEngine, DiffusionRunner
         try:
+            gpu_adapters = None
+            if adapters:
+                gpu_adapters = GpuAdapters(dev, adapters)
+                gpu_adapters.attach(layout)        # before the plans are recorded: they include the deltas
             runner = runner_class(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots)
             runner.prepare()
         except ModelError as e:
@@ -167,6 +182,7 @@ class Engine:
             raise EngineError(f"the GPU rejected the model: {e}") from e
         engine = engine_class(dev, gguf, runner)
         engine.memory_plan = mem
+        engine.adapters = gpu_adapters
         engine.load_bytes_per_s = total / load_s if load_s > 0 else 0.0
         return engine
 
@@ -188,6 +204,14 @@ class Engine:
         except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
             raise EngineError(str(e)) from e
         return cfg, bound, mem
+
+    def set_lora_scale(self, i: int, user_scale: float) -> None:
+        """The user scale of loaded adapter i (0: off) from the next step on; the KV cache is dropped
+        (its keys and values were made with the old scale)."""
+        if self.adapters is None or not 0 <= i < len(self.adapters.adapters):
+            raise EngineError(f"no LoRA adapter {i} is loaded")
+        self.adapters.set_scale(i, user_scale)
+        self.reset()
 
     def _drive(self, steps):
         return drive(steps, handler(self.dev, self.gguf.source))

@@ -11,6 +11,8 @@ Standard library only: tools/make_bench_model.py imports it without the rest of 
 
 from __future__ import annotations
 
+import struct
+from array import array
 from dataclasses import dataclass
 
 
@@ -71,3 +73,15 @@ def name(t) -> str:
 def row_bytes(t, n: int) -> int:
     """Bytes of a row of n elements of type t."""
     return lookup(t).row_bytes(n)
+
+
+def float_bytes_to_f32(data: bytes, t) -> bytes:
+    """F32, F16 or BF16 values as little-endian f32 bytes, without numpy (ValueError for other types)."""
+    tid = lookup(t).id
+    if tid == F32:
+        return bytes(data)
+    if tid == F16:
+        return array("f", struct.unpack(f"<{len(data) // 2}e", data)).tobytes()
+    if tid == BF16:
+        return array("I", [h << 16 for h in array("H", data)]).tobytes()
+    raise ValueError(f"expected F32, F16 or BF16 values, not {name(tid)}")

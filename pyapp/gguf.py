@@ -86,10 +86,12 @@ class GGUFFile:
     numbers are array.array (bools as u8 0/1); other arrays are lists."""
 
     def __init__(self, source: ByteSource, version: int, metadata: dict, tensors: dict[str, TensorInfo],
-                 alignment: int, data_offset: int):
+                 alignment: int, data_offset: int, metadata_types: dict | None = None):
         self.source = source
         self.version = version
         self.metadata = metadata
+        # key -> GGUF value type id (VALUE_TYPE_NAMES): where a reader must tell f32 from f64 (LoRA alpha)
+        self.metadata_types = metadata_types or {}
         self.tensors = tensors
         self.alignment = alignment
         self.data_offset = data_offset
@@ -253,6 +255,7 @@ def read_gguf(path_or_source) -> GGUFFile:
         raise GGUFError(f"absurd tensor count {n_tensors}: cannot fit in a {src.size}-byte file (truncated or corrupt)", 8)
 
     metadata: dict = {}
+    types: dict = {}
     for i in range(n_kv):
         at = cur.pos
         key = cur.string(f"key of metadata entry {i}")
@@ -262,6 +265,7 @@ def read_gguf(path_or_source) -> GGUFFile:
         if key in metadata:
             raise GGUFError(f"duplicate metadata key {key!r}", at)
         metadata[key] = _value(cur, vtype, key)
+        types[key] = vtype
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
@@ -303,7 +307,7 @@ def read_gguf(path_or_source) -> GGUFFile:
             raise GGUFError(f"tensor {name!r} ({tname} {list(shape)}, {nbytes} bytes at byte {start}) extends past "
                             f"the end of the file ({src.size} bytes): truncated download?", at)
         tensors[name] = TensorInfo(name, shape, ttype, start, nbytes)
-    return GGUFFile(src, version, metadata, tensors, alignment, data_offset)
+    return GGUFFile(src, version, metadata, tensors, alignment, data_offset, types)
 
 
 class _PrefixSource:

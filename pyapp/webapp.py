@@ -26,6 +26,8 @@ from .explain import explain
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
 from .model.config import ConfigError, Gemma4Config
+from .model.lora import LoraError, bind_lora
+from .model.weights import bind
 from .sampling import page_rules
 from .source import SourceError
 from .tokenizer import TokenizerError
@@ -115,6 +117,9 @@ class State:
     models: dict = {}
     stop = False
     cancelled_load = 0          # id of the load the user cancelled (ids: the page numbers its loads)
+    adapter = None              # the chosen LoRA adapter's parsed GGUF (applied from the next load on)
+    adapter_on = True
+    adapter_scale = 1.0
 
 
 S = State()
@@ -214,11 +219,13 @@ def open_file(blob, name: str = "") -> dict:
     try:
         src = BlobSource(blob, name)
         g = read_gguf(src)
+        if g.metadata.get("general.type") == "adapter":     # a dropped LoRA adapter, not a model
+            return _open_adapter(g, src.name)
         info = _describe(g, src.name)
     except EXPECTED as e:
         return _fail(e, name or getattr(blob, "name", "") or "the file")
     _unload()
-    S.gguf, S.model_info, S.params = g, info, {}
+    S.gguf, S.model_info, S.params, S.adapter = g, info, {}, None
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
         return {"model": info, "suggested": {"max_tokens": TEST_MODEL_MAX_TOKENS}}
     return {"model": info}
@@ -258,7 +265,7 @@ async def open_folder_model(name: str) -> dict:
     except EXPECTED as e:
         return _fail(e, name, ollama_name=name)
     _unload()
-    S.gguf, S.model_info, S.params = g, info, dict(m.params or {})
+    S.gguf, S.model_info, S.params, S.adapter = g, info, dict(m.params or {}), None
     return {"model": info, "params": params}
 
 
@@ -295,18 +302,97 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
         t = time.perf_counter()
         S.engine = await Engine.open_async(S.gguf, S.device, context_length=context_length, progress=progress,
                                            cancelled=lambda: S.cancelled_load == load_id,
-                                           gpu_memory_mib=_budget(gpu_memory))
+                                           gpu_memory_mib=_budget(gpu_memory), lora=_lora())
         err = S.device.last_error
         if err:
             _unload()
             return _fail(GPUError(f"the GPU rejected the model: {err}"))
         return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
-                "model": S.model_info, "plan": S.engine.memory_plan.describe(S.engine.load_bytes_per_s)}
+                "model": S.model_info, "plan": S.engine.memory_plan.describe(S.engine.load_bytes_per_s),
+                "adapter": _adapter_info()}
     except Exception as e:
         S.engine = None
         if isinstance(e, EXPECTED) or _device_lost():
             return _fail(e)
         raise
+
+
+# -- LoRA adapter ---------------------------------------------------------------
+
+def _lora() -> list:
+    """The engine's lora option: the chosen adapter at its scale (off: scale 0, so the switch needs no reload)."""
+    return [(S.adapter, S.adapter_scale if S.adapter_on else 0.0)] if S.adapter is not None else []
+
+
+def _adapter_info() -> dict | None:
+    eng = S.engine
+    if eng is None or eng.adapters is None:
+        return None
+    a = eng.adapters.adapters[0]
+    return {"name": a.label, "lines": a.describe(), "on": S.adapter_on, "scale": S.adapter_scale}
+
+
+def _open_adapter(g, name: str) -> dict:
+    """Check an adapter GGUF against the chosen model; it applies from the next load (the page reloads)."""
+    if S.gguf is None:
+        return {"error": f"Choose the model first: \u201c{name}\u201d is a LoRA adapter, made for one base model.",
+                "adapter_error": True}
+    model = S.model_info.get("name", "this model")
+    try:
+        cfg = Gemma4Config.from_gguf(S.gguf)
+        adapter = bind_lora(g, cfg, bind(cfg, S.gguf.tensors), S.adapter_scale, S.gguf.architecture, name)
+    except LoraError as e:
+        return {"error": _adapter_words(str(e), name, model), "detail": str(e), "adapter_error": True}
+    except EXPECTED as e:
+        return _fail(e, name)
+    S.adapter = g
+    return {"adapter": {"name": name, "lines": adapter.describe(), "on": S.adapter_on, "scale": S.adapter_scale}}
+
+
+# what the checks say when an adapter was trained on another base model
+_OTHER_MODEL = ("incorrect shape", "does not exist in the base model", "is for architecture")
+
+
+def _adapter_words(message: str, name: str, model: str) -> str:
+    if any(m in message for m in _OTHER_MODEL):
+        return (f"\u201c{name}\u201d cannot be applied to {model}: it was made for a different base model. "
+                "Choose the adapter trained on this model.")
+    return f"\u201c{name}\u201d cannot be applied to {model}: {message}"
+
+
+def open_adapter(blob, name: str = "") -> dict:
+    """Choose a LoRA adapter (llama.cpp's GGUF format) for the chosen model."""
+    try:
+        src = BlobSource(blob, name)
+        g = read_gguf(src)
+    except EXPECTED as e:
+        return _fail(e, name or "the adapter")
+    if g.metadata.get("general.type") != "adapter":
+        return {"error": f"\u201c{src.name}\u201d is not a LoRA adapter (its general.type is "
+                         f"{g.metadata.get('general.type')!r}): open models with Open a GGUF file.",
+                "adapter_error": True}
+    return _open_adapter(g, src.name)
+
+
+def set_adapter(on: bool = True, scale=1.0) -> dict:
+    """Switch the adapter on or off and set its scale: applied from the next reply, no reload."""
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        scale = float("nan")
+    if not -100 <= scale <= 100:
+        return {"error": "The adapter scale must be a number from -100 to 100 (1 applies it as trained, 0 turns "
+                         "it off)."}
+    S.adapter_on, S.adapter_scale = bool(on), scale
+    if S.engine is not None and S.engine.adapters is not None:
+        S.engine.set_lora_scale(0, scale if on else 0.0)
+    return {"adapter": _adapter_info()}
+
+
+def remove_adapter() -> dict:
+    """Forget the adapter; the page reloads the model without it."""
+    S.adapter = None
+    return {}
 
 
 def cancel_load(load_id: int = 0) -> None:

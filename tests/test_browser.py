@@ -5,7 +5,7 @@ Markdown safety, demo model, a two-turn chat checked against the native engine,
 stop, the tokens/s chart, several conversations (edit, delete, undo, the old
 single-chat storage migrated), cancelled loading, a lost GPU device and its
 recovery, a damaged file, the file input and a drop event, the GPU logits against
-a golden file, a fake Ollama folder in OPFS (and its model file changing on disk),
+a golden file, a LoRA adapter (refused, dropped, switched off, scaled, removed), a fake Ollama folder in OPFS (and its model file changing on disk),
 a reload that keeps the conversation, recent models reopened after a reload, and
 a browser without WebGPU.
 A screenshot of the chat is saved to test-artifacts/; of the conversation list
@@ -582,6 +582,59 @@ def test_drop_a_gguf_file(page):
     }""")
     wait_loaded_file(page, "dropped-demo.gguf")
     assert page.evaluate("window.app.state.loaded")
+
+
+def _logits(page, tokens) -> np.ndarray:
+    rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+    assert "error" not in rows, rows
+    return np.array(rows["rows"], dtype=np.float32)
+
+
+def test_lora_adapter_picked_dropped_switched_and_scaled(page):
+    """The Adapter controls: an adapter for another model is refused in plain words (the model stays
+    loaded); the right one, dropped on the page, reloads the model with it and the logits are
+    transformers + PEFT's; off gives the base model's, scale 2 the reference's at 2, without a reload;
+    a scale out of range is refused beside the field; Remove reloads without it."""
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    path, adapter = FIXTURES / "gemma4-dense-f32.gguf", FIXTURES / "lora" / "gemma4-dense.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    page.set_input_files("#adapter-input", str(FIXTURES / "lora" / "gemma4-moe.gguf"))
+    page.wait_for_function("document.getElementById('adapter-error').textContent.includes('cannot be applied')")
+    assert "made for a different base model" in page.inner_text("#adapter-error")
+    assert "incorrect shape" in page.text_content("#adapter-error")         # the detail, folded away
+    assert page.evaluate("window.app.state.loaded") and page.is_hidden("#adapter-controls")
+    page.evaluate("""(bytes) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(bytes)], 'tuned.gguf'));
+        window.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""", list(adapter.read_bytes()))
+    page.wait_for_function("!document.getElementById('adapter-controls').hidden && window.app.state.loaded"
+                           " && !window.app.state.busy")
+    assert page.inner_text("#adapter-info").startswith("tuned.gguf: 32 adapted tensors, rank 4")
+    assert page.inner_text("#adapter-error") == ""
+    golden = np.load(FIXTURES / "lora" / "gemma4-dense-f32.golden.npz")
+    tokens = golden["tokens_1"].tolist()
+    base = np.load(path.with_suffix(".golden.npz"))["logits_1"]
+    got = _logits(page, tokens)
+    assert np.abs(got - golden["logits_1"]).max() < 2e-3 and (got.argmax(-1) == golden["logits_1"].argmax(-1)).all()
+    assert np.abs(got - base).max() > 0.5                       # the adapter changes the logits
+    page.uncheck("#adapter-on")
+    off = _logits(page, tokens)
+    assert np.abs(off - base).max() < 2e-3 and (off.argmax(-1) == base.argmax(-1)).all()
+    page.check("#adapter-on")
+    set_field(page, "adapter-scale", 2)
+    want = np.asarray(ReferenceModel(read_gguf(path), lora=[(str(adapter), 2.0)]).forward(tokens))
+    assert np.abs(_logits(page, tokens) - want).max() < 2e-3
+    set_field(page, "adapter-scale", 500)
+    page.wait_for_function("document.getElementById('adapter-error').textContent.includes('from -100 to 100')")
+    set_field(page, "adapter-scale", 1)
+    page.wait_for_function("document.getElementById('adapter-error').textContent === ''")
+    page.click("#remove-adapter")
+    page.wait_for_function("document.getElementById('adapter-controls').hidden && window.app.state.loaded"
+                           " && !window.app.state.busy")
+    assert np.abs(_logits(page, tokens) - base).max() < 2e-3
 
 
 def _non_gemma_gguf() -> bytes:

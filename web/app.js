@@ -127,7 +127,9 @@ function describe(m) {
 }
 
 async function afterOpen(r, source) {
+  if (r.adapter || r.adapter_error) { await afterAdapter(r); return; }   // a dropped LoRA adapter
   if (r.error) { openFailed(r); return; }
+  showAdapter(null);          // a new model: the adapter, made for the old one, is forgotten
   if (source) rememberModel(source);
   showError("model-error", "");
   state.model = r.model;
@@ -171,6 +173,7 @@ async function loadModel() {
   $("model-info").innerHTML = describe(r.model) +
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
   $("memory-plan").innerHTML = planHtml(r.plan);
+  showAdapter(r.adapter);
   setState("loaded");
   const n = await call("count_tokens", JSON.stringify(templateMessages()));   // a kept conversation counts
   updateMeter({ context_used: n.tokens || 0, context_length: r.context_length });
@@ -194,6 +197,44 @@ window.addEventListener("drop", (ev) => {
   const handle = droppedHandle(ev.dataTransfer);   // asked for now: a drop's data is gone after an await
   if (file) handle.then((h) => openFile(file, { kind: "file", handle: h }));
 });
+
+// ---------------------------------------------------------------- LoRA adapter
+// Python checks the adapter against the chosen model; it is applied from the next load (so the loaded
+// model is reloaded), and the switch and the scale then change it between replies without a reload.
+function showAdapter(a) {
+  $("adapter-controls").hidden = !a;
+  const [first, ...targets] = a ? a.lines : [];
+  $("adapter-info").innerHTML = a ? `<div class="info">${escapeHtml(first.replace(/^LoRA adapter:\s*/, ""))}` +
+    `<details><summary>Adapted tensors</summary>${targets.map(escapeHtml).join("<br>")}</details></div>` : "";
+  if (a) { $("adapter-on").checked = a.on; $("adapter-scale").value = a.scale; }
+  showError("adapter-error", "");
+}
+async function afterAdapter(r) {
+  setState(state.loaded ? "loaded" : "ready");
+  if (r.error) { showError("adapter-error", r); return; }
+  showAdapter(r.adapter);
+  if (state.loaded) await loadModel();
+}
+async function openAdapter(file) {
+  if (!file || state.busy || state.streaming !== null) return;
+  setState("opening");
+  await afterAdapter(await call("open_adapter", file, file.name));
+}
+async function adapterSetting() {
+  const r = await call("set_adapter", $("adapter-on").checked, $("adapter-scale").value);
+  showError("adapter-error", r.error ? r : "");
+  if (r.adapter) showAdapter(r.adapter);
+}
+$("open-adapter").onclick = () => $("adapter-input").click();
+$("adapter-input").onchange = (ev) => { openAdapter(ev.target.files[0]); ev.target.value = ""; };
+$("adapter-on").onchange = adapterSetting;
+$("adapter-scale").onchange = adapterSetting;
+$("remove-adapter").onclick = async () => {
+  if (state.busy || state.streaming !== null) return;
+  await call("remove_adapter");
+  showAdapter(null);
+  if (state.loaded) await loadModel();
+};
 
 $("demo").onclick = async () => {
   if (state.busy) return;
@@ -573,7 +614,8 @@ function updateButtons() {
   $("regen").disabled = !state.loaded || gen || state.busy || !msgs.length;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
-  for (const id of ["demo", "open-folder", "open-file", "file-input"]) $(id).disabled = gen || state.busy;
+  for (const id of ["demo", "open-folder", "open-file", "file-input", "open-adapter", "adapter-on", "adapter-scale",
+                    "remove-adapter"]) $(id).disabled = gen || state.busy;
   for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
   for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || state.busy;
   for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || state.busy;

@@ -556,3 +556,18 @@ def denoise(dev: Device, v: int, canvas: int, logits: Buffer, params: Buffer, en
     p = _pipeline(dev, "denoise", entry="accept", constants=c)
     bg = dev.bind_group(p, {"DP": params, "ENTR": ent, "AMR": am, "SMPR": smp, "IDS": ids, "PREV": prev, "OUT": out})
     return plan.dispatch(p, bg, 1)
+
+
+LORA_OUTPUTS_PER_GROUP = 256     # shaders/lora.wgsl's OPW
+LORA_SCALE_STRIDE = 256          # bytes between scale slots: each slot is bindable on its own
+
+
+def lora(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer, y, scale, step: Buffer,
+         max_tokens: int, ldy: int | None = None, col0: int = 0, plan: Plan | None = None) -> Plan:
+    """y[t, col0 + i] += scale[0] * (B [n, rank] @ (A [rank, k] @ x[t]))[i] for the step's tokens: the
+    LoRA delta of one projection (shaders/lora.wgsl). scale: the target's slot (Buffer, offset, 4);
+    ldy: y's row stride (default n)."""
+    p = _pipeline(dev, "lora", constants={"K": k, "N": n, "R": rank, "LDY": ldy or n, "COL0": col0,
+                                          "OPW": LORA_OUTPUTS_PER_GROUP})
+    bg = dev.bind_group(p, {"A": a, "B": b, "X": x, "Y": y, "SC": scale, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // LORA_OUTPUTS_PER_GROUP), max_tokens)

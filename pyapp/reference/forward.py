@@ -27,6 +27,7 @@ import numpy as np
 
 from ..model.config import Gemma4Config, LayerConfig
 from ..model.logits import Logits
+from ..model.lora import LoraAdapter, load_lora
 from ..model.weights import LayerWeights, ModelWeights, bind
 from .quants import load_tensor
 
@@ -67,6 +68,17 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, dims: int, base: float,
     return out
 
 
+def apply_lora(w: ModelWeights, adapter: LoraAdapter) -> None:
+    """W += scale * B @ A for each target: the same y = W x + scale * B (A x) as llama.cpp's
+    build_lora_mm, merged into the float32 weights."""
+    for t in adapter.targets:
+        a, b = (np.frombuffer(raw, np.float32) for raw in adapter.arrays(t))
+        owner = w if t.layer is None else w.layers[t.layer]
+        delta = b.reshape(t.n_out, t.rank).astype(np.float64) @ a.reshape(t.rank, t.n_in)
+        base = getattr(owner, t.field)
+        setattr(owner, t.field, (base + adapter.scale(t) * delta).astype(np.float32))
+
+
 class KVCache:
     """Per-layer K/V after norm and RoPE: [n_kv_heads, positions, head_dim]."""
 
@@ -93,10 +105,15 @@ class KVCache:
 
 
 class ReferenceModel:
-    def __init__(self, gguf, config: Gemma4Config | None = None):
+    def __init__(self, gguf, config: Gemma4Config | None = None, lora=()):
+        """lora: [(adapter path or source, user scale)] in llama.cpp's format (pyapp.model.lora)."""
         self.cfg = config or Gemma4Config.from_gguf(gguf)
         # every tensor dequantized to float32, bound to its field once
-        self.w: ModelWeights = bind(self.cfg, gguf.tensors).map(lambda t: load_tensor(gguf, t.name))
+        bound = bind(self.cfg, gguf.tensors)
+        self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t.name))
+        self.adapters = [load_lora(src, self.cfg, bound, scale, gguf.architecture) for src, scale in lora]
+        for adapter in self.adapters:
+            apply_lora(self.w, adapter)
 
     # -- pieces, each mirroring one Go type ------------------------------------
 

@@ -32,7 +32,8 @@ class Ops:
 
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
-        """y[T, n] = x[T, k] @ W^T (reference: x @ w.T): matvec for one token, tiled matmul for a chunk."""
+        """y[T, n] = x[T, k] @ W^T (reference: x @ w.T): matvec for one token, tiled matmul for a chunk;
+        then the LoRA deltas on W, if an adapter targets it."""
         dev, plan, T = self.dev, self.plan, self.T
         k, n = w.shape[0], w.shape[1]
         if len(w.parts) == 1:
@@ -40,13 +41,21 @@ class Ops:
                 K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan)
             else:
                 K.matmul(dev, w.qtype, k, n, w.bound, x, y, self.step, n_tokens=T, plan=plan)
-            return
-        for p in w.parts:     # row blocks write their columns of y
-            if T == 1:
-                K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
-            else:
-                K.matmul(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0), self.step,
-                         n_tokens=T, plan=plan, ldy=n)
+        else:
+            for p in w.parts:     # row blocks write their columns of y
+                if T == 1:
+                    K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
+                else:
+                    K.matmul(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
+                             self.step, n_tokens=T, plan=plan, ldy=n)
+        self.lora(w.loras, x, y, n)
+
+    def lora(self, deltas: list, x: Buffer, y: Buffer, ldy: int) -> None:
+        """y[t, col0 + i] += scale * B (A x[t]) for each (GpuLora, col0) of an adapted projection whose
+        base output is already in y (rows of ldy floats)."""
+        for g, col0 in deltas:
+            K.lora(self.dev, g.k, g.n, g.rank, g.a, g.b, x, y, g.scale, self.step, self.T, ldy=ldy, col0=col0,
+                   plan=self.plan)
 
     def geglu(self, x: Buffer, out: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
               gate_up: GpuTensor | None) -> None:
@@ -60,17 +69,22 @@ class Ops:
             K.elementwise(dev, "geglu", ff, s.gate, self.step, T, b=s.up, out=out, plan=self.plan)
             return
         ff = gate_up.shape[1] // 2
-        if T == 1:
+        if T == 1 and not gate_up.loras:
             K.matvec(dev, gate_up.qtype, gate_up.shape[0], ff, gate_up.buffer, x, out, geglu=True, plan=self.plan)
+            return
+        if T == 1:            # adapted: the [gate | up] rows, their deltas, then the GeGLU
+            K.matvec(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, plan=self.plan)
         else:
             K.matmul(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                      n_tokens=T, plan=self.plan)
-            K.geglu_halves(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
+        self.lora(gate_up.loras, x, s.gate_up, 2 * ff)
+        K.geglu_halves(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
 
     def gelu_gate(self, w: GpuTensor, x: Buffer, times, out: Buffer) -> None:
-        """out = gelu(x @ w^T) * times (the PLE gate); fuses the product into the matvec for a token."""
+        """out = gelu(x @ w^T) * times (the PLE gate); fuses the product into the matvec for a token
+        (unless an adapter targets w: its delta goes in before the GeLU)."""
         n = w.shape[1]
-        if self.T == 1:
+        if self.T == 1 and not w.loras:
             K.matvec(self.dev, w.qtype, w.shape[0], n, w.buffer, x, out, gelu_times=times, plan=self.plan)
         else:
             self.linear(w, x, self.s.ple_gate)
@@ -142,6 +156,7 @@ class Ops:
             if g.v_apart is not None:
                 v = g.v_apart
                 K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan)
+            self.lora(g.loras, x, s.qkv, g.out_rows)
             K.kv_prep(dev, s.qkv, g.k_row, g.v_row, w.attn_k_norm.buffer, cache.k, cache.v, self.step, kvh, hd,
                       lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan,
                       q_heads=H, q_off=g.q_row, q_weight=w.attn_q_norm.buffer, q_out=s.q)

@@ -25,9 +25,7 @@ engine's loader performs (pyapp.engine), file range -> buffer range.
 
 from __future__ import annotations
 
-import struct
-from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import ggml
 from ..gpu import Buffer, Device
@@ -58,6 +56,8 @@ class GpuTensor:
     offset: int = 0       # byte offset in its buffer (q, k, v share one buffer)
     nbytes: int = 0
     cached_from: object = None   # an expert cache: the file tensor [E, n, k] whose experts it holds
+    # LoRA deltas added to this projection's output: [(pyapp.runtime.adapters.GpuLora, first output column)]
+    loras: list = field(default_factory=list)
 
     @property
     def buffer(self) -> Buffer:
@@ -82,6 +82,7 @@ class QKV:
     k_row: int
     v_row: int            # k_row when the layer has no V (k_eq_v: V is the raw K)
     v_apart: GpuTensor | None = None   # attn_v in another encoding: its own matvec into rows v_row..
+    loras: list = field(default_factory=list)   # LoRA deltas of q, k, v: [(GpuLora, its first row here)]
 
     @property
     def out_rows(self) -> int:
@@ -106,13 +107,10 @@ class Upload:
 
 def f32_vector(data: bytes, qtype: int) -> bytes:
     """A small F32/F16/BF16 vector as little-endian f32 bytes, without numpy."""
-    if qtype == ggml.F32:
-        return data
-    if qtype == ggml.F16:
-        return array("f", struct.unpack(f"<{len(data) // 2}e", data)).tobytes()
-    if qtype == ggml.BF16:
-        return array("I", [h << 16 for h in array("H", data)]).tobytes()
-    raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}")
+    try:
+        return ggml.float_bytes_to_f32(data, qtype)
+    except ValueError:
+        raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}") from None
 
 
 def binding_limit(limits: dict) -> int:

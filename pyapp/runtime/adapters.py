@@ -1,0 +1,88 @@
+"""LoRA adapters on the GPU: each target's A and B as f32 buffers, attached to the layout.
+
+An adapter (pyapp.model.lora.LoraAdapter, already checked and bound to weight fields)
+becomes one GpuLora per target, appended to the `loras` of the GpuTensor that
+projection runs through, so pyapp.runtime.ops adds `scale * B (A x)` right after
+the base matvec / matmul (shaders/lora.wgsl) and the model file needs no change.
+Fused layouts take the delta at the projection's rows of the fused output:
+
+- q, k, v in one buffer (decode's single q|k|v matvec): the QKV's loras, at q_row / k_row / v_row;
+- ffn_gate and ffn_up in one buffer: the fused tensor's loras at column 0 / ff; the decode
+  GeGLU matvec then runs unfused (matvec, deltas, geglu_halves: one dispatch more);
+- the PLE gate's matvec with the product fused: unfused when adapted (linear, then geglu).
+
+Each target's scale (user_scale * alpha / r) sits in its own slot of one small buffer,
+so changing the user scale (the app's slider, its off switch = 0) rewrites 4 bytes a
+target and keeps every recorded plan.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..gpu import Buffer, Device
+from ..gpu import kernels as K
+
+QKV_ROWS = {"attn_q": "q_row", "attn_k": "k_row", "attn_v": "v_row"}
+
+
+@dataclass
+class GpuLora:
+    """One target's pair on the GPU: A [rank, k] and B [n, rank] f32, its scale slot."""
+    name: str
+    a: Buffer
+    b: Buffer
+    rank: int
+    k: int                # input width (the base tensor's row length)
+    n: int                # output width
+    scale: tuple          # (buffer, offset, 4): a bindable f32
+
+
+class GpuAdapters:
+    """The loaded adapters' buffers and scales; `attach` has put their deltas on the layout."""
+
+    def __init__(self, dev: Device, adapters: list):
+        self.dev, self.adapters = dev, adapters
+        self.slots: list[list[GpuLora]] = []             # per adapter, its targets in order
+        n = sum(len(a.targets) for a in adapters)
+        self.scales = dev.buffer(max(1, n) * K.LORA_SCALE_STRIDE, label="lora scales")
+        slot = 0
+        for adapter in adapters:
+            mine = []
+            for t in adapter.targets:
+                a, b = adapter.arrays(t)
+                ga, gb = dev.buffer(len(a), label=f"{t.name}.lora_a"), dev.buffer(len(b), label=f"{t.name}.lora_b")
+                dev.write(ga, a)
+                dev.write(gb, b)
+                mine.append(GpuLora(t.name, ga, gb, t.rank, t.n_in, t.n_out,
+                                    (self.scales, slot * K.LORA_SCALE_STRIDE, 4)))
+                slot += 1
+            self.slots.append(mine)
+        for i, adapter in enumerate(adapters):
+            self.set_scale(i, adapter.user_scale)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.a.size + g.b.size for mine in self.slots for g in mine) + self.scales.size
+
+    def set_scale(self, i: int, user_scale: float) -> None:
+        """Adapter i's user scale (0: off) for every later step; plans need no rebuild."""
+        adapter = self.adapters[i]
+        adapter.user_scale = float(user_scale)
+        for t, g in zip(adapter.targets, self.slots[i]):
+            self.dev.write(g.scale[0], struct.pack("<f", adapter.scale(t)), g.scale[1])
+
+    def attach(self, layout) -> None:
+        """Put every target's delta on the layout tensors (and fused groups) its projection runs through."""
+        for adapter, mine in zip(self.adapters, self.slots):
+            for t, g in zip(adapter.targets, mine):
+                owner = layout if t.layer is None else layout.layers[t.layer]
+                tensor = getattr(owner, t.field)
+                if tensor is not None:                       # its own GpuTensor (prefill; unfused decode)
+                    tensor.loras.append((g, 0))
+                if t.field in QKV_ROWS and owner.qkv is not None:
+                    owner.qkv.loras.append((g, getattr(owner.qkv, QKV_ROWS[t.field])))
+                if t.field in ("ffn_gate", "ffn_up") and owner.ffn_gate_up is not None:
+                    ff = owner.ffn_gate_up.shape[1] // 2
+                    owner.ffn_gate_up.loras.append((g, 0 if t.field == "ffn_gate" else ff))

@@ -1,0 +1,57 @@
+// LoRA delta of one adapted projection, added after the base matvec / matmul wrote Y:
+//
+//   Y[t * LDY + COL0 + i] += SC[0] * sum_j B[i, j] * (sum_k A[j, k] * X[t * K + k])   (i < N, t < S.n_tokens)
+//
+// Mirrors llama.cpp's build_lora_mm (res += scale * B (A x)) and pyapp.reference.forward.apply_lora.
+// A: f32 [R, K] (the adapter's lora_a, row-major as stored: ggml ne [K, R]); B: f32 [N, R] (lora_b,
+// ne [R, N]); X: f32 [T, K]; Y: f32 rows of LDY floats, this projection's outputs from column COL0
+// (a fused q|k|v or gate|up output holds several projections). SC: this target's scale
+// (user_scale * alpha / R), bound at its own slot of a buffer the engine rewrites when the user
+// scale changes, so plans stay as recorded.
+// Workgroup (x, t): the R dot products A x_t (tree reductions), then OPW of the outputs. Rank-R work
+// is tiny next to the base projection, so every workgroup recomputes A x_t rather than taking a
+// second dispatch. Dispatch: (ceil(N / OPW), T); workgroups of tokens t >= S.n_tokens return.
+
+override K: u32;
+override N: u32;
+override R: u32;
+override LDY: u32;
+override COL0: u32 = 0u;
+override WG: u32 = 64u;
+override OPW: u32 = 256u;      // outputs per workgroup
+
+@group(0) @binding(0) var<storage, read> A: array<f32>;
+@group(0) @binding(1) var<storage, read> B: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> SC: array<f32>;
+@group(0) @binding(5) var<uniform> S: Step;
+
+var<workgroup> ax: array<f32, R>;
+
+//!include workgroup_sum
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.y;
+    if (t >= S.n_tokens) { return; }
+    let x0 = t * K;
+    for (var j = 0u; j < R; j++) {
+        var p = 0.0;
+        for (var k = lid; k < K; k += WG) {
+            p += A[j * K + k] * X[x0 + k];
+        }
+        let s = workgroup_sum(lid, p);
+        if (lid == 0u) { ax[j] = s; }
+    }
+    workgroupBarrier();
+    let scale = SC[0];
+    let end = min(N, (wid.x + 1u) * OPW);
+    for (var i = wid.x * OPW + lid; i < end; i += WG) {
+        var d = 0.0;
+        for (var j = 0u; j < R; j++) {
+            d += B[i * R + j] * ax[j];
+        }
+        Y[t * LDY + COL0 + i] += scale * d;
+    }
+}
