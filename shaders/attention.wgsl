@@ -144,11 +144,66 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 override NSPLIT: u32 = 1u;
 const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
 
+// attend_split's PREP (saves the separate norm/RoPE dispatch of a decode step):
+//   0: Q holds the query, normed and roped;
+//   1: Q holds the raw projections: head h's query at QOFF + h*HD is normed (weight QW), roped
+//      and scaled here;
+//   2: as 1, and the raw key and value of KV head kvh at KOFF / VOFF + kvh*HD are normed (K with
+//      weight KW, V unweighted), K roped, and written into the caches at slot pos % CTX by the
+//      workgroups whose split holds the current position (several query heads of a KV head write
+//      the same values), before they read it.
+// RoPE as norm.wgsl's roped(): NeoX pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT) / FF[i].
+override PREP: u32 = 0u;
+override QOFF: u32 = 0u;
+override KOFF: u32 = 0u;
+override VOFF: u32 = 0u;
+override NROT: u32 = 0u;
+override BASE: f32 = 10000.0;
+override HAS_FF: bool = false;
+override EPS: f32 = 1e-6;
+
 @group(0) @binding(7) var<storage, read_write> PART: array<f32>;
+@group(0) @binding(8) var<storage, read> QW: array<f32>;
+@group(0) @binding(9) var<storage, read> KW: array<f32>;
+@group(0) @binding(10) var<storage, read> FF: array<f32>;
 
 var<workgroup> qd: array<f32, HD>;          // attend_split's query (attend's qs is sized by GH)
 var<workgroup> sc: array<f32, CH>;
 var<workgroup> part4: array<f32, 128>;
+
+// Sum of v over the 128 threads (part4 as a tree); uniform control flow only.
+fn sum128(lid: u32, v: f32) -> f32 {
+    workgroupBarrier();
+    part4[lid] = v;
+    workgroupBarrier();
+    for (var st = 64u; st > 0u; st >>= 1u) {
+        if (lid < st) { part4[lid] += part4[lid + st]; }
+        workgroupBarrier();
+    }
+    let total = part4[0];
+    workgroupBarrier();
+    return total;
+}
+
+// 1 / rms of the HD raw floats of Q at base.
+fn inv_rms_q(base: u32, lid: u32) -> f32 {
+    var ss = 0.0;
+    for (var d = lid; d < HD; d += 128u) { ss += Q[base + d] * Q[base + d]; }
+    return inverseSqrt(sum128(lid, ss) / f32(HD) + EPS);
+}
+
+// Dim i of rope(norm(Q[base..base+HD]) * w) at position pos; w = KW when is_k, else QW.
+fn prep_dim(base: u32, i: u32, inv: f32, pos: f32, is_k: bool) -> f32 {
+    let half = NROT / 2u;
+    if (i >= NROT) { return Q[base + i] * inv * select(QW[i], KW[i], is_k); }
+    let j = i % half;
+    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
+    if (HAS_FF) { inv_freq /= FF[j]; }
+    let a = pos * inv_freq;
+    let x0 = Q[base + j] * inv * select(QW[j], KW[j], is_k);
+    let x1 = Q[base + j + half] * inv * select(QW[j + half], KW[j + half], is_k);
+    return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
+}
 
 fn query_range(pos: u32) -> u32 {
     if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
@@ -171,7 +226,25 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let n = min(CH, pos + 1u - k0);
-    for (var d = lid; d < HD; d += 128u) { qd[d] = Q[h * HD + d] * SCALE; }
+    if (PREP == 0u) {
+        for (var d = lid; d < HD; d += 128u) { qd[d] = Q[h * HD + d] * SCALE; }
+    } else {
+        let qb = QOFF + h * HD;
+        let inv_q = inv_rms_q(qb, lid);
+        for (var d = lid; d < HD; d += 128u) { qd[d] = prep_dim(qb, d, inv_q, f32(pos), false) * SCALE; }
+    }
+    if (PREP == 2u && pos < k0 + CH) {       // this split holds the current position: its K, V into the caches
+        let kb = KOFF + kvh * HD;
+        let vb = VOFF + kvh * HD;
+        let inv_k = inv_rms_q(kb, lid);
+        let inv_v = inv_rms_q(vb, lid);
+        let dst = (kvh * CTX + pos % CTX) * HD;
+        for (var d = lid; d < HD; d += 128u) {
+            KC[dst + d] = prep_dim(kb, d, inv_k, f32(pos), true);
+            VC[dst + d] = Q[vb + d] * inv_v;
+        }
+        storageBarrier();
+    }
     workgroupBarrier();
 
     // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims, so the

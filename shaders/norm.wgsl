@@ -15,7 +15,6 @@
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.pos0 + t.
-//   kv_prep:    decode only: a layer's new K and V, normed (+ RoPE for K), into the cache.
 
 override D: u32;
 override RPT: u32 = 1u;
@@ -99,17 +98,16 @@ fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// Output dim i of rope(norm(X[base..base+D]) * w) for a token at position pos; w is Wt,
-// or W2 when `second` (kv_prep's q heads).
-fn roped(base: u32, i: u32, inv: f32, pos: f32, second: bool) -> f32 {
+// Output dim i of rope(norm(X[base..base+D]) * Wt) for a token at position pos.
+fn roped(base: u32, i: u32, inv: f32, pos: f32) -> f32 {
     let half = NROT / 2u;
-    if (i >= NROT) { return X[base + i] * inv * select(weight(i), W2[i], second); }
+    if (i >= NROT) { return X[base + i] * inv * weight(i); }
     let j = i % half;                        // the pair (j, j + half)
     var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
     if (HAS_FF) { inv_freq /= FF[j]; }
     let a = pos * inv_freq;
-    let x0 = X[base + j] * inv * select(weight(j), W2[j], second);
-    let x1 = X[base + j + half] * inv * select(weight(j + half), W2[j + half], second);
+    let x0 = X[base + j] * inv * weight(j);
+    let x1 = X[base + j + half] * inv * weight(j + half);
     return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
 }
 
@@ -121,39 +119,5 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let base = row * D;
     let inv = inv_rms(base, lid);
     let pos = f32(S.pos0 + row / RPT);
-    for (var i = lid; i < D; i += WG) { Y[base + i] = roped(base, i, inv, pos, false); }
-}
-
-// kv_prep (one decode token): for KV head h = workgroup < HKV, K = rope(norm(X[KOFF + h*D..]) * Wt)
-// and V = norm(X[VOFF + h*D..]) (unweighted) go straight into the caches at slot S.pos0 % CTX
-// (layout of attention.wgsl: [HKV, CTX, D]); workgroups HKV + h do q head h:
-// Y[h*D..] = rope(norm(X[QOFF + h*D..]) * W2). Replaces q's and k's norm_rope, v's norm, store.
-override HKV: u32 = 1u;
-override QOFF: u32 = 0u;
-override KOFF: u32 = 0u;
-override VOFF: u32 = 0u;
-override CTX: u32 = 1u;
-
-@group(0) @binding(9) var<storage, read_write> KC: array<f32>;
-@group(0) @binding(10) var<storage, read_write> VC: array<f32>;
-
-@compute @workgroup_size(WG)
-fn kv_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let pos = f32(S.pos0);
-    if (wid.x >= HKV) {                      // a q head (uniform per workgroup)
-        let qbase = QOFF + (wid.x - HKV) * D;
-        let inv_q = inv_rms(qbase, lid);
-        for (var i = lid; i < D; i += WG) { Y[(wid.x - HKV) * D + i] = roped(qbase, i, inv_q, pos, true); }
-        return;
-    }
-    let h = wid.x;
-    let kbase = KOFF + h * D;
-    let vbase = VOFF + h * D;
-    let dst = (h * CTX + S.pos0 % CTX) * D;
-    let inv_k = inv_rms(kbase, lid);
-    let inv_v = inv_rms(vbase, lid);
-    for (var i = lid; i < D; i += WG) {
-        KC[dst + i] = roped(kbase, i, inv_k, pos, false);
-        VC[dst + i] = X[vbase + i] * inv_v;
-    }
+    for (var i = lid; i < D; i += WG) { Y[base + i] = roped(base, i, inv, pos); }
 }

@@ -588,42 +588,46 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
 
 
-@pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
-def test_kv_prep_also_norms_and_ropes_q(dev, hd, nrot, ff):
-    rng = np.random.default_rng(27)
-    h, hkv, ctx, pos = 3, 1, 8, 13                   # x = [q (3 heads) | k | v]
-    x = rng.standard_normal((h + 2 * hkv) * hd).astype(np.float32)
-    wk, wq = rng.standard_normal(hd).astype(np.float32), rng.standard_normal(hd).astype(np.float32)
+@pytest.mark.parametrize("mode,hd,nrot,ff,window,pos", [(2, 64, 64, False, 0, 0), (2, 128, 32, True, 0, 77),
+                                                         (2, 36, 36, False, 8, 70), (1, 128, 32, True, 0, 40),
+                                                         (2, 512, 128, True, 0, 33)])
+def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window, pos):
+    """The split kernel norms and ropes the raw query itself (PREP 1) and, PREP 2, also norms, ropes and
+    stores the raw key and value of the current position before attending."""
+    rng = np.random.default_rng(hd + pos + mode)
+    h, hkv, ctx = 4, 2, 128
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(pos + (mode == 1)):           # PREP 2 writes the current position itself
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    q_raw, k_raw, v_raw = (rng.standard_normal((n, hd)).astype(np.float32) for n in (h, hkv, hkv))
+    qw, kw = rng.standard_normal(hd).astype(np.float32), rng.standard_normal(hd).astype(np.float32)
     ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
-    kc, vc, q = f32(dev, np.zeros(hkv * ctx * hd)), f32(dev, np.zeros(hkv * ctx * hd)), dev.buffer(4 * h * hd)
-    dev.submit(K.kv_prep(dev, f32(dev, x), h * hd, (h + hkv) * hd, f32(dev, wk), kc, vc, step_buffer(dev, 1, pos),
-                         hkv, hd, nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None,
-                         q_heads=h, q_off=0, q_weight=f32(dev, wq), q_out=q))
-    want_q = rope_neox(rms_norm(x[:h * hd].reshape(1, h, hd), wq, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
-    np.testing.assert_allclose(read_f32(dev, q, h * hd).reshape(h, hd), want_q, atol=3e-5)
-    k = x[h * hd:(h + hkv) * hd].reshape(1, hkv, hd)
-    want_k = rope_neox(rms_norm(k, wk, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
-    np.testing.assert_allclose(read_f32(dev, kc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx], want_k,
-                               atol=3e-5)
-
-
-@pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
-def test_kv_prep_writes_normed_roped_kv_into_the_cache(dev, hd, nrot, ff):
-    rng = np.random.default_rng(26)
-    hkv, ctx, pos, q_len = 2, 16, 21, 3 * hd          # x = [q (3 heads) | k | v]
-    x = rng.standard_normal(q_len + 2 * hkv * hd).astype(np.float32)
-    w = rng.standard_normal(hd).astype(np.float32)
-    ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
-    kc, vc = f32(dev, np.zeros(hkv * ctx * hd)), f32(dev, np.zeros(hkv * ctx * hd))
-    dev.submit(K.kv_prep(dev, f32(dev, x), q_len, q_len + hkv * hd, f32(dev, w), kc, vc, step_buffer(dev, 1, pos),
-                         hkv, hd, nrot, 10000.0, ctx, freq_factors=f32(dev, ffv) if ff else None))
-    k = x[q_len:q_len + hkv * hd].reshape(1, hkv, hd)
-    v = x[q_len + hkv * hd:].reshape(1, hkv, hd)
-    want_k = rope_neox(rms_norm(k, w, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
-    got_k = read_f32(dev, kc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx]
-    got_v = read_f32(dev, vc, hkv * ctx * hd).reshape(hkv, ctx, hd)[:, pos % ctx]
-    np.testing.assert_allclose(got_k, want_k, atol=3e-5)
-    np.testing.assert_allclose(got_v, rms_norm(v, None, 1e-6)[0], atol=1e-5)
+    raw = np.concatenate([q_raw.ravel(), k_raw.ravel(), v_raw.ravel()]) if mode == 2 else q_raw.ravel()
+    q = rope_neox(rms_norm(q_raw[None], qw, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+    if mode == 2:
+        keys[:, pos] = rope_neox(rms_norm(k_raw[None], kw, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+        vals[:, pos] = rms_norm(v_raw[None], None, 1e-6)[0]
+    prep = K.QueryPrep(mode, 0, f32(dev, qw), nrot, 10000.0, freq_factors=f32(dev, ffv) if ff else None,
+                       k_off=h * hd, v_off=(h + hkv) * hd, k_weight=f32(dev, kw) if mode == 2 else None)
+    max_keys = window or ctx
+    part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * h * hd)
+    kcb, vcb = f32(dev, kc), f32(dev, vc)
+    dev.submit(K.attention_decode(dev, f32(dev, raw), kcb, vcb, out, part, step_buffer(dev, 1, pos), h, hkv, hd, ctx,
+                                  max_keys, window=window, prep=prep))
+    lo = max(0, pos + 1 - window) if window else 0
+    want = np.zeros((h, hd))
+    for i in range(h):
+        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
+        sc = kk @ q[i]
+        p = np.exp(sc - sc.max())
+        want[i] = (p / p.sum()) @ vv
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=3e-5)
+    if mode == 2:
+        got_k = read_f32(dev, kcb, kc.size).reshape(kc.shape)[:, pos % ctx]
+        np.testing.assert_allclose(got_k, keys[:, pos], atol=2e-5)
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])

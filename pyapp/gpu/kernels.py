@@ -12,6 +12,7 @@ generated WGSL prelude (SHARED_WGSL).
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from .. import ggml
 from . import Buffer, Device, Pipeline, Plan
@@ -246,25 +247,8 @@ def norm_rope(dev: Device, x: Buffer, y: Buffer, weight: Buffer, step: Buffer, h
     """y = rope(rms_norm(x) * weight) per head of x [T, heads, head_dim] (q/k norm + RoPE in one pass)."""
     p = _pipeline(dev, "norm", entry="norm_rope", constants={
         "D": head_dim, "RPT": heads, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
-    res = {"X": x, "Y": y, "Wt": weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy,
-           "W2": dev.dummy}     # norm.wgsl's roped() reads W2 for kv_prep's q heads only
+    res = {"X": x, "Y": y, "Wt": weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * heads))
-
-
-def kv_prep(dev: Device, x: Buffer, k_off: int, v_off: int, k_weight: Buffer, kc: Buffer, vc: Buffer,
-            step: Buffer, kv_heads: int, head_dim: int, rot_dims: int, base: float, ctx: int, eps: float = 1e-6,
-            freq_factors: Buffer | None = None, plan: Plan | None = None, q_heads: int = 0, q_off: int = 0,
-            q_weight: Buffer | None = None, q_out: Buffer | None = None) -> Plan:
-    """One decode token: kc/vc[h, pos % ctx] = rope(norm(k_h) * k_weight), norm(v_h), where k_h, v_h are
-    read from x at float offsets k_off + h*head_dim and v_off + h*head_dim. With q_heads: also
-    q_out[h] = rope(norm(q_h) * q_weight) for q_h at q_off + h*head_dim, in the same dispatch."""
-    p = _pipeline(dev, "norm", entry="kv_prep", constants={
-        "D": head_dim, "EPS": eps, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None,
-        "HKV": kv_heads, "QOFF": q_off, "KOFF": k_off, "VOFF": v_off, "CTX": ctx})
-    res = {"X": x, "Wt": k_weight, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy,
-           "KC": kc, "VC": vc, "Y": q_out if q_heads else dev.dummy_out,
-           "W2": q_weight if q_heads else dev.dummy}
-    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), kv_heads + q_heads)
 
 
 def rope(dev: Device, x: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
@@ -479,18 +463,42 @@ def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
     return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 2)
 
 
+@dataclass
+class QueryPrep:
+    """What attention_decode's split kernel norms and ropes itself (shaders/attention.wgsl PREP): q holds raw
+    projections; mode 1: the query heads at q_off; mode 2: also the KV head's raw k and v at k_off, v_off,
+    written into the caches."""
+    mode: int
+    q_off: int
+    q_weight: Buffer
+    rope_dims: int
+    rope_base: float
+    freq_factors: Buffer | None = None
+    eps: float = 1e-6
+    k_off: int = 0
+    v_off: int = 0
+    k_weight: Buffer | None = None
+
+
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
-                     scale: float = 1.0, plan: Plan | None = None) -> Plan:
+                     scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
-    workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees."""
+    workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees.
+    prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
     c = dict(_attn_consts(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit)
+    res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
+    if prep is not None:
+        c.update(PREP=prep.mode, QOFF=prep.q_off, KOFF=prep.k_off, VOFF=prep.v_off, NROT=prep.rope_dims,
+                 BASE=prep.rope_base, HAS_FF=prep.freq_factors is not None, EPS=prep.eps)
+        res.update(QW=prep.q_weight, KW=prep.k_weight if prep.k_weight is not None else dev.dummy,
+                   FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
     p = _pipeline(dev, "attention", entry="attend_split", constants=c)
-    plan.dispatch(p, dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials}), heads, nsplit)
+    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit)
     p = _pipeline(dev, "attention", entry="attend_combine", constants=c)
     return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads)
 

@@ -29,6 +29,7 @@ class Ops:
         self.experts_stream = experts_stream
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
+        self._query_prep = None              # decode: what attend's split kernel norms/ropes/stores (K.QueryPrep)
 
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
@@ -157,9 +158,9 @@ class Ops:
                 v = g.v_apart
                 K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan)
             self.lora(g.loras, x, s.qkv, g.out_rows)
-            K.kv_prep(dev, s.qkv, g.k_row, g.v_row, w.attn_k_norm.buffer, cache.k, cache.v, self.step, kvh, hd,
-                      lc.rope_dims, lc.rope_base, cache.slots, eps=self.eps, freq_factors=ff, plan=plan,
-                      q_heads=H, q_off=g.q_row, q_weight=w.attn_q_norm.buffer, q_out=s.q)
+            # the decode attention's split kernel norms and ropes q, k and v and stores k, v (attend)
+            self._query_prep = K.QueryPrep(2, g.q_row, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base, ff, self.eps,
+                                           k_off=g.k_row, v_off=g.v_row, k_weight=w.attn_k_norm.buffer)
             return
         self.qkv(lc, w, x, freq_factors)
         K.kv_store(dev, s.k, s.v, cache.k, cache.v, self.step, kvh, hd, cache.slots, T, plan=plan)
@@ -183,6 +184,10 @@ class Ops:
         """Fuses q's norm and RoPE: state.q = rope(rms_norm(x @ Wq) * q_norm)."""
         s = self.s
         self.linear(w.attn_q, x, s.q_raw)
+        if self.T == 1:          # the decode attention's split kernel norms and ropes it (attend)
+            self._query_prep = K.QueryPrep(1, 0, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base,
+                                           freq_factors.buffer if freq_factors is not None else None, self.eps)
+            return
         K.norm_rope(self.dev, s.q_raw, s.q, w.attn_q_norm.buffer, self.step, self.cfg.n_heads, lc.head_dim,
                     lc.rope_dims, lc.rope_base, self.T, eps=self.eps,
                     freq_factors=freq_factors.buffer if freq_factors is not None else None, plan=self.plan)
@@ -193,8 +198,11 @@ class Ops:
         H, hd, kvh = self.cfg.n_heads, lc.head_dim, lc.n_kv_heads
         window = self.cfg.sliding_window if lc.sliding else 0
         if self.T == 1:
+            prep, self._query_prep = self._query_prep, None
+            if prep is not None:         # q (and k, v) still raw: in the buffer the projections wrote
+                q = self.s.qkv if prep.mode == 2 else self.s.q_raw
             K.attention_decode(self.dev, q, cache.k, cache.v, out, self.s.partials, self.step, H, kvh, hd, cache.slots,
-                               self.s.max_keys(lc), window=window, plan=self.plan)
+                               self.s.max_keys(lc), window=window, plan=self.plan, prep=prep)
         else:
             K.attention(self.dev, q, cache.k, cache.v, out, self.step, H, kvh, hd, cache.slots, self.T, window=window,
                         plan=self.plan)
@@ -202,6 +210,8 @@ class Ops:
     def attend_canvas(self, lc, q: Buffer, cache, k: Buffer, v: Buffer, out: Buffer) -> None:
         """out = softmax(q k^T) v, unmasked, over the cached prefix and the step's own k, v (DiffusionGemma's
         decoder over its canvas); sliding layers see the last window - 1 cached positions. The cache is only read."""
+        if self._query_prep is not None:
+            raise AssertionError("attend_canvas after a one-token q projection: q is still raw")
         keep = self.cfg.sliding_window - 1 if lc.sliding and self.cfg.sliding_window else 0
         K.attention_canvas(self.dev, q, cache.k, cache.v, k, v, out, self.step, self.cfg.n_heads, lc.n_kv_heads,
                            lc.head_dim, cache.slots, self.T, keep=keep, plan=self.plan)
