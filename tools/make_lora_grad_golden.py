@@ -12,9 +12,10 @@ adapter GGUF's tensors), one forward on fixed token ids, the loss
 
 (the mask marks the "assistant" tokens: a prompt, then two answer spans), backward, and
 every LoRA A/B gradient saved under its GGUF tensor name (`blk.0.attn_q.weight.lora_a`),
-as float32. Autograd runs in float64 (the weights are float32 values, widened exactly),
-so the goldens carry only float32 storage rounding; a float32 run's loss and its largest
-relative gradient difference are printed for comparison.
+as float32. Autograd runs in float64 (the weights are float32 values, widened exactly;
+transformers' Gemma 4 RMSNorm and RoPE tables still compute in float32, which leaves
+~1e-6 relative differences); a float32 run's loss and its largest relative gradient
+difference are printed for comparison.
 """
 
 from __future__ import annotations
