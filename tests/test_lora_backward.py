@@ -5,8 +5,8 @@ autograd through transformers + PEFT (tests/fixtures/lora/*.grad.npz, tools/make
 Tolerances. Per op: relative error (max |ours - FD| / max |FD|) <= 1e-6 (seen 6e-10). Whole model vs FD:
 <= 1e-5 per sampled entry (seen 1.9e-7). Against torch (float64 autograd, goldens stored as float32): per
 tensor, max |ours - torch| / max |torch| <= 1e-5 (seen <= 1.7e-6: transformers' Gemma 4 RMSNorm and RoPE
-tables compute in float32 even in a float64 model), loss within 1e-6 (seen 1e-7). For scale: float32 torch itself differs from float64 torch by
-up to 2.9e-6 on these gradients (printed by the tool).
+tables compute in float32 even in a float64 model), loss within 1e-6 (seen 1e-7). For scale: float32 torch
+itself differs from float64 torch by up to 2.9e-6 on these gradients (printed by the tool).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ PLE inputs (built from the token embedding alone: they do not depend on any LoRA
 flows into them).
 
     oracle = LoraGradients(gguf, [("adapter.gguf", 1.0)])      # or lora=LoraParams(...) of your own
-    loss, grads = oracle.loss_and_grads(tokens, mask)           # grads: {"blk.0.attn_q.weight.lora_a": [r, n_in], ...}
+    loss, grads = oracle.loss_and_grads(tokens, mask)           # grads: {"<base tensor>.lora_a": [r, n_in], ...}
 """
 
 from __future__ import annotations

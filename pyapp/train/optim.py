@@ -10,7 +10,7 @@ transformers' get_cosine_schedule_with_warmup, step for step):
     m       = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
     p      -= lr_t / (1 - b1^(t+1)) * m / (sqrt(v) / sqrt(1 - b2^(t+1)) + eps)
 
-    opt = AdamW({"blk.0.attn_q.weight.lora_a": array("f", ...), ...}, weight_decay=0.01)
+    opt = AdamW({"<base tensor>.lora_a": array("f", ...), ...}, weight_decay=0.01)
     sched = WarmupCosine(peak_lr=2e-4, warmup_steps=10, total_steps=200)
     norm = clip_grad_norm(grads, 1.0)          # grads scaled in place; returns the norm before clipping
     opt.step(grads, sched.lr(step))
