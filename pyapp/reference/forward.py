@@ -33,8 +33,9 @@ from .quants import load_tensor
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
-    """RMSNorm over the last axis; Gemma 4 stores the multiplier as is (no +1)."""
-    x = x.astype(np.float32)
+    """RMSNorm over the last axis; Gemma 4 stores the multiplier as is (no +1). float32 at least
+    (float64 stays float64: the gradient oracle runs the forward in float64)."""
+    x = x.astype(np.promote_types(x.dtype, np.float32))
     y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return y * weight if weight is not None else y
 
@@ -59,8 +60,9 @@ def rope_neox(x: np.ndarray, positions: np.ndarray, dims: int, base: float,
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors[:half].astype(np.float64)
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]     # [n, half]
-    cos = np.cos(angles)[:, None, :].astype(np.float32)
-    sin = np.sin(angles)[:, None, :].astype(np.float32)
+    dtype = np.promote_types(x.dtype, np.float32)         # float64 stays float64 (the gradient oracle)
+    cos = np.cos(angles)[:, None, :].astype(dtype)
+    sin = np.sin(angles)[:, None, :].astype(dtype)
     out = x.copy()
     a, b = x[..., :half], x[..., half:dims]
     out[..., :half] = a * cos - b * sin
