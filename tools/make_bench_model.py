@@ -21,7 +21,8 @@ hyperparameter key verbatim from that file's header (it describes 26B-A4B).
 The `diffusion` shape is DiffusionGemma (26B-A4B dimensions, the a26b numbers): the `diffusion-gemma`
 architecture with tools/convert_diffusion_gemma.py's keys, tensor names and generation defaults (that
 module writes them; canvas 256). `tiny-diffusion` is its structure at toy size. --layers N keeps the
-first N layers of any shape (the last one full on DiffusionGemma), for quick checks of the big ones.
+first N layers of any shape (the last one full on DiffusionGemma) and --vocab-size N another vocabulary
+size, for quick checks of the big ones.
 
 Needs numpy and the `gguf` package only (plus pyapp.ggml and, for toy sizes,
 pyapp.reference.quants, both importable without the rest of pyapp, from this
@@ -221,11 +222,14 @@ def add_vector(w: GGUFWriter, rng, name: str, n: int, value: float | None = None
 
 
 def write(shape: str, qtype, out: str, seed: int = 0, vocab: str | Path | None = None,
-          layers: int | None = None, log=None) -> None:
+          layers: int | None = None, vocab_size: int | None = None, log=None) -> None:
     """Write the model. vocab: llama.cpp's ggml-vocab-gemma-4.gguf, whose tokenizer.* keys are
     copied when its vocabulary has the shape's size (and, for header shapes, its gemma4.* keys).
-    layers: fewer layers than the shape has (quick checks of the big shapes)."""
+    layers: fewer layers than the shape has; vocab_size: another vocabulary size (quick checks of the big
+    shapes: a 256-token canvas's logits over 262144 ids need a 256 MiB binding, which lavapipe lacks)."""
     s = dict(SHAPES[shape])
+    if vocab_size:
+        s["vocab"] = vocab_size
     if layers:
         s["layers"] = layers
         s["shared"] = min(s["shared"], max(0, layers - s["pattern"]))
@@ -409,6 +413,7 @@ def main() -> int:
                     help=f"llama.cpp's ggml-vocab-gemma-4.gguf (default: {DEFAULT_VOCAB.relative_to(ROOT)} if present)")
     ap.add_argument("--no-vocab", action="store_true", help="write no tokenizer keys (llama.cpp will not load the file)")
     ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (quick checks)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="another vocabulary size (quick checks)")
     args = ap.parse_args()
     vocab = None
     if not args.no_vocab:
@@ -416,7 +421,7 @@ def main() -> int:
         if args.vocab and not Path(args.vocab).exists():
             ap.error(f"--vocab {args.vocab}: no such file")
     t0 = time.time()
-    write(args.shape, T[args.quant], args.out, args.seed, vocab=vocab, layers=args.layers)
+    write(args.shape, T[args.quant], args.out, args.seed, vocab=vocab, layers=args.layers, vocab_size=args.vocab_size)
     print(f"wrote {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
     return 0
 
