@@ -271,6 +271,8 @@ def write(shape: str, qtype, out: str, seed: int = 0, vocab: str | Path | None =
     w = GGUFWriter(out, arch)
     w.add_name(f"bench-{shape}-{qtype.name}")
     if diffusion:
+        w.add_type("model")              # as the converter writes it
+    if diffusion:
         hp = diffusion_hparams(diffusion, s, n, pattern, kv_heads)
         diffusion.write_hparams(w, hp)
     elif header:
