@@ -3,10 +3,17 @@
     python bench/bench.py --models tests/fixtures/*.gguf            # committed fixtures
     python bench/bench.py --make e2b:Q4_K --workdir /tmp            # full-size random-weight E2B
     python bench/bench.py --kernels                                 # matvec GB/s per quant type
+    python bench/bench.py --make diffusion:Q4_K --steps 48          # DiffusionGemma: denoising speed
 
 Prints one JSON object per line. Decode reads every active weight once per token,
 so tokens/s <= bandwidth / bytes_per_token; `bound_tok_s` states that bound for the
 bandwidth given by --bandwidth (GB/s; default: the best matvec figure measured here).
+
+A DiffusionGemma file (architecture `diffusion-gemma`) is measured by denoising instead
+(DiffusionEngine.bench): a random --prompt-tokens prompt (default 128), --gen-tokens new tokens
+(default 256: one canvas), the model's sampler settings with at most --steps steps per block, seeded;
+it reports step_ms (median time per denoising step), committed_tok_s, tokens_per_forward,
+steps_taken per block (random weights rarely pass the confidence stop) and prompt_encode_s.
 """
 
 from __future__ import annotations
@@ -44,18 +51,31 @@ def bytes_per_token(gguf) -> int:
     return total
 
 
+# --prompt-tokens / --gen-tokens when not given: (autoregressive, DiffusionGemma)
+DEFAULT_PROMPT_TOKENS = (256, 128)
+DEFAULT_GEN_TOKENS = (64, 256)
+
+
 def bench_model(path: str, args) -> dict:
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
+    from pyapp.model.config import DIFFUSION_ARCH
     g = read_gguf(path)
+    diffusion = g.metadata.get("general.architecture") == DIFFUSION_ARCH
     t = time.perf_counter()
     from pyapp.engine import DEFAULT_CHUNK
     args.chunk = args.chunk or DEFAULT_CHUNK
     eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk,
                       gpu_memory_mib=args.gpu_memory)
     load_s = time.perf_counter() - t
-    r = eng.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.gen_tokens, repeat=args.repeat,
-                  temperature=args.temperature)
+    prompt = args.prompt_tokens or DEFAULT_PROMPT_TOKENS[diffusion]
+    gen = args.gen_tokens or DEFAULT_GEN_TOKENS[diffusion]
+    if diffusion:
+        r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, steps=args.steps)
+        r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3),
+                 load_s=round(load_s, 2), chunk=args.chunk)
+        return r
+    r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, temperature=args.temperature)
     bpt = bytes_per_token(g)
     r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
              bytes_per_token=bpt, chunk=args.chunk)
@@ -122,8 +142,11 @@ def main() -> int:
     ap.add_argument("--make", nargs="*", default=[], help="shape:QUANT for tools/make_bench_model.py, e.g. e2b:Q4_K")
     ap.add_argument("--workdir", default="/tmp")
     ap.add_argument("--kernels", action="store_true")
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="default 256 (DiffusionGemma: 128)")
+    ap.add_argument("--gen-tokens", type=int, default=None,
+                    help="default 64 (DiffusionGemma: 256 new tokens, whole canvases)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="DiffusionGemma: at most this many denoising steps per block (default: the model's)")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; medians are reported")
     ap.add_argument("--temperature", type=float, default=0.0,

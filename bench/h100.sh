@@ -24,12 +24,17 @@
 #   sweep    bench/matvec_sweep.py (Q4_K: the old kernel by threads per row, the chunk kernel by
 #            threads per row and workgroup) -> kernels.jsonl
 #   profile  bench/profile.py on each model, decode and prefill plans by kernel family -> kernels.jsonl
+#   diffusion  DiffusionGemma (issue 12): writes DIFFUSION_MODEL (tools/make_bench_model.py --shape
+#            diffusion, 26B-A4B dimensions) if missing, then bench/bench.py natively, bench/node_bench.mjs
+#            (browser path) and bench/bench.py --gpu-memory DIFFUSION_BUDGET (streamed experts, at most
+#            DIFFUSION_STREAM_STEPS steps: every step reads most experts) -> diffusion-*.jsonl, then table
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
 #
 # Every call ends by copying to $OUT (what comes back from the device): table.md, native.jsonl,
-# browser.jsonl, llama.jsonl, ttft.jsonl, h100.log (this script's output, all calls) and build.log.
+# browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, h100.log (this script's output, all calls)
+# and build.log.
 # State lives in $W (/tmp/h100) and the models in /tmp: they persist only while the machine is
 # held, and a machine goes back ~30 s after a call ends, so the calls must follow each other at
 # once. Each call stops starting work BUDGET seconds (570) after it began; steps left undone are
@@ -42,6 +47,11 @@
 #      STREAM_MODEL (a26b:Q4_K), STREAM_BUDGETS ("8192 4096"), STREAM_PROMPT (128), STREAM_GEN (32),
 #      SWEEP_ARGS (extra bench/matvec_sweep.py arguments), STREAM_TEMPERATURE (1: sampled tokens; greedy decoding of random weights repeats itself, and
 #      so does its routing, which flatters a cache).
+#      DIFFUSION_MODEL (diffusion:Q4_K), DIFFUSION_PROMPT (128), DIFFUSION_GEN (256: one canvas),
+#      DIFFUSION_STEPS (empty: the model's 48), DIFFUSION_REPEAT (1: timed runs after a 2-step warm-up;
+#      step_ms is the median over every step), DIFFUSION_BUDGET (8192 MiB; empty: no streamed run),
+#      DIFFUSION_STREAM_STEPS (3), A26B_DECODE ("native=69.7 browser=90.4": a26b Q4_K decode tok/s from
+#      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -66,6 +76,14 @@ STREAM_BUDGETS=${STREAM_BUDGETS:-"8192 4096"}
 STREAM_PROMPT=${STREAM_PROMPT:-128}
 STREAM_GEN=${STREAM_GEN:-32}
 STREAM_TEMPERATURE=${STREAM_TEMPERATURE:-1}
+DIFFUSION_MODEL=${DIFFUSION_MODEL:-diffusion:Q4_K}
+DIFFUSION_PROMPT=${DIFFUSION_PROMPT:-128}
+DIFFUSION_GEN=${DIFFUSION_GEN:-256}
+DIFFUSION_STEPS=${DIFFUSION_STEPS:-}
+DIFFUSION_REPEAT=${DIFFUSION_REPEAT:-1}
+DIFFUSION_BUDGET=${DIFFUSION_BUDGET-8192}
+DIFFUSION_STREAM_STEPS=${DIFFUSION_STREAM_STEPS:-3}
+A26B_DECODE=${A26B_DECODE-"native=69.7 browser=90.4"}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -329,9 +347,54 @@ stream_runs() {
     done
 }
 
+# DiffusionGemma (issue 12): the model if missing (as step_models makes one), then native, the browser
+# path and native with streamed experts; each result kept unless REDO=1
+step_diffusion() {
+    local spec=$DIFFUSION_MODEL path name res steps=() ctx=$(( DIFFUSION_PROMPT + DIFFUSION_GEN + 256 ))
+    path=$(model_path "$spec"); name=$(model_name "$spec")
+    busy diffusion && return 1
+    if [ ! -f "$path.ok" ]; then
+        log "diffusion: $spec -> $path"
+        limited 0 "$PY" tools/make_bench_model.py --shape "${spec%%:*}" --quant "${spec##*:}" \
+            --vocab "$W/vocab.gguf" --out "$path.tmp" && mv "$path.tmp" "$path" && touch "$path.ok" \
+            || { log "diffusion: making $path failed"; return 1; }
+        ls -la "$path"
+    fi
+    [ -n "$DIFFUSION_STEPS" ] && steps=(--steps "$DIFFUSION_STEPS")
+    res=$RES/diffusion-native-$name.jsonl
+    if ! done_already "$res"; then
+        log "diffusion (native): $name, prompt $DIFFUSION_PROMPT, $DIFFUSION_GEN new tokens"
+        limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$DIFFUSION_PROMPT" \
+            --gen-tokens "$DIFFUSION_GEN" --repeat "$DIFFUSION_REPEAT" --context "$ctx" --chunk "$CHUNK" "${steps[@]}" \
+            > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
+    res=$RES/diffusion-browser-$name.jsonl
+    if [ ! -x "$W/bin/node" ]; then
+        log "diffusion (browser): no node (carry .carry/node)"
+    elif ! done_already "$res"; then
+        log "diffusion (browser): $name"
+        PROMPT_TOKENS=$DIFFUSION_PROMPT GEN_TOKENS=$DIFFUSION_GEN REPEAT=$DIFFUSION_REPEAT STEPS=$DIFFUSION_STEPS \
+            CONTEXT=$ctx CHUNK=$CHUNK PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+            limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
+    res=$RES/diffusion-native-$name-$DIFFUSION_BUDGET.jsonl
+    if [ -n "$DIFFUSION_BUDGET" ] && ! done_already "$res"; then
+        log "diffusion (native): $name, --gpu-memory $DIFFUSION_BUDGET, $DIFFUSION_STREAM_STEPS steps"
+        limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$DIFFUSION_PROMPT" \
+            --gen-tokens "$DIFFUSION_GEN" --repeat 1 --context "$ctx" --chunk "$CHUNK" \
+            --steps "$DIFFUSION_STREAM_STEPS" --gpu-memory "$DIFFUSION_BUDGET" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
+    step_table
+}
+
 step_table() {
-    "$PY" bench/side_by_side.py --prompt "$PROMPT" --gen "$GEN" --ttft-prompt "$TTFT_PROMPT" "$RES" > "$RES/table.md" \
-        && cat "$RES/table.md"
+    local a=() kv
+    for kv in $A26B_DECODE; do a+=(--a26b-decode "$kv"); done
+    "$PY" bench/side_by_side.py --prompt "$PROMPT" --gen "$GEN" --ttft-prompt "$TTFT_PROMPT" "${a[@]}" "$RES" \
+        > "$RES/table.md" && cat "$RES/table.md"
 }
 
 step_sweep() {
@@ -364,10 +427,10 @@ step_status() {
     ls -la "$RES" 2>/dev/null
 }
 
-finish() {   # what comes back: at most 8 files in $OUT
+finish() {   # what comes back: the files in $OUT
     local kind
     step_table > /dev/null 2>&1
-    for kind in native browser llama ttft stream kernels; do
+    for kind in native browser llama ttft stream kernels diffusion; do
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cp "$RES/table.md" "$OUT/" 2>/dev/null
@@ -385,7 +448,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

@@ -7,6 +7,8 @@
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
 //      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it),
 //      TEMPERATURE (0: greedy decoding).
+// A DiffusionGemma file is measured by denoising (DiffusionEngine.bench_async, as bench/bench.py does):
+//      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
 // Prints one JSON line per model.
 import path from "node:path";
@@ -38,6 +40,7 @@ const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
 import json, time
 from pyapp.engine import DEFAULT_CHUNK, Engine
+from pyapp.diffusion import DiffusionEngine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
 from js import wasm_heap_bytes
@@ -55,9 +58,14 @@ for m in ${JSON.stringify(models)}:
                                   gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"})
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
-    r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
-                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
-                              temperature=${Number(process.env.TEMPERATURE || 0)})
+    if isinstance(eng, DiffusionEngine):
+        r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 128)},
+                                  gen_tokens=${Number(process.env.GEN_TOKENS || 256)}, repeat=${Number(process.env.REPEAT || 3)},
+                                  steps=${process.env.STEPS ? Number(process.env.STEPS) : "None"})
+    else:
+        r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
+                                  gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
+                                  temperature=${Number(process.env.TEMPERATURE || 0)})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())

@@ -10,6 +10,10 @@ pp<prompt>; decode rows ours' decode over --gen tokens with llama-bench's tg<gen
 bench.py's bound_tok_s: weight bytes read per token at the best matvec bandwidth it measured
 (--hbm GB/s adds the bound at that bandwidth). Time to first token rows come from records with
 --ttft-prompt prompt tokens (ours: prefill time; llama.cpp: prompt / pp tok/s).
+DiffusionGemma records (bench.py / node_bench.mjs on a `diffusion-gemma` file: `"mode": "diffusion"`)
+get their own table: time per denoising step, steps taken, committed tokens/s and tokens per forward
+pass, beside the a26b file's decode tok/s in the same runtime (and budget) when its records are there,
+else the figures given with --a26b-decode RUNTIME=TOK_S (RUNTIME: native or browser).
 Standard library only.
 """
 
@@ -53,6 +57,8 @@ def load_records(paths: list[str]) -> list[dict]:
 def kind(r: dict) -> str | None:
     if "kernel" in r:
         return "kernel"
+    if r.get("mode") == "diffusion":
+        return "diffusion"
     if "avg_ts" in r and "n_prompt" in r:
         return "llama"
     if "decode_tok_s" in r:
@@ -156,6 +162,56 @@ def build(records: list[dict], prompt: int, gen: int, ttft_prompt: int, hbm: flo
     return "\n".join(lines) + "\n"
 
 
+def runtime(r: dict) -> str:
+    return "browser" if r.get("backend") == "browser" or "runtime" in r else "native"
+
+
+def diffusion_table(records: list[dict], a26b_decode: dict) -> str:
+    """DiffusionGemma's denoising speed, one row per (file, runtime, budget), beside a26b's decode tok/s."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if kind(r) == "diffusion":
+            rows[(os.path.basename(r.get("file", "?")), runtime(r), r.get("budget_mib") or 0)] = r
+    if not rows:
+        return ""
+    decode: dict[tuple, tuple] = {}      # (runtime, budget) -> (tok/s, where from): a26b records first
+    for rt, v in a26b_decode.items():
+        decode[(rt, 0)] = (v, "given")
+    for r in records:
+        if kind(r) in ("native", "browser") and "a26b" in os.path.basename(r.get("file", "")) \
+                and r.get("decode_tok_s"):
+            decode[(kind(r), r.get("budget_mib") or 0)] = (r["decode_tok_s"], "measured")
+    some = next(iter(rows.values()))
+    lines = ["", f"DiffusionGemma (26B-A4B shape), prompt {some.get('prompt_tokens')} tokens, "
+             f"{some.get('max_new_tokens')} new tokens (canvas {some.get('canvas_length')}), the model's sampler "
+             f"settings, seed {(some.get('sampler') or {}).get('seed')}; step ms = median over every step; committed tok/s = "
+             "committed tokens / (steps + committed blocks' encodes); a26b decode: autoregressive decode of the "
+             "same shape in the same runtime and budget.", "",
+             "| file | runtime | GPU budget | step ms | steps taken | committed tok/s | tokens / forward "
+             "| prompt encode s | a26b decode tok/s | committed / a26b decode | expert hit rate | read MiB / step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (f, rt, budget), r in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
+        dec, src = decode.get((rt, budget), (None, ""))
+        steps = r.get("steps_taken")
+        steps = "/".join(map(str, steps)) if isinstance(steps, list) else steps
+        lines.append(f"| {f} | {rt} | {f'{budget} MiB' if budget else 'none'} | {fmt(r.get('step_ms'))} | "
+                     f"{steps} of {r.get('max_steps')} | {fmt(r.get('committed_tok_s'), 2)} | "
+                     f"{fmt(r.get('tokens_per_forward'), 2)} | {fmt(r.get('prompt_encode_s'), 2)} | "
+                     f"{fmt(dec)}{' (given)' if src == 'given' else ''} | {ratio(r.get('committed_tok_s'), dec)} | "
+                     f"{fmt(r.get('expert_hit_rate'), 3)} | {fmt(r.get('read_mib_per_step'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_decode(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        rt, _, v = item.partition("=")
+        if rt not in ("native", "browser") or not v:
+            raise SystemExit(f"--a26b-decode {item!r}: expected native=TOK_S or browser=TOK_S")
+        out[rt] = float(v)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", help="result directories or .jsonl/.json files")
@@ -163,12 +219,16 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--ttft-prompt", type=int, default=4000)
     ap.add_argument("--hbm", type=float, default=0.0, help="GB/s for an extra bound column (e.g. 3350 for H100 SXM)")
+    ap.add_argument("--a26b-decode", action="append", default=[], metavar="RUNTIME=TOK_S",
+                    help="a26b decode tok/s to show beside DiffusionGemma's where no a26b record is given")
     args = ap.parse_args()
     records = load_records(args.paths)
     if not records:
         print("no records found", file=sys.stderr)
         return 1
-    sys.stdout.write(build(records, args.prompt, args.gen, args.ttft_prompt, args.hbm))
+    if any(kind(r) in ("native", "browser", "llama", "kernel") for r in records):
+        sys.stdout.write(build(records, args.prompt, args.gen, args.ttft_prompt, args.hbm))
+    sys.stdout.write(diffusion_table(records, parse_decode(args.a26b_decode)))
     return 0
 
 

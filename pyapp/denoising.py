@@ -132,6 +132,8 @@ class DenoiseResult:
     stop_reason: str = ""                           # stop (an eos) | length
     text: str = ""
     seconds: float = 0.0
+    step_seconds: list = field(default_factory=list)     # GPU engine: each step, params written -> result read
+    encode_seconds: list = field(default_factory=list)   # GPU engine, timed runs: each block's encoder pass
 
     @property
     def decoder_passes(self) -> int:

@@ -16,8 +16,11 @@ cache only read. Written once as generators of requests, like the engine, driven
 
 from __future__ import annotations
 
+import random
+import statistics
 import time
 from array import array
+from dataclasses import replace
 
 from .denoising import DenoiseParams, DenoiseResult, SeededDraws, finish_block, temperature
 from .engine import Engine, EngineError, GenerationResult
@@ -90,9 +93,11 @@ class DiffusionEngine(Engine):
         return await self._drive_async(self._decoder_logits(prompt, canvas, prev_logits, blocks))
 
     # -- generation -------------------------------------------------------------------------
-    def _denoise(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None):
+    def _denoise(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None,
+                 timed: bool = False):
         """Steps of one generation (reference: pyapp.reference.denoise.generate). on_step(block, step, argmax,
-        accepted) sees each step's draft; on_block(block index, tokens) each committed block."""
+        accepted) sees each step's draft; on_block(block index, tokens) each committed block. timed: wait for
+        each encoder pass to finish, so res.encode_seconds time it alone (benchmarks)."""
         params.validate()
         C, V = self.canvas_length, self.config.vocab_size
         r, s = self.runner, self.runner.state
@@ -108,7 +113,11 @@ class DiffusionEngine(Engine):
         self.cached = prompt[:reuse]
         todo = prompt[reuse:]
         for b in range(-(-params.max_new_tokens // C)):
+            t_enc = time.perf_counter()
             yield from self._encode(todo)
+            if timed:
+                yield ReadGpu(s.denoise_out, 0, 4)      # a read waits for all submitted work: the encoder's
+                res.encode_seconds.append(time.perf_counter() - t_enc)
             P = len(self.cached)
             if P + C > self.context_length:
                 res.stop_reason = "context"
@@ -119,12 +128,14 @@ class DiffusionEngine(Engine):
             am, steps = None, 0
             for cur in range(params.steps, 0, -1):
                 u, forced, noise = draws.step()
+                t_step = time.perf_counter()
                 self.dev.write(s.denoise_params, K.pack_denoise_step(
                     C, temperature(cur, params.steps, params.t_min, params.t_max), params.entropy_bound,
                     params.confidence_threshold, params.stability_threshold, steps == 0, noise, u, forced))
                 yield from r.run_canvas(C, steps > 0)
                 self.dev.submit(r.sampler_plan())
                 out = array("I", bytes((yield ReadMapped(s.denoise_readback, 0, s.denoise_out.size))))
+                res.step_seconds.append(time.perf_counter() - t_step)
                 head = K.DENOISE_HEADER
                 am = out[head:head + C].tolist()
                 accepted = [bool(x) for x in out[head + C:head + 2 * C]]
@@ -198,6 +209,68 @@ class DiffusionEngine(Engine):
         result.stop_reason, result.decode_s = res.stop_reason, res.seconds
         result.denoise = res
         return result
+
+    # -- benchmark ------------------------------------------------------------------
+    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int, temperature: float = 0.0,
+               steps: int | None = None):
+        """Steps: denoising speed on a random prompt with the model's sampler settings (steps: at most this
+        many per block instead of its max_denoising_steps; gen_tokens: max new tokens, whole canvases; the
+        temperature is the schedule's, not this argument). A 2-step warm-up (every plan the runs use), then
+        `repeat` seeded runs; medians, and every run's. Random weights rarely pass the confidence stop, so
+        steps_taken says how many steps each block took."""
+        rng = random.Random(seed)
+        C = self.canvas_length
+        room = self.context_length - C
+        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(max(1, min(prompt_tokens, room)))]
+        params = DenoiseParams.from_config(self.config, seed=seed, steps=steps,
+                                           max_new_tokens=min(gen_tokens, room + C - len(ids)))
+        runs, cache = [], self.runner.experts
+        self.reset()
+        yield from self._denoise(ids, replace(params, steps=min(2, params.steps), max_new_tokens=1))
+        counts0 = (cache.hits, cache.misses, cache.bytes_read) if cache else None
+        for i in range(repeat):
+            self.reset()
+            runs.append((yield from self._denoise(ids, replace(params, seed=seed + i), timed=True)))
+        step_s = [t for r in runs for t in r.step_seconds]
+        encode_s = [r.encode_seconds[0] for r in runs]
+        gen_s = [r.seconds - r.encode_seconds[0] for r in runs]     # the steps and the committed blocks' encodes
+        committed = [sum(t != params.pad_id for t in r.tokens) for r in runs]
+        out = {"adapter": self.dev.describe(), "backend": self.dev.backend, "model": self.config.describe(),
+               "mode": "diffusion", "prompt_tokens": len(ids), "canvas_length": C,
+               "max_new_tokens": params.max_new_tokens, "max_steps": params.steps,
+               "sampler": {"t_min": round(params.t_min, 6), "t_max": round(params.t_max, 6),
+                           "entropy_bound": round(params.entropy_bound, 6),
+                           "stability_threshold": params.stability_threshold,
+                           "confidence_threshold": round(params.confidence_threshold, 6), "seed": seed},
+               "step_ms": round(statistics.median(step_s) * 1e3, 2),
+               "committed_tokens": committed[0],
+               "committed_tok_s": round(statistics.median(n / t for n, t in zip(committed, gen_s) if t > 0), 2),
+               "tokens_per_forward": round(statistics.median(r.tokens_per_forward(params.pad_id) for r in runs), 3),
+               "steps_taken": runs[0].steps, "stop_reason": runs[0].stop_reason,
+               "prompt_encode_s": round(statistics.median(encode_s), 4),
+               "prefill_tok_s": round(len(ids) / statistics.median(encode_s), 1),
+               "generate_s": round(statistics.median(gen_s), 3),
+               "runs": {"step_ms": [round(statistics.median(r.step_seconds) * 1e3, 2) for r in runs],
+                        "committed_tok_s": [round(n / t, 2) for n, t in zip(committed, gen_s) if t > 0],
+                        "steps_taken": [r.steps for r in runs]},
+               "context_length": self.context_length}
+        plan = self.memory_plan
+        out.update(gpu_memory_mib=round(plan.total / 2**20), budget_mib=plan.budget and round(plan.budget / 2**20))
+        if cache:
+            hits, misses, read = (a - b for a, b in zip((cache.hits, cache.misses, cache.bytes_read), counts0))
+            out.update(expert_slots=plan.slots, expert_cache_mib=round(plan.expert_cache / 2**20),
+                       expert_hit_rate=round(hits / max(hits + misses, 1), 3),
+                       read_mib_per_step=round(read / max(len(step_s), 1) / 2**20, 1),
+                       load_read_gb_s=round(self.load_bytes_per_s / 1e9, 2))
+        return out
+
+    def bench(self, prompt_tokens: int = 128, gen_tokens: int = 256, seed: int = 0, repeat: int = 3,
+              temperature: float = 0.0, steps: int | None = None) -> dict:
+        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, steps))
+
+    async def bench_async(self, prompt_tokens: int = 128, gen_tokens: int = 256, seed: int = 0, repeat: int = 3,
+                          temperature: float = 0.0, steps: int | None = None) -> dict:
+        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, steps))
 
     def forward(self, tokens):
         raise EngineError("DiffusionGemma has no next-token logits: use decoder_logits (CLI: diffusion-logits)")

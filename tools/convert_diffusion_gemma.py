@@ -424,15 +424,7 @@ def convert(hf_dir, out, outtype: str = "f16", vocab=None, log=None) -> dict:
     w.add_name(str(hp["name"]))
     write_hparams(w, hp)
     w.add_file_type(int(FILE_TYPES.get(qtype, LlamaFileType.GUESSED)))
-    tok = tokenizer_keys(Path(vocab), hp["vocab"], say) if vocab else {}
-    tok = {k: v for k, v in tok.items() if k not in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eos_token_ids",
-                                                     "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id")}
-    for key, (val, vt, et) in tok.items():
-        w.add_key_value(key, val, vt, sub_type=et)
-    w.add_bos_token_id(hp["bos"])
-    w.add_pad_token_id(hp["pad"])
-    w.add_eos_token_id(hp["eos"][0])
-    w.add_array("tokenizer.ggml.eos_token_ids", hp["eos"])
+    write_tokenizer(w, tokenizer_keys(Path(vocab), hp["vocab"], say) if vocab else {}, hp)
 
     types = {}
     for g, hf in plan:
@@ -452,6 +444,22 @@ def convert(hf_dir, out, outtype: str = "f16", vocab=None, log=None) -> dict:
     say(f"wrote {out}: {len(plan)} tensors ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))}), "
         f"{hp['n_layers']} layers, canvas {hp['canvas']}")
     return types
+
+
+SPECIAL_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eos_token_ids", "tokenizer.ggml.bos_token_id",
+                      "tokenizer.ggml.padding_token_id")
+
+
+def write_tokenizer(w: GGUFWriter, tok: dict, hp: dict) -> None:
+    """The vocabulary's `tokenizer.*` keys (name -> (value, type, element type)), its special ids replaced
+    by the model's: bos, pad, and the generation's eos list (hp: read_config's bos, pad, eos)."""
+    for key, (val, vt, et) in tok.items():
+        if key not in SPECIAL_TOKEN_KEYS:
+            w.add_key_value(key, val, vt, sub_type=et)
+    w.add_bos_token_id(hp["bos"])
+    w.add_pad_token_id(hp["pad"])
+    w.add_eos_token_id(hp["eos"][0])
+    w.add_array("tokenizer.ggml.eos_token_ids", hp["eos"])
 
 
 def write_hparams(w: GGUFWriter, hp: dict) -> None:

@@ -3,6 +3,7 @@
 
     python tools/make_bench_model.py --shape e2b --quant Q4_K --out /tmp/e2b.gguf
     python tools/make_bench_model.py --shape a26b --quant Q4_K --out /tmp/a26b.gguf --vocab VOCAB.gguf
+    python tools/make_bench_model.py --shape diffusion --quant Q4_K --out /tmp/diffusion.gguf
 
 The tensor names, shapes and metadata keys are those llama.cpp's converter
 (convert_hf_to_gguf.py, vendored in .cache/llama.cpp by build.py) writes for
@@ -16,6 +17,12 @@ Shapes with a 262144-token vocabulary get the `tokenizer.*` keys of llama.cpp's
 ggml-vocab-gemma-4.gguf (--vocab; found in .cache/llama.cpp/models by default)
 so that llama.cpp loads the file; the `a26b` shape also takes every `gemma4.*`
 hyperparameter key verbatim from that file's header (it describes 26B-A4B).
+
+The `diffusion` shape is DiffusionGemma (26B-A4B dimensions, the a26b numbers): the `diffusion-gemma`
+architecture with tools/convert_diffusion_gemma.py's keys, tensor names and generation defaults (that
+module writes them; canvas 256). `tiny-diffusion` is its structure at toy size. --layers N keeps the
+first N layers of any shape (the last one full on DiffusionGemma) and --vocab-size N another vocabulary
+size, for quick checks of the big ones.
 
 Needs numpy and the `gguf` package only (plus pyapp.ggml and, for toy sizes,
 pyapp.reference.quants, both importable without the rest of pyapp, from this
@@ -62,6 +69,12 @@ SHAPES = {
                      vocab=1000, window=8, pattern=3, shared=0, ple=0, double_wide=False, softcap=30.0,
                      experts=8, experts_used=2, expert_ffn=256, global_kv_heads=1, k_eq_v=True),
 }
+# DiffusionGemma (google/diffusiongemma-26B-A4B-it): the 26B-A4B text stack (a26b's numbers) plus the
+# self-conditioning MLP and the encoder's layer scales, under the `diffusion-gemma` architecture, written
+# with tools/convert_diffusion_gemma.py's names, keys and generation defaults; canvas of 256 tokens
+SHAPES["diffusion"] = dict(SHAPES["a26b"], header=False, diffusion=True, canvas=256)
+# its structure at toy size (tiny-moe's numbers; SSG SSG, the last layer full as DiffusionGemma forces)
+SHAPES["tiny-diffusion"] = dict(SHAPES["tiny-moe"], diffusion=True, canvas=16)
 
 # Matrices up to this many elements get quantized real-valued weights; bigger ones
 # random quant blocks (fast to make; speed does not depend on the values).
@@ -209,21 +222,27 @@ def add_vector(w: GGUFWriter, rng, name: str, n: int, value: float | None = None
 
 
 def write(shape: str, qtype, out: str, seed: int = 0, vocab: str | Path | None = None,
-          layers: int | None = None, log=None) -> None:
+          layers: int | None = None, vocab_size: int | None = None, log=None) -> None:
     """Write the model. vocab: llama.cpp's ggml-vocab-gemma-4.gguf, whose tokenizer.* keys are
     copied when its vocabulary has the shape's size (and, for header shapes, its gemma4.* keys).
-    layers: fewer layers than the shape has (quick checks of the big shapes)."""
+    layers: fewer layers than the shape has; vocab_size: another vocabulary size (quick checks of the big
+    shapes: a 256-token canvas's logits over 262144 ids need a 256 MiB binding, which lavapipe lacks)."""
     s = dict(SHAPES[shape])
+    if vocab_size:
+        s["vocab"] = vocab_size
     if layers:
         s["layers"] = layers
         s["shared"] = min(s["shared"], max(0, layers - s["pattern"]))
     rng = np.random.default_rng(seed)
     n = s["layers"]
     pattern = [(i + 1) % s["pattern"] != 0 for i in range(n)]          # True = sliding
+    if s.get("diffusion"):
+        pattern[-1] = False          # as transformers forces DiffusionGemma's last layer (--layers too)
     first_shared = n - s["shared"]
     ffn = [s["ffn"] * (2 if s["double_wide"] and i >= first_shared else 1) for i in range(n)]
     kv_heads = [s["kv_heads"] if sl else s.get("global_kv_heads", s["kv_heads"]) for sl in pattern]
-    arch = "gemma4"
+    diffusion = _diffusion_writer() if s.get("diffusion") else None
+    arch = diffusion.ARCH if diffusion else "gemma4"
     say = log or (lambda msg: print(msg, file=sys.stderr))
 
     kv = read_kv(vocab) if vocab else {}
@@ -251,15 +270,25 @@ def write(shape: str, qtype, out: str, seed: int = 0, vocab: str | Path | None =
 
     w = GGUFWriter(out, arch)
     w.add_name(f"bench-{shape}-{qtype.name}")
-    if header:
+    if diffusion:
+        w.add_type("model")              # as the converter writes it
+    if diffusion:
+        hp = diffusion_hparams(diffusion, s, n, pattern, kv_heads)
+        diffusion.write_hparams(w, hp)
+    elif header:
         for key, (val, vt, et) in header.items():
             w.add_key_value(key, val, vt, sub_type=et)
     else:
         write_hparams(w, s, arch, n, pattern, ffn, kv_heads)
     w.add_file_type(int(FILE_TYPES.get(qtype, LlamaFileType.GUESSED)))
-    for key, (val, vt, et) in tokenizer.items():
-        w.add_key_value(key, val, vt, sub_type=et)
+    if diffusion:
+        diffusion.write_tokenizer(w, tokenizer, hp)      # the model's bos/pad/eos list, as the converter writes
+    else:
+        for key, (val, vt, et) in tokenizer.items():
+            w.add_key_value(key, val, vt, sub_type=et)
     write_tensors(w, rng, s, qtype, n, pattern, ffn, kv_heads)
+    if diffusion:
+        write_diffusion_tensors(w, rng, diffusion, s, qtype, n)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -341,6 +370,41 @@ def write_tensors(w: GGUFWriter, rng, s: dict, qtype, n: int, pattern: list, ffn
         add_vector(w, rng, p + "layer_output_scale.weight", 1, value=0.5)
 
 
+def _diffusion_writer():
+    """tools/convert_diffusion_gemma.py as a module: the DiffusionGemma layout is declared there once."""
+    tools = str(Path(__file__).resolve().parent)
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import convert_diffusion_gemma
+    return convert_diffusion_gemma
+
+
+def diffusion_hparams(conv, s: dict, n: int, pattern: list, kv_heads: list) -> dict:
+    """The shape as convert_diffusion_gemma.read_config describes a checkpoint (what its writers take)."""
+    hd_full = s["global_head_dim"]
+    return dict(n_layers=n, hidden=s["hidden"], vocab=s["vocab"], ffn=s["ffn"], heads=s["heads"], sliding=pattern,
+                kv_heads=kv_heads, head_dim_swa=s["head_dim"], head_dim_full=hd_full, experts=s["experts"],
+                experts_used=s["experts_used"], expert_ffn=s["expert_ffn"], window=s["window"],
+                context=s.get("context", 131072), eps=1e-6, softcap=s["softcap"], rope_base=1_000_000.0,
+                rope_base_swa=10_000.0, rope_dims_swa=s["head_dim"], rope_rotated_full=hd_full // 8,
+                canvas=s["canvas"], generation=dict(conv.GENERATION_DEFAULTS), eos=[1, 106, 50], bos=2, pad=0)
+
+
+def write_diffusion_tensors(w: GGUFWriter, rng, conv, s: dict, qtype, n: int) -> None:
+    """DiffusionGemma's extras: the self-conditioning MLP (the dense MLP's width) and the encoder's layer
+    scales (the decoder's are Gemma 4's layer_output_scale), named as the converter names them."""
+    h, ffn = s["hidden"], s["ffn"]
+    names = {fld: conv.W.gguf_name(conv.W.ModelWeights, fld)
+             for fld in ("self_cond_pre_norm", "self_cond_gate", "self_cond_up", "self_cond_down")}
+    assert set(names.values()) == set(conv.EXTRA_NAMES.values()), "the converter's extras changed"
+    add_vector(w, rng, names["self_cond_pre_norm"], h)
+    add_matrix(w, rng, names["self_cond_gate"], h, ffn, qtype)
+    add_matrix(w, rng, names["self_cond_up"], h, ffn, qtype)
+    add_matrix(w, rng, names["self_cond_down"], ffn, h, qtype)
+    for i in range(n):
+        add_vector(w, rng, conv.W.layer_prefix(i) + conv.ENC_LAYER_SCALE, 1, value=0.5)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="e2b")
@@ -350,7 +414,8 @@ def main() -> int:
     ap.add_argument("--vocab", default=None,
                     help=f"llama.cpp's ggml-vocab-gemma-4.gguf (default: {DEFAULT_VOCAB.relative_to(ROOT)} if present)")
     ap.add_argument("--no-vocab", action="store_true", help="write no tokenizer keys (llama.cpp will not load the file)")
-    ap.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)   # fewer layers, for quick checks
+    ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (quick checks)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="another vocabulary size (quick checks)")
     args = ap.parse_args()
     vocab = None
     if not args.no_vocab:
@@ -358,7 +423,7 @@ def main() -> int:
         if args.vocab and not Path(args.vocab).exists():
             ap.error(f"--vocab {args.vocab}: no such file")
     t0 = time.time()
-    write(args.shape, T[args.quant], args.out, args.seed, vocab=vocab, layers=args.layers)
+    write(args.shape, T[args.quant], args.out, args.seed, vocab=vocab, layers=args.layers, vocab_size=args.vocab_size)
     print(f"wrote {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
     return 0
 
