@@ -31,8 +31,9 @@ _RULES: list[tuple[str, str]] = [
     (r"unsupported GGUF version|big-endian",
      "{file} is a kind of GGUF this app cannot read. Download the model again (current downloads work), "
      "or convert it with a recent llama.cpp."),
-    (r"DiffusionGemma .*not supported yet",
-     "{file} is a DiffusionGemma model (text diffusion): this app cannot run DiffusionGemma models yet."),
+    (r"DiffusionGemma .*no next-token logits",
+     "{file} is a DiffusionGemma model (text diffusion): it writes by denoising, not token by token, so it "
+     "has no next-token logits. Chat with it, or use diffusion-logits for one denoising step."),
     (r"architecture is '(?P<arch>[^']*)', not 'gemma4'",
      "{file} is a {arch} model, not Gemma 4: this app runs Gemma 4 models only."),
     (r"has no GPU kernel",

@@ -77,6 +77,19 @@ RULES = {
 }
 CONTEXT_RULE = Rule(MIN_CONTEXT, integer=True)
 
+# A DiffusionGemma model's sampler settings as the page names them: (DenoiseParams' field, the words an error
+# uses, the rule). Their defaults are the model's own (its GGUF's diffusion.* keys: DenoiseParams.from_config).
+DENOISE_SETTINGS = {
+    "denoise_steps": ("steps", "max steps", Rule(1, 1 << 16, integer=True,
+                                                 note="per block of text; a block stops sooner once it settles")),
+    "denoise_t_min": ("t_min", "lowest temperature", Rule(0, MAX_TEMPERATURE, note="the last step's")),
+    "denoise_t_max": ("t_max", "highest temperature", Rule(0, MAX_TEMPERATURE, above_lo=True,
+                                                           note="the first step's")),
+    "denoise_entropy_bound": ("entropy_bound", "entropy bound",
+                              Rule(0, note="higher accepts more positions per step: faster, rougher")),
+}
+DENOISE_RULES = {name: rule for name, (_, _, rule) in DENOISE_SETTINGS.items()}
+
 
 @dataclass
 class SamplingParams:
@@ -141,10 +154,26 @@ def check_context_length(requested, model_max: int) -> int:
     return min(CONTEXT_RULE.check("context length", requested), model_max)
 
 
+def denoise_settings(page: dict) -> dict:
+    """The page's DiffusionGemma settings (DENOISE_SETTINGS' names; absent ones keep the model's defaults)
+    checked, as DenoiseParams fields: a bad one is a ParamError in the page's words."""
+    out = {}
+    for name, (field_name, words, rule) in DENOISE_SETTINGS.items():
+        if page.get(name) is not None:
+            out[field_name] = rule.check(words, page[name])
+    return out
+
+
+def check_temperature_range(t_min: float, t_max: float) -> None:
+    """The schedule goes from t_max down to t_min: a ParamError in plain words when they are the wrong way round."""
+    if t_min > t_max:
+        raise ParamError(f"the lowest temperature ({t_min:g}) must not be above the highest ({t_max:g})")
+
+
 def page_rules() -> dict:
     """The rules as the page takes them: {name: {min, max, rule, lo, above_lo, integer, special}}: min and
     max for its number inputs (max None: none), the rest to check a value as Rule.check does."""
-    rules = {**RULES, "context_length": CONTEXT_RULE}
+    rules = {**RULES, "context_length": CONTEXT_RULE, **DENOISE_RULES}
     return {name: {"min": min(r.lo, r.special if r.special is not None else r.lo), "max": r.hi,
                    "rule": r.describe(), "lo": r.lo, "above_lo": r.above_lo, "integer": r.integer,
                    "special": r.special}

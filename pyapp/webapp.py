@@ -15,20 +15,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from array import array
 
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
 from .chat import render_ids, reply_ids, split_thinking, style_for
+from .denoising import DenoiseParams, ReplayDraws
+from .diffusion import DiffusionEngine
 from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .explain import explain
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
-from .model.config import ConfigError, Gemma4Config
+from .model.config import DIFFUSION_ARCH, ConfigError, Gemma4Config, model_config
 from .model.lora import LoraError, bind_lora
 from .model.weights import bind
-from .sampling import page_rules
+from .sampling import DENOISE_SETTINGS, check_temperature_range, denoise_settings, page_rules
 from .source import SourceError
 from .tokenizer import TokenizerError
 
@@ -168,7 +171,7 @@ def default_gpu_memory(info: dict) -> int:
 async def boot() -> dict:
     """Request the WebGPU device; describe it. Also hands the page the sampling defaults and the
     rules each setting follows (pyapp.sampling.RULES: its inputs' bounds)."""
-    defaults = {**_sampling_settings(), "context_length": DEFAULT_CONTEXT}
+    defaults = {**_sampling_settings(), "context_length": DEFAULT_CONTEXT, **_denoise_defaults(DenoiseParams())}
     try:
         S.device = await get_device_async("browser")
     except GPUError as e:
@@ -203,15 +206,17 @@ TEST_MODEL_MAX_TOKENS = 64      # the default max tokens of a test model (random
 
 
 def _describe(g, source_name: str) -> dict:
-    cfg = Gemma4Config.from_gguf(g)
+    cfg = model_config(g)
     s = summarize(g)
     main_type = max(s["by_type"].items(), key=lambda kv: kv[1]["bytes"])[0] if s["by_type"] else "?"
     ft = g.metadata.get("general.file_type")
     return {"name": g.metadata.get("general.name") or source_name, "file": source_name,
             "architecture": g.architecture, "quantization": ollama.file_type_name(ft) or main_type,
             "parameters": s["n_elements"], "parameter_size": ollama.human_number(s["n_elements"]),
-            "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": cfg.describe(),
-            "test_model": "test model" in str(g.metadata.get("general.name", "")) or "demo" in source_name.lower()}
+            "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": _config_line(cfg),
+            "test_model": "test model" in str(g.metadata.get("general.name", "")) or "demo" in source_name.lower(),
+            # a DiffusionGemma model: its sampler settings' defaults (the page shows its own panel); else None
+            "denoise": _denoise_defaults(DenoiseParams.from_config(cfg)) if cfg.is_diffusion else None}
 
 
 def open_file(blob, name: str = "") -> dict:
@@ -226,6 +231,8 @@ def open_file(blob, name: str = "") -> dict:
         return _fail(e, name or getattr(blob, "name", "") or "the file")
     _unload()
     S.gguf, S.model_info, S.params, S.adapter = g, info, {}, None
+    if info["denoise"]:       # the model's own generation settings (its GGUF) are the page's defaults
+        return {"model": info, "params": info["denoise"]}
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
         return {"model": info, "suggested": {"max_tokens": TEST_MODEL_MAX_TOKENS}}
     return {"model": info}
@@ -241,8 +248,9 @@ async def open_folder(handle) -> dict:
     S.models = {m.name: m for m in models}
     rows = []
     for m in models:
-        usable = m.usable and ollama.is_gemma4(m)
-        why = m.error or ("" if usable else f"architecture {m.architecture or '?'}: not a Gemma 4 model")
+        usable = m.usable and (ollama.is_gemma4(m) or m.architecture == DIFFUSION_ARCH)
+        why = m.error or ("" if usable else f"architecture {m.architecture or '?'}: not a Gemma 4 model "
+                                            "or DiffusionGemma")
         rows.append({"name": m.name, "size": m.size, "quantization": m.file_type, "parameters": m.parameter_size,
                      "architecture": m.architecture, "usable": usable, "why": why})
     return {"models": rows, "folder": str(getattr(handle, "name", ""))}
@@ -261,7 +269,8 @@ async def open_folder_model(name: str) -> dict:
         g = read_gguf(src)
         info = _describe(g, name)
         # the model's Ollama defaults, checked like the page's own settings
-        params = {**_sampling_settings(m.params), "num_ctx": int(m.params.get("num_ctx") or 0) if m.params else 0}
+        params = {**_sampling_settings(m.params), "num_ctx": int(m.params.get("num_ctx") or 0) if m.params else 0,
+                  **(info["denoise"] or {})}
     except EXPECTED as e:
         return _fail(e, name, ollama_name=name)
     _unload()
@@ -433,6 +442,8 @@ async def chat(messages_json: str, params_json: str) -> dict:
     p = json.loads(params_json)
     thinking = bool(p.pop("thinking", False))
     eng = S.engine
+    if isinstance(eng, DiffusionEngine):
+        return await _chat_diffusion(eng, messages, p, thinking)
     try:
         params = _sampling_params(p)
         ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=_style())
@@ -496,3 +507,154 @@ def simulate_device_loss() -> dict:
     if S.device is not None:
         S.device.device.destroy()
     return {}
+
+
+# -- DiffusionGemma: replies by denoising (pyapp.diffusion) ---------------------------------------
+
+def _config_line(cfg) -> str:
+    line = cfg.describe()
+    return f"DiffusionGemma (text diffusion): {line}, canvas {cfg.canvas_length}" if cfg.is_diffusion else line
+
+
+def _denoise_defaults(d: DenoiseParams) -> dict:
+    """DenoiseParams' page settings (pyapp.sampling.DENOISE_SETTINGS' names) and its max new tokens as max_tokens;
+    the GGUF keeps float32s: shown rounded (0.3, not 0.30000001192092896)."""
+    out = {name: getattr(d, field) for name, (field, _, _) in DENOISE_SETTINGS.items()}
+    return {**{k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in out.items()},
+            "max_tokens": d.max_new_tokens}
+
+
+def _denoise_params(cfg, p: dict, room: int) -> DenoiseParams:
+    """The page's settings for a DiffusionGemma reply: the model's defaults, overridden by the panel's fields,
+    max_tokens and seed as for Gemma 4 (room: the most tokens the context has left). ParamError names a bad one."""
+    s = _sampling_params(p)
+    d = DenoiseParams.from_config(cfg, **denoise_settings(p))
+    check_temperature_range(d.t_min, d.t_max)
+    d.max_new_tokens, d.seed = max(1, int(min(s.token_limit, room))), s.seed
+    d.validate()
+    return d
+
+
+class _DenoiseEvents:
+    """A DiffusionGemma reply's events for the page. Per step ("denoise"): the block's argmax draft as one text
+    piece per canvas position and the acceptance mask, with the figures so far (steps taken, committed tokens per
+    second and per forward pass); per committed block ("token"): its text, which the page appends to the reply.
+    A few KiB per step: no logits leave the GPU."""
+
+    def __init__(self, tok, params: DenoiseParams, prompt_tokens: int, context_length: int):
+        self.tok, self.decoder = tok, tok.stream()
+        self.eos, self.pad = set(params.eos_ids), params.pad_id
+        self.prompt_tokens, self.context_length = prompt_tokens, context_length
+        self.pieces: dict[int, str] = {}       # id -> its text (a draft repeats ids step after step)
+        self.tokens: list[int] = []             # the reply: committed ids up to the first eos
+        self.text, self.passes, self.committed, self.canvas_tokens, self.ended = "", 0, 0, 0, False
+        self.t0 = time.perf_counter()
+
+    def _piece(self, t: int) -> str:
+        if t not in self.pieces:
+            self.pieces[t] = "" if t in self.eos else self.tok.decode([t])
+        return self.pieces[t]
+
+    def figures(self) -> dict:
+        seconds = time.perf_counter() - self.t0
+        return {"steps": self.passes, "tps": self.committed / seconds if seconds > 0 else 0.0,
+                "tpf": self.committed / self.passes if self.passes else 0.0}
+
+    def on_step(self, block: int, step: int, argmax, accepted) -> None:
+        self.passes += 1
+        emit("denoise", block=block, step=step, pieces=[self._piece(t) for t in argmax],
+             accepted=[1 if a else 0 for a in accepted], **self.figures())
+
+    def on_block(self, block: int, ids) -> None:
+        self.committed += sum(t != self.pad for t in ids)       # transformers' tokens_per_forward counts these
+        self.canvas_tokens += len(ids)
+        piece = ""
+        for t in ids:
+            if self.ended or t in self.eos:
+                self.ended = True
+                break
+            self.tokens.append(t)
+            piece += self.decoder.push(t)
+        self.text += piece
+        emit("token", text=piece, tokens=len(self.tokens), context_used=self.prompt_tokens + self.canvas_tokens,
+             context_length=self.context_length, block=block, **self.figures())
+
+    def finish(self) -> str:
+        self.text += self.decoder.flush()
+        return self.text
+
+
+async def _chat_diffusion(eng: DiffusionEngine, messages: list, p: dict, thinking: bool) -> dict:
+    """chat() on a DiffusionGemma model: the reply denoised block by block, each step shown (_DenoiseEvents);
+    Stop takes effect between steps."""
+    try:
+        ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=_style())
+        room = eng.context_length - len(ids)
+        if room < eng.canvas_length:
+            return {"error": f"the conversation ({len(ids)} tokens) leaves no room in the context of "
+                             f"{eng.context_length} for a block of {eng.canvas_length}; start a new chat or shorten it"}
+        params = _denoise_params(eng.config, p, room)
+        reused = eng._reusable(ids)            # what the denoiser keeps of the cache (a chat's earlier turns)
+        live = _DenoiseEvents(eng.tokenizer, params, len(ids), eng.context_length)
+        S.stop = False
+        res = await eng.denoise_async(ids, params, on_step=live.on_step, on_block=live.on_block,
+                                      should_stop=lambda: S.stop)
+    except Exception as e:
+        if _device_lost():
+            _unload()
+            return _fail(e)
+        if isinstance(e, EXPECTED):
+            return _fail(e)
+        raise
+    text = live.finish()
+    thought, answer = split_thinking(text)
+    fig = live.figures()
+    return {"text": text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
+            **reply_ids(eng.tokenizer, ids, live.tokens), "cached": reused, "tokens": len(live.tokens),
+            "prompt_tokens": len(ids), "evaluated": len(ids) - reused, "prefill_s": 0.0,
+            "decode_tps": live.committed / res.seconds if res.seconds > 0 else 0.0,
+            "context_used": len(ids) + live.canvas_tokens, "context_length": eng.context_length,
+            "denoise": {"steps": fig["steps"], "blocks": len(res.blocks), "block_steps": list(res.steps),
+                        "tokens_per_forward": res.tokens_per_forward(params.pad_id)}}
+
+
+def _diffusion_engine():
+    return S.engine if isinstance(S.engine, DiffusionEngine) else None
+
+
+async def diffusion_logits(prompt_json: str, canvas_json: str, prev_json: str = "null", blocks_json: str = "[]"
+                           ) -> dict:
+    """One denoising step's logits [canvas, vocab] after encoding the prompt (and committed blocks) from an empty
+    cache; prev: the previous step's processed logits, rows of floats (tests compare them with golden files)."""
+    eng = _diffusion_engine()
+    if eng is None:
+        return {"error": "no DiffusionGemma model loaded"}
+    prev = json.loads(prev_json)
+    prev_bytes = None if prev is None else array("f", [x for row in prev for x in row]).tobytes()
+    try:
+        rows = await eng.decoder_logits_async(json.loads(prompt_json), json.loads(canvas_json), prev_bytes,
+                                              json.loads(blocks_json))
+    except EXPECTED as e:
+        return _fail(e)
+    return {"rows": rows.tolist()}
+
+
+async def denoise_tokens(prompt_json: str, params_json: str = "{}", draws_json: str = "null") -> dict:
+    """One generation from an empty cache with DenoiseParams' fields (the model's defaults for the rest) and, when
+    given, recorded random draws {init, sample, renoise} (ReplayDraws): every step's decisions (tests replay
+    transformers' generate)."""
+    eng = _diffusion_engine()
+    if eng is None:
+        return {"error": "no DiffusionGemma model loaded"}
+    p, d = json.loads(params_json), json.loads(draws_json)
+    if "eos_ids" in p:
+        p["eos_ids"] = tuple(p["eos_ids"])
+    eng.reset()
+    try:
+        res = await eng.denoise_async(json.loads(prompt_json), DenoiseParams.from_config(eng.config, **p),
+                                      ReplayDraws(d["init"], d["sample"], d["renoise"]) if d else None)
+    except EXPECTED as e:
+        return _fail(e)
+    return {"tokens": res.tokens, "steps": res.steps, "argmax": res.argmax,
+            "accepted": [[1 if a else 0 for a in row] for row in res.accepted], "stop_reason": res.stop_reason,
+            "tokens_per_forward": res.tokens_per_forward()}

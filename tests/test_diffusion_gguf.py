@@ -274,10 +274,11 @@ def test_config_and_info_say_what_it_is(converted):
     with pytest.raises(UnsupportedModelError) as e:
         Gemma4Config.from_gguf(g)
     assert isinstance(e.value, ConfigError)
-    assert str(e.value) == ("DiffusionGemma (text diffusion on the Gemma 4 26B-A4B): "
-                            "generation is not supported yet")
-    assert explain(e.value, "tiny.gguf")["error"] == ("\u201ctiny.gguf\u201d is a DiffusionGemma model (text "
-                                                     "diffusion): this app cannot run DiffusionGemma models yet.")
+    assert str(e.value) == ("DiffusionGemma (text diffusion on the Gemma 4 26B-A4B) has no next-token logits: it "
+                            "writes by denoising a canvas (diffusion-logits, generate, chat, the app)")
+    assert explain(e.value, "tiny.gguf")["error"] == (
+        "\u201ctiny.gguf\u201d is a DiffusionGemma model (text diffusion): it writes by denoising, not token by "
+        "token, so it has no next-token logits. Chat with it, or use diffusion-logits for one denoising step.")
     assert diffusion_summary({"general.architecture": "gemma4"}) is None
     r = subprocess.run([sys.executable, "-m", "pyapp", "info", str(converted["q8_0"])], cwd=ROOT,
                        capture_output=True, text=True)

@@ -68,8 +68,9 @@ def test_config_reads_the_diffusion_gguf(gguf_files):
     w = weights.bind(cfg, g.tensors)
     assert sorted(n for n, _, _ in weights.names(cfg, w)) == sorted(g.tensors)
     assert w.self_cond_down is not None and all(lw.enc_output_scale is not None for lw in w.layers)
-    # the engine's config still refuses it, and the diffusion config refuses a Gemma 4 file
-    with pytest.raises(UnsupportedModelError, match="^DiffusionGemma .*generation is not supported yet$"):
+    # the next-token config refuses it (model_config gives the diffusion one), and the diffusion config refuses a
+    # Gemma 4 file
+    with pytest.raises(UnsupportedModelError, match="^DiffusionGemma .* has no next-token logits: "):
         Gemma4Config.from_gguf(g)
     with pytest.raises(ConfigError, match="not 'diffusion-gemma'"):
         DiffusionGemmaConfig.from_gguf(read_gguf(ROOT / "tests" / "fixtures" / "gemma4-moe-f32.gguf"))

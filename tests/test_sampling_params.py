@@ -5,6 +5,7 @@ value and the allowed range for anything else."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,7 +111,32 @@ def test_page_rules_match_the_checks():
     assert rules["repeat_penalty"]["above_lo"] and rules["max_tokens"]["special"] == -1
     assert rules["max_tokens"]["min"] == -1 and rules["max_tokens"]["max"] is None
     assert rules["context_length"]["min"] == 2
-    assert set(rules) == set(SamplingParams.__dataclass_fields__) | {"context_length"}
+    assert set(rules) == set(SamplingParams.__dataclass_fields__) | {"context_length"} | {
+        "denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"}
+    assert rules["denoise_steps"]["rule"] == ("an integer from 1 to 65536 (per block of text; a block stops "
+                                              "sooner once it settles)")
+    assert rules["denoise_t_max"]["above_lo"] and rules["denoise_entropy_bound"]["max"] is None
+
+
+def test_denoise_settings_are_checked_in_the_pages_words():
+    """A DiffusionGemma model's settings from the page: DenoiseParams fields, each checked; absent ones are left
+    to the model's defaults; the temperature range the right way round."""
+    from pyapp.sampling import check_temperature_range, denoise_settings
+    assert denoise_settings({"denoise_steps": 12.0, "denoise_t_min": 0.3, "denoise_t_max": 1,
+                             "denoise_entropy_bound": 0, "temperature": 5}) == {
+        "steps": 12, "t_min": 0.3, "t_max": 1.0, "entropy_bound": 0.0}
+    assert denoise_settings({"denoise_steps": None}) == {}
+    for name, value, message in [
+            ("denoise_steps", 0, "max steps must be an integer from 1 to 65536"),
+            ("denoise_steps", 2.5, "max steps must be an integer"),
+            ("denoise_t_max", 0, "highest temperature must be a number above 0 and at most 100"),
+            ("denoise_t_min", -0.1, "lowest temperature must be a number from 0 to 100"),
+            ("denoise_entropy_bound", float("nan"), "entropy bound must be a number of at least 0")]:
+        with pytest.raises(ParamError, match="^" + re.escape(message)):
+            denoise_settings({name: value})
+    check_temperature_range(0.4, 0.4)
+    with pytest.raises(ParamError, match=r"^the lowest temperature \(0.9\) must not be above the highest \(0.3\)$"):
+        check_temperature_range(0.9, 0.3)
 
 
 # -- the CLI checks before loading anything; the engine before any GPU work ------------------

@@ -7,7 +7,8 @@ const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chat
 const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offered again after a reload
 const SETTINGS_KEY = "gemma4.settings.v1";
 const GPU_MEMORY_KEY = "gemma4.gpu_memory.v1";   // {adapter: MiB}: a property of the GPU, not of a model
-const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length"];
+const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length",
+                "denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"];   // the last: DiffusionGemma
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
 let DEFAULTS = {};
 
@@ -15,7 +16,7 @@ let DEFAULTS = {};
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 const pending = new Map();
 let nextId = 1;
-const listeners = { token: [], progress: [], status: [] };
+const listeners = { token: [], progress: [], status: [], denoise: [] };
 
 function call(cmd, ...args) {
   const id = nextId++;
@@ -134,6 +135,7 @@ async function afterOpen(r, source) {
   showError("model-error", "");
   state.model = r.model;
   $("model-info").innerHTML = describe(r.model);
+  showDiffusionSettings(r.model);
   if (r.params) applyModelDefaults(r.params);
   if (r.suggested) suggestSettings(r.suggested);
   await showPlan();
@@ -500,6 +502,7 @@ function samplingParams() {
     top_p: num(s.top_p, DEFAULTS.top_p), min_p: num(s.min_p, DEFAULTS.min_p),
     repeat_penalty: num(s.repeat_penalty, DEFAULTS.repeat_penalty),
     seed: num(s.seed, null), max_tokens: num(s.max_tokens, DEFAULTS.max_tokens), thinking: !!state.chat.thinking,
+    ...denoiseSettings(),
   };
 }
 
@@ -527,7 +530,9 @@ function messageEl(m, i) {
   }
   const meta = document.createElement("div");
   meta.className = "meta";
-  if (m.stats) {
+  if (m.stats && m.stats.denoise) {
+    meta.textContent = denoiseStatsText(m.stats);
+  } else if (m.stats) {
     const s = m.stats;
     meta.textContent = `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
       ` (${s.evaluated} new prompt tokens)${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
@@ -695,6 +700,7 @@ async function generate() {
     Object.assign(reply, { ids: r.ids, vocab: r.vocab });
     reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
                     stop_reason: r.stop_reason };
+    if (r.denoise) reply.stats.denoise = r.denoise;   // a DiffusionGemma reply: its steps and blocks
     updateMeter(r);
   }
   saveChat();
@@ -1045,6 +1051,84 @@ function drawSpeed() {
   $("speed-chart").setAttribute("aria-label", `Tokens per second of the last ${shown.length} ` +
     `replies, oldest first: ${shown.map((b) => b.tps.toFixed(1)).join(", ")}`);
 }
+
+// ---------------------------------------------------------------- DiffusionGemma: replies shown denoising
+// A DiffusionGemma model writes a block of text at a time: each step's draft of the block (one piece per
+// position, from the worker's "denoise" events: pyapp.webapp._DenoiseEvents) is drawn under the committed
+// text, the positions the step accepted underlined; a committed block arrives as a token event and is
+// appended like any reply text, and announced (the draft itself is hidden from screen readers).
+const DENOISE_PARAMS = ["denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"];
+const denoiseLive = { reply: null, last: null, drawn: true };   // state.denoise: the figures, for tests
+
+function showDiffusionSettings(model) {
+  const diffusion = !!(model && model.denoise);
+  $("denoise-settings").hidden = !diffusion;
+  for (const el of document.querySelectorAll(".autoregressive")) el.hidden = diffusion;   // not used by it
+}
+function denoiseSettings() {
+  if (!state.model || !state.model.denoise) return {};
+  return Object.fromEntries(DENOISE_PARAMS.map((k) => [k, settingNumber(state.settings[k], state.model.denoise[k])]));
+}
+function denoiseStatsText(s) {
+  const d = s.denoise;
+  const stop = { cancelled: " · stopped", length: " · max tokens reached", context: " · context full" };
+  return `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · ${d.steps} denoising steps in ${d.blocks} ` +
+    `block${d.blocks === 1 ? "" : "s"} · ${d.tokens_per_forward.toFixed(2)} tokens per forward pass` +
+    (stop[s.stop_reason] || "");
+}
+function denoiseFigures(m) {
+  return `Block ${m.block + 1}, step ${m.step} · ${m.steps} steps · ${m.tps.toFixed(1)} tok/s · ` +
+    `${m.tpf.toFixed(2)} tokens per forward pass`;
+}
+on("denoise", (m) => {
+  if (state.streaming === null) return;
+  if (denoiseLive.reply !== state.streaming) {     // a new reply
+    denoiseLive.reply = state.streaming;
+    state.denoise = null;
+  }
+  denoiseLive.last = m;
+  state.denoise = { block: m.block, step: m.step, steps: m.steps, accepted: m.accepted.reduce((a, b) => a + b, 0),
+                    draft: m.pieces.join(""), committed: state.denoise ? state.denoise.committed : 0 };
+  if (!denoiseLive.drawn) return;                 // one redraw per frame: the latest step wins
+  denoiseLive.drawn = false;
+  requestAnimationFrame(drawDraft);
+});
+function drawDraft() {
+  denoiseLive.drawn = true;
+  const m = denoiseLive.last;
+  const msg = document.querySelector(".msg.streaming");
+  if (!m || !msg) return;
+  let draft = msg.querySelector(".draft");
+  if (!draft) {
+    draft = document.createElement("div");
+    draft.className = "draft";
+    draft.setAttribute("aria-hidden", "true");
+    msg.querySelector(".body").after(draft);
+  }
+  draft.replaceChildren(...m.pieces.map((text, i) => {
+    const span = document.createElement("span");
+    span.textContent = text;
+    if (m.accepted[i]) span.className = "accepted";
+    return span;
+  }));
+  Object.assign(draft.dataset, { block: m.block, step: m.step });
+  const meta = msg.querySelector(".meta");
+  let line = meta.querySelector(".denoise-stats");
+  if (!line) {
+    line = document.createElement("span");
+    line.className = "denoise-stats";
+    meta.prepend(line);
+  }
+  line.textContent = `${denoiseFigures(m)} · underlined: accepted this step`;
+  $("messages").scrollTop = $("messages").scrollHeight;
+}
+on("token", (m) => {                              // a committed block (DiffusionGemma's token events name it)
+  if (state.streaming === null || m.block === undefined) return;
+  if (state.denoise) state.denoise.committed = m.block + 1;
+  const draft = document.querySelector(".msg.streaming .draft");
+  if (draft) draft.replaceChildren();             // the next step drafts the next block
+  $("denoise-announce").textContent = `Block ${m.block + 1} written: ${m.text}`;
+});
 
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
 showSettings();

@@ -191,8 +191,8 @@ class Gemma4Config:
     @classmethod
     def _architecture(cls, arch) -> str:
         """The prefix of this config's keys, after checking the file's architecture is this config's."""
-        if arch == DIFFUSION_ARCH:       # the GPU engine, the app and the CLI refuse it with this sentence
-            raise UnsupportedModelError(DIFFUSION_UNSUPPORTED)
+        if arch == DIFFUSION_ARCH:       # what needs next-token logits (reference forward, `logits`) says this
+            raise UnsupportedModelError(DIFFUSION_NOT_AUTOREGRESSIVE)
         if arch != ARCH:
             raise ConfigError(f"architecture is {_show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
         return ARCH
@@ -324,19 +324,22 @@ class Gemma4Config:
         return ", ".join(parts)
 
 
-# ---- DiffusionGemma (issue 12): the numpy reference runs it; the GPU engine does not yet ---------
+# ---- DiffusionGemma (issue 12) -------------------------------------------------------------------------
 # tools/convert_diffusion_gemma.py writes `diffusion-gemma` GGUFs: Gemma 4 26B-A4B's keys and tensor
 # names under another architecture name, plus `diffusion-gemma.diffusion.*` (canvas length, generation
-# defaults) and the extra tensors of shared/notes/diffusion_gemma.md. Gemma4Config (what the engine, the
-# app and the CLI load) refuses them with this sentence rather than a config error about the wrong
-# architecture; DiffusionGemmaConfig reads them for pyapp.reference.diffusion.
+# defaults) and the extra tensors of shared/notes/diffusion_gemma.md. DiffusionGemmaConfig reads them
+# (model_config picks it: the engine, the app and the CLI run them by denoising); Gemma4Config, what
+# next-token code (the numpy forward, `logits`) takes, refuses them with this sentence rather than a
+# config error about the wrong architecture.
 DIFFUSION_ARCH = "diffusion-gemma"
-DIFFUSION_UNSUPPORTED = "DiffusionGemma (text diffusion on the Gemma 4 26B-A4B): generation is not supported yet"
+DIFFUSION_NOT_AUTOREGRESSIVE = ("DiffusionGemma (text diffusion on the Gemma 4 26B-A4B) has no next-token logits: "
+                                "it writes by denoising a canvas (diffusion-logits, generate, chat, the app)")
 MAX_STEPS = 1 << 16          # denoising steps per block (the real model's default is 48)
 
 
 class UnsupportedModelError(ConfigError):
-    """A model this app recognises but cannot run yet."""
+    """A model this app recognises that this code path cannot run (a DiffusionGemma file given where a
+    next-token Gemma 4 model is needed)."""
 
 
 @dataclass(frozen=True)
