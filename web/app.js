@@ -203,12 +203,14 @@ window.addEventListener("drop", (ev) => {
 // ---------------------------------------------------------------- LoRA adapter
 // Python checks the adapter against the chosen model; it is applied from the next load (so the loaded
 // model is reloaded), and the switch and the scale then change it between replies without a reload.
-function showAdapter(a) {
+// keepInputs: leave the switch and the scale as they are (the answer to a change may arrive while the
+// user, or a test, is already typing the next value)
+function showAdapter(a, keepInputs = false) {
   $("adapter-controls").hidden = !a;
   const [first, ...targets] = a ? a.lines : [];
   $("adapter-info").innerHTML = a ? `<div class="info">${escapeHtml(first.replace(/^LoRA adapter:\s*/, ""))}` +
     `<details><summary>Adapted tensors</summary>${targets.map(escapeHtml).join("<br>")}</details></div>` : "";
-  if (a) { $("adapter-on").checked = a.on; $("adapter-scale").value = a.scale; }
+  if (a && !keepInputs) { $("adapter-on").checked = a.on; $("adapter-scale").value = a.scale; }
   showError("adapter-error", "");
 }
 async function afterAdapter(r) {
@@ -224,8 +226,8 @@ async function openAdapter(file) {
 }
 async function adapterSetting() {
   const r = await call("set_adapter", $("adapter-on").checked, $("adapter-scale").value);
+  if (r.adapter) showAdapter(r.adapter, true);
   showError("adapter-error", r.error ? r : "");
-  if (r.adapter) showAdapter(r.adapter);
 }
 $("open-adapter").onclick = () => $("adapter-input").click();
 $("adapter-input").onchange = (ev) => { openAdapter(ev.target.files[0]); ev.target.value = ""; };
