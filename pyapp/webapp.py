@@ -133,6 +133,17 @@ def _device_lost() -> str | None:
     return S.device.lost_reason if S.device is not None else None
 
 
+def _failed_reply(e: Exception) -> dict:
+    """A reply that raised: a lost device unloads the model; expected errors become the page's message;
+    anything else is a bug and propagates."""
+    if _device_lost():
+        _unload()
+        return _fail(e)
+    if isinstance(e, EXPECTED):
+        return _fail(e)
+    raise e
+
+
 def _fail(e: BaseException, file: str | None = None, ollama_name: str | None = None) -> dict:
     """A user-facing error: about `file` (the model's, by default), in plain words with what to do
     next and the technical message as detail (pyapp.explain)."""
@@ -454,12 +465,7 @@ async def chat(messages_json: str, params_json: str) -> dict:
         res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
                                        should_stop=lambda: S.stop)
     except Exception as e:
-        if _device_lost():
-            _unload()
-            return _fail(e)
-        if isinstance(e, EXPECTED):
-            return _fail(e)
-        raise
+        return _failed_reply(e)
     thought, answer = split_thinking(res.text)
     # the page keeps ids + vocab with the reply and sends them back: the next prompt then extends the cache
     return {"text": res.text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
@@ -600,12 +606,7 @@ async def _chat_diffusion(eng: DiffusionEngine, messages: list, p: dict, thinkin
         res = await eng.denoise_async(ids, params, on_step=live.on_step, on_block=live.on_block,
                                       should_stop=lambda: S.stop)
     except Exception as e:
-        if _device_lost():
-            _unload()
-            return _fail(e)
-        if isinstance(e, EXPECTED):
-            return _fail(e)
-        raise
+        return _failed_reply(e)
     text = live.finish()
     thought, answer = split_thinking(text)
     fig = live.figures()

@@ -32,20 +32,7 @@ const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<f32, HD>;
 var<workgroup> p: array<f32, WG>;
-var<workgroup> red: array<f32, WG>;
-
-fn reduce(lid: u32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = select(red[lid] + red[lid + s], max(red[lid], red[lid + s]), is_max);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+//!include workgroup_reduce
 
 // Where key i of the query's list lives: element base of its row in KC/VC (prefix) or Kn/Vn (canvas).
 fn key_row(i: u32, n_prefix: u32, lo: u32, kvh: u32) -> u32 {

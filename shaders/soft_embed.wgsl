@@ -30,20 +30,7 @@ override WG: u32 = 256u;
 
 //!include quants
 
-var<workgroup> red: array<f32, WG>;
-
-fn reduce(lid: u32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = select(red[lid] + red[lid + s], max(red[lid], red[lid + s]), is_max);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+//!include workgroup_reduce
 
 @compute @workgroup_size(WG)
 fn row_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

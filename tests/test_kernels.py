@@ -562,6 +562,19 @@ def test_matvec_epilogues(dev, qtype, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
+def decode_attention_ref(q, keys, vals, pos, window):
+    """softmax(q k^T) v for one query [heads, hd] at pos over keys/vals [kv_heads, pos + 1, hd] (GQA, window)."""
+    h, hkv = q.shape[0], keys.shape[0]
+    lo = max(0, pos + 1 - window) if window else 0
+    want = np.zeros(q.shape)
+    for i in range(h):
+        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
+        sc = kk @ q[i]
+        p = np.exp(sc - sc.max())
+        want[i] = (p / p.sum()) @ vv
+    return want
+
+
 @pytest.mark.parametrize("hd,window,pos", [(64, 0, 0), (256, 0, 77), (512, 0, 40), (128, 8, 70), (256, 40, 100), (20, 0, 33)])
 def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     """The split-K decode kernel equals the reference attention for one query at `pos`."""
@@ -578,13 +591,7 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     out = dev.buffer(4 * h * hd)
     dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
                                   h, hkv, hd, ctx, max_keys, window=window))
-    lo = max(0, pos + 1 - window) if window else 0
-    want = np.zeros((h, hd))
-    for i in range(h):
-        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
-        s = kk @ q[i]
-        p = np.exp(s - s.max())
-        want[i] = (p / p.sum()) @ vv
+    want = decode_attention_ref(q, keys, vals, pos, window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
 
 
@@ -617,13 +624,7 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
     kcb, vcb = f32(dev, kc), f32(dev, vc)
     dev.submit(K.attention_decode(dev, f32(dev, raw), kcb, vcb, out, part, step_buffer(dev, 1, pos), h, hkv, hd, ctx,
                                   max_keys, window=window, prep=prep))
-    lo = max(0, pos + 1 - window) if window else 0
-    want = np.zeros((h, hd))
-    for i in range(h):
-        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
-        sc = kk @ q[i]
-        p = np.exp(sc - sc.max())
-        want[i] = (p / p.sum()) @ vv
+    want = decode_attention_ref(q, keys, vals, pos, window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=3e-5)
     if mode == 2:
         got_k = read_f32(dev, kcb, kc.size).reshape(kc.shape)[:, pos % ctx]
