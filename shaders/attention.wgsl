@@ -8,9 +8,9 @@
 // KC, VC: f32 [HKV, CTX, HD]; position j lives in slot j % CTX (a ring of CTX
 // >= WINDOW slots serves sliding layers). Query head h reads kv head h / (H / HKV).
 //   store:  writes Kn, Vn [T, HKV, HD] into the caches. Dispatch ceil(T*HKV*HD/64).
-//   attend: one workgroup per (GH query heads of one KV head, TQ tokens), keys in chunks of WG
+//   attend: one workgroup per (GH query heads of one KV head, token), keys in chunks of WG
 //           with an online softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG).
-//           Dispatch (H / GH, ceil(T / TQ)).
+//           Dispatch (H / GH, T).
 
 override H: u32;
 override HKV: u32;
@@ -41,20 +41,19 @@ fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
 }
 
 const NEG: f32 = -3.0e38;
-const MAX_ROWS: u32 = 8u;                    // query rows a workgroup may serve (GH * TQ <= MAX_ROWS)
+const MAX_GH: u32 = 8u;                      // query heads a workgroup may serve (GH <= MAX_GH)
 override GH: u32 = 1u;                       // attend: query heads per workgroup, all of one KV head
-override TQ: u32 = 1u;                       // attend: consecutive tokens per workgroup
 
-var<workgroup> qs: array<f32, GH * TQ * HD>;
-var<workgroup> p: array<f32, GH * TQ * WG>;
-var<workgroup> red: array<f32, GH * TQ * WG>;
+var<workgroup> qs: array<f32, GH * HD>;
+var<workgroup> p: array<f32, GH * WG>;
+var<workgroup> red: array<f32, GH * WG>;
 
-// Tree over the WG values of each of the GH * TQ rows in red[]; is_max: max, else sum. Holds barriers.
-fn reduce_rows(lid: u32, is_max: bool) {
+// Tree over the WG values of each of the GH heads in red[]; is_max: max, else sum. Holds barriers.
+fn reduce_heads(lid: u32, is_max: bool) {
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
-            for (var g = 0u; g < GH * TQ; g++) {
+            for (var g = 0u; g < GH; g++) {
                 let a = red[g * WG + lid];
                 let b = red[g * WG + lid + s];
                 red[g * WG + lid] = select(a + b, max(a, b), is_max);
@@ -64,88 +63,69 @@ fn reduce_rows(lid: u32, is_max: bool) {
     }
 }
 
-// The first key a query at pos sees.
-fn first_key(pos: u32) -> u32 {
-    if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
-    return 0u;
-}
-
-// attend: workgroup (x, y) serves query heads x*GH .. x*GH+GH-1 (one KV head) of tokens y*TQ ..
-// y*TQ+TQ-1: rows g = (token g / GH, head g % GH), so each key and value row is read once for
-// GH * TQ queries (GQA: up to 8 query heads share a KV head; neighbouring tokens share their keys).
-// Keys in chunks of WG over the rows' union range with an online softmax per row, each row masked
-// to its own causal (and window) range; thread lid scores key c + lid against every row's query and
-// owns output dims lid, lid + WG, ... (HD <= 4 WG). Rows of tokens >= S.n_tokens are left out.
-// Dispatch (H / GH, ceil(T / TQ)).
+// attend: workgroup (x, t) serves query heads x*GH .. x*GH+GH-1 (one KV head) of token t, so each
+// key and value row is read once for GH heads (GQA: up to 8 query heads share a KV head). Keys in
+// chunks of WG with an online softmax per head; thread lid scores key c + lid against every head's
+// query and owns output dims lid, lid + WG, ... (HD <= 4 WG). Dispatch (H / GH, T).
 @compute @workgroup_size(WG)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h0 = wid.x * GH;
-    let t0 = wid.y * TQ;
-    if (t0 >= S.n_tokens) { return; }        // uniform per workgroup
-    let nt = min(TQ, S.n_tokens - t0);       // tokens of this tile
-    let rows = nt * GH;
+    let t = wid.y;
+    let pos = S.pos0 + t;
     let kvh = h0 / (H / HKV);
-    let lo = first_key(S.pos0 + t0);
-    let hi = S.pos0 + t0 + nt - 1u;          // the last key any row sees
-    for (var i = lid; i < rows * HD; i += WG) {
-        let g = i / HD;
-        qs[i] = Q[((t0 + g / GH) * H + h0 + g % GH) * HD + i % HD] * SCALE;
-    }
+    var lo = 0u;
+    if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }
+    for (var i = lid; i < GH * HD; i += WG) { qs[i] = Q[(t * H + h0) * HD + i] * SCALE; }
     workgroupBarrier();
 
-    var m: array<f32, MAX_ROWS>;
-    var l: array<f32, MAX_ROWS>;
-    var acc: array<f32, 4 * MAX_ROWS>;       // [row g][dim slot i] at 4g + i
-    for (var g = 0u; g < MAX_ROWS; g++) { m[g] = NEG; l[g] = 0.0; }
-    for (var i = 0u; i < 4u * MAX_ROWS; i++) { acc[i] = 0.0; }
-    for (var c = lo; c <= hi; c += WG) {
+    var m: array<f32, MAX_GH>;
+    var l: array<f32, MAX_GH>;
+    var acc: array<f32, 4 * MAX_GH>;         // [head g][dim slot i] at 4g + i
+    for (var g = 0u; g < GH; g++) { m[g] = NEG; l[g] = 0.0; }
+    for (var i = 0u; i < 4u * GH; i++) { acc[i] = 0.0; }
+    for (var c = lo; c <= pos; c += WG) {
         let j = c + lid;
-        var score: array<f32, MAX_ROWS>;
-        for (var g = 0u; g < rows; g++) { score[g] = NEG; }
-        if (j <= hi) {
+        var score: array<f32, MAX_GH>;
+        for (var g = 0u; g < GH; g++) { score[g] = NEG; }
+        if (j <= pos) {
             let kb = (kvh * CTX + j % CTX) * HD;
-            var dots: array<f32, MAX_ROWS>;
-            for (var g = 0u; g < rows; g++) { dots[g] = 0.0; }   // explicitly: not every compiler re-zeroes a loop's var
+            for (var g = 0u; g < GH; g++) { score[g] = 0.0; }
             for (var d = 0u; d < HD; d++) {
                 let k = KC[kb + d];
-                for (var g = 0u; g < rows; g++) { dots[g] += qs[g * HD + d] * k; }
-            }
-            for (var g = 0u; g < rows; g++) {
-                let pos = S.pos0 + t0 + g / GH;
-                if (j <= pos && j >= first_key(pos)) { score[g] = dots[g]; }
+                for (var g = 0u; g < GH; g++) { score[g] += qs[g * HD + d] * k; }
             }
         }
-        for (var g = 0u; g < rows; g++) { red[g * WG + lid] = score[g]; }
-        reduce_rows(lid, true);
-        var alpha: array<f32, MAX_ROWS>;
-        for (var g = 0u; g < rows; g++) {
+        for (var g = 0u; g < GH; g++) { red[g * WG + lid] = score[g]; }
+        reduce_heads(lid, true);
+        var alpha: array<f32, MAX_GH>;
+        for (var g = 0u; g < GH; g++) {
             let m_new = max(m[g], red[g * WG]);
-            let e = select(0.0, exp(score[g] - m_new), score[g] > NEG);
+            let e = select(0.0, exp(score[g] - m_new), j <= pos);
             alpha[g] = exp(m[g] - m_new);
             m[g] = m_new;
             p[g * WG + lid] = e;
         }
         workgroupBarrier();                  // everyone has read red[] before it is reused
-        for (var g = 0u; g < rows; g++) { red[g * WG + lid] = p[g * WG + lid]; }
-        reduce_rows(lid, false);             // its barriers also publish p[]
-        for (var g = 0u; g < rows; g++) { l[g] = l[g] * alpha[g] + red[g * WG]; }
-        let n = min(WG, hi + 1u - c);
+        for (var g = 0u; g < GH; g++) { red[g * WG + lid] = p[g * WG + lid]; }
+        reduce_heads(lid, false);            // its barriers also publish p[]
+        for (var g = 0u; g < GH; g++) { l[g] = l[g] * alpha[g] + red[g * WG]; }
+        let n = min(WG, pos + 1u - c);
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < HD) {
-                for (var g = 0u; g < rows; g++) { acc[4u * g + i] *= alpha[g]; }
+                for (var g = 0u; g < GH; g++) { acc[4u * g + i] *= alpha[g]; }
                 for (var jj = 0u; jj < n; jj++) {
                     let v = VC[(kvh * CTX + (c + jj) % CTX) * HD + d];
-                    for (var g = 0u; g < rows; g++) { acc[4u * g + i] += p[g * WG + jj] * v; }
+                    for (var g = 0u; g < GH; g++) { acc[4u * g + i] += p[g * WG + jj] * v; }
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var g = 0u; g < rows; g++) {
+    for (var g = 0u; g < GH; g++) {
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
-            if (d < HD) { O[((t0 + g / GH) * H + h0 + g % GH) * HD + d] = acc[4u * g + i] / l[g]; }
+            if (d < HD) { O[(t * H + h0 + g) * HD + d] = acc[4u * g + i] / l[g]; }
         }
     }
 }
@@ -225,13 +205,18 @@ fn prep_dim(base: u32, i: u32, inv: f32, pos: f32, is_k: bool) -> f32 {
     return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
 }
 
+fn query_range(pos: u32) -> u32 {
+    if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
+    return 0u;
+}
+
 @compute @workgroup_size(128)
 fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let s = wid.y;
     let pos = S.pos0;
     let kvh = h / (H / HKV);
-    let lo = first_key(pos);
+    let lo = query_range(pos);
     let k0 = lo + s * CH;
     let stride = HD + 2u;
     let pbase = (h * NSPLIT + s) * stride;
@@ -302,7 +287,7 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let h = wid.x;
     let stride = HD + 2u;
     let pos = S.pos0;
-    let used = min(NSPLIT, (pos - first_key(pos)) / CH + 1u);   // the splits that held keys
+    let used = min(NSPLIT, (pos - query_range(pos)) / CH + 1u);   // the splits that held keys
     var mx = NEG;
     for (var s = 0u; s < used; s++) { mx = max(mx, PART[(h * NSPLIT + s) * stride]); }
     var l = 0.0;

@@ -322,38 +322,28 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Bu
 
 def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
-              plan: Plan | None = None, heads_per_group: int | None = None, tokens_per_group: int | None = None) -> Plan:
+              plan: Plan | None = None, heads_per_group: int | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t.
-    A workgroup serves heads_per_group query heads of one KV head for tokens_per_group tokens
-    (defaults: attention_rows_per_group)."""
+    heads_per_group (default attention_heads_per_group): query heads of one KV head per workgroup."""
     c = _attn_consts(heads, kv_heads, head_dim, ctx, window, scale)
-    gh, tq = attention_rows_per_group(dev, heads // kv_heads, head_dim)
-    gh, tq = heads_per_group or gh, tokens_per_group or tq
-    p = _pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh, "TQ": tq})
+    gh = heads_per_group or attention_heads_per_group(dev, heads // kv_heads, head_dim)
+    p = _pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
     bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
-    return (plan or dev.plan()).dispatch(p, bg, heads // gh, -(-max_tokens // tq))
+    return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
 
 
 ATTEND_WG = 128
-ATTEND_MAX_ROWS = 8      # shaders/attention.wgsl MAX_ROWS: query rows (heads x tokens) per workgroup
 
 
-def attention_rows_per_group(dev: Device, group: int, head_dim: int) -> tuple[int, int]:
-    """(query heads, tokens) per prefill attention workgroup: up to 4 heads of a KV head (a power of
-    two dividing the GQA group), then consecutive tokens up to 8 rows in all, so each key and value
-    row is read once for all of them; fewer while their queries and softmax state exceed the
-    device's workgroup storage."""
+def attention_heads_per_group(dev: Device, group: int, head_dim: int) -> int:
+    """Query heads per prefill attention workgroup: a power of two dividing the GQA group, at most 4
+    (each key row is read once for all of them; more would leave too few workgroups for the GPU),
+    within the device's workgroup storage (their queries and softmax state)."""
     limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
     gh = 4
-    while gh > 1 and group % gh:
+    while gh > 1 and (group % gh or 4 * gh * (head_dim + 2 * ATTEND_WG) > limit):
         gh //= 2
-    tq = ATTEND_MAX_ROWS // gh
-    while gh * tq > 1 and 4 * gh * tq * (head_dim + 2 * ATTEND_WG) > limit:
-        if tq > 1:
-            tq //= 2
-        else:
-            gh //= 2
-    return gh, tq
+    return gh
 
 
 def sample_scratch_bytes(v: int) -> int:
