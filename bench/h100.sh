@@ -387,6 +387,14 @@ step_diffusion() {
             --steps "$DIFFUSION_STREAM_STEPS" --gpu-memory "$DIFFUSION_BUDGET" > "$res.tmp" && mv "$res.tmp" "$res"
         cat "$res" 2>/dev/null
     fi
+    res=$RES/diffusion-browser-$name-$DIFFUSION_BUDGET.jsonl
+    if [ -n "$DIFFUSION_BUDGET" ] && [ -x "$W/bin/node" ] && ! done_already "$res"; then
+        log "diffusion (browser): $name, GPU_MEMORY=$DIFFUSION_BUDGET, $DIFFUSION_STREAM_STEPS steps"
+        GPU_MEMORY=$DIFFUSION_BUDGET PROMPT_TOKENS=$DIFFUSION_PROMPT GEN_TOKENS=$DIFFUSION_GEN REPEAT=1 \
+            STEPS=$DIFFUSION_STREAM_STEPS CONTEXT=$ctx CHUNK=$CHUNK PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+            limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
     step_table
 }
 

@@ -2,12 +2,13 @@
 
     python3 bench/restore_results.py FROM_DIR RES_DIR
 
-FROM_DIR holds what an earlier call brought back (llama.jsonl, ttft.jsonl; carried to the device
+FROM_DIR holds what an earlier call brought back (llama.jsonl, ttft.jsonl, diffusion.jsonl; carried to the device
 machine in an ignored folder such as .carry/results); RES_DIR is h100.sh's results folder
 ($H100_WORK/results, default /tmp/h100/results). llama-bench lines go to the per-model files the
 `llama`, `ttft` and `table` steps read, so a later call measures ours only and still prints the
-side-by-side table (llama.cpp's build takes ~6 of a call's 10 minutes). Our own lines are skipped:
-they are measured again.
+side-by-side table (llama.cpp's build takes ~6 of a call's 10 minutes). Our own lines are skipped
+(measured again), except DiffusionGemma's, which go back to the `diffusion` step's files so that it
+runs only what is missing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 
 def main(src: str, res: str) -> int:
     os.makedirs(res, exist_ok=True)
+    restore_diffusion(src, res)
     for name, prefix in (("llama.jsonl", "llama"), ("ttft.jsonl", "ttft-llama")):
         path = os.path.join(src, name)
         if not os.path.exists(path):
@@ -33,6 +35,22 @@ def main(src: str, res: str) -> int:
             with open(os.path.join(res, f"{prefix}-{model}.jsonl"), "a") as f:
                 f.write(line)
     return 0
+
+
+def restore_diffusion(src: str, res: str) -> None:
+    """DiffusionGemma runs (diffusion.jsonl) back into the `diffusion` step's per-run files, so that
+    step only runs what is missing."""
+    path = os.path.join(src, "diffusion.jsonl")
+    if not os.path.exists(path):
+        return
+    for line in open(path):
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        model = os.path.splitext(r["file"])[0]
+        budget = f"-{r['budget_mib']}" if r.get("budget_mib") else ""
+        with open(os.path.join(res, f"diffusion-{r['backend']}-{model}{budget}.jsonl"), "w") as f:
+            f.write(line)
 
 
 if __name__ == "__main__":
