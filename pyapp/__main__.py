@@ -22,9 +22,10 @@ def _tokenizer(gguf):
 
 
 def _loras(args) -> list:
-    """[(adapter path, user scale)] from --lora (repeatable) and --lora-scale (one for all, or one each)."""
+    """[(adapter path, user scale)] from --lora (repeatable) and --lora-scale (one for all, or one each);
+    none for a command without these options (diffusion-logits)."""
     from .model.config import ConfigError
-    paths, scales = args.lora or [], args.lora_scale or []
+    paths, scales = getattr(args, "lora", None) or [], getattr(args, "lora_scale", None) or []
     if scales and not paths:
         raise ConfigError("--lora-scale needs --lora ADAPTER.gguf")
     if len(scales) not in (0, 1, len(paths)):
