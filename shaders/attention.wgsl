@@ -28,6 +28,8 @@ override WG: u32 = 128u;
 @group(0) @binding(5) var<storage, read> Kn: array<f32>;
 @group(0) @binding(6) var<storage, read> Vn: array<f32>;
 
+//!include sincos
+
 @compute @workgroup_size(64)
 fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = gid.x + gid.y * nwg.x * 64u;
@@ -202,7 +204,8 @@ fn prep_dim(base: u32, i: u32, inv: f32, pos: f32, is_k: bool) -> f32 {
     let a = pos * inv_freq;
     let x0 = Q[base + j] * inv * select(QW[j], KW[j], is_k);
     let x1 = Q[base + j + half] * inv * select(QW[j + half], KW[j + half], is_k);
-    return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
+    let sc = sin_cos(a);
+    return select(x1 * sc.y + x0 * sc.x, x0 * sc.y - x1 * sc.x, i < half);
 }
 
 fn query_range(pos: u32) -> u32 {

@@ -38,6 +38,7 @@ override WG: u32 = 256u;
 @group(0) @binding(8) var<storage, read> W2: array<f32>;
 
 //!include workgroup_sum
+//!include sincos
 
 // 1 / rms of row `base`, shared by every thread of the workgroup.
 fn inv_rms(base: u32, lid: u32) -> f32 {
@@ -108,7 +109,8 @@ fn roped(base: u32, i: u32, inv: f32, pos: f32) -> f32 {
     let a = pos * inv_freq;
     let x0 = X[base + j] * inv * weight(j);
     let x1 = X[base + j + half] * inv * weight(j + half);
-    return select(x1 * cos(a) + x0 * sin(a), x0 * cos(a) - x1 * sin(a), i < half);
+    let sc = sin_cos(a);
+    return select(x1 * sc.y + x0 * sc.x, x0 * sc.y - x1 * sc.x, i < half);
 }
 
 @compute @workgroup_size(WG)

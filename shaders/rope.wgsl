@@ -18,6 +18,8 @@ override HAS_FF: bool = false;
 @group(0) @binding(1) var<storage, read> FF: array<f32>;
 @group(0) @binding(2) var<uniform> S: Step;
 
+//!include sincos
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let half = NROT / 2u;
@@ -29,8 +31,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var inv_freq = pow(BASE, -2.0 * f32(i) / f32(NROT));
     if (HAS_FF) { inv_freq /= FF[i]; }
     let a = pos * inv_freq;
-    let c = cos(a);
-    let s = sin(a);
+    let sc = sin_cos(a);
+    let c = sc.y;
+    let s = sc.x;
     let j = th * HD + i;
     let x0 = X[j];
     let x1 = X[j + half];

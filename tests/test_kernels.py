@@ -216,6 +216,32 @@ def test_rope(dev, hd, nrot, ff):
     np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, atol=2e-5)
 
 
+@pytest.mark.parametrize("pos0", [0, 5000])
+def test_rope_sin_cos_to_f32_precision(dev, pos0):
+    """RoPE's sin/cos (shaders/sincos.wgsl) are exact to ~1e-7 up to angles of thousands of radians. Base 256 over 16
+    rotated dims makes every frequency a power of two, so the f32 angle pos * 2^-j is exact and float64 trig of it
+    is the truth; the built-in sin/cos (2^-11 by the spec; SwiftShader's are 1.9e-4 off) fail this bound."""
+    rng = np.random.default_rng(61)
+    t, h, hd = 67, 3, 18                                   # 2 dims past the 16 rotated ones stay as they are
+    x = rng.standard_normal((t, h, hd)).astype(np.float32)
+    buf = f32(dev, x)
+    dev.submit(K.rope(dev, buf, step_buffer(dev, t, pos0), h, hd, 16, 256.0, max_tokens=t))
+    ref = rope_neox(x.astype(np.float64), np.arange(pos0, pos0 + t), 16, 256.0)
+    np.testing.assert_allclose(read_f32(dev, buf, x.size).reshape(x.shape), ref, rtol=0, atol=1.5e-6)
+
+
+def test_no_kernel_calls_the_builtin_sin_or_cos():
+    """WGSL promises only 2^-11 absolute error for sin/cos, and SwiftShader comes close to that (1.9e-4): RoPE
+    through them put DiffusionGemma's logits 3e-2 off in Chromium (issue 12). Kernels call sincos.wgsl's sin_cos."""
+    import re
+    from pathlib import Path
+
+    from pyapp.gpu import SHADER_DIR
+    for path in sorted(Path(SHADER_DIR).glob("*.wgsl")):
+        code = re.sub(r"//.*", "", path.read_text())
+        assert not re.search(r"(?<![\w.])(sin|cos|tan)\s*\(", code), f"{path.name} calls a built-in sin/cos/tan"
+
+
 @pytest.mark.parametrize("weighted", [True, False])
 def test_rms_norm_pair(dev, weighted):
     """Two norms of one row: weighted and scaled (the MoE router's input), and by a second weight."""
