@@ -579,3 +579,19 @@ def lora(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer
                                           "OPW": LORA_OUTPUTS_PER_GROUP})
     bg = dev.bind_group(p, {"A": a, "B": b, "X": x, "Y": y, "SC": scale, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, -(-n // LORA_OUTPUTS_PER_GROUP), max_tokens)
+
+
+# ---- training backward (shaders/*_backward.wgsl, matmul_dx.wgsl): each mirrors a function of
+# pyapp.reference.backward and has a parity test against it (tests/test_backward_kernels.py) ----------
+
+def matmul_dx(dev: Device, qtype, k: int, n: int, w: Buffer, dy: Buffer, dx: Buffer, params: Buffer,
+              n_tokens: int, ldd: int = 0, col0: int = 0, accumulate: bool = False,
+              plan: Plan | None = None) -> Plan:
+    """dX[t, k] (+)= dY[t, col0:col0 + n] @ W[n, k]: the input gradient of a frozen quantized projection
+    (W dequantized in the kernel). ldd: dY's row stride (default n); accumulate: add into dX.
+    n_tokens sizes the dispatch (params.n_tokens, at most that, are computed)."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "matmul_dx", prelude=quant_prelude(qtype),
+                  constants={"K": k, "N": n, "LDD": ldd, "COL0": col0, "ACC": accumulate})
+    bg = dev.bind_group(p, {"W": w, "DY": dy, "DX": dx, "S": params})
+    return (plan or dev.plan()).dispatch(p, bg, -(-k // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
