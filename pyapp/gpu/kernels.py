@@ -595,3 +595,31 @@ def matmul_dx(dev: Device, qtype, k: int, n: int, w: Buffer, dy: Buffer, dx: Buf
                   constants={"K": k, "N": n, "LDD": ldd, "COL0": col0, "ACC": accumulate})
     bg = dev.bind_group(p, {"W": w, "DY": dy, "DX": dx, "S": params})
     return (plan or dev.plan()).dispatch(p, bg, -(-k // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
+
+
+LORA_MAX_RANK = 16     # shaders/lora_backward.wgsl's RMAX
+_LORA_BWD_BINDINGS = {"rank": ("A", "B", "X", "DY", "DX", "UD", "SC", "S"),     # what each entry point binds
+                      "grads": ("X", "DY", "DA", "DB", "UD", "S")}
+
+
+def lora_ud_floats(rank: int, max_tokens: int) -> int:
+    """Floats of the scratch lora_backward needs (s u and du per token)."""
+    return 2 * rank * max_tokens
+
+
+def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer, dy: Buffer, dx: Buffer,
+                  da: Buffer, db: Buffer, ud: Buffer, scale, step: Buffer, max_tokens: int, ldd: int = 0,
+                  col0: int = 0, plan: Plan | None = None) -> Plan:
+    """The LoRA part of one projection's backward (shaders/lora_backward.wgsl): dX += s (dY B) A,
+    dA += s (dY B)^T x, dB += s dY^T (x A^T), for dY = dy[:, col0:col0 + n] (row stride ldd, default n).
+    scale: the target's slot (Buffer, offset, 4) as for `lora`; ud: scratch of lora_ud_floats floats."""
+    if not 1 <= rank <= LORA_MAX_RANK:
+        raise ValueError(f"LoRA backward supports ranks 1..{LORA_MAX_RANK}, got {rank}")
+    plan = plan or dev.plan()
+    c = {"K": k, "N": n, "R": rank, "LDD": ldd, "COL0": col0}
+    res = {"A": a, "B": b, "X": x, "DY": dy, "DX": dx, "DA": da, "DB": db, "UD": ud, "SC": scale, "S": step}
+    for entry, dispatch in (("rank", groups(max_tokens)), ("grads", _threads(k + n))):
+        p = _pipeline(dev, "lora_backward", entry=entry, constants=c)
+        plan.dispatch(p, dev.bind_group(p, {name: res[name] for name in _LORA_BWD_BINDINGS[entry]}), *dispatch)
+    return plan
+
