@@ -107,3 +107,62 @@ def test_lora_backward_after_matmul_dx(dev):
     want = B.linear_backward(w, dy) + B.lora_backward(x, a, b, s, dy)[0]
     scale = np.abs(dy) @ np.abs(w) + s * (np.abs(dy) @ np.abs(b)) @ np.abs(a)
     assert rel_err(read_f32(dev, dxb, t * k).reshape(t, k), want, scale) < 2e-5
+
+
+# ---- RMSNorm and RoPE ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("weighted,rpt,d,accumulate", [(True, 1, 333, False), (False, 1, 1001, True),
+                                                       (True, 3, 37, True), (False, 5, 64, False)],
+                         ids=["weighted", "unweighted-acc", "per-head-weighted", "per-head-unweighted"])
+def test_rms_norm_backward(dev, weighted, rpt, d, accumulate):
+    """rms_norm_backward over rows of hidden states (rpt 1) and per-head rows (the q/k/v norms), written or
+    added to what dX held; the token past the step untouched."""
+    rng = np.random.default_rng(d + rpt)
+    t, eps = 7, 1e-6
+    x = rng.standard_normal((t + 1, rpt, d)) * 3
+    dy = rng.standard_normal((t + 1, rpt, d))
+    w = rng.standard_normal(d) if weighted else None
+    dx0 = rng.standard_normal((t + 1, rpt, d))
+    dxb = f32(dev, dx0)
+    dev.submit(K.rms_norm_backward(dev, d, f32(dev, x), f32(dev, dy), dxb, f32(dev, w) if weighted else None,
+                                   step_buffer(dev, t), t + 1, rows_per_token=rpt, eps=eps, accumulate=accumulate))
+    got = read_f32(dev, dxb, dx0.size).reshape(dx0.shape)
+    want = B.rms_norm_backward(x[:t], w, eps, dy[:t]) + (dx0[:t] if accumulate else 0)
+    # terms of dx are g / rms and x_hat mean(g x_hat) / rms: their size bounds the rounding
+    inv = 1 / np.sqrt(np.mean(x[:t] ** 2, axis=-1, keepdims=True) + eps)
+    g = np.abs(dy[:t] * (w if weighted else 1))
+    scale = inv * (g + np.abs(x[:t]) * inv * np.mean(g * np.abs(x[:t]) * inv, axis=-1, keepdims=True))
+    assert rel_err(got[:t], want, scale + (np.abs(dx0[:t]) if accumulate else 0)) < 1e-5
+    assert np.array_equal(got[t], dx0[t].astype(np.float32))
+
+
+@pytest.mark.parametrize("hd,rot,ff", [(38, 38, False), (64, 16, True), (50, 26, True)],
+                         ids=["full", "partial-ff", "partial-odd"])
+def test_rope_backward(dev, hd, rot, ff):
+    """rope_neox_backward in place: full and partial rotation, with freq factors, from a nonzero first position."""
+    rng = np.random.default_rng(hd + rot)
+    t, heads, base, pos0 = 5, 3, 10000.0, 11
+    dy = rng.standard_normal((t, heads, hd))
+    factors = rng.uniform(1.0, 8.0, rot // 2) if ff else None
+    dxb = f32(dev, dy)
+    dev.submit(K.rope_backward(dev, dxb, step_buffer(dev, t, pos0), heads, hd, rot, base, t,
+                               freq_factors=f32(dev, factors) if ff else None))
+    want = B.rope_neox_backward(dy, pos0 + np.arange(t), rot, base, factors)
+    np.testing.assert_allclose(read_f32(dev, dxb, dy.size).reshape(dy.shape), want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("hd,rot,ff", [(38, 38, False), (64, 16, True)], ids=["full", "partial-ff"])
+def test_norm_rope_backward(dev, hd, rot, ff):
+    """The q/k norm's backward with RoPE fused: rms_norm_backward(x, w, rope_neox_backward(dy)) per head row."""
+    rng = np.random.default_rng(3 * hd + rot)
+    t, heads, base, eps, pos0 = 6, 3, 1e6, 1e-6, 4
+    x, dy = rng.standard_normal((t, heads, hd)) * 2, rng.standard_normal((t, heads, hd))
+    w = rng.standard_normal(hd)
+    factors = rng.uniform(1.0, 8.0, rot // 2) if ff else None
+    dxb = dev.buffer(4 * x.size)
+    dev.submit(K.rms_norm_backward(dev, hd, f32(dev, x), f32(dev, dy), dxb, f32(dev, w), step_buffer(dev, t, pos0),
+                                   t, rows_per_token=heads, eps=eps, rope=(rot, base),
+                                   freq_factors=f32(dev, factors) if ff else None))
+    want = B.rms_norm_backward(x, w, eps, B.rope_neox_backward(dy, pos0 + np.arange(t), rot, base, factors))
+    got = read_f32(dev, dxb, x.size).reshape(x.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -623,3 +623,28 @@ def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, 
         plan.dispatch(p, dev.bind_group(p, {name: res[name] for name in _LORA_BWD_BINDINGS[entry]}), *dispatch)
     return plan
 
+
+
+def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, weight: Buffer | None, step: Buffer,
+                      max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, accumulate: bool = False,
+                      rope: tuple | None = None, freq_factors: Buffer | None = None,
+                      plan: Plan | None = None) -> Plan:
+    """dx (+)= the gradient of y = rms_norm(x) [* weight] over rows of d floats, given dy; rows_per_token:
+    heads for the per-head norms. rope = (rot_dims, base): dy is the gradient of rope(rms_norm(x) * weight)
+    (norm_rope, the q/k norms), rotated back in the same pass."""
+    rot, base = rope or (0, 10000.0)
+    p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
+                                                   "HAS_W": weight is not None, "NROT": rot, "BASE": base,
+                                                   "HAS_FF": freq_factors is not None})
+    res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
+           "FF": freq_factors if freq_factors is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))
+
+
+def rope_backward(dev: Device, dx: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
+                  max_tokens: int, freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """The gradient through NeoX RoPE, in place on dx [T, heads, head_dim]: the rotation by the opposite angle."""
+    p = _pipeline(dev, "norm_backward", entry="rope", constants={
+        "D": head_dim, "RPT": heads, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
+    res = {"DX": dx, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * heads * rot_dims // 2, 256))
