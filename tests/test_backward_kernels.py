@@ -166,3 +166,35 @@ def test_norm_rope_backward(dev, hd, rot, ff):
     want = B.rms_norm_backward(x, w, eps, B.rope_neox_backward(dy, pos0 + np.arange(t), rot, base, factors))
     got = read_f32(dev, dxb, x.size).reshape(x.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ---- GeGLU ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ff,rpt", [(333, 1), (37, 3)])
+def test_geglu_backward(dev, ff, rpt):
+    """geglu_backward on fused [gate | up] rows (one a token, or several: experts), gates spanning gelu's
+    curved range and its tails (|g| up to 20, where tanh saturates)."""
+    rng = np.random.default_rng(ff)
+    t = 5
+    gate = rng.standard_normal((t * rpt, ff)) * 3
+    gate[:, :4] = [-20.0, -6.0, 6.0, 20.0]
+    up, dy = rng.standard_normal((t * rpt, ff)), rng.standard_normal((t * rpt, ff))
+    out = dev.buffer(4 * 2 * gate.size)
+    dev.submit(K.geglu_backward(dev, ff, f32(dev, np.concatenate([gate, up], axis=1)), f32(dev, dy), out,
+                                step_buffer(dev, t), t, rows_per_token=rpt))
+    got = read_f32(dev, out, 2 * gate.size).reshape(t * rpt, 2 * ff)
+    dgate, dup = B.geglu_backward(gate, up, dy)
+    np.testing.assert_allclose(got[:, :ff], dgate, rtol=1e-5, atol=1e-6 * np.abs(dgate).max())
+    np.testing.assert_allclose(got[:, ff:], dup, rtol=1e-5, atol=1e-6 * np.abs(dup).max())
+
+
+def test_gelu_times_backward(dev):
+    """The PLE gate's backward: d gate = gelu_tanh_backward(gate, dy * other)."""
+    rng = np.random.default_rng(2)
+    t, d = 7, 129
+    gate, other, dy = rng.standard_normal((t, d)) * 3, rng.standard_normal((t, d)), rng.standard_normal((t, d))
+    out = dev.buffer(4 * gate.size)
+    dev.submit(K.gelu_times_backward(dev, d, f32(dev, gate), f32(dev, other), f32(dev, dy), out, step_buffer(dev, t), t))
+    want = B.gelu_tanh_backward(gate, dy * other)
+    np.testing.assert_allclose(read_f32(dev, out, gate.size).reshape(t, d), want, rtol=1e-5,
+                               atol=1e-6 * np.abs(want).max())

@@ -648,3 +648,19 @@ def rope_backward(dev: Device, dx: Buffer, step: Buffer, heads: int, head_dim: i
         "D": head_dim, "RPT": heads, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
     res = {"DX": dx, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * heads * rot_dims // 2, 256))
+
+
+def geglu_backward(dev: Device, ff: int, gate_up: Buffer, dy: Buffer, dgate_up: Buffer, step: Buffer,
+                   max_tokens: int, rows_per_token: int = 1, plan: Plan | None = None) -> Plan:
+    """dgate_up [rows, 2ff] = [dgate | dup] of y = gelu_tanh(gate) * up, gate_up [rows, 2ff] = [gate | up]."""
+    p = _pipeline(dev, "geglu_backward", entry="halves", constants={"D": ff, "RPT": rows_per_token})
+    bg = dev.bind_group(p, {"GU": gate_up, "DY": dy, "DGU": dgate_up, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * rows_per_token * ff))
+
+
+def gelu_times_backward(dev: Device, d: int, gate: Buffer, other: Buffer, dy: Buffer, dgate: Buffer, step: Buffer,
+                        max_tokens: int, plan: Plan | None = None) -> Plan:
+    """dgate = dy * other * gelu_tanh'(gate) of y = gelu_tanh(gate) * other (the PLE gate; other is constant)."""
+    p = _pipeline(dev, "geglu_backward", entry="times", constants={"D": d})
+    bg = dev.bind_group(p, {"GU": gate, "M": other, "DY": dy, "DGU": dgate, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
