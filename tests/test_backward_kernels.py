@@ -198,3 +198,64 @@ def test_gelu_times_backward(dev):
     want = B.gelu_tanh_backward(gate, dy * other)
     np.testing.assert_allclose(read_f32(dev, out, gate.size).reshape(t, d), want, rtol=1e-5,
                                atol=1e-6 * np.abs(want).max())
+
+
+# ---- softcap + cross-entropy over a chunked vocabulary ------------------------------------------------------
+
+def run_cross_entropy(dev, z, tokens, mask, chunks, cap):
+    """The trainer's sequence: stats over every chunk, the loss, then each chunk's dz in place."""
+    t, v = z.shape
+    tgt, wt = K.cross_entropy_targets(tokens, mask)
+    tgtb, wtb = dev.buffer(len(tgt)), dev.buffer(len(wt))
+    dev.write(tgtb, tgt)
+    dev.write(wtb, wt)
+    stats, loss, step = dev.buffer(4 * K.CE_STAT_FLOATS * t), dev.buffer(16), step_buffer(dev, t)
+    edges = np.cumsum([0] + list(chunks))
+    assert edges[-1] == v
+    bufs = [f32(dev, z[:, a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    plan = dev.plan()
+    for i, (buf, v0, c) in enumerate(zip(bufs, edges, chunks)):
+        K.cross_entropy_stats(dev, int(c), int(v0), buf, tgtb, wtb, stats, step, t, cap=cap, first=i == 0, plan=plan)
+    K.cross_entropy_loss(dev, stats, wtb, loss, step, plan=plan)
+    for buf, v0, c in zip(bufs, edges, chunks):
+        K.cross_entropy_grad(dev, int(c), int(v0), buf, tgtb, wtb, stats, step, t, cap=cap, plan=plan)
+    dev.submit(plan)
+    dz = np.concatenate([read_f32(dev, buf, t * c).reshape(t, c) for buf, c in zip(bufs, chunks)], axis=1)
+    return read_f32(dev, loss, 1)[0], dz
+
+
+def oracle_cross_entropy(z, tokens, mask, cap):
+    from pyapp.reference.forward import softcap
+    logits = softcap(z, cap) if cap > 0 else z
+    loss = B.cross_entropy(logits, tokens, mask)
+    return loss, B.softcap_backward(z, cap, B.cross_entropy_backward(logits, tokens, mask))
+
+
+@pytest.mark.parametrize("chunks,cap", [((1001,), 30.0), ((333, 333, 335), 30.0), ((500, 501), 0.0)],
+                         ids=["one-chunk", "three-chunks", "no-softcap"])
+def test_cross_entropy(dev, chunks, cap):
+    """Loss and dz against the oracle, masked rows (and the last row) giving zeros; targets in every chunk;
+    logits large enough that the softcap bends them."""
+    rng = np.random.default_rng(sum(chunks) + len(chunks))
+    t, v = 9, sum(chunks)
+    z = rng.standard_normal((t, v)) * 12
+    tokens = rng.integers(0, v, t)
+    tokens[1:4] = [0, 340, v - 1]
+    mask = np.array([0, 1, 1, 1, 0, 1, 0, 1, 1], bool)
+    loss, dz = run_cross_entropy(dev, z, tokens, mask, chunks, cap)
+    want_loss, want_dz = oracle_cross_entropy(z, tokens, mask, cap)
+    assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+    np.testing.assert_allclose(dz, want_dz, rtol=1e-4, atol=1e-6 / mask[1:].sum())
+    assert np.all(dz[[3, 5, 8]] == 0)       # rows whose next token is masked out, and the last row
+
+
+def test_cross_entropy_full_vocab(dev):
+    """Gemma's 262144-entry vocabulary in two chunks of 131072, softcap 30."""
+    rng = np.random.default_rng(262144)
+    t, v = 3, 262144
+    z = (rng.standard_normal((t, v)) * 8).astype(np.float32)
+    tokens, mask = np.array([5, 200000, 131071]), np.array([0, 1, 1], bool)
+    loss, dz = run_cross_entropy(dev, z, tokens, mask, (v // 2, v // 2), 30.0)
+    want_loss, want_dz = oracle_cross_entropy(z.astype(np.float64), tokens, mask, 30.0)
+    assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+    np.testing.assert_allclose(dz, want_dz, rtol=1e-4, atol=1e-9)

@@ -664,3 +664,45 @@ def gelu_times_backward(dev: Device, d: int, gate: Buffer, other: Buffer, dy: Bu
     p = _pipeline(dev, "geglu_backward", entry="times", constants={"D": d})
     bg = dev.bind_group(p, {"GU": gate, "M": other, "DY": dy, "DGU": dgate, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
+
+
+def cross_entropy_targets(tokens, mask) -> tuple[bytes, bytes]:
+    """(TGT, WT) bytes for shaders/cross_entropy.wgsl: row t predicts tokens[t + 1] with weight
+    mask[t + 1] / (targets counted), the last row nothing; as reference.backward.cross_entropy."""
+    tokens, mask = list(tokens), [bool(m) for m in mask]
+    n = sum(mask[1:])
+    if len(tokens) != len(mask) or n == 0:
+        raise ValueError("one mask entry per token, and at least one target after the first token")
+    tgt = tokens[1:] + [0]
+    wt = [1.0 / n if m else 0.0 for m in mask[1:]] + [0.0]
+    return struct.pack(f"<{len(tgt)}I", *tgt), struct.pack(f"<{len(wt)}f", *wt)
+
+
+CE_STAT_FLOATS = 4      # per row of cross_entropy's statistics buffer
+
+
+def cross_entropy_stats(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer, wt: Buffer, stats: Buffer,
+                        step: Buffer, max_tokens: int, cap: float = 0.0, first: bool = False,
+                        plan: Plan | None = None) -> Plan:
+    """Fold the logits chunk z [T, chunk] (pre-softcap; vocabulary ids v0 ..) into stats [T, CE_STAT_FLOATS]."""
+    p = _pipeline(dev, "cross_entropy", entry="stats",
+                  constants={"VC": chunk, "V0": v0, "CAP": cap, "FIRST": first})
+    bg = dev.bind_group(p, {"Z": z, "TGT": tgt, "ST": stats, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens))
+
+
+def cross_entropy_loss(dev: Device, stats: Buffer, wt: Buffer, loss: Buffer, step: Buffer,
+                       plan: Plan | None = None) -> Plan:
+    """loss[0] = the masked mean cross-entropy from the statistics of every chunk."""
+    p = _pipeline(dev, "cross_entropy", entry="loss", constants={"VC": 1})
+    bg = dev.bind_group(p, {"WT": wt, "ST": stats, "LOSS": loss, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, 1)
+
+
+def cross_entropy_grad(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer, wt: Buffer, stats: Buffer,
+                       step: Buffer, max_tokens: int, cap: float = 0.0,
+                       plan: Plan | None = None) -> Plan:
+    """z = dloss/dz in place for the chunk z [T, chunk] (vocabulary ids v0 ..), through the softcap."""
+    p = _pipeline(dev, "cross_entropy", entry="grad", constants={"VC": chunk, "V0": v0, "CAP": cap})
+    bg = dev.bind_group(p, {"Z": z, "TGT": tgt, "WT": wt, "ST": stats, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * chunk, 256))
