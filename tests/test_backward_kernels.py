@@ -259,3 +259,37 @@ def test_cross_entropy_full_vocab(dev):
     want_loss, want_dz = oracle_cross_entropy(z.astype(np.float64), tokens, mask, 30.0)
     assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
     np.testing.assert_allclose(dz, want_dz, rtol=1e-4, atol=1e-9)
+
+
+# ---- attention --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t,heads,kv_heads,hd,window,accumulate", [
+    (7, 2, 1, 38, 0, False), (70, 4, 2, 16, 0, True), (69, 3, 3, 40, 5, False), (9, 2, 2, 136, 4, True)],
+    ids=["gqa", "gqa-multi-block", "window-long", "window-wide-head"])
+def test_attention_backward(dev, t, heads, kv_heads, hd, window, accumulate):
+    """attention_backward's dq, dk, dv (dk/dv summed over the GQA group; added into with accumulate) on
+    causal and sliding-window masks, sequences longer than a 64-key block, head dims over 64."""
+    rng = np.random.default_rng(t * hd + window)
+    ctx = t + 3
+    q, dout = rng.standard_normal((t, heads, hd)) * 0.5, rng.standard_normal((t, heads, hd))
+    keys, values = rng.standard_normal((kv_heads, t, hd)) * 0.5, rng.standard_normal((kv_heads, t, hd))
+    pos = np.arange(t)
+    allowed = pos[None, :] <= pos[:, None]
+    if window:
+        allowed &= pos[:, None] - pos[None, :] < window
+    pad = lambda a: np.concatenate([a, np.zeros((kv_heads, ctx - t, hd))], axis=1)     # noqa: E731
+    dk0, dv0 = rng.standard_normal((kv_heads, ctx, hd)), rng.standard_normal((kv_heads, ctx, hd))
+    dqb, dkb, dvb = dev.buffer(4 * q.size), f32(dev, dk0), f32(dev, dv0)
+    dev.submit(K.attention_backward(dev, f32(dev, q), f32(dev, pad(keys)), f32(dev, pad(values)), f32(dev, dout),
+                                    dev.buffer(8 * heads * t), dqb, dkb, dvb, step_buffer(dev, t), heads, kv_heads,
+                                    hd, ctx, t, window=window, accumulate=accumulate))
+    dq, dk, dv = B.attention_backward(q, keys, values, allowed, dout)
+    got_dk = read_f32(dev, dkb, dk0.size).reshape(dk0.shape)
+    got_dv = read_f32(dev, dvb, dv0.size).reshape(dv0.shape)
+    if accumulate:
+        dk, dv = dk + dk0[:, :t], dv + dv0[:, :t]
+    tol = dict(rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(read_f32(dev, dqb, q.size).reshape(q.shape), dq, **tol)
+    np.testing.assert_allclose(got_dk[:, :t], dk, **tol)
+    np.testing.assert_allclose(got_dv[:, :t], dv, **tol)
+    assert np.array_equal(got_dk[:, t:], dk0[:, t:].astype(np.float32))      # cache rows past the step
