@@ -579,3 +579,154 @@ def lora(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer
                                           "OPW": LORA_OUTPUTS_PER_GROUP})
     bg = dev.bind_group(p, {"A": a, "B": b, "X": x, "Y": y, "SC": scale, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, -(-n // LORA_OUTPUTS_PER_GROUP), max_tokens)
+
+
+# ---- training backward (shaders/*_backward.wgsl, matmul_dx.wgsl): each mirrors a function of
+# pyapp.reference.backward and has a parity test against it (tests/test_backward_kernels.py) ----------
+
+def matmul_dx(dev: Device, qtype, k: int, n: int, w: Buffer, dy: Buffer, dx: Buffer, params: Buffer,
+              n_tokens: int, ldd: int = 0, col0: int = 0, accumulate: bool = False,
+              plan: Plan | None = None) -> Plan:
+    """dX[t, k] (+)= dY[t, col0:col0 + n] @ W[n, k]: the input gradient of a frozen quantized projection
+    (W dequantized in the kernel). ldd: dY's row stride (default n); accumulate: add into dX.
+    n_tokens sizes the dispatch (params.n_tokens, at most that, are computed)."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "matmul_dx", prelude=quant_prelude(qtype),
+                  constants={"K": k, "N": n, "LDD": ldd, "COL0": col0, "ACC": accumulate})
+    bg = dev.bind_group(p, {"W": w, "DY": dy, "DX": dx, "S": params})
+    return (plan or dev.plan()).dispatch(p, bg, -(-k // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
+
+
+LORA_MAX_RANK = 16     # shaders/lora_backward.wgsl's RMAX
+_LORA_BWD_BINDINGS = {"rank": ("A", "B", "X", "DY", "DX", "UD", "SC", "S"),     # what each entry point binds
+                      "grads": ("X", "DY", "DA", "DB", "UD", "S")}
+
+
+def lora_ud_floats(rank: int, max_tokens: int) -> int:
+    """Floats of the scratch lora_backward needs (s u and du per token)."""
+    return 2 * rank * max_tokens
+
+
+def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer, dy: Buffer, dx: Buffer,
+                  da: Buffer, db: Buffer, ud: Buffer, scale, step: Buffer, max_tokens: int, ldd: int = 0,
+                  col0: int = 0, plan: Plan | None = None) -> Plan:
+    """The LoRA part of one projection's backward (shaders/lora_backward.wgsl): dX += s (dY B) A,
+    dA += s (dY B)^T x, dB += s dY^T (x A^T), for dY = dy[:, col0:col0 + n] (row stride ldd, default n).
+    scale: the target's slot (Buffer, offset, 4) as for `lora`; ud: scratch of lora_ud_floats floats."""
+    if not 1 <= rank <= LORA_MAX_RANK:
+        raise ValueError(f"LoRA backward supports ranks 1..{LORA_MAX_RANK}, got {rank}")
+    plan = plan or dev.plan()
+    c = {"K": k, "N": n, "R": rank, "LDD": ldd, "COL0": col0}
+    res = {"A": a, "B": b, "X": x, "DY": dy, "DX": dx, "DA": da, "DB": db, "UD": ud, "SC": scale, "S": step}
+    for entry, dispatch in (("rank", groups(max_tokens)), ("grads", _threads(k + n))):
+        p = _pipeline(dev, "lora_backward", entry=entry, constants=c)
+        plan.dispatch(p, dev.bind_group(p, {name: res[name] for name in _LORA_BWD_BINDINGS[entry]}), *dispatch)
+    return plan
+
+
+
+def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, weight: Buffer | None, step: Buffer,
+                      max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, accumulate: bool = False,
+                      rope: tuple | None = None, freq_factors: Buffer | None = None,
+                      plan: Plan | None = None) -> Plan:
+    """dx (+)= the gradient of y = rms_norm(x) [* weight] over rows of d floats, given dy; rows_per_token:
+    heads for the per-head norms. rope = (rot_dims, base): dy is the gradient of rope(rms_norm(x) * weight)
+    (norm_rope, the q/k norms), rotated back in the same pass."""
+    rot, base = rope or (0, 10000.0)
+    p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
+                                                   "HAS_W": weight is not None, "NROT": rot, "BASE": base,
+                                                   "HAS_FF": freq_factors is not None})
+    res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
+           "FF": freq_factors if freq_factors is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))
+
+
+def rope_backward(dev: Device, dx: Buffer, step: Buffer, heads: int, head_dim: int, rot_dims: int, base: float,
+                  max_tokens: int, freq_factors: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """The gradient through NeoX RoPE, in place on dx [T, heads, head_dim]: the rotation by the opposite angle."""
+    p = _pipeline(dev, "norm_backward", entry="rope", constants={
+        "D": head_dim, "RPT": heads, "NROT": rot_dims, "BASE": base, "HAS_FF": freq_factors is not None})
+    res = {"DX": dx, "S": step, "FF": freq_factors if freq_factors is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *_threads(max_tokens * heads * rot_dims // 2, 256))
+
+
+def geglu_backward(dev: Device, ff: int, gate_up: Buffer, dy: Buffer, dgate_up: Buffer, step: Buffer,
+                   max_tokens: int, rows_per_token: int = 1, plan: Plan | None = None) -> Plan:
+    """dgate_up [rows, 2ff] = [dgate | dup] of y = gelu_tanh(gate) * up, gate_up [rows, 2ff] = [gate | up]."""
+    p = _pipeline(dev, "geglu_backward", entry="halves", constants={"D": ff, "RPT": rows_per_token})
+    bg = dev.bind_group(p, {"GU": gate_up, "DY": dy, "DGU": dgate_up, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * rows_per_token * ff))
+
+
+def gelu_times_backward(dev: Device, d: int, gate: Buffer, other: Buffer, dy: Buffer, dgate: Buffer, step: Buffer,
+                        max_tokens: int, plan: Plan | None = None) -> Plan:
+    """dgate = dy * other * gelu_tanh'(gate) of y = gelu_tanh(gate) * other (the PLE gate; other is constant)."""
+    p = _pipeline(dev, "geglu_backward", entry="times", constants={"D": d})
+    bg = dev.bind_group(p, {"GU": gate, "M": other, "DY": dy, "DGU": dgate, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
+
+
+def cross_entropy_targets(tokens, mask) -> tuple[bytes, bytes]:
+    """(TGT, WT) bytes for shaders/cross_entropy.wgsl: row t predicts tokens[t + 1] with weight
+    mask[t + 1] / (targets counted), the last row nothing; as reference.backward.cross_entropy."""
+    tokens, mask = list(tokens), [bool(m) for m in mask]
+    n = sum(mask[1:])
+    if len(tokens) != len(mask) or n == 0:
+        raise ValueError("one mask entry per token, and at least one target after the first token")
+    tgt = tokens[1:] + [0]
+    wt = [1.0 / n if m else 0.0 for m in mask[1:]] + [0.0]
+    return struct.pack(f"<{len(tgt)}I", *tgt), struct.pack(f"<{len(wt)}f", *wt)
+
+
+CE_STAT_FLOATS = 4      # per row of cross_entropy's statistics buffer
+
+
+def cross_entropy_stats(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer, wt: Buffer, stats: Buffer,
+                        step: Buffer, max_tokens: int, cap: float = 0.0, first: bool = False,
+                        plan: Plan | None = None) -> Plan:
+    """Fold the logits chunk z [T, chunk] (pre-softcap; vocabulary ids v0 ..) into stats [T, CE_STAT_FLOATS]."""
+    p = _pipeline(dev, "cross_entropy", entry="stats",
+                  constants={"VC": chunk, "V0": v0, "CAP": cap, "FIRST": first})
+    bg = dev.bind_group(p, {"Z": z, "TGT": tgt, "ST": stats, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens))
+
+
+def cross_entropy_loss(dev: Device, stats: Buffer, wt: Buffer, loss: Buffer, step: Buffer,
+                       plan: Plan | None = None) -> Plan:
+    """loss[0] = the masked mean cross-entropy from the statistics of every chunk."""
+    p = _pipeline(dev, "cross_entropy", entry="loss", constants={"VC": 1})
+    bg = dev.bind_group(p, {"WT": wt, "ST": stats, "LOSS": loss, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, 1)
+
+
+def cross_entropy_grad(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer, wt: Buffer, stats: Buffer,
+                       step: Buffer, max_tokens: int, cap: float = 0.0,
+                       plan: Plan | None = None) -> Plan:
+    """z = dloss/dz in place for the chunk z [T, chunk] (vocabulary ids v0 ..), through the softcap."""
+    p = _pipeline(dev, "cross_entropy", entry="grad", constants={"VC": chunk, "V0": v0, "CAP": cap})
+    bg = dev.bind_group(p, {"Z": z, "TGT": tgt, "WT": wt, "ST": stats, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * chunk, 256))
+
+
+_ATTN_BWD_BINDINGS = {"stats": ("Q", "K", "V", "DO", "ST", "S"), "dq": ("Q", "K", "V", "DO", "ST", "DQ", "S"),
+                      "dkv": ("Q", "K", "V", "DO", "ST", "DK", "DV", "S")}
+
+
+def attention_backward(dev: Device, q: Buffer, k: Buffer, v: Buffer, dout: Buffer, stats: Buffer, dq: Buffer,
+                       dk: Buffer, dv: Buffer, step: Buffer, heads: int, kv_heads: int, head_dim: int, ctx: int,
+                       max_tokens: int, window: int = 0, scale: float = 1.0, accumulate: bool = False,
+                       plan: Plan | None = None) -> Plan:
+    """(dq, dk, dv) of out = softmax(scale q k^T, causal [+ window]) v for a whole sequence from position 0
+    (shaders/attention_backward.wgsl): q, dout, dq [T, heads, head_dim]; k, v, dk, dv [kv_heads, ctx,
+    head_dim], dk/dv summed over each KV head's query heads (added into with accumulate); stats: scratch
+    of 2 * heads * max_tokens floats."""
+    if heads % kv_heads or head_dim > 8 * 64:
+        raise ValueError(f"attention backward: {heads} heads over {kv_heads}, head_dim {head_dim} unsupported")
+    c = {"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx, "WINDOW": window, "SCALE": scale,
+         "ACC": accumulate}
+    res = {"Q": q, "K": k, "V": v, "DO": dout, "ST": stats, "DQ": dq, "DK": dk, "DV": dv, "S": step}
+    plan = plan or dev.plan()
+    for entry, x in (("stats", heads), ("dq", heads), ("dkv", kv_heads)):
+        p = _pipeline(dev, "attention_backward", entry=entry, constants=c)
+        plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), x, max_tokens)
+    return plan

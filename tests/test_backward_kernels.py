@@ -1,0 +1,295 @@
+"""Parity of the training backward kernels against the numpy gradient oracle (pyapp.reference.backward), on
+odd sizes. Tolerances are relative to the scale of the rounding in each sum (sum of |terms|), in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyapp.gpu import kernels as K
+from pyapp.reference import backward as B
+from test_kernels import dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
+
+pytestmark = pytest.mark.gpu
+
+
+def rel_err(got, want, scale):
+    return float((np.abs(got - want) / (scale + 1e-30)).max())
+
+
+# ---- dX = dY W through a frozen quantized W -----------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4"])
+@pytest.mark.parametrize("n,t", [(37, 19), (131, 70)], ids=["one-tile", "tiles"])
+def test_matmul_dx(dev, qtype, n, t):
+    """dX = linear_backward(W, dY) for W [n, k] of every kind of block (k not a multiple of the 64-wide
+    tile; n not a multiple of the 16-row step), tokens past the step untouched."""
+    from pyapp import ggml
+    rng = np.random.default_rng(300 + ggml.lookup(qtype).id + n)
+    qk = ggml.lookup(qtype).block
+    k = 256 * 3 if qk == 256 else 4 * 29 if qk == 1 else 32 * 5
+    raw = random_tensor(qtype, n, k, rng)
+    w = dequantize(qtype, raw, n, k)
+    dy = rng.standard_normal((t + 1, n))
+    dx = f32(dev, np.full((t + 1, k), 7.0))
+    dev.submit(K.matmul_dx(dev, qtype, k, n, weight_buffer(dev, raw), f32(dev, dy), dx, step_buffer(dev, t), t + 1))
+    got = read_f32(dev, dx, (t + 1) * k).reshape(t + 1, k)
+    assert rel_err(got[:t], B.linear_backward(w, dy[:t]), np.abs(dy[:t]) @ np.abs(w)) < 2e-5
+    assert np.all(got[t] == 7.0)
+
+
+def test_matmul_dx_row_blocks_accumulate(dev):
+    """A W split into two row blocks, read from the columns of a wider dY (a fused q|k|v output), the
+    second block and a pre-filled dX accumulated: dX0 + dY[:, c:c+n] W."""
+    rng = np.random.default_rng(7)
+    k, t, n1, n2, col0, ldd = 96, 5, 21, 18, 3, 50
+    raws = [random_tensor("q8_0", m, k, rng) for m in (n1, n2)]
+    w = np.concatenate([dequantize("q8_0", r, m, k) for r, m in zip(raws, (n1, n2))])
+    dy = rng.standard_normal((t, ldd))
+    dx0 = rng.standard_normal((t, k))
+    dxb, dyb, step = f32(dev, dx0), f32(dev, dy), step_buffer(dev, t)
+    plan = K.matmul_dx(dev, "q8_0", k, n1, weight_buffer(dev, raws[0]), dyb, dxb, step, t, ldd=ldd, col0=col0,
+                       accumulate=True)
+    K.matmul_dx(dev, "q8_0", k, n2, weight_buffer(dev, raws[1]), dyb, dxb, step, t, ldd=ldd, col0=col0 + n1,
+                accumulate=True, plan=plan)
+    dev.submit(plan)
+    part = dy[:, col0:col0 + n1 + n2]
+    want = dx0 + B.linear_backward(w, part)
+    assert rel_err(read_f32(dev, dxb, t * k).reshape(t, k), want, np.abs(part) @ np.abs(w) + np.abs(dx0)) < 2e-5
+
+
+# ---- LoRA backward --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k,n,r,t", [(37, 300, 3, 1), (259, 17, 5, 3), (64, 513, 1, 2), (130, 70, 16, 67)])
+def test_lora_backward(dev, k, n, r, t):
+    """dX, dA, dB of lora_backward (rank 1-16, odd sizes), each added to what the buffers held; dY read from
+    columns col0.. of wider rows; the token past the step contributes nothing."""
+    rng = np.random.default_rng(k * n + r)
+    s = -1.75
+    a, b = rng.standard_normal((r, k)), rng.standard_normal((n, r))
+    x = rng.standard_normal((t + 1, k))
+    ldd, col0 = n + 9, 5
+    dy_rows = rng.standard_normal((t + 1, ldd))
+    dx0, da0, db0 = rng.standard_normal((t + 1, k)), rng.standard_normal((r, k)), rng.standard_normal((n, r))
+    dxb, dab, dbb = f32(dev, dx0), f32(dev, da0), f32(dev, db0)
+    scales = f32(dev, np.zeros(K.LORA_SCALE_STRIDE // 4))
+    dev.write(scales, np.float32(s).tobytes(), 0)
+    ud = dev.buffer(4 * K.lora_ud_floats(r, t + 1))
+    dev.submit(K.lora_backward(dev, k, n, r, f32(dev, a), f32(dev, b), f32(dev, x), f32(dev, dy_rows), dxb, dab,
+                               dbb, ud, (scales, 0, 4), step_buffer(dev, t), t + 1, ldd=ldd, col0=col0))
+    dy = dy_rows[:t, col0:col0 + n]
+    dx, da, db = B.lora_backward(x[:t], a, b, s, dy)
+    ady, ax, aa, ab = np.abs(dy), np.abs(x[:t]), np.abs(a), np.abs(b)
+    got_dx = read_f32(dev, dxb, dx0.size).reshape(dx0.shape)
+    assert rel_err(got_dx[:t], dx0[:t] + dx, 1.75 * (ady @ ab) @ aa + np.abs(dx0[:t])) < 2e-5
+    assert np.array_equal(got_dx[t], dx0[t].astype(np.float32))
+    assert rel_err(read_f32(dev, dab, da0.size).reshape(da0.shape), da0 + da,
+                   1.75 * (ady @ ab).T @ ax + np.abs(da0)) < 2e-5
+    assert rel_err(read_f32(dev, dbb, db0.size).reshape(db0.shape), db0 + db,
+                   1.75 * ady.T @ (ax @ aa.T) + np.abs(db0)) < 2e-5
+
+
+def test_lora_backward_after_matmul_dx(dev):
+    """A whole adapted projection's input gradient: matmul_dx writes dY W, lora_backward adds s (dY B) A."""
+    rng = np.random.default_rng(11)
+    k, n, r, t, s = 64, 45, 8, 9, 0.5
+    raw = random_tensor("q4_0", n, k, rng)
+    w = dequantize("q4_0", raw, n, k)
+    a, b, x, dy = (rng.standard_normal(shape) for shape in ((r, k), (n, r), (t, k), (t, n)))
+    scales = f32(dev, np.zeros(K.LORA_SCALE_STRIDE // 4))
+    dev.write(scales, np.float32(s).tobytes(), 0)
+    dxb, dyb, step = dev.buffer(4 * t * k), f32(dev, dy), step_buffer(dev, t)
+    plan = K.matmul_dx(dev, "q4_0", k, n, weight_buffer(dev, raw), dyb, dxb, step, t)
+    K.lora_backward(dev, k, n, r, f32(dev, a), f32(dev, b), f32(dev, x), dyb, dxb, f32(dev, np.zeros((r, k))),
+                    f32(dev, np.zeros((n, r))), dev.buffer(4 * K.lora_ud_floats(r, t)), (scales, 0, 4), step, t,
+                    plan=plan)
+    dev.submit(plan)
+    want = B.linear_backward(w, dy) + B.lora_backward(x, a, b, s, dy)[0]
+    scale = np.abs(dy) @ np.abs(w) + s * (np.abs(dy) @ np.abs(b)) @ np.abs(a)
+    assert rel_err(read_f32(dev, dxb, t * k).reshape(t, k), want, scale) < 2e-5
+
+
+# ---- RMSNorm and RoPE ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("weighted,rpt,d,accumulate", [(True, 1, 333, False), (False, 1, 1001, True),
+                                                       (True, 3, 37, True), (False, 5, 64, False)],
+                         ids=["weighted", "unweighted-acc", "per-head-weighted", "per-head-unweighted"])
+def test_rms_norm_backward(dev, weighted, rpt, d, accumulate):
+    """rms_norm_backward over rows of hidden states (rpt 1) and per-head rows (the q/k/v norms), written or
+    added to what dX held; the token past the step untouched."""
+    rng = np.random.default_rng(d + rpt)
+    t, eps = 7, 1e-6
+    x = rng.standard_normal((t + 1, rpt, d)) * 3
+    dy = rng.standard_normal((t + 1, rpt, d))
+    w = rng.standard_normal(d) if weighted else None
+    dx0 = rng.standard_normal((t + 1, rpt, d))
+    dxb = f32(dev, dx0)
+    dev.submit(K.rms_norm_backward(dev, d, f32(dev, x), f32(dev, dy), dxb, f32(dev, w) if weighted else None,
+                                   step_buffer(dev, t), t + 1, rows_per_token=rpt, eps=eps, accumulate=accumulate))
+    got = read_f32(dev, dxb, dx0.size).reshape(dx0.shape)
+    want = B.rms_norm_backward(x[:t], w, eps, dy[:t]) + (dx0[:t] if accumulate else 0)
+    # terms of dx are g / rms and x_hat mean(g x_hat) / rms: their size bounds the rounding
+    inv = 1 / np.sqrt(np.mean(x[:t] ** 2, axis=-1, keepdims=True) + eps)
+    g = np.abs(dy[:t] * (w if weighted else 1))
+    scale = inv * (g + np.abs(x[:t]) * inv * np.mean(g * np.abs(x[:t]) * inv, axis=-1, keepdims=True))
+    assert rel_err(got[:t], want, scale + (np.abs(dx0[:t]) if accumulate else 0)) < 1e-5
+    assert np.array_equal(got[t], dx0[t].astype(np.float32))
+
+
+@pytest.mark.parametrize("hd,rot,ff", [(38, 38, False), (64, 16, True), (50, 26, True)],
+                         ids=["full", "partial-ff", "partial-odd"])
+def test_rope_backward(dev, hd, rot, ff):
+    """rope_neox_backward in place: full and partial rotation, with freq factors, from a nonzero first position."""
+    rng = np.random.default_rng(hd + rot)
+    t, heads, base, pos0 = 5, 3, 10000.0, 11
+    dy = rng.standard_normal((t, heads, hd))
+    factors = rng.uniform(1.0, 8.0, rot // 2) if ff else None
+    dxb = f32(dev, dy)
+    dev.submit(K.rope_backward(dev, dxb, step_buffer(dev, t, pos0), heads, hd, rot, base, t,
+                               freq_factors=f32(dev, factors) if ff else None))
+    want = B.rope_neox_backward(dy, pos0 + np.arange(t), rot, base, factors)
+    np.testing.assert_allclose(read_f32(dev, dxb, dy.size).reshape(dy.shape), want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("hd,rot,ff", [(38, 38, False), (64, 16, True)], ids=["full", "partial-ff"])
+def test_norm_rope_backward(dev, hd, rot, ff):
+    """The q/k norm's backward with RoPE fused: rms_norm_backward(x, w, rope_neox_backward(dy)) per head row."""
+    rng = np.random.default_rng(3 * hd + rot)
+    t, heads, base, eps, pos0 = 6, 3, 1e6, 1e-6, 4
+    x, dy = rng.standard_normal((t, heads, hd)) * 2, rng.standard_normal((t, heads, hd))
+    w = rng.standard_normal(hd)
+    factors = rng.uniform(1.0, 8.0, rot // 2) if ff else None
+    dxb = dev.buffer(4 * x.size)
+    dev.submit(K.rms_norm_backward(dev, hd, f32(dev, x), f32(dev, dy), dxb, f32(dev, w), step_buffer(dev, t, pos0),
+                                   t, rows_per_token=heads, eps=eps, rope=(rot, base),
+                                   freq_factors=f32(dev, factors) if ff else None))
+    want = B.rms_norm_backward(x, w, eps, B.rope_neox_backward(dy, pos0 + np.arange(t), rot, base, factors))
+    got = read_f32(dev, dxb, x.size).reshape(x.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+# ---- GeGLU ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ff,rpt", [(333, 1), (37, 3)])
+def test_geglu_backward(dev, ff, rpt):
+    """geglu_backward on fused [gate | up] rows (one a token, or several: experts), gates spanning gelu's
+    curved range and its tails (|g| up to 20, where tanh saturates)."""
+    rng = np.random.default_rng(ff)
+    t = 5
+    gate = rng.standard_normal((t * rpt, ff)) * 3
+    gate[:, :4] = [-20.0, -6.0, 6.0, 20.0]
+    up, dy = rng.standard_normal((t * rpt, ff)), rng.standard_normal((t * rpt, ff))
+    out = dev.buffer(4 * 2 * gate.size)
+    dev.submit(K.geglu_backward(dev, ff, f32(dev, np.concatenate([gate, up], axis=1)), f32(dev, dy), out,
+                                step_buffer(dev, t), t, rows_per_token=rpt))
+    got = read_f32(dev, out, 2 * gate.size).reshape(t * rpt, 2 * ff)
+    dgate, dup = B.geglu_backward(gate, up, dy)
+    np.testing.assert_allclose(got[:, :ff], dgate, rtol=1e-5, atol=1e-6 * np.abs(dgate).max())
+    np.testing.assert_allclose(got[:, ff:], dup, rtol=1e-5, atol=1e-6 * np.abs(dup).max())
+
+
+def test_gelu_times_backward(dev):
+    """The PLE gate's backward: d gate = gelu_tanh_backward(gate, dy * other)."""
+    rng = np.random.default_rng(2)
+    t, d = 7, 129
+    gate, other, dy = rng.standard_normal((t, d)) * 3, rng.standard_normal((t, d)), rng.standard_normal((t, d))
+    out = dev.buffer(4 * gate.size)
+    dev.submit(K.gelu_times_backward(dev, d, f32(dev, gate), f32(dev, other), f32(dev, dy), out, step_buffer(dev, t), t))
+    want = B.gelu_tanh_backward(gate, dy * other)
+    np.testing.assert_allclose(read_f32(dev, out, gate.size).reshape(t, d), want, rtol=1e-5,
+                               atol=1e-6 * np.abs(want).max())
+
+
+# ---- softcap + cross-entropy over a chunked vocabulary ------------------------------------------------------
+
+def run_cross_entropy(dev, z, tokens, mask, chunks, cap):
+    """The trainer's sequence: stats over every chunk, the loss, then each chunk's dz in place."""
+    t, v = z.shape
+    tgt, wt = K.cross_entropy_targets(tokens, mask)
+    tgtb, wtb = dev.buffer(len(tgt)), dev.buffer(len(wt))
+    dev.write(tgtb, tgt)
+    dev.write(wtb, wt)
+    stats, loss, step = dev.buffer(4 * K.CE_STAT_FLOATS * t), dev.buffer(16), step_buffer(dev, t)
+    edges = np.cumsum([0] + list(chunks))
+    assert edges[-1] == v
+    bufs = [f32(dev, z[:, a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    plan = dev.plan()
+    for i, (buf, v0, c) in enumerate(zip(bufs, edges, chunks)):
+        K.cross_entropy_stats(dev, int(c), int(v0), buf, tgtb, wtb, stats, step, t, cap=cap, first=i == 0, plan=plan)
+    K.cross_entropy_loss(dev, stats, wtb, loss, step, plan=plan)
+    for buf, v0, c in zip(bufs, edges, chunks):
+        K.cross_entropy_grad(dev, int(c), int(v0), buf, tgtb, wtb, stats, step, t, cap=cap, plan=plan)
+    dev.submit(plan)
+    dz = np.concatenate([read_f32(dev, buf, t * c).reshape(t, c) for buf, c in zip(bufs, chunks)], axis=1)
+    return read_f32(dev, loss, 1)[0], dz
+
+
+def oracle_cross_entropy(z, tokens, mask, cap):
+    from pyapp.reference.forward import softcap
+    logits = softcap(z, cap) if cap > 0 else z
+    loss = B.cross_entropy(logits, tokens, mask)
+    return loss, B.softcap_backward(z, cap, B.cross_entropy_backward(logits, tokens, mask))
+
+
+@pytest.mark.parametrize("chunks,cap", [((1001,), 30.0), ((333, 333, 335), 30.0), ((500, 501), 0.0)],
+                         ids=["one-chunk", "three-chunks", "no-softcap"])
+def test_cross_entropy(dev, chunks, cap):
+    """Loss and dz against the oracle, masked rows (and the last row) giving zeros; targets in every chunk;
+    logits large enough that the softcap bends them."""
+    rng = np.random.default_rng(sum(chunks) + len(chunks))
+    t, v = 9, sum(chunks)
+    z = rng.standard_normal((t, v)) * 12
+    tokens = rng.integers(0, v, t)
+    tokens[1:4] = [0, 340, v - 1]
+    mask = np.array([0, 1, 1, 1, 0, 1, 0, 1, 1], bool)
+    loss, dz = run_cross_entropy(dev, z, tokens, mask, chunks, cap)
+    want_loss, want_dz = oracle_cross_entropy(z, tokens, mask, cap)
+    assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+    np.testing.assert_allclose(dz, want_dz, rtol=1e-4, atol=1e-6 / mask[1:].sum())
+    assert np.all(dz[[3, 5, 8]] == 0)       # rows whose next token is masked out, and the last row
+
+
+def test_cross_entropy_full_vocab(dev):
+    """Gemma's 262144-entry vocabulary in two chunks of 131072, softcap 30."""
+    rng = np.random.default_rng(262144)
+    t, v = 3, 262144
+    z = (rng.standard_normal((t, v)) * 8).astype(np.float32)
+    tokens, mask = np.array([5, 200000, 131071]), np.array([0, 1, 1], bool)
+    loss, dz = run_cross_entropy(dev, z, tokens, mask, (v // 2, v // 2), 30.0)
+    want_loss, want_dz = oracle_cross_entropy(z.astype(np.float64), tokens, mask, 30.0)
+    assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+    np.testing.assert_allclose(dz, want_dz, rtol=1e-4, atol=1e-9)
+
+
+# ---- attention --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t,heads,kv_heads,hd,window,accumulate", [
+    (7, 2, 1, 38, 0, False), (70, 4, 2, 16, 0, True), (69, 3, 3, 40, 5, False), (9, 2, 2, 136, 4, True)],
+    ids=["gqa", "gqa-multi-block", "window-long", "window-wide-head"])
+def test_attention_backward(dev, t, heads, kv_heads, hd, window, accumulate):
+    """attention_backward's dq, dk, dv (dk/dv summed over the GQA group; added into with accumulate) on
+    causal and sliding-window masks, sequences longer than a 64-key block, head dims over 64."""
+    rng = np.random.default_rng(t * hd + window)
+    ctx = t + 3
+    q, dout = rng.standard_normal((t, heads, hd)) * 0.5, rng.standard_normal((t, heads, hd))
+    keys, values = rng.standard_normal((kv_heads, t, hd)) * 0.5, rng.standard_normal((kv_heads, t, hd))
+    pos = np.arange(t)
+    allowed = pos[None, :] <= pos[:, None]
+    if window:
+        allowed &= pos[:, None] - pos[None, :] < window
+    pad = lambda a: np.concatenate([a, np.zeros((kv_heads, ctx - t, hd))], axis=1)     # noqa: E731
+    dk0, dv0 = rng.standard_normal((kv_heads, ctx, hd)), rng.standard_normal((kv_heads, ctx, hd))
+    dqb, dkb, dvb = dev.buffer(4 * q.size), f32(dev, dk0), f32(dev, dv0)
+    dev.submit(K.attention_backward(dev, f32(dev, q), f32(dev, pad(keys)), f32(dev, pad(values)), f32(dev, dout),
+                                    dev.buffer(8 * heads * t), dqb, dkb, dvb, step_buffer(dev, t), heads, kv_heads,
+                                    hd, ctx, t, window=window, accumulate=accumulate))
+    dq, dk, dv = B.attention_backward(q, keys, values, allowed, dout)
+    got_dk = read_f32(dev, dkb, dk0.size).reshape(dk0.shape)
+    got_dv = read_f32(dev, dvb, dv0.size).reshape(dv0.shape)
+    if accumulate:
+        dk, dv = dk + dk0[:, :t], dv + dv0[:, :t]
+    tol = dict(rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(read_f32(dev, dqb, q.size).reshape(q.shape), dq, **tol)
+    np.testing.assert_allclose(got_dk[:, :t], dk, **tol)
+    np.testing.assert_allclose(got_dv[:, :t], dv, **tol)
+    assert np.array_equal(got_dk[:, t:], dk0[:, t:].astype(np.float32))      # cache rows past the step
