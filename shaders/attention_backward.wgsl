@@ -57,18 +57,6 @@ fn dp(qa: u32, kb: u32) -> f32 {            // dO . v for the rows at qa (dO) an
     return s;
 }
 
-fn workgroup_max(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
-        workgroupBarrier();
-    }
-    let m = red[0];
-    workgroupBarrier();
-    return m;
-}
-
 @compute @workgroup_size(WG)
 fn stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;

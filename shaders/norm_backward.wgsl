@@ -33,6 +33,7 @@ override WG: u32 = 256u;
 @group(0) @binding(5) var<uniform> S: Step;
 
 //!include workgroup_sum
+//!include sincos
 
 // The rotation angle of pair j (< NROT / 2) at position pos.
 fn angle(j: u32, pos: f32) -> f32 {
@@ -50,7 +51,8 @@ fn grad_in(base: u32, i: u32, pos: f32) -> f32 {
         let a = angle(j, pos);
         let d0 = DY[base + j];
         let d1 = DY[base + j + half];
-        d = select(d1 * cos(a) - d0 * sin(a), d0 * cos(a) + d1 * sin(a), i < half);
+        let sc = sin_cos(a);
+        d = select(d1 * sc.y - d0 * sc.x, d0 * sc.y + d1 * sc.x, i < half);
     }
     return select(d, d * Wt[i], HAS_W);
 }
@@ -88,6 +90,7 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = row * D + j;
     let d0 = DX[i];
     let d1 = DX[i + half];
-    DX[i] = d0 * cos(a) + d1 * sin(a);
-    DX[i + half] = d1 * cos(a) - d0 * sin(a);
+    let sc = sin_cos(a);
+    DX[i] = d0 * sc.y + d1 * sc.x;
+    DX[i + half] = d1 * sc.y - d0 * sc.x;
 }

@@ -1,5 +1,5 @@
-// workgroup_sum(lid, v): the sum of v over the WG threads of a workgroup, returned to every
-// thread (a tree in shared memory). The including kernel declares `override WG: u32` (a power
+// workgroup_sum(lid, v) / workgroup_max(lid, v): the sum / the max of v over the WG threads of a
+// workgroup, returned to every thread (a tree in shared memory). The including kernel declares `override WG: u32` (a power
 // of two, the workgroup size) and calls this in uniform control flow (it holds barriers).
 
 var<workgroup> red: array<f32, WG>;
@@ -14,4 +14,16 @@ fn workgroup_sum(lid: u32, v: f32) -> f32 {
     let total = red[0];
     workgroupBarrier();                      // everyone has read red[0] before red is reused
     return total;
+}
+
+fn workgroup_max(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    return m;
 }

@@ -100,7 +100,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     def fail(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pyapp.train.checkpoint.os.fsync", fail)
+    monkeypatch.setattr("pyapp.train.files.os.fsync", fail)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, 4, opt, sched, rng, data)
     assert path.read_bytes() == before and not (tmp_path / "run.ckpt.tmp").exists()

@@ -25,7 +25,6 @@ Pure Python (struct, array): gguf-py is not available in Pyodide.
 from __future__ import annotations
 
 import math
-import os
 import struct
 import sys
 from array import array
@@ -36,6 +35,7 @@ from ..gguf import DEFAULT_ALIGNMENT, MAGIC
 from ..model.config import ARCH
 from ..model.lora import ADAPTED, ALPHA_KEY, F32_VALUE
 from ..model.weights import LayerWeights, gguf_name
+from .files import write_atomic
 
 VERSION = 3
 STRING_VALUE = 8                  # GGUF metadata value type of a string (pyapp.gguf.VALUE_TYPE_NAMES)
@@ -157,18 +157,4 @@ def adapter_gguf(pairs: dict, rank: int, alpha: float, arch: str = ARCH, name: s
 
 def write_adapter(path, pairs: dict, rank: int, alpha: float, arch: str = ARCH, name: str | None = None) -> int:
     """Write the adapter to `path` atomically (a temporary file renamed over it); returns its size."""
-    tmp = f"{path}.tmp"
-    size = 0
-    try:
-        with open(tmp, "wb") as f:
-            for part in adapter_parts(pairs, rank, alpha, arch, name):
-                f.write(part)
-                size += len(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return size
+    return write_atomic(path, adapter_parts(pairs, rank, alpha, arch, name))

@@ -26,7 +26,6 @@ flushed, then renamed over `path`: a crash mid-write leaves the previous checkpo
 from __future__ import annotations
 
 import json
-import os
 import random
 import struct
 import sys
@@ -35,6 +34,7 @@ from array import array
 from dataclasses import asdict, dataclass, field
 
 from .optim import AdamW, WarmupCosine
+from .files import write_atomic
 
 MAGIC = b"G4LORACK"
 VERSION = 1
@@ -101,19 +101,7 @@ def save_checkpoint(path, step: int, optimizer: AdamW, schedule: WarmupCosine | 
                     log: list | None = None) -> int:
     """Write the training state to `path` atomically; returns the file's size."""
     parts = checkpoint_parts(step, optimizer, schedule, rng, data, meta, log)
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return sum(len(p) for p in parts)
+    return write_atomic(path, parts)
 
 
 def checkpoint_from_bytes(buf: bytes, name: str = "checkpoint") -> Checkpoint:
