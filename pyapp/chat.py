@@ -53,7 +53,7 @@ def style_for(meta: dict, n_params: int | None = None) -> ChatStyle:
     return TEMPLATE_STYLE
 
 
-def _parts(content) -> list[str]:
+def content_parts(content) -> list[str]:
     """Message content as text pieces: a string, or the text parts of a list (this app is text-only)."""
     if isinstance(content, (list, tuple)):
         return [str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"]
@@ -79,7 +79,7 @@ def split_thinking(text: str) -> tuple[str, str]:
     return thought.strip(), (before + after).strip() if closed else before.strip()
 
 
-def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, bos: bool,
+def prompt_pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, bos: bool,
             style: ChatStyle, kept_ids=None) -> list[tuple[str | list[int], bool]]:
     """The prompt as (text, is_markup) pieces: the template's own markup, and the messages' content.
     kept_ids(message) -> a past reply's token ids to use instead of its text, or None."""
@@ -101,7 +101,7 @@ def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, b
             markup(THINK + "\n" if style.think_newline else THINK)
         if has_system:
             text = rest.pop(0).get("content")
-            parts = _parts(text)         # a list of parts: each trimmed, then a space (Google's later templates)
+            parts = content_parts(text)         # a list of parts: each trimmed, then a space (Google's later templates)
             content(parts[0].strip() if isinstance(text, str) else "".join(p.strip() + " " for p in parts))
         markup(END_TURN + "\n")
     for m in rest:
@@ -114,7 +114,7 @@ def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, b
         if ids:
             out.append((ids, False))
         else:
-            content("".join(clean(p) for p in _parts(m.get("content"))))
+            content("".join(clean(p) for p in content_parts(m.get("content"))))
         markup(END_TURN + "\n")
     if add_generation_prompt:
         markup(TURN + "model\n")
@@ -126,7 +126,7 @@ def _pieces(messages: list[dict], add_generation_prompt: bool, thinking: bool, b
 def render(messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
            bos: bool = True, style: ChatStyle = TEMPLATE_STYLE) -> str:
     """The prompt text for messages [{"role": "system"|"user"|"assistant", "content": str}, ...]."""
-    return "".join(text for text, _ in _pieces(messages, add_generation_prompt, thinking, bos, style))
+    return "".join(text for text, _ in prompt_pieces(messages, add_generation_prompt, thinking, bos, style))
 
 
 def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True, thinking: bool = False,
@@ -137,7 +137,7 @@ def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = Tr
     A past reply that carries the ids it was generated as (reply_ids) keeps them: re-tokenizing its
     text may give other ids, and the KV cache, which holds the generated ones, would then be
     recomputed from there on (with sliding-window layers, often the whole conversation)."""
-    return tokenizer.encode_parts(_pieces(messages, add_generation_prompt, thinking, bos, style,
+    return tokenizer.encode_parts(prompt_pieces(messages, add_generation_prompt, thinking, bos, style,
                                           lambda m: _kept_ids(tokenizer, m)))
 
 
@@ -160,7 +160,7 @@ def _kept_ids(tokenizer, m: dict) -> list[int] | None:
     if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < tokenizer.n_vocab for t in ids):
         return None
     said = tokenizer.decode(ids)
-    text = "".join(_parts(m.get("content")))
+    text = "".join(content_parts(m.get("content")))
     if CHANNEL in said.replace(EMPTY_THOUGHT, "") or strip_thinking(said) != strip_thinking(text):
         return None                      # a thought, or the text was changed since: the text decides
     return ids

@@ -109,7 +109,7 @@ class DiffusionEngine(Engine):
         eos = set(params.eos_ids)
         res = DenoiseResult()
         t0 = time.perf_counter()
-        reuse = self._reusable(prompt)        # a chat's next turn keeps the cached turns
+        reuse = self.reusable(prompt)        # a chat's next turn keeps the cached turns
         self.cached = prompt[:reuse]
         todo = prompt[reuse:]
         for b in range(-(-params.max_new_tokens // C)):

@@ -235,7 +235,7 @@ class Engine:
         self.kv_end = 0
 
     # -- the step loop, written once ----------------------------------------------
-    def _reusable(self, prompt: list[int]) -> int:
+    def reusable(self, prompt: list[int]) -> int:
         """How many leading prompt tokens can keep their cached K/V."""
         n = 0
         for a, b in zip(self.cached, prompt):
@@ -287,7 +287,7 @@ class Engine:
         if len(prompt) >= self.context_length:
             raise EngineError(f"prompt of {len(prompt)} tokens does not fit the context of {self.context_length}")
         self._check_ids(prompt)
-        reuse = self._reusable(prompt)
+        reuse = self.reusable(prompt)
         self.cached = prompt[:reuse]
         result.cached_tokens, result.prompt_tokens = reuse, len(prompt) - reuse
         rng = random.Random(params.seed)

@@ -600,7 +600,7 @@ async def _chat_diffusion(eng: DiffusionEngine, messages: list, p: dict, thinkin
             return {"error": f"the conversation ({len(ids)} tokens) leaves no room in the context of "
                              f"{eng.context_length} for a block of {eng.canvas_length}; start a new chat or shorten it"}
         params = _denoise_params(eng.config, p, room)
-        reused = eng._reusable(ids)            # what the denoiser keeps of the cache (a chat's earlier turns)
+        reused = eng.reusable(ids)            # what the denoiser keeps of the cache (a chat's earlier turns)
         live = _DenoiseEvents(eng.tokenizer, params, len(ids), eng.context_length)
         S.stop = False
         res = await eng.denoise_async(ids, params, on_step=live.on_step, on_block=live.on_block,

@@ -38,7 +38,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 
-from ..chat import END_TURN, TEMPLATE_STYLE, ChatStyle, _parts, _pieces, reply_ids, strip_thinking
+from ..chat import END_TURN, TEMPLATE_STYLE, ChatStyle, content_parts, prompt_pieces, reply_ids, strip_thinking
 
 ROLES = ("system", "user", "assistant")
 CHAT_EXTENSIONS = (".jsonl", ".json", ".ndjson")
@@ -218,9 +218,9 @@ def tokenize_chat(tokenizer, messages: list[dict], style: ChatStyle = TEMPLATE_S
         if m["role"] != "assistant":
             history.append({"role": m["role"], "content": m["content"]})
             continue
-        prompt = tokenizer.encode_parts(_pieces(history, True, thinking, True, style, lambda h: h.get("ids")))
+        prompt = tokenizer.encode_parts(prompt_pieces(history, True, thinking, True, style, lambda h: h.get("ids")))
         assert prompt[:len(ids)] == ids, "each prompt extends the previous turns"
-        text = "".join(strip_thinking(p) for p in _parts(m["content"]))
+        text = "".join(strip_thinking(p) for p in content_parts(m["content"]))
         reply = tokenizer.encode_parts([(text, False)])
         mask += [0] * (len(prompt) - len(ids)) + [1] * (len(reply) + 1)
         ids = prompt + reply + [end_turn]
