@@ -8,7 +8,11 @@
 // (a fused q|k|v or gate|up output holds several projections). SC: this target's scale
 // (user_scale * alpha / R), bound at its own slot of a buffer the engine rewrites when the user
 // scale changes, so plans stay as recorded.
-// Workgroup (x, t): the R dot products A x_t (tree reductions), then OPW of the outputs. Rank-R work
+// Grouped (SEGS > 1): the deltas of up to 3 projections that share x and sit side by side in Y (a
+// fused q|k|v or gate|up output) in one dispatch: A holds their A's one after the other [SEGS * R, K],
+// B their B's [N, R] (N = the sum of their outputs), and output i belongs to projection
+// (i >= BND1) + (i >= BND2), whose R values of A x it takes. They share one scale (same adapter, same rank).
+// Workgroup (x, t): the RT = SEGS * R dot products A x_t (tree reductions), then OPW of the outputs. Rank-R work
 // is tiny next to the base projection, so every workgroup recomputes A x_t rather than taking a
 // second dispatch. Dispatch: (ceil(N / OPW), T); workgroups of tokens t >= S.n_tokens return.
 
@@ -19,6 +23,9 @@ override LDY: u32;
 override COL0: u32 = 0u;
 override WG: u32 = 64u;
 override OPW: u32 = 256u;      // outputs per workgroup
+override RT: u32;              // SEGS * R: rows of A
+override BND1: u32;            // the first output of the second projection (N when SEGS == 1)
+override BND2: u32;            // the first output of the third (N when SEGS < 3)
 
 @group(0) @binding(0) var<storage, read> A: array<f32>;
 @group(0) @binding(1) var<storage, read> B: array<f32>;
@@ -27,7 +34,7 @@ override OPW: u32 = 256u;      // outputs per workgroup
 @group(0) @binding(4) var<storage, read> SC: array<f32>;
 @group(0) @binding(5) var<uniform> S: Step;
 
-var<workgroup> ax: array<f32, R>;
+var<workgroup> ax: array<f32, RT>;
 
 //!include workgroup_sum
 
@@ -36,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.y;
     if (t >= S.n_tokens) { return; }
     let x0 = t * K;
-    for (var j = 0u; j < R; j++) {
+    for (var j = 0u; j < RT; j++) {
         var p = 0.0;
         for (var k = lid; k < K; k += WG) {
             p += A[j * K + k] * X[x0 + k];
@@ -48,9 +55,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let scale = SC[0];
     let end = min(N, (wid.x + 1u) * OPW);
     for (var i = wid.x * OPW + lid; i < end; i += WG) {
+        let seg = select(0u, 1u, i >= BND1) + select(0u, 1u, i >= BND2);
         var d = 0.0;
         for (var j = 0u; j < R; j++) {
-            d += B[i * R + j] * ax[j];
+            d += B[i * R + j] * ax[seg * R + j];
         }
         Y[t * LDY + COL0 + i] += scale * d;
     }

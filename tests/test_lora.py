@@ -269,11 +269,16 @@ def test_gpu_prefill_matches_transformers_peft(engines, model, qtype):
 @pytest.mark.parametrize("model", ["gemma4-dense", "gemma4-moe"])
 def test_gpu_decode_matches_transformers_peft(engines, model):
     """One token per step: the decode matvecs, with the deltas in the fused q|k|v and gate|up outputs
-    and the PLE gate unfused."""
+    (one grouped dispatch each: gate|up's second delta starts at ff, q|k|v's at k_row and v_row) and
+    the PLE gate unfused."""
     eng, golden = engines(model, "f32", 1), lora_golden(model, "f32")
     layers = eng.runner.layout.layers
     assert all(lw.qkv is None or lw.qkv.loras for lw in layers) and any(lw.qkv is not None for lw in layers)
-    assert all(lw.ffn_gate_up is not None and len(lw.ffn_gate_up.loras) == 2 for lw in layers)
+    for lw in layers:
+        (group, col0), = lw.ffn_gate_up.loras
+        assert col0 == 0 and group.bounds == (lw.ffn_gate_up.shape[1] // 2,)
+    own_kv = [lw.qkv for lw in layers if lw.qkv is not None]
+    assert own_kv and all(len(g.loras) == 1 and len(g.loras[0][0].bounds) in (1, 2) for g in own_kv)   # K = V: q, k
     tokens, want = next(sequences(golden))
     assert_matches(np.asarray(eng.forward(tokens)), want, GPU_ATOL)
 

@@ -59,3 +59,32 @@ def test_lora_scale_slot_is_read_at_run_time(dev):
     dev.submit(plan)
     got = np.frombuffer(dev.read(yb, 0, 4 * n), np.float32)
     np.testing.assert_allclose(got, 2.0 * (b @ (a @ x[0])), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k, widths, r, t", [(37, (300, 17), 3, 2), (259, (64, 33, 70), 5, 1), (130, (9, 1, 40), 16, 3)])
+def test_grouped_lora_deltas_match_numpy(dev, k, widths, r, t):
+    """Two or three projections sharing x and sitting side by side in y (a fused q|k|v or gate|up
+    output) in one dispatch: A's stacked [segs * r, k], B's [sum of widths, r]; output i takes its own
+    projection's r values of A x."""
+    from pyapp.gpu import kernels as K
+    rng = np.random.default_rng(k + sum(widths))
+    a = [rng.standard_normal((r, k)) for _ in widths]
+    b = [rng.standard_normal((n, r)) for n in widths]
+    x = rng.standard_normal((t, k))
+    n, col0 = sum(widths), 3
+    ldy = n + col0 + 4
+    y0 = rng.standard_normal((t, ldy)).astype(np.float32)
+    yb = f32(dev, y0)
+    scales = f32(dev, np.zeros(K.LORA_SCALE_STRIDE // 4))
+    dev.write(scales, np.float32(0.6).tobytes(), 0)
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(t, 0))
+    bounds = tuple(np.cumsum(widths)[:-1].tolist())
+    dev.submit(K.lora(dev, k, n, r, f32(dev, np.concatenate(a)), f32(dev, np.concatenate(b)), f32(dev, x), yb,
+                      (scales, 0, 4), step, t, ldy=ldy, col0=col0, bounds=bounds))
+    got = np.frombuffer(dev.read(yb, 0, 4 * y0.size), np.float32).reshape(y0.shape)
+    delta = np.concatenate([0.6 * (x @ ai.T) @ bi.T for ai, bi in zip(a, b)], axis=1)
+    scale = np.concatenate([0.6 * (np.abs(x) @ np.abs(ai).T) @ np.abs(bi).T for ai, bi in zip(a, b)], axis=1)
+    err = np.abs(got[:, col0:col0 + n] - (y0[:, col0:col0 + n] + delta)) / (scale + np.abs(y0[:, col0:col0 + n]))
+    assert err.max() < 1e-5
+    assert np.array_equal(got[:, :col0], y0[:, :col0]) and np.array_equal(got[:, col0 + n:], y0[:, col0 + n:])

@@ -571,12 +571,19 @@ LORA_SCALE_STRIDE = 256          # bytes between scale slots: each slot is binda
 
 
 def lora(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, x: Buffer, y, scale, step: Buffer,
-         max_tokens: int, ldy: int | None = None, col0: int = 0, plan: Plan | None = None) -> Plan:
+         max_tokens: int, ldy: int | None = None, col0: int = 0, plan: Plan | None = None,
+         bounds: tuple = ()) -> Plan:
     """y[t, col0 + i] += scale[0] * (B [n, rank] @ (A [rank, k] @ x[t]))[i] for the step's tokens: the
     LoRA delta of one projection (shaders/lora.wgsl). scale: the target's slot (Buffer, offset, 4);
-    ldy: y's row stride (default n)."""
+    ldy: y's row stride (default n). bounds: the first outputs of a group's second and third
+    projections (A then holds len(bounds) + 1 A's of this rank one after the other)."""
+    if len(bounds) > 2:
+        raise ValueError("a LoRA group holds at most 3 projections")
+    segs = len(bounds) + 1
+    bnd = list(bounds) + [n] * (2 - len(bounds))
     p = _pipeline(dev, "lora", constants={"K": k, "N": n, "R": rank, "LDY": ldy or n, "COL0": col0,
-                                          "OPW": LORA_OUTPUTS_PER_GROUP})
+                                          "OPW": LORA_OUTPUTS_PER_GROUP, "RT": segs * rank,
+                                          "BND1": bnd[0], "BND2": bnd[1]})
     bg = dev.bind_group(p, {"A": a, "B": b, "X": x, "Y": y, "SC": scale, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, -(-n // LORA_OUTPUTS_PER_GROUP), max_tokens)
 

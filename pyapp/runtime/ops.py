@@ -56,7 +56,7 @@ class Ops:
         base output is already in y (rows of ldy floats)."""
         for g, col0 in deltas:
             K.lora(self.dev, g.k, g.n, g.rank, g.a, g.b, x, y, g.scale, self.step, self.T, ldy=ldy, col0=col0,
-                   plan=self.plan)
+                   plan=self.plan, bounds=g.bounds)
 
     def geglu(self, x: Buffer, out: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
               gate_up: GpuTensor | None) -> None:
