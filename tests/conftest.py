@@ -41,3 +41,20 @@ def load_tool(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+DIFFUSION_HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
+
+
+@pytest.fixture(scope="session")
+def diffusion_gguf(tmp_path_factory):
+    """outtype -> the tiny DiffusionGemma checkpoint converted by tools/convert_diffusion_gemma.py (no
+    tokenizer), each outtype converted once per session for every test module that needs it."""
+    converter, d, made = load_tool("convert_diffusion_gemma"), tmp_path_factory.mktemp("diffusion"), {}
+
+    def get(outtype: str):
+        if outtype not in made:
+            made[outtype] = d / f"tiny-{outtype}.gguf"
+            converter.convert(DIFFUSION_HF, made[outtype], outtype, vocab=None, log=lambda _msg: None)
+        return made[outtype]
+    return get

@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_tool
+from conftest import ROOT
 from pyapp.gguf import read_gguf
 
 pytestmark = pytest.mark.gpu
 
-HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
 GOLDEN = np.load(ROOT / "tests" / "fixtures" / "diffusion-tiny.golden.npz")
 N_CASES = 4
 ATOL = 1e-3        # f32 against transformers: the issue's bound (measured: <= 8e-5)
@@ -27,15 +26,9 @@ def case(i):
 
 
 @pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
-    """outtype -> the fixture converted by tools/convert_diffusion_gemma.py."""
-    converter = load_tool("convert_diffusion_gemma")
-    d = tmp_path_factory.mktemp("diffusion-gpu")
-    out = {}
-    for outtype in ("f32", "q8_0"):
-        out[outtype] = d / f"tiny-{outtype}.gguf"
-        converter.convert(HF, out[outtype], outtype, vocab=None, log=lambda _msg: None)
-    return out
+def gguf_files(diffusion_gguf):
+    """outtype -> the converted fixture."""
+    return {outtype: diffusion_gguf(outtype) for outtype in ("f32", "q8_0")}
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,8 @@ N_CASES = 5
 
 
 @pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("diffusion-generate") / "tiny-f32.gguf"
-    load_tool("convert_diffusion_gemma").convert(HF, path, "f32", vocab=None, log=lambda _msg: None)
-    return path
+def gguf_path(diffusion_gguf):
+    return diffusion_gguf("f32")
 
 
 def params_of(cfg, i):

@@ -9,26 +9,19 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_tool
+from conftest import ROOT
 from pyapp.gguf import read_gguf
 from pyapp.model import weights
 from pyapp.model.config import (ConfigError, DiffusionGemmaConfig, Gemma4Config, UnsupportedModelError)
 
-HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
 GOLDEN = np.load(ROOT / "tests" / "fixtures" / "diffusion-tiny.golden.npz")
 N_CASES = 4
 
 
 @pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory):
-    """outtype -> the fixture converted by tools/convert_diffusion_gemma.py (f32; f16 holds bf16 exactly)."""
-    converter = load_tool("convert_diffusion_gemma")
-    d = tmp_path_factory.mktemp("diffusion-ref")
-    out = {}
-    for outtype in ("f32", "f16"):
-        out[outtype] = d / f"tiny-{outtype}.gguf"
-        converter.convert(HF, out[outtype], outtype, vocab=None, log=lambda _msg: None)
-    return out
+def gguf_files(diffusion_gguf):
+    """outtype -> the converted fixture (f32; f16 holds bf16 exactly)."""
+    return {outtype: diffusion_gguf(outtype) for outtype in ("f32", "f16")}
 
 
 @pytest.fixture(scope="module")
