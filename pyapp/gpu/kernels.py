@@ -634,15 +634,16 @@ def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, 
 
 def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, weight: Buffer | None, step: Buffer,
                       max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, accumulate: bool = False,
-                      rope: tuple | None = None, freq_factors: Buffer | None = None,
+                      rope: tuple | None = None, freq_factors: Buffer | None = None, dy_ctx: int = 0,
                       plan: Plan | None = None) -> Plan:
     """dx (+)= the gradient of y = rms_norm(x) [* weight] over rows of d floats, given dy; rows_per_token:
     heads for the per-head norms. rope = (rot_dims, base): dy is the gradient of rope(rms_norm(x) * weight)
-    (norm_rope, the q/k norms), rotated back in the same pass."""
+    (norm_rope, the q/k norms), rotated back in the same pass. dy_ctx > 0: dy is in the KV cache's layout
+    [rows_per_token heads, dy_ctx, d] (attention_backward's dk, dv), x and dx in the token-major one."""
     rot, base = rope or (0, 10000.0)
     p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
                                                    "HAS_W": weight is not None, "NROT": rot, "BASE": base,
-                                                   "HAS_FF": freq_factors is not None})
+                                                   "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
     res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
            "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))
