@@ -4,8 +4,8 @@
 // by the CPU before each submit), so nothing is read back inside an update.
 //
 // Mirrors pyapp.train.optim (clip_grad_norm, then AdamW.step; torch's clip_grad_norm_ and AdamW):
-//   norm   = ||G||_2,  factor = min(1, max_norm / (norm + 1e-6))   (max_norm <= 0: factor 1)
-//   g      = G[i] * factor
+//   norm   = ||s G||_2,  factor = min(1, max_norm / (norm + 1e-6))   (max_norm <= 0: factor 1)
+//   g      = s G[i] * factor              s = grad_scale (1, or 1 / micro-batches for summed gradients)
 //   P[i]  *= decay                                  decay = 1 - lr * weight_decay
 //   M[i]   = b1 M[i] + (1 - b1) g,   V[i] = b2 V[i] + (1 - b2) g^2
 //   P[i]  -= step_size * M[i] / (sqrt(V[i]) / root_c2 + eps)
@@ -17,8 +17,8 @@
 // (the update is skipped; NORM[0] tells the trainer why). G itself is only scaled in registers, not in
 // place; with ZERO_GRADS the update clears G for the next accumulation instead.
 //
-// G, P, M, V: f32 [N]. PART: f32 [NP], one partial sum of squares per sumsq workgroup. NORM: f32 [2] =
-// the norm before clipping and the factor applied. OP: OptParams (uniform).
+// G, P, M, V: f32 [N]. PART: f32 [NP], one partial sum of squares of G per sumsq workgroup. NORM: f32 [2]
+// = the norm before clipping (of s G) and the factor applied. OP: OptParams (uniform).
 // Entry points, in this order (one compute pass):
 //   sumsq:  PART[w] = sum of G[i]^2 over the elements workgroup w strides over (i = w WG + lid, step
 //           NP WG): per-thread sums over a few elements, then a tree. Dispatch: NP workgroups.
@@ -64,7 +64,7 @@ fn norm(@builtin(local_invocation_index) lid: u32) {
     for (var i = lid; i < NP; i += WG) { acc += PART[i]; }
     let total = workgroup_sum(lid, acc);
     if (lid == 0u) {
-        let nrm = sqrt(total);
+        let nrm = sqrt(total) * OP.grad_scale;
         var factor = 1.0;
         if (!finite(nrm)) {
             factor = 0.0;
@@ -81,7 +81,7 @@ fn update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let i = gid.x + gid.y * nwg.x * WG;
     if (i >= N) { return; }
     let factor = NORM[1];
-    let g = G[i] * factor;
+    let g = G[i] * OP.grad_scale * factor;
     if (ZERO_GRADS) { G[i] = 0.0; }
     if (factor == 0.0) { return; }         // non-finite gradients: skip the update
     let m = OP.b1 * M[i] + OP.one_minus_b1 * g;

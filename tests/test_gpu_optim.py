@@ -193,6 +193,26 @@ def test_zero_grads_clears_the_gradients(dev):
     assert rel(run.gpu(run.pb)[~pad], want_p[~pad], np.maximum(np.abs(want_p[~pad]), 1.0)) < 1e-6
 
 
+def test_grad_scale_divides_summed_gradients(dev):
+    """grad_scale 1/4 on gradients summed over 4 micro-batches: the norm, the clipping and the update are
+    those of the mean gradients (scaled in float32 here, exactly: a power of two)."""
+    run = Run(dev, SIZES, 12, weight_decay=0.1)
+    for step in range(3):
+        grads = run.grads(0.5)
+        summed = flatten([array("f", [4.0 * x for x in g]) for g in grads.values()])
+        run.dev.write(run.gb, summed)
+        run.opt.prepare(step, 1e-2, 1.0, grad_scale=0.25)
+        run.dev.submit(run.plan)
+        norm = clip_grad_norm(grads, 1.0)                 # the spec sees the mean gradients
+        run.spec.step(grads, 1e-2)
+        got_norm, factor = run.opt.read_norm()
+        assert 2.0 < norm and abs(got_norm / norm - 1) < 5e-7 and abs(factor * (norm + 1e-6) - 1) < 5e-7
+    want_p, want_v = run.want(run.params), run.want(run.spec.v)
+    pad = padding_mask(SIZES)
+    assert rel(run.gpu(run.pb)[~pad], want_p[~pad], np.maximum(np.abs(want_p[~pad]), 1.0)) < 1e-6
+    assert rel(run.gpu(run.opt.v)[~pad], want_v[~pad]) < 2e-6
+
+
 def test_state_round_trip_resumes_exactly(dev):
     """state_bytes after two updates, unflattened, are the spec's moments; a fresh optimizer that loads them
     continues bit for bit as the uninterrupted one."""
@@ -236,12 +256,14 @@ def test_flat_layout_and_packing(dev):
 
     # OptParams: update 3 at lr 0.01, betas (0.9, 0.99), eps 1e-7, decay 0.1; the complements in double
     got = np.frombuffer(K.pack_opt_params(3, 0.01, 2.0, (0.9, 0.99), 1e-7, 0.1), np.float32)
-    want = [0.01 / (1 - 0.9 ** 3), math.sqrt(1 - 0.99 ** 3), 1 - 0.01 * 0.1, 2.0, 0.9, 0.1, 0.99, 0.01, 1e-7, 0, 0, 0]
+    want = [0.01 / (1 - 0.9 ** 3), math.sqrt(1 - 0.99 ** 3), 1 - 0.01 * 0.1, 2.0, 0.9, 0.1, 0.99, 0.01, 1e-7, 1, 0, 0]
     assert np.array_equal(got, np.float32(want)) and K.OPT_PARAMS_BYTES == 48
     assert "struct OptParams {\n    step_size: f32," in K._OPT_PRELUDE
     assert np.frombuffer(K.pack_opt_params(1, 0.01, None), np.float32)[3] == 0.0     # no clipping
     with pytest.raises(ValueError, match="starts at 1"):
         K.pack_opt_params(0, 0.01, 1.0)
+    with pytest.raises(ValueError, match="grad_scale must be positive"):
+        K.pack_opt_params(1, 0.01, 1.0, grad_scale=0.0)
     assert [K.adamw_partials(n) for n in (1, 4096, 4097, 10 ** 9)] == [1, 1, 2, 1024]
 
     opt = GpuAdamW(dev, 100)

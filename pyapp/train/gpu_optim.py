@@ -100,12 +100,13 @@ class GpuAdamW:
         return K.adamw(self.dev, self.n, params, grads, self.m, self.v, self.partials, self.norm_buffer,
                        self.uniform, zero_grads=zero_grads, plan=plan)
 
-    def prepare(self, step_index: int, lr: float, max_norm: float | None) -> None:
+    def prepare(self, step_index: int, lr: float, max_norm: float | None, grad_scale: float = 1.0) -> None:
         """Write the parameters of update step_index (0-based; bias corrections use t = step_index + 1)
-        before the plan holding it is submitted. max_norm None or <= 0: no clipping."""
+        before the plan holding it is submitted. max_norm None or <= 0: no clipping. grad_scale multiplies
+        the gradients first (1 / micro-batches when they were summed over micro-batches); the norm is theirs."""
         self.t = step_index + 1
         self.dev.write(self.uniform, K.pack_opt_params(self.t, lr, max_norm, self.betas, self.eps,
-                                                      self.weight_decay))
+                                                      self.weight_decay, grad_scale))
 
     def read_norm(self) -> tuple[float, float]:
         """(gradient norm before clipping, clip factor; 0 = update skipped) of the latest update (native)."""
