@@ -2,7 +2,8 @@
 
 One flat buffer (and a gradient buffer of the same layout) lets the optimizer update everything in a
 few dispatches and a checkpoint read it back in one go. Each tensor starts on a 256-byte boundary
-(WebGPU's storage offset alignment) so it binds on its own as a range; the padding stays zero.
+(WebGPU's storage offset alignment; gpu_optim.flat_layout) so it binds on its own as a range; the
+padding stays zero.
 
 Each pair is a pyapp.runtime.adapters.GpuLora whose A and B are ranges of that buffer, put on the
 layout tensor its projection runs through (`attach`), so the forward's ops add its delta as they do
@@ -25,18 +26,7 @@ from ..gpu import Buffer, Device
 from ..gpu import kernels as K
 from ..runtime.adapters import GpuLora
 from .adapter_out import PairSpec
-
-ALIGN_FLOATS = 64          # 256 bytes
-
-
-def flat_layout(sizes: list[int]) -> tuple[list[int], int]:
-    """Offsets (in floats) of tensors of these sizes placed one after the other on ALIGN_FLOATS
-    boundaries, and the total floats."""
-    offsets, at = [], 0
-    for n in sizes:
-        offsets.append(at)
-        at += -(-n // ALIGN_FLOATS) * ALIGN_FLOATS
-    return offsets, max(at, ALIGN_FLOATS)
+from .gpu_optim import flat_layout
 
 
 @dataclass
