@@ -11,9 +11,9 @@
 //   P[i]  -= step_size * M[i] / (sqrt(V[i]) / root_c2 + eps)
 //                                                   step_size = lr / (1 - b1^t), root_c2 = sqrt(1 - b2^t)
 // The CPU computes step_size, root_c2, decay, 1 - b1 and 1 - b2 in double precision (OptParams,
-// pyapp.gpu.kernels.pack_opt_params): 1 - f32(0.999) would be 1.3e-5 off in f32.
+// pyapp.gpu.kernels.pack_opt_params): 1 - f32(0.999) in f32 would be 1.3e-5 off, relatively.
 // Zero padding stays zero: g = 0 and P = 0 there, so M, V and P remain 0.
-// A non-finite norm (an inf or a NaN gradient) sets factor 0 and `update` leaves P, M and V as they were
+// A non-finite norm (an inf or a NaN gradient, or one above ~1e19 whose square overflows) sets factor 0 and `update` leaves P, M and V as they were
 // (the update is skipped; NORM[0] tells the trainer why). G itself is only scaled in registers, not in
 // place; with ZERO_GRADS the update clears G for the next accumulation instead.
 //
@@ -22,7 +22,7 @@
 // Entry points, in this order (one compute pass):
 //   sumsq:  PART[w] = sum of G[i]^2 over the elements workgroup w strides over (i = w WG + lid, step
 //           NP WG): per-thread sums over a few elements, then a tree. Dispatch: NP workgroups.
-//   norm:   NORM = (sqrt(sum PART), factor). One workgroup. Dispatch: 1.
+//   norm:   NORM = (s sqrt(sum PART), factor). One workgroup. Dispatch: 1.
 //   update: one thread per element. Dispatch: ceil(N / WG) workgroups (split above 65535).
 
 override N: u32;             // floats in the flat buffers
