@@ -300,7 +300,8 @@ def test_attention_backward(dev, t, heads, kv_heads, hd, window, accumulate):
     dqb, dkb, dvb = dev.buffer(4 * q.size), f32(dev, dk0), f32(dev, dv0)
     dev.submit(K.attention_backward(dev, f32(dev, q), f32(dev, pad(keys)), f32(dev, pad(values)), f32(dev, dout),
                                     dev.buffer(8 * heads * t), dqb, dkb, dvb, step_buffer(dev, t), heads, kv_heads,
-                                    hd, ctx, t, window=window, accumulate=accumulate))
+                                    hd, ctx, t, dev.buffer(4 * K.attention_backward_scratch_floats(heads, hd, ctx)),
+                                    window=window, accumulate=accumulate))
     dq, dk, dv = B.attention_backward(q, keys, values, allowed, dout)
     got_dk = read_f32(dev, dkb, dk0.size).reshape(dk0.shape)
     got_dv = read_f32(dev, dvb, dv0.size).reshape(dv0.shape)

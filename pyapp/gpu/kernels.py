@@ -718,26 +718,33 @@ def cross_entropy_grad(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer,
 
 
 _ATTN_BWD_BINDINGS = {"stats": ("Q", "K", "V", "DO", "ST", "S"), "dq": ("Q", "K", "V", "DO", "ST", "DQ", "S"),
-                      "dkv": ("Q", "K", "V", "DO", "ST", "DK", "DV", "S")}
+                      "dkv": ("Q", "K", "V", "DO", "ST", "S", "DKVP"), "dkv_sum": ("DK", "DV", "S", "DKVP")}
+
+
+def attention_backward_scratch_floats(heads: int, head_dim: int, ctx: int) -> int:
+    """Floats of the scratch attention_backward needs: each query head's part of dK and dV."""
+    return 2 * heads * ctx * head_dim
 
 
 def attention_backward(dev: Device, q: Buffer, k: Buffer, v: Buffer, dout: Buffer, stats: Buffer, dq: Buffer,
                        dk: Buffer, dv: Buffer, step: Buffer, heads: int, kv_heads: int, head_dim: int, ctx: int,
-                       max_tokens: int, window: int = 0, scale: float = 1.0, accumulate: bool = False,
-                       plan: Plan | None = None) -> Plan:
+                       max_tokens: int, scratch: Buffer, window: int = 0, scale: float = 1.0,
+                       accumulate: bool = False, plan: Plan | None = None) -> Plan:
     """(dq, dk, dv) of out = softmax(scale q k^T, causal [+ window]) v for a whole sequence from position 0
     (shaders/attention_backward.wgsl): q, dout, dq [T, heads, head_dim]; k, v, dk, dv [kv_heads, ctx,
     head_dim], dk/dv summed over each KV head's query heads (added into with accumulate); stats: scratch
-    of 2 * heads * max_tokens floats."""
+    of 2 * heads * max_tokens floats; scratch: attention_backward_scratch_floats floats."""
     if heads % kv_heads or head_dim > 8 * 64:
         raise ValueError(f"attention backward: {heads} heads over {kv_heads}, head_dim {head_dim} unsupported")
     c = {"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx, "WINDOW": window, "SCALE": scale,
          "ACC": accumulate}
-    res = {"Q": q, "K": k, "V": v, "DO": dout, "ST": stats, "DQ": dq, "DK": dk, "DV": dv, "S": step}
+    res = {"Q": q, "K": k, "V": v, "DO": dout, "ST": stats, "DQ": dq, "DK": dk, "DV": dv, "S": step,
+           "DKVP": scratch}
     plan = plan or dev.plan()
-    for entry, x in (("stats", heads), ("dq", heads), ("dkv", kv_heads)):
+    for entry in ("stats", "dq", "dkv", "dkv_sum"):
         p = _pipeline(dev, "attention_backward", entry=entry, constants=c)
-        plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), x, max_tokens)
+        dispatch = _threads(kv_heads * ctx * head_dim) if entry == "dkv_sum" else (heads, max_tokens)
+        plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), *dispatch)
     return plan
 
 

@@ -170,7 +170,8 @@ class LoraBackward:
         window = cfg.sliding_window if lc.sliding else 0
         self.linear_backward(plan, lc.index, "attn_output", w.attn_output, s.attn, da, t.dattn)
         K.attention_backward(dev, s.q, cache.k, cache.v, t.dattn, t.attn_stats, t.dq, dk, dv, s.step, H, kvh, hd,
-                             cache.slots, T, window=window, accumulate=lc.kv_source in kv_started, plan=plan)
+                             cache.slots, T, t.attn_scratch, window=window, accumulate=lc.kv_source in kv_started,
+                             plan=plan)
         kv_started.add(lc.kv_source)
         K.rms_norm_backward(dev, hd, s.q_raw, t.dq, t.dq_raw, w.attn_q_norm.buffer, s.step, T, rows_per_token=H,
                             eps=self.eps, rope=rope, freq_factors=ff, plan=plan)

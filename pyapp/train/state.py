@@ -63,6 +63,7 @@ class TrainState:
                                f32(lc.n_kv_heads * T * lc.head_dim, f"dv {lc.index}"))
                     for lc in cfg.layers if lc.owns_kv}
         self.attn_stats = f32(2 * H * T, "attention backward stats")     # [T, H, 2]
+        self.attn_scratch = f32(K.attention_backward_scratch_floats(H, hd, T), "attention backward scratch")
         self.lora_scratch = f32(K.lora_ud_floats(K.LORA_MAX_RANK, T), "lora backward scratch")
         # loss: the head's logits a vocabulary chunk at a time
         self.vocab_chunk = vocab_chunk
