@@ -306,6 +306,42 @@ def argmax(dev: Device, v: int, logits: Buffer, out: Buffer, plan: Plan | None =
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"L": logits, "OUT": out}), 1)
 
 
+HEAD_ROWS = 17           # rows head_argmax scores at once: a token and up to 16 drafts (speculative decoding)
+HEAD_TPR, HEAD_WG = 32, 128     # its threads per vocabulary row and per workgroup (4 vocabulary rows a workgroup)
+
+
+def head_argmax_partials(rows: list[int]) -> int:
+    """Partials per scored row head_argmax keeps for a head whose row blocks hold these many rows."""
+    return sum(-(-n // (HEAD_WG // HEAD_TPR)) for n in rows)
+
+
+def head_argmax_scratch_bytes(rows: list[int]) -> int:
+    """Bytes of the partials scratch head_argmax needs (rows: as head_argmax_partials)."""
+    return HEAD_ROWS * head_argmax_partials(rows) * 8
+
+
+def head_argmax(dev: Device, qtype, k: int, parts, x: Buffer, partials: Buffer, out: Buffer, step: Buffer,
+                cap: float = 0.0, out0: int = 0, plan: Plan | None = None) -> Plan:
+    """out[out0 + m] = argmax_v softcap(x[m] . W[v]) (lowest id on ties) for m < step.n_tokens <= HEAD_ROWS:
+    the greedy choice after every row of a step, from x [m, k] (after the final norm) and the output matrix
+    W [vocab, k] given as `parts` [(buffer or bound range, first id, rows)], its row blocks in id order
+    (shaders/head_argmax.wgsl). Only the ids are written; partials: head_argmax_scratch_bytes of scratch."""
+    row_bytes(qtype, k)
+    plan = plan or dev.plan()
+    np_ = head_argmax_partials([rows for _, _, rows in parts])
+    prelude = quant_prelude(qtype) + f"const MAXM: u32 = {HEAD_ROWS}u;\n"
+    p0 = 0
+    for w, row0, rows in parts:
+        p = _pipeline(dev, "head_argmax", entry="rows", prelude=prelude,
+                      constants={"K": k, "N": rows, "R0": row0, "P0": p0, "NP": np_, "TPR": HEAD_TPR, "WG": HEAD_WG,
+                                 "CAP": cap})
+        n_groups = -(-rows // (HEAD_WG // HEAD_TPR))
+        plan.dispatch(p, dev.bind_group(p, {"W": w, "X": x, "P": partials, "S": step}), *groups(n_groups))
+        p0 += n_groups
+    p = _pipeline(dev, "head_argmax", entry="reduce", prelude=prelude, constants={"NP": np_, "OUT0": out0})
+    return plan.dispatch(p, dev.bind_group(p, {"P": partials, "S": step, "OUT": out}), HEAD_ROWS)
+
+
 def _attn_consts(heads, kv_heads, head_dim, ctx, window=0, scale=1.0):
     if heads % kv_heads or head_dim > 4 * 128:
         raise ValueError(f"attention: {heads} heads over {kv_heads} kv heads, head_dim {head_dim} unsupported")

@@ -294,6 +294,15 @@ class Ops:
         """a += b over rows of `dim` (default hidden) floats."""
         K.elementwise(self.dev, "add", dim or self.cfg.hidden, a, self.step, self.T, b=b, plan=self.plan)
 
+    def argmax_rows(self, w: GpuTensor, x: Buffer, ids: Buffer, first: int, cap: float) -> None:
+        """ids[first + t] = argmax(softcap(x[t] @ W^T)) for each of the step's rows (at most
+        kernels.HEAD_ROWS): the greedy choices, without writing the logits (shaders/head_argmax.wgsl)."""
+        if w.loras:
+            raise AssertionError(f"{w.name}: the greedy head takes no LoRA deltas")
+        parts = [(w.bound, 0, w.shape[1])] if len(w.parts) == 1 else [(p.buffer, p.row0, p.rows) for p in w.parts]
+        K.head_argmax(self.dev, w.qtype, w.shape[0], parts, x, self.s.head_partials, ids, self.step, cap=cap,
+                      out0=first, plan=self.plan)
+
     def sample(self, logits: Buffer, n: int, token: Buffer) -> None:
         """token = a draw from logits under the sampling parameters in state.sample_params (on the GPU)."""
         K.sample(self.dev, n, logits, token, self.s.sample_params, self.s.sample_scratch, plan=self.plan)

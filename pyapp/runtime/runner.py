@@ -13,6 +13,8 @@ only the small per-step inputs rewritten (`write_step`):
   head_plan(row, ...)  final norm, output projection and softcap for one row of the
                        last step, then (sample=True) the next token id drawn on the GPU and
                        copied to a readback buffer
+  greedy_plan(first)   the greedy next token after every row of the last step (speculative
+                       decoding checks its drafts with it), ids copied to a readback buffer
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Runner:
         if self.decodes_ahead:
             self.layers_program(1, sampled=True)
         self.head_plan(0, sample=True)
+        for first in (0, 1):
+            self.greedy_plan(first)
 
     def run_layers(self, n_tokens: int, sampled: bool = False):
         """Steps: submit the layers for a step of n_tokens (written by write_step / write_position)."""
@@ -89,6 +93,21 @@ class Runner:
             self.model.head(Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one), row, sample)
             if sample:
                 plan.copy(self.state.token, 0, self.state.token_readback, 0, self.state.token.size)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def greedy_plan(self, first: int) -> Plan:
+        """state.greedy_ids[first + t] = the greedy next token after row t of the last step (up to
+        state.head_rows rows), then the ids copied to state.greedy_readback. first = 1: greedy_ids[0]
+        is the id a head_plan(sample=True) at temperature 0 left in state.token (a step before)."""
+        key = ("greedy", first)
+        if key not in self._plans:
+            s = self.state
+            plan = self.dev.plan()
+            if first:
+                plan.copy(s.token, 0, s.greedy_ids, 0, 4)
+            self.model.head_argmax(Ops(self.dev, self.cfg, s, plan, s.head_rows), first)
+            plan.copy(s.greedy_ids, 0, s.greedy_readback, 0, s.greedy_ids.size)
             self._plans[key] = plan
         return self._plans[key]
 
