@@ -427,7 +427,7 @@ class Engine:
         feed = drafts if fed else [tok] + drafts
         pos = len(self.cached)
         r.write_step(feed, pos)
-        yield from r.run_layers(len(feed))
+        yield from r.run_layers(len(feed), few=True)
         self.kv_end = max(self.kv_end, pos + len(feed))
         self.dev.submit(r.greedy_plan(1 if fed else 0))
         data = yield ReadMapped(r.state.greedy_readback, 0, 4 * (len(drafts) + 1))

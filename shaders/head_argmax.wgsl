@@ -5,12 +5,10 @@
 // NaN never chosen): argmax(softcap(X @ W^T)) with X = the M rows after the final norm.
 // X: f32 [M, K] (M = S.n_tokens, at most MAXM); W: raw GGUF bytes of one row block of the output
 // matrix, vocabulary ids R0 .. R0 + N - 1 (a head split over bindings runs `rows` once per block).
-// MAXM comes from the prelude (pyapp.gpu.kernels.HEAD_ROWS): the per-row accumulators are a
-// private array of that constant size, so a loop over it unrolls into registers.
-//   rows:   workgroup w scores WG / TPR vocabulary rows (TPR threads a row, each striding over
-//           4-weight groups and accumulating the dot with every X row), sums each row's partials
-//           in shared memory, and keeps per X row the best of its vocabulary rows in
-//           P[m * NP + P0 + w] = (value bits, id). Dispatch: ceil(N / (WG / TPR)) workgroups,
+// MAXM comes from the prelude (pyapp.gpu.kernels.HEAD_ROWS).
+//   rows:   workgroup w scores WG / TPR vocabulary rows (row_dots.wgsl: TPR threads a row, each
+//           weight read once for all X rows), and keeps per X row the best of its vocabulary rows
+//           in P[m * NP + P0 + w] = (value bits, id). Dispatch: ceil(N / (WG / TPR)) workgroups,
 //           split into (x, y) above 65535; P0: the workgroups of earlier blocks.
 //   reduce: OUT[OUT0 + m] = the id of the best of the NP partials of row m. Dispatch: MAXM
 //           workgroups (those past S.n_tokens return at once).
@@ -19,7 +17,7 @@ override K: u32 = 4u;
 override N: u32 = 1u;
 override R0: u32 = 0u;           // first vocabulary id of this block
 override P0: u32 = 0u;           // first partial of this block (per X row)
-override NP: u32 = 1u;              // partials per X row, over every block
+override NP: u32 = 1u;           // partials per X row, over every block
 override TPR: u32 = 32u;         // threads per vocabulary row, power of two, <= WG
 override WG: u32 = 128u;
 override CAP: f32 = 0.0;         // final logit softcap (0: none)
@@ -33,10 +31,9 @@ override OUT0: u32 = 0u;         // OUT index of row 0
 
 //!include quants
 //!include gelu
+//!include row_dots
 
 const NO_ID: u32 = 0xffffffffu;
-
-var<workgroup> sums: array<f32, MAXM * WG>;    // [m][lid]: each thread's partial dot products
 
 @compute @workgroup_size(WG)
 fn rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -45,29 +42,7 @@ fn rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let w = wid.x + wid.y * nwg.x;
     let per_group = WG / TPR;
     let r = w * per_group + lid / TPR;     // vocabulary row of this block
-    let t = lid % TPR;
-    var acc: array<f32, MAXM>;
-    if (r < N) {
-        let rowbase = r * (K / QK) * QB;
-        let gpb = QK / 4u;
-        let kg = K / 4u;
-        for (var g = t; g < kg; g += TPR) {
-            let wv = dq4(rowbase + (g / gpb) * QB, g % gpb);
-            for (var m = 0u; m < MAXM; m++) {
-                if (m < m_rows) { acc[m] += dot(wv, X[m * kg + g]); }
-            }
-        }
-    }
-    for (var m = 0u; m < MAXM; m++) { sums[m * WG + lid] = acc[m]; }
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (var m = 0u; m < MAXM; m++) {
-                if (m < m_rows) { sums[m * WG + lid] += sums[m * WG + lid + s]; }
-            }
-        }
-        workgroupBarrier();
-    }
+    row_dots(lid, min(r, N - 1u) * (K / QK) * QB, r < N, m_rows);
     // thread m: the best vocabulary row of this workgroup for X row m (rows in id order, strictly
     // greater wins: the lowest id on ties; NaN is never greater)
     if (lid < m_rows) {

@@ -172,6 +172,37 @@ def test_matmul(dev, qtype, rows, t):
     assert_close_dot(got, x, w, x @ w.T)
 
 
+@pytest.mark.parametrize("qtype", ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"])
+@pytest.mark.parametrize("t", [1, 5, 17])
+def test_matvec_tokens(dev, qtype, t):
+    """A step of 1-17 tokens, each weight read once: 150 rows (not a whole number of workgroups), also
+    as two row blocks writing their columns of the wider Y (ldy); Y's rows past the step's tokens and
+    the columns outside a block are left alone."""
+    rng = np.random.default_rng(200 + 3 * t + ggml.lookup(qtype).id)
+    qk = ggml.lookup(qtype).block
+    rows, k = 150, 256 if qk == 256 else 4 * 29 if qk == 1 else 32 * 5
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((K.FEW_TOKENS, k))
+    want = x[:t] @ w.T
+    xb, step = f32(dev, x), step_buffer(dev, t)
+    y = f32(dev, np.full((K.FEW_TOKENS, rows), 7.0))
+    dev.submit(K.matvec_tokens(dev, qtype, k, rows, weight_buffer(dev, raw), xb, y, step))
+    got = read_f32(dev, y, K.FEW_TOKENS * rows).reshape(K.FEW_TOKENS, rows)
+    assert_close_dot(got[:t], x[:t], w, want)
+    assert (got[t:] == 7.0).all()
+    split = 64                                     # a row block boundary at a bindable column
+    rb = len(raw) // rows
+    y = f32(dev, np.full((K.FEW_TOKENS, rows), 7.0))
+    plan = dev.plan()
+    for a, b in ((0, split), (split, rows)):
+        K.matvec_tokens(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xb, (y, 4 * a, y.size - 4 * a),
+                        step, plan=plan, ldy=rows)
+    dev.submit(plan)
+    got2 = read_f32(dev, y, K.FEW_TOKENS * rows).reshape(K.FEW_TOKENS, rows)
+    np.testing.assert_array_equal(got2, got)
+
+
 # ---- per-token kernels ------------------------------------------------------------
 
 from pyapp.reference.forward import gelu_tanh, rms_norm, rope_neox, softcap  # noqa: E402

@@ -201,6 +201,22 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     return plan.dispatch(p, bg, -(-n // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
 
 
+FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
+FEW_TPR, FEW_WG = 32, 128     # its threads per row (>= FEW_TOKENS: thread t writes token t) and per workgroup
+
+
+def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: Buffer, plan: Plan | None = None,
+                  ldy: int = 0) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for the step's t < params.n_tokens <= FEW_TOKENS, each weight read once
+    (shaders/matvec_tokens.wgsl): a step of a few tokens, where matmul's 64-token tiles would be mostly
+    padding. ldy: row stride of Y when W is one row block of a wider matrix (y bound at its column)."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "matvec_tokens", prelude=quant_prelude(qtype) + f"const MAXM: u32 = {FEW_TOKENS}u;\n",
+                  constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_TPR, "WG": FEW_WG})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
+    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (FEW_WG // FEW_TPR))))
+
+
 def _threads(n: int, wg: int = 64) -> tuple[int, int]:
     return groups(-(-n // wg))
 
@@ -306,7 +322,7 @@ def argmax(dev: Device, v: int, logits: Buffer, out: Buffer, plan: Plan | None =
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"L": logits, "OUT": out}), 1)
 
 
-HEAD_ROWS = 17           # rows head_argmax scores at once: a token and up to 16 drafts (speculative decoding)
+HEAD_ROWS = FEW_TOKENS   # rows head_argmax scores at once: those of a step of few tokens
 HEAD_TPR, HEAD_WG = 32, 128     # its threads per vocabulary row and per workgroup (4 vocabulary rows a workgroup)
 
 
