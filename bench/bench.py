@@ -10,9 +10,10 @@ so tokens/s <= bandwidth / bytes_per_token; `bound_tok_s` states that bound for 
 bandwidth given by --bandwidth (GB/s; default: the best matvec figure measured here).
 
 Speculative decoding: `--speculate N` (greedy only) drafts up to N tokens per step by prompt lookup
-and reports `drafted`, `accepted`, `decode_steps` and `tokens_per_step` beside decode tok/s; compare
-`--prompt-kind repeat` (a random block of 16 ids repeated) with `--prompt-kind random`, each with and
-without it:
+and reports `drafted`, `accepted`, `decode_steps` and `tokens_per_step` beside decode tok/s, and
+what a step costs alone (`one_token_step_ms`; `draft_step_ms`: a token and N drafts in the plan
+speculation uses; `draft_step_tiles_ms`: the same in the prefill plan); compare `--prompt-kind
+repeat` (a random block of 16 ids repeated) with `--prompt-kind random`, each with and without it:
 
     python bench/bench.py --make e2b:Q4_K --speculate 8 --prompt-kind repeat
 

@@ -542,7 +542,36 @@ class Engine:
                 "decode_steps": first.decode_steps, "tokens_per_step": round(first.tokens_per_step, 3),
                 "drafted": first.drafted, "accepted": first.accepted,
                 "acceptance": round(first.accepted / first.drafted, 3) if first.drafted else None,
+                **(yield from self._bench_steps(speculate if params.speculates else 0)),
                 **self._bench_memory(runs)}
+
+    def _bench_steps(self, speculate: int, repeat: int = 5):
+        """Steps: with speculation, what a step costs alone (no decode ahead to hide the readback), each
+        with its greedy head and the readback of its ids, medians of `repeat` in ms: a one-token step,
+        and a step of a token and `speculate` drafts (as many as fit one step) in the plan speculation
+        uses (kernels for a few tokens) and in the prefill plan (64-token tiles), for comparison. A
+        step of drafts pays off when it gives more tokens than its time over the one-token step's
+        (roughly: plain decoding also hides its readbacks behind the next step)."""
+        if not speculate:
+            return {}
+        r = self.runner
+        n = min(1 + speculate, r.state.head_rows)
+        runs = {"one": (1, False), "few": (n, True), "tiles": (n, False)}
+        times = {k: [] for k in runs}
+        for _ in range(repeat):
+            for key, (k, few) in runs.items():
+                pos = min(len(self.cached), self.context_length - n)
+                t0 = time.perf_counter()
+                r.write_step(self.cached[-k:] if len(self.cached) >= k else [0] * k, pos)
+                yield from r.run_layers(k, few=few)
+                self.dev.submit(r.greedy_plan(0))
+                yield ReadMapped(r.state.greedy_readback, 0, 4 * k)
+                times[key].append(time.perf_counter() - t0)
+        self.reset()                  # those steps wrote K/V past the cached tokens
+        ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+        return {"one_token_step_ms": round(ms["one"], 3), "draft_step_tokens": n,
+                "draft_step_ms": round(ms["few"], 3), "draft_step_tiles_ms": round(ms["tiles"], 3),
+                "break_even_tokens_per_step": round(ms["few"] / ms["one"], 2)}
 
     def _bench_memory(self, runs: list) -> dict:
         """The memory plan, and with streamed experts what decoding read: hit rate, bytes per token."""

@@ -19,16 +19,21 @@ fn row_dots(lid: u32, rowbase: u32, row_ok: bool, m_rows: u32) {
         for (var g = t; g < kg; g += TPR) {
             let wv = dq4(rowbase + (g / gpb) * QB, g % gpb);
             for (var m = 0u; m < MAXM; m++) {
-                if (m < m_rows) { acc[m] += dot(wv, X[m * kg + g]); }
+                if (m >= m_rows) { break; }          // uniform: every thread has the same m_rows
+                acc[m] += dot(wv, X[m * kg + g]);
             }
         }
     }
-    for (var m = 0u; m < MAXM; m++) { sums[m * WG + lid] = acc[m]; }
+    for (var m = 0u; m < MAXM; m++) {
+        if (m >= m_rows) { break; }
+        sums[m * WG + lid] = acc[m];
+    }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (t < s) {
             for (var m = 0u; m < MAXM; m++) {
-                if (m < m_rows) { sums[m * WG + lid] += sums[m * WG + lid + s]; }
+                if (m >= m_rows) { break; }
+                sums[m * WG + lid] += sums[m * WG + lid + s];
             }
         }
         workgroupBarrier();

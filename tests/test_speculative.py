@@ -292,5 +292,48 @@ def test_bench_reports_speculation(dev):
     assert r["prompt"] == "repeat" and r["speculate"] == 6 and r["generated_tokens"] == 24
     assert r["accepted"] > 0 and r["drafted"] >= r["accepted"] and r["tokens_per_step"] > 1
     assert r["acceptance"] == round(r["accepted"] / r["drafted"], 3)
+    assert r["draft_step_tokens"] == 7 and r["one_token_step_ms"] > 0 and r["draft_step_ms"] > 0
+    assert r["draft_step_tiles_ms"] > 0
+    assert r["break_even_tokens_per_step"] == round(r["draft_step_ms"] / r["one_token_step_ms"], 2)
+    assert eng.cached == [] and eng.kv_end == 0           # the timed steps' K/V are not kept
     plain = eng.bench(prompt_tokens=40, gen_tokens=24, repeat=1)
     assert plain["speculate"] == 0 and plain["drafted"] == 0 and plain["tokens_per_step"] == pytest.approx(1)
+    assert "draft_step_ms" not in plain
+
+
+def _load_script(path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_side_by_side_tables_speculation_and_restore_puts_it_back(tmp_path):
+    """bench/h100.sh speculate's records: their own table (each N beside N = 0), and restore_results.py
+    puts them back under the names the step skips."""
+    import json
+    sbs = _load_script(ROOT / "bench" / "side_by_side.py")
+    base = {"file": "bench-e2b-Q4_K.gguf", "backend": "native", "prompt_tokens": 512, "generated_tokens": 128,
+            "prompt": "repeat", "speculate": 0, "decode_tok_s": 100.0, "drafted": 0, "accepted": 0,
+            "acceptance": None, "tokens_per_step": 1.0}
+    spec = dict(base, speculate=8, decode_tok_s=250.0, drafted=300, accepted=240, acceptance=0.8,
+                tokens_per_step=3.5, one_token_step_ms=6.0, draft_step_ms=9.0, draft_step_tiles_ms=30.0,
+                break_even_tokens_per_step=1.5)
+    browser = dict(spec, runtime="pyodide+dawn (node)", decode_tok_s=200.0)
+    src = tmp_path / "out"
+    src.mkdir()
+    (src / "speculate.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (base, spec, browser)))
+    table = sbs.speculation_table(sbs.load_records([str(src / "speculate.jsonl")]))
+    rows = [line for line in table.splitlines() if line.startswith("| bench-e2b")]
+    assert rows == [
+        "| bench-e2b-Q4_K.gguf | browser | repeat | 8 | 200.0 | - | 300 | 240 | 0.800 | 3.50 | 6.00 | 9.00 | 30.00 "
+        "| 1.50 |",
+        "| bench-e2b-Q4_K.gguf | native | repeat | 0 | 100.0 | 1.00 | 0 | 0 | - | 1.00 | - | - | - | - |",
+        "| bench-e2b-Q4_K.gguf | native | repeat | 8 | 250.0 | 2.50 | 300 | 240 | 0.800 | 3.50 | 6.00 | 9.00 | 30.00 "
+        "| 1.50 |"]
+    res = tmp_path / "results"
+    _load_script(ROOT / "bench" / "restore_results.py").main(str(src), str(res))
+    assert sorted(p.name for p in (res / "speculate").iterdir()) == [
+        "browser-bench-e2b-Q4_K-repeat-8.jsonl", "native-bench-e2b-Q4_K-repeat-0.jsonl",
+        "native-bench-e2b-Q4_K-repeat-8.jsonl"]
