@@ -12,6 +12,7 @@ reference ops they stand for.
   embed(ops)          x = token_embd[ids] * sqrt(hidden) (+ per-layer inputs)
   layer(ops, lc)      one decoder layer on x, for the T tokens of the plan
   head(ops, row)      logits of one row of x [+ the sampled next token]
+  head_argmax(ops)    the greedy next token after every row of x (speculative decoding's check)
 """
 
 from __future__ import annotations
@@ -119,3 +120,10 @@ class Gemma4:
             ops.softcap(s.logits, cfg.vocab_size, cfg.final_softcap)
         if sample:
             ops.sample(s.logits, cfg.vocab_size, s.token)
+
+    def head_argmax(self, ops, first: int) -> None:
+        """reference: forward's tail for every row of the last step, then the greedy pick of each:
+        final norm, output, softcap and argmax, ids into s.greedy_ids[first ..] (no logits written)."""
+        s = self.s
+        ops.rms_norm(s.x, s.x_rows_norm, self.w.output_norm)
+        ops.argmax_rows(self.w.head, s.x_rows_norm, s.greedy_ids, first, self.cfg.final_softcap or 0.0)
