@@ -21,7 +21,7 @@
 //             moe_grouped's matmul does; W holds experts E0 .. E0 + NE - 1 (a split tensor: one
 //             dispatch per buffer, each writing its experts' slots). Dispatch (ceil(K / 64),
 //             ceil(T*KSEL / 64) + min(E, T*KSEL)); tiles past the last return at once.
-//   slot_sum: OUT[t, d] (+)= sum_j YS[t*KSEL + j, d]: the per-slot input gradients summed per token.
+//   slot_sum: OUT[t, d] = sum_j YS[t*KSEL + j, d]: the per-slot input gradients summed per token.
 //             A thread per output. Dispatch ceil(T*D / 64) (split above 65535).
 
 override E: u32 = 1u;
@@ -206,5 +206,5 @@ fn slot_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d = i % D;
     var acc = 0.0;
     for (var j = 0u; j < KSEL; j++) { acc += YS[(t * KSEL + j) * D + d]; }
-    if (ACC) { OUT[i] += acc; } else { OUT[i] = acc; }
+    OUT[i] = acc;
 }

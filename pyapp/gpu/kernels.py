@@ -785,10 +785,10 @@ def moe_experts_dx(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: i
 
 
 def moe_slot_sum(dev: Device, d: int, k_used: int, per_slot: Buffer, out: Buffer, step: Buffer, max_tokens: int,
-                 accumulate: bool = False, plan: Plan | None = None) -> Plan:
-    """out[t] (+)= sum_j per_slot[t*k_used + j] over rows of d floats (a token's experts' input gradients)."""
+                 plan: Plan | None = None) -> Plan:
+    """out[t] = sum_j per_slot[t*k_used + j] over rows of d floats (a token's experts' input gradients)."""
     p = _pipeline(dev, "moe_backward", entry="slot_sum", prelude=quant_prelude(ggml.F32),
-                  constants={"KSEL": k_used, "D": d, "ACC": accumulate})
+                  constants={"KSEL": k_used, "D": d})
     bg = dev.bind_group(p, {"YS": per_slot, "OUT": out, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
 
