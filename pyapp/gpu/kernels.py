@@ -643,8 +643,8 @@ def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, we
     [rows_per_token heads, dy_ctx, d] (attention_backward's dk, dv), x and dx in the token-major one."""
     rot, base = rope or (0, 10000.0)
     p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
-                                                   "HAS_W": weight is not None, "SCALE": scale, "NROT": rot, "BASE": base,
-                                                   "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
+                                                   "HAS_W": weight is not None, "SCALE": scale, "NROT": rot,
+                                                   "BASE": base, "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
     res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
            "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))

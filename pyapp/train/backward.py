@@ -179,7 +179,7 @@ class LoraBackward:
         K.moe_router_backward(dev, cfg.n_experts, KS, d, s.router_logits, s.expert_ids, dout, s.experts_out,
                               t.drouter, s.step, T, down_scale=scale, plan=plan)
         self.linear_backward(plan, lc.index, "router", w.router, s.router_in, t.drouter, t.dxn)
-        self.norm_backward(plan, d, t.h, t.dxn, dh, w.router_scale, accumulate=True, scale=1.0 / math.sqrt(d))
+        self.norm_backward(plan, d, t.h, t.dxn, dh, w.router_scale, accumulate=True, scale=self.model.router_scale)
         # experts_backward's dx: dmid = down^T (weight * scale * dout) per slot, through the GeGLU, gate/up
         self.experts_dx(plan, w.experts_down, dout, t.dexperts_act, weights=s.expert_weights, down_scale=scale)
         if w.experts_gate_up is not None:

@@ -49,7 +49,7 @@ class TrainState:
         # gradients (dloss/d of what the name says)
         self.dx = f32(T * d, "dx")                        # [T, d] the residual stream, layer by layer
         self.dtmp = f32(T * d, "dtmp")                    # [T, d] a norm's output gradient (da, df, dp)
-        self.dxn = f32(T * d, "dxn")                      # [T, d] a pre-norm's output (xn, xn2; MoE: router_in, x_experts)
+        self.dxn = f32(T * d, "dxn")                      # [T, d] a pre-norm's output (xn, xn2, router_in, x_experts)
         self.dattn = f32(T * H * hd, "dattn")             # [T, H * hd] the attention's output
         self.dq = f32(T * H * hd, "dq")                   # [T, H, hd] q after norm + RoPE
         self.dq_raw = f32(T * H * hd, "dq_raw")           # [T, H, hd] the q projection's output
@@ -61,7 +61,7 @@ class TrainState:
         self.dup = f32(T * ff, "dup")                     # [T, ff]
         if cfg.is_moe:
             E, KS, eff = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
-            self.dsub = f32(T * d, "dsub")                # [T, d] the dense MLP's output, then the experts' weighted sum
+            self.dsub = f32(T * d, "dsub")                # [T, d] the dense MLP's output, then the experts' sum
             self.drouter = f32(T * E, "drouter")          # [T, E] the router's logits
             self.dexperts_act = f32(T * KS * eff, "dexperts_act")   # [T*KS, eff] gelu(gate) * up per slot
             if any(lc.experts_fused for lc in cfg.layers if lc.has_moe):
