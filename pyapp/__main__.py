@@ -504,8 +504,8 @@ def main(argv=None) -> int:
                         "epochs, lr 1e-4, batch 8); the options below override them")
     p.add_argument("--rank", type=int)
     p.add_argument("--alpha", type=float)
-    p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj "
-                                     "(default q,k,v,o,gate,up,down)")
+    p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj,router "
+                                     "(router: a MoE model's; default q,k,v,o,gate,up,down)")
     p.add_argument("--steps", type=int, help="updates (default: --epochs passes over the data)")
     p.add_argument("--epochs", type=float)
     p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine decay)")

@@ -688,15 +688,15 @@ def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, 
 def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, weight: Buffer | None, step: Buffer,
                       max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, accumulate: bool = False,
                       rope: tuple | None = None, freq_factors: Buffer | None = None, dy_ctx: int = 0,
-                      plan: Plan | None = None) -> Plan:
-    """dx (+)= the gradient of y = rms_norm(x) [* weight] over rows of d floats, given dy; rows_per_token:
+                      scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """dx (+)= the gradient of y = rms_norm(x) [* weight] * scale over rows of d floats, given dy; rows_per_token:
     heads for the per-head norms. rope = (rot_dims, base): dy is the gradient of rope(rms_norm(x) * weight)
     (norm_rope, the q/k norms), rotated back in the same pass. dy_ctx > 0: dy is in the KV cache's layout
     [rows_per_token heads, dy_ctx, d] (attention_backward's dk, dv), x and dx in the token-major one."""
     rot, base = rope or (0, 10000.0)
     p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
-                                                   "HAS_W": weight is not None, "NROT": rot, "BASE": base,
-                                                   "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
+                                                   "HAS_W": weight is not None, "SCALE": scale, "NROT": rot,
+                                                   "BASE": base, "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
     res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
            "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))
@@ -798,6 +798,59 @@ def attention_backward(dev: Device, q: Buffer, k: Buffer, v: Buffer, dout: Buffe
         dispatch = _threads(kv_heads * ctx * head_dim) if entry == "dkv_sum" else (heads, max_tokens)
         plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), *dispatch)
     return plan
+
+
+def _moe_backward_wg(n: int) -> int:
+    """Threads of a per-token moe_backward workgroup: n (experts or hidden) rounded up to a power of two, 32..256."""
+    wg = 32
+    while wg < 256 and wg < n:
+        wg *= 2
+    return wg
+
+
+def moe_router_backward(dev: Device, n_experts: int, k_used: int, d: int, logits: Buffer, ids: Buffer,
+                        dout: Buffer, expert_out: Buffer, dlogits: Buffer, step: Buffer, max_tokens: int,
+                        down_scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """dlogits [T, n_experts] = router_weights_backward of softmax(logits) with the chosen ids [T, k_used], given
+    dloss/dweight[t, j] = dout[t] . expert_out[t*k_used + j] (* down_scale[ids]) (shaders/moe_backward.wgsl)."""
+    p = _pipeline(dev, "moe_backward", entry="router", prelude=quant_prelude(ggml.F32),
+                  constants={"E": n_experts, "KSEL": k_used, "D": d, "HAS_SC": down_scale is not None,
+                             "WG": _moe_backward_wg(max(n_experts, d))})
+    res = {"LOG": logits, "IDS": ids, "DO": dout, "YE": expert_out, "DLOG": dlogits, "S": step,
+           "SC": down_scale if down_scale is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
+
+
+def moe_experts_dx(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, dy: Buffer,
+                   dx: Buffer, grp: Buffer, max_tokens: int, per_slot_dy: bool = False, weights: Buffer | None = None,
+                   down_scale: Buffer | None = None, ldd: int = 0, col0: int = 0, accumulate: bool = False,
+                   first_expert: int = 0, experts_here: int | None = None, plan: Plan | None = None) -> Plan:
+    """The experts' input gradient through frozen W [n_experts, n, k], slot by slot: dx[s] (+)= c(s) *
+    dy[t or s, col0:col0 + n] @ W[ids[s]] (dy rows of ldd floats, default n), c(s) = weights[s] (*
+    down_scale[ids[s]]) given weights, else 1; dx [T * k_used, k]. The slots as moe_group grouped them
+    (grp), a tiled product per expert (shaders/moe_backward.wgsl `dx`); a W split over buffers: one call
+    per buffer (first_expert, experts_here), each writing its experts' slots."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "moe_backward", entry="dx", prelude=quant_prelude(qtype),
+                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "LDD": ldd, "COL0": col0,
+                             "YPER": k_used if per_slot_dy else 1, "SCALED": weights is not None,
+                             "HAS_SC": down_scale is not None, "ACC": accumulate, "E0": first_expert,
+                             "NE": n_experts - first_expert if experts_here is None else experts_here})
+    res = {"W": w, "DY": dy, "DX": dx, "GRP": grp, "WTS": weights if weights is not None else dev.dummy,
+           "SC": down_scale if down_scale is not None else dev.dummy}
+    slots = max_tokens * k_used
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), -(-k // MATMUL_TILE),
+                                         -(-slots // MATMUL_TILE) + min(n_experts, slots))
+
+
+def moe_slot_sum(dev: Device, d: int, k_used: int, per_slot: Buffer, out: Buffer, step: Buffer, max_tokens: int,
+                 plan: Plan | None = None) -> Plan:
+    """out[t] = sum_j per_slot[t*k_used + j] over rows of d floats (a token's experts' input gradients)."""
+    p = _pipeline(dev, "moe_backward", entry="slot_sum", prelude=quant_prelude(ggml.F32),
+                  constants={"KSEL": k_used, "D": d})
+    bg = dev.bind_group(p, {"YS": per_slot, "OUT": out, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
+
 
 
 # ---- training optimizer (shaders/adamw.wgsl): AdamW + global-norm clipping over one flat buffer, mirroring

@@ -97,15 +97,18 @@ class Gemma4:
         ops.geglu(x, self.s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
         ops.linear(w.ffn_down, self.s.act, out)
 
-    def moe(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
-        """reference: moe. Router on the raw residual s.x, experts on pre_ffw_norm_2(x); result in s.moe_out.
+    def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None) -> None:
+        """reference: moe. Router on the raw residual x (default s.x), experts on pre_ffw_norm_2(x), written to
+        experts_in (default s.xn; training keeps it apart); result in s.moe_out.
         With streamed experts the expert kernels index a cache by slot (ops.expert_rounds)."""
         s = self.s
-        ops.rms_norm_pair(s.x, s.router_in, w.router_scale, s.xn, w.pre_ffw_norm_2, scale=self.router_scale)
+        x = s.x if x is None else x
+        xe = s.xn if experts_in is None else experts_in
+        ops.rms_norm_pair(x, s.router_in, w.router_scale, xe, w.pre_ffw_norm_2, scale=self.router_scale)
         ops.linear(w.router, s.router_in, s.router_logits)
         ops.route(s.router_logits, s.expert_ids, s.expert_weights)
         with ops.expert_rounds(lc.index, s.expert_ids) as slots:
-            ops.experts_geglu(s.xn, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
+            ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)
             ops.experts(w.experts_down, s.experts_act, s.experts_out, slots, per_slot_input=True)
         ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
