@@ -28,6 +28,10 @@
 #            diffusion, 26B-A4B dimensions) if missing, then bench/bench.py natively, bench/node_bench.mjs
 #            (browser path) and bench/bench.py --gpu-memory DIFFUSION_BUDGET (streamed experts, at most
 #            DIFFUSION_STREAM_STEPS steps: every step reads most experts) -> diffusion-*.jsonl, then table
+#   train    LoRA training (issue 13) of TRAIN_MODEL: bench/train_bench.py natively, bench/node_bench.mjs
+#            --train (browser path) and bench/train_torch.py (PyTorch + PEFT, the machine's torch with the
+#            transformers + peft wheels carried in .carry/train), each with nvidia-smi's memory.used
+#            sampled every 100 ms (peak minus the value before) -> train-*.jsonl
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
@@ -50,7 +54,8 @@
 #      DIFFUSION_MODEL (diffusion:Q4_K), DIFFUSION_PROMPT (128), DIFFUSION_GEN (256: one canvas),
 #      DIFFUSION_STEPS (empty: the model's 48), DIFFUSION_REPEAT (1: timed runs after a 2-step warm-up;
 #      step_ms is the median over every step), DIFFUSION_BUDGET (8192 MiB; empty: no streamed run),
-#      DIFFUSION_STREAM_STEPS (3), A26B_DECODE ("native=69.7 browser=90.4": a26b Q4_K decode tok/s from
+#      DIFFUSION_STREAM_STEPS (3), TRAIN_MODEL (e2b:Q4_K), TRAIN_SEQ (256), TRAIN_BATCH (4), TRAIN_RANK (8),
+#      TRAIN_STEPS (6), TRAIN_DTYPES ("bfloat16 float32": PyTorch's base weights), A26B_DECODE ("native=69.7 browser=90.4": a26b Q4_K decode tok/s from
 #      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -429,6 +434,56 @@ step_profile() {
     done
 }
 
+smi_peak() {   # smi_peak OUTFILE LABEL CMD...: run CMD, then append nvidia-smi's peak memory.used rise as a JSON line
+    local out=$1 label=$2; shift 2
+    local log=$W/smi.$$.log base peak
+    base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$log" 2>/dev/null &
+    local smi=$!
+    "$@"
+    local rc=$?
+    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    peak=$(sort -n "$log" 2>/dev/null | tail -1)
+    [ -n "$base" ] && [ -n "$peak" ] && echo "{\"kind\": \"smi\", \"what\": \"$label\", \"gpu_mib_before\": $base, \"gpu_mib_peak\": $peak}" >> "$out"
+    rm -f "$log"
+    return $rc
+}
+
+step_train() {
+    local spec=${TRAIN_MODEL:-e2b:Q4_K} path res args dtype
+    local seq=${TRAIN_SEQ:-256} batch=${TRAIN_BATCH:-4} rank=${TRAIN_RANK:-8} steps=${TRAIN_STEPS:-6}
+    busy train && return 1
+    path=$(model_path "$spec")
+    res=$RES/train-$(model_name "$spec")
+    args="--seq-len $seq --batch $batch --rank $rank --steps $steps"
+    # ours needs the model file; PyTorch builds the shape itself (so .carry/node and .carry/train can go in two calls)
+    [ -f "$path.ok" ] || log "train: no $path (MODELS must include $spec): PyTorch only"
+    if [ -f "$path.ok" ] && ! done_already "$res-native.jsonl"; then
+        log "train (native): $spec $args"
+        smi_peak "$res-native.jsonl.tmp" native limited 20 "$PY" bench/train_bench.py "$path" $args >> "$res-native.jsonl.tmp" \
+            && mv "$res-native.jsonl.tmp" "$res-native.jsonl"
+        cat "$res-native.jsonl" 2>/dev/null
+    fi
+    if [ -f "$path.ok" ] && [ -x "$W/bin/node" ] && ! done_already "$res-browser.jsonl"; then
+        log "train (browser path): $spec"
+        SEQ_LEN=$seq BATCH=$batch RANK=$rank STEPS=$steps CONTEXT=$seq PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+            smi_peak "$res-browser.jsonl.tmp" browser limited 20 "$W/bin/node" bench/node_bench.mjs --train "$path" \
+            >> "$res-browser.jsonl.tmp" && mv "$res-browser.jsonl.tmp" "$res-browser.jsonl"
+        cat "$res-browser.jsonl" 2>/dev/null
+    fi
+    if [ -d .carry/train ] && [ ! -d "$W/site-train" ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$W/site-train" .carry/train/*.whl
+    fi
+    for dtype in ${TRAIN_DTYPES:-bfloat16 float32}; do
+        done_already "$res-torch-$dtype.jsonl" && continue
+        log "train (PyTorch + PEFT, $dtype): ${spec%%:*}"
+        PYTHONPATH=$W/site-train:$PYTHONPATH smi_peak "$res-torch-$dtype.jsonl.tmp" "torch $dtype" \
+            limited 20 "$PY" bench/train_torch.py --shape "${spec%%:*}" $args --dtype "$dtype" \
+            >> "$res-torch-$dtype.jsonl.tmp" && mv "$res-torch-$dtype.jsonl.tmp" "$res-torch-$dtype.jsonl"
+        cat "$res-torch-$dtype.jsonl" 2>/dev/null
+    done
+}
+
 step_status() {
     log "build: $(build_state); $(tail -1 "$W/build.log" 2>/dev/null)"
     ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
@@ -438,7 +493,7 @@ step_status() {
 finish() {   # what comes back: the files in $OUT
     local kind
     step_table > /dev/null 2>&1
-    for kind in native browser llama ttft stream kernels diffusion; do
+    for kind in native browser llama ttft stream kernels diffusion train; do
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cp "$RES/table.md" "$OUT/" 2>/dev/null
@@ -456,7 +511,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|train|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

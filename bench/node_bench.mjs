@@ -2,6 +2,8 @@
 // from the npm `webgpu` package) in Node. Same BrowserDevice and engine code as the page.
 //
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
+//   node bench/node_bench.mjs --train MODEL.gguf      LoRA training instead (bench/train_bench.py's
+//        measure_async): SEQ_LEN (256), BATCH (4), RANK (8), STEPS (6)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -36,9 +38,10 @@ const { createHelper } = await import(pathToFileURL(path.join(root, "web/gpu.js"
 py.registerJsModule("webgpu_helper", { createHelper });
 // Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
 globalThis.wasm_heap_bytes = () => (py._module && py._module.HEAP8 ? py._module.HEAP8.buffer.byteLength : 0);
-const models = process.argv.slice(2).map((m) => "/models" + path.resolve(m));
+const train = process.argv.includes("--train");
+const models = process.argv.slice(2).filter((a) => a !== "--train").map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
-import json, time
+import json, sys, time
 from pyapp.engine import DEFAULT_CHUNK, Engine
 from pyapp.diffusion import DiffusionEngine
 from pyapp.gguf import read_gguf
@@ -58,7 +61,13 @@ for m in ${JSON.stringify(models)}:
                                   gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"})
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
-    if isinstance(eng, DiffusionEngine):
+    if ${train ? "True" : "False"}:
+        sys.path.insert(0, "/repo/bench")
+        import train_bench
+        r = await train_bench.measure_async(eng, seq_len=${Number(process.env.SEQ_LEN || 256)},
+                                            batch=${Number(process.env.BATCH || 4)}, rank=${Number(process.env.RANK || 8)},
+                                            steps=${Number(process.env.STEPS || 6)})
+    elif isinstance(eng, DiffusionEngine):
         r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 128)},
                                   gen_tokens=${Number(process.env.GEN_TOKENS || 256)}, repeat=${Number(process.env.REPEAT || 3)},
                                   steps=${process.env.STEPS ? Number(process.env.STEPS) : "None"})

@@ -303,6 +303,71 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _train_config(args):
+    """The preset (default quick) with every option given on the command line put over it."""
+    from dataclasses import fields, replace
+    from .train.trainer import PRESETS
+    given = {f.name: getattr(args, f.name) for f in fields(PRESETS[args.preset])
+             if getattr(args, f.name, None) is not None}
+    return replace(PRESETS[args.preset], **given)
+
+
+def _clock(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def cmd_finetune(args) -> int:
+    """Train a LoRA adapter on the GPU; each update prints loss, tokens/s and time left. The checkpoint
+    (--checkpoint, default OUT.ckpt) is written every --val-every updates and at the end; Ctrl-C stops
+    after writing it and the best adapter so far."""
+    from .train.checkpoint import load_checkpoint
+    from .train.data import load_dataset
+    from .train.files import write_atomic
+    from .train.trainer import Trainer
+    config = _train_config(args)
+    config.check()
+    g = _open(args.model)
+    tok = _tokenizer(g)
+    with open(args.data, "rb") as f:
+        data = f.read()
+    ds = load_dataset(data, args.data, tok, config.seq_len, style=_chat_style(g), val_fraction=config.val_fraction,
+                      seed=config.seed)
+    st = ds.stats
+    print(f"{st.n_examples} examples ({st.format}): {st.n_train} to train on ({st.train_tokens} tokens, "
+          f"{st.train_targets} counted), {st.n_val} held out", file=sys.stderr)
+    for w in ds.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    ckpt_path = args.checkpoint or args.out + ".ckpt"
+    resume = load_checkpoint(ckpt_path) if args.resume else None
+    engine = _engine(g, args)
+    tr = Trainer(engine, ds, config, checkpoint=resume)
+    print(f"training {tr.params.n_trainable:,} values ({len(tr.params.pairs)} pairs, rank {config.rank}) for "
+          f"{tr.total_steps} updates of {config.batch} sequences" + (f", from update {tr.step}" if resume else ""),
+          file=sys.stderr)
+
+    def save() -> None:
+        write_atomic(ckpt_path, [tr.checkpoint_bytes()])
+        write_atomic(args.out, [tr.adapter_gguf(best=True)])
+
+    try:
+        while not tr.done:
+            r = tr.train_step()
+            val = f"  val {r.val_loss:.4f}" if r.val_loss is not None else ""
+            print(f"step {r.step}/{r.total_steps}  loss {r.loss:.4f}{val}  lr {r.lr:.2e}  |g| {r.grad_norm:.3f}  "
+                  f"{r.tokens_per_s:,.0f} tok/s  left {_clock(r.eta_s)}", flush=True)
+            if r.step % config.val_every == 0:
+                save()
+    except KeyboardInterrupt:
+        print("\n[stopped]", file=sys.stderr)
+    save()
+    best = f", best validation loss {tr.best_val_loss:.4f} at update {tr.best_step}" if tr.best_step and \
+        tr.best_val_loss != float("inf") else ""
+    print(f"wrote {args.out} (LoRA adapter, llama.cpp format){best}; checkpoint {ckpt_path}", file=sys.stderr)
+    tr.close()
+    return 0
+
+
 def _memory_args(p) -> None:
     p.add_argument("--gpu-memory", type=float, metavar="MIB",
                    help="GPU memory budget: what does not fit stays in the file (the per-layer embedding "
@@ -404,6 +469,36 @@ def main(argv=None) -> int:
     _lora_args(p)
     p.set_defaults(fn=cmd_bench)
 
+    p = sub.add_parser("finetune", help="train a LoRA adapter (llama.cpp's format) on the GPU")
+    p.add_argument("model")
+    p.add_argument("--data", required=True, metavar="FILE.jsonl",
+                   help='training data: JSONL chats ({"messages": [...]}, loss on the assistant replies) or text')
+    p.add_argument("--out", required=True, metavar="ADAPTER.gguf", help="where the adapter goes")
+    p.add_argument("--preset", choices=["quick", "thorough"], default="quick",
+                   help="starting settings (quick: rank 8, 1 epoch, lr 2e-4, batch 4; thorough: rank 16, 3 "
+                        "epochs, lr 1e-4, batch 8); the options below override them")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--alpha", type=float)
+    p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj "
+                                     "(default q,k,v,o,gate,up,down)")
+    p.add_argument("--steps", type=int, help="updates (default: --epochs passes over the data)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine decay)")
+    p.add_argument("--batch", type=int, help="sequences per update")
+    p.add_argument("--seq-len", dest="seq_len", type=int, help="longest sequence in tokens (longer examples are cut)")
+    p.add_argument("--warmup", type=int, help="warmup updates (default: a tenth)")
+    p.add_argument("--weight-decay", dest="weight_decay", type=float)
+    p.add_argument("--max-grad-norm", dest="max_grad_norm", type=float, help="gradient clipping (0: off)")
+    p.add_argument("--val-fraction", dest="val_fraction", type=float, help="held-out share of the examples")
+    p.add_argument("--val-every", dest="val_every", type=int, help="updates between validation losses and checkpoints")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: OUT.ckpt)")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
+    p.add_argument("--context", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=["native"], default="native")
+    _memory_args(p)
+    p.set_defaults(fn=cmd_finetune)
+
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
@@ -416,8 +511,11 @@ def main(argv=None) -> int:
         from .model.lora import LoraError
         from .sampling import ParamError
         from .source import SourceError
+        from .train.checkpoint import CheckpointError
+        from .train.data import DataError
+        from .train.trainer import TrainError
         if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, LoraError, ParamError, SourceError,
-                          OSError, DenoiseError)):
+                          OSError, DenoiseError, TrainError, DataError, CheckpointError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

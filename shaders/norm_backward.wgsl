@@ -4,7 +4,8 @@
 //   y = x / rms(x) [* w]:   dx = (g - x_hat * mean(g * x_hat)) / rms,  g = dy [* w],  x_hat = x / rms
 //   y = rope(x):            dx = rope(dy) by the opposite angle (a rotation per pair: its transpose)
 // X: f32 [T * RPT, D] (the norm's forward input; RPT rows per token: 1 for hidden states, the heads
-// for the per-head q/k/v norms). DY: the output gradient, same layout. Wt: f32 [D] (unused when HAS_W
+// for the per-head q/k/v norms). DY: the output gradient, same layout; with DYC > 0, in the KV cache's
+// layout instead: row (t, h) at (h * DYC + t) * D (attention_backward's dK / dV of the k/v norms). Wt: f32 [D] (unused when HAS_W
 // is false). DX: written, or added into with ACC (a residual stream's gradient sums several paths).
 // Token t = row / RPT sits at position S.pos0 + t; T = S.n_tokens (the per-step uniform).
 // Entry points:
@@ -23,6 +24,7 @@ override ACC: bool = false;
 override NROT: u32 = 0u;
 override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
+override DYC: u32 = 0u;
 override WG: u32 = 256u;
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
@@ -42,7 +44,13 @@ fn angle(j: u32, pos: f32) -> f32 {
     return pos * inv_freq;
 }
 
-// g_i = (DY rotated back when NROT > 0)_i * Wt_i for element i of the row at `base`.
+// Where row `row`'s gradient starts in DY.
+fn dy_row(row: u32) -> u32 {
+    if (DYC == 0u) { return row * D; }
+    return ((row % RPT) * DYC + row / RPT) * D;
+}
+
+// g_i = (DY rotated back when NROT > 0)_i * Wt_i for element i of the row whose gradient is at `base`.
 fn grad_in(base: u32, i: u32, pos: f32) -> f32 {
     var d = DY[base + i];
     if (i < NROT) {
@@ -63,18 +71,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = wid.x + wid.y * nwg.x;
     if (row >= S.n_tokens * RPT) { return; }   // uniform per workgroup: barriers stay legal
     let base = row * D;
+    let dbase = dy_row(row);
     let pos = f32(S.pos0 + row / RPT);
     var ss = 0.0;
     var gx = 0.0;
     for (var i = lid; i < D; i += WG) {
         let x = X[base + i];
         ss += x * x;
-        gx += grad_in(base, i, pos) * x;
+        gx += grad_in(dbase, i, pos) * x;
     }
     let inv = inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS);
     let c = workgroup_sum(lid, gx) * inv * inv / f32(D);      // mean(g * x_hat) / rms
     for (var i = lid; i < D; i += WG) {
-        let d = inv * (grad_in(base, i, pos) - X[base + i] * c);
+        let d = inv * (grad_in(dbase, i, pos) - X[base + i] * c);
         if (ACC) { DX[base + i] += d; } else { DX[base + i] = d; }
     }
 }

@@ -168,6 +168,24 @@ def test_norm_rope_backward(dev, hd, rot, ff):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
+def test_norm_rope_backward_cache_layout(dev):
+    """dy in the KV cache's layout [heads, ctx, hd] (attention_backward's dK), x and dx token-major: the k norm's
+    backward reads each row's gradient where the cache keeps it; rows past the step untouched."""
+    rng = np.random.default_rng(41)
+    t, ctx, heads, hd, rot, base, eps = 5, 9, 3, 38, 38, 1e4, 1e-6
+    x = rng.standard_normal((t, heads, hd)) * 2
+    dy_cache = rng.standard_normal((heads, ctx, hd))
+    w = rng.standard_normal(hd)
+    dxb = f32(dev, np.full((t + 1, heads, hd), 5.0))
+    dev.submit(K.rms_norm_backward(dev, hd, f32(dev, x), f32(dev, dy_cache), dxb, f32(dev, w), step_buffer(dev, t),
+                                   t + 1, rows_per_token=heads, eps=eps, rope=(rot, base), dy_ctx=ctx))
+    dy = dy_cache[:, :t].transpose(1, 0, 2)
+    want = B.rms_norm_backward(x, w, eps, B.rope_neox_backward(dy, np.arange(t), rot, base))
+    got = read_f32(dev, dxb, (t + 1) * heads * hd).reshape(t + 1, heads, hd)
+    np.testing.assert_allclose(got[:t], want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert np.all(got[t] == 5.0)
+
+
 # ---- GeGLU ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ff,rpt", [(333, 1), (37, 3)])

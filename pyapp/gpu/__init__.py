@@ -133,6 +133,7 @@ class Device:
         self.limits: dict[str, int] = {}
         self._pipelines: dict[tuple, Pipeline] = {}
         self._sources: dict[str, str] = {}
+        self.allocated_bytes = 0      # every buffer created so far (none is freed by us: a running peak)
 
     # -- capabilities ------------------------------------------------------
     @property
@@ -174,7 +175,9 @@ class Device:
         if size > self.limits.get("max_buffer_size", size):
             raise GPUError(f"buffer {label or ''} of {size} bytes exceeds the device's maxBufferSize "
                            f"({self.limits['max_buffer_size']}); split the tensor")
-        return Buffer(self._create_buffer(size, kind, label), size, kind, label)
+        buf = Buffer(self._create_buffer(size, kind, label), size, kind, label)
+        self.allocated_bytes += size
+        return buf
 
     @property
     def dummy(self) -> Buffer:
