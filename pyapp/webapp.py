@@ -504,14 +504,14 @@ async def train_step() -> dict:
         return _train_failed(e)
 
 
-def train_finish() -> dict:
+async def train_finish() -> dict:
     """End the run: the adapter GGUF of its best parameters (bytes: the page keeps and offers it) and the
     log; the trainer's GPU memory is freed, the model stays loaded."""
     run = S.training
     if run is None or not run.running:
         return {"error": "No training run is in progress."}
     try:
-        out = run.finish()
+        out = await run.finish()
     except Exception as e:
         return _train_failed(e)
     return {**out, "model": {k: S.model_info.get(k) for k in ("name", "file", "digest", "bytes", "architecture")}}

@@ -18,7 +18,7 @@ export function setupFinetune(app) {
     base: "quick",      // the preset the fields started from (Custom keeps its hidden settings)
     file: null,         // the training File chosen
     data: null,         // its preview: {name, stats, warnings}
-    reading: false,
+    reading: 0,         // reads of the data in flight
     running: false,
     stopping: false,
     total: 0,
@@ -157,34 +157,40 @@ export function setupFinetune(app) {
     ft.data = null;                               // Start waits for this file's figures
     await preview(file);
   }
-  // The chosen file read again with changed settings (a field's change event comes on blur, so often just
-  // before a click on Start: Start stays enabled and waits for this answer).
+  // The chosen file read again with changed settings. Nothing is disabled meanwhile: a field's change event
+  // comes on blur, as the user moves to the next field or clicks Start (which waits for this answer).
   async function refreshPreview() {
-    if (ft.data && canEdit()) await preview(null);
+    if (ft.file && canEdit()) await preview(null);
   }
+  // The worker answers reads in the order they were sent: the last one's answer is the one shown.
+  let reads = 0;
   function preview(file) {
-    ft.previewing = readData(file).finally(() => { ft.previewing = null; });
-    return ft.previewing;
+    const p = readData(file, ++reads);
+    ft.previewing = p;
+    p.finally(() => { if (ft.previewing === p) ft.previewing = null; });
+    return p;
   }
-  async function readData(file) {
-    showError("ft-data-error", "");
-    ft.reading = true;
-    $("ft-data-info").textContent = `Reading ${ft.file.name}…`;
+  async function readData(file, n) {
+    ft.reading += 1;
+    if (file) {
+      showError("ft-data-error", "");
+      $("ft-data-info").textContent = `Reading ${file.name}…`;
+    }
     update();
     const r = await call("train_data", file || undefined, file ? file.name : "", JSON.stringify(fields()));
-    ft.reading = false;
-    if (r.error) {
-      if (r.field && r.field !== "data") {
-        fieldProblem(r.field, r.error);
-        $("ft-data-info").textContent = "";
-      } else {
+    ft.reading -= 1;
+    if (n === reads) {
+      if (r.error && r.field !== undefined && r.field !== "data") {
+        fieldProblem(r.field, r.error);             // a setting's problem: the figures shown stay
+      } else if (r.error) {
         ft.data = null;
         $("ft-data-info").textContent = "";
         showError("ft-data-error", r);
+      } else {
+        ft.data = r;
+        showError("ft-data-error", "");
+        showData(r);
       }
-    } else {
-      ft.data = r;
-      showData(r);
     }
     update();
   }
@@ -227,7 +233,7 @@ export function setupFinetune(app) {
 
   // ------------------------------------------------------------ a run: Start, one update at a time, Stop
   const gemmaLoaded = () => state.loaded && state.model && !state.model.denoise;
-  const canEdit = () => !ft.running && !ft.reading;
+  const canEdit = () => !ft.running;
   const idle = () => !ft.running && !state.busy && state.streaming === null;
 
   async function start() {
@@ -281,6 +287,11 @@ export function setupFinetune(app) {
         if (failed.device_lost) { state.loaded = false; $("reload-model").hidden = false; app.setState("ready"); }
       }
       $("ft-summary").textContent = summaryText();
+      const last = ft.points[ft.points.length - 1];
+      if (last) {
+        $("ft-status").textContent = `${last.step < last.total_steps ? `Stopped after update ${last.step}` : "Done"} · ` +
+          `${Math.round(last.tokens_per_s)} tokens/s · ${clock(last.elapsed_s)} in all`;
+      }
       app.updateButtons();
     }
   }
@@ -385,7 +396,8 @@ export function setupFinetune(app) {
     const how = r.stopped ? ` (stopped${r.failed ? " by an error" : ""} before the ${r.total_steps} planned)` : "";
     const best = r.best_val_loss != null
       ? `The adapter keeps the parameters with the lowest validation loss, ${num(r.best_val_loss)} at update ${r.best_step}.`
-      : `The adapter holds the parameters after update ${r.steps}.`;
+      : `The adapter holds the parameters after update ${r.kept_step}` +
+        `${r.stats.n_val ? " (stopped before the first validation loss)" : " (no held-out examples)"}.`;
     const kept = r.saved ? " It is kept in this browser (below)." : " It could not be kept in this browser: download it.";
     $("ft-result-text").textContent = `Trained ${r.steps} update${r.steps === 1 ? "" : "s"}${how}. ${best}${kept}`;
     $("ft-result").hidden = false;
@@ -433,7 +445,7 @@ export function setupFinetune(app) {
       id, version: 1, created: Date.now(), file: `${id}.gguf`, name: adapterName(r), bytes: r.adapter.byteLength,
       model: r.model, data: { name: r.data, stats: r.stats, warnings: r.warnings }, config: r.config,
       steps: r.steps, total_steps: r.total_steps, stopped: r.stopped, best_val_loss: r.best_val_loss,
-      best_step: r.best_step, log: r.log,
+      best_step: r.best_step, kept_step: r.kept_step, log: r.log,
     };
     try {
       const dir = await storeDir();
@@ -541,7 +553,7 @@ export function setupFinetune(app) {
       : "Load a Gemma 4 model first: fine-tuning trains a LoRA adapter for the model loaded in the chat.";
     const edit = canEdit();
     const free = idle();
-    $("ft-pick").disabled = !ready || !free || ft.reading;
+    $("ft-pick").disabled = !ready || !free;
     $("ft_preset").disabled = !edit || !ft.options;
     for (const k of FIELDS) $(`ft_${k}`).disabled = !edit || !ft.options;
     for (const b of targetBoxes()) b.disabled = !edit;

@@ -5,7 +5,7 @@ file, previewed; then one update per call, so the page decides between updates w
     run.load_data(engine, data, "chats.jsonl", fields, style)   # the preview: stats, warnings (DataError)
     run.start(engine, fields, style)                            # the Trainer (TrainError: e.g. an MoE model)
     report = await run.step()                                   # one update: the StepReport's figures
-    out = run.finish()                                          # the best adapter's GGUF bytes, the log
+    out = await run.finish()                                    # the best adapter's GGUF bytes, the log
 
 The panel's fields are a preset's TrainConfig with the fields the user filled in (an empty field keeps
 the preset's value, except Steps: empty means "by epochs"). Each is checked here by a pyapp.sampling Rule, the
@@ -23,18 +23,19 @@ import math
 from ..sampling import ParamError, Rule
 from .adapter_out import DEFAULT_TARGETS, TARGETS, parse_targets
 from .data import load_dataset
-from .trainer import PRESETS, TrainConfig, Trainer
+from .trainer import MAX_LOSS_SLOTS, PRESETS, TrainConfig, Trainer, TrainError
 
 MAX_DATA_BYTES = 64 << 20       # tokens held as Python lists: a few hundred MB of heap past this
+MAX_RANK = 16                   # what TrainConfig.check takes
 
 # the panel's number fields: (TrainConfig field, label, rule); the page's ids are "ft_" + the key
 FIELDS = {
-    "rank": ("rank", "Rank", Rule(1, 256, integer=True, note="the adapter's size: 8 or 16 is usual")),
+    "rank": ("rank", "Rank", Rule(1, MAX_RANK, integer=True, note="the adapter's size: 8 or 16 is usual")),
     "alpha": ("alpha", "Alpha", Rule(0, 4096, above_lo=True, note="scale = alpha / rank; often twice the rank")),
-    "lr": ("lr", "Learning rate", Rule(0, 1, above_lo=True, note="2e-4 is usual for LoRA")),
+    "lr": ("lr", "Learning rate", Rule(0, 0.1, above_lo=True, note="2e-4 is usual for LoRA")),
     "steps": ("steps", "Steps", Rule(1, 1_000_000, integer=True, note="empty: as many as the epochs take")),
     "epochs": ("epochs", "Epochs", Rule(0, 1000, above_lo=True, note="passes over the training examples")),
-    "batch": ("batch", "Batch", Rule(1, 256, integer=True, note="examples per update")),
+    "batch": ("batch", "Batch", Rule(1, MAX_LOSS_SLOTS, integer=True, note="examples per update")),
     "seq_len": ("seq_len", "Sequence length", Rule(8, 32768, integer=True,
                                                    note="tokens per example; longer ones are cut")),
 }
@@ -98,6 +99,10 @@ def config_from_fields(fields: dict, context_length: int | None = None) -> Train
     if context_length and cfg.seq_len > context_length:
         raise FieldError("seq_len", f"Sequence length must be at most {context_length}, the context the model "
                                     "is loaded with (a longer context needs a reload).")
+    try:
+        cfg.check()                   # the trainer's own limits (the rules above keep within them)
+    except TrainError as e:
+        raise FieldError("", f"These settings cannot be used: {e}.") from None
     return cfg
 
 
@@ -163,20 +168,24 @@ class TrainingSession:
         out.update(best_val_loss=_number(tr.best_val_loss), best_step=tr.best_step)
         return out
 
-    def finish(self) -> dict:
-        """The run's result (the adapter of the best parameters, the log); the Trainer's GPU buffers are freed."""
+    async def finish(self) -> dict:
+        """The run's result (the adapter of the best parameters, the log); the Trainer lets go of the engine."""
         tr = self.trainer
         try:
-            adapter = tr.adapter_gguf(best=True)
+            # the best by validation loss once one was measured (without held-out data the trainer keeps the
+            # latest as the best); stopped before the first validation, the latest: the initial ones (a zero
+            # delta) are not worth keeping
+            best = tr.best_step > 0
+            adapter = await tr.adapter_gguf_async(best=best)
             return {"adapter": adapter, "log": [{k: _number(v) for k, v in row.items()} for row in tr.log],
                     "steps": tr.step, "total_steps": tr.total_steps, "best_val_loss": _number(tr.best_val_loss),
-                    "best_step": tr.best_step, "config": dataclasses.asdict(self.cfg), "data": self.name,
-                    **self.describe(self.ds)}
+                    "best_step": tr.best_step, "kept_step": tr.best_step if best else tr.step,
+                    "config": dataclasses.asdict(self.cfg), "data": self.name, **self.describe(self.ds)}
         finally:
             self.close()
 
     def close(self) -> None:
-        """Free the Trainer (the engine keeps working)."""
+        """Close the Trainer: the engine runs the base model again."""
         tr, self.trainer = self.trainer, None
         if tr is not None:
             try:
