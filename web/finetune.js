@@ -124,12 +124,11 @@ export function setupFinetune(app) {
     targetBoxes().some((b) => b.checked);
   // A problem the worker found with a field: said beside it, as the page's own checks do.
   function fieldProblem(field, message) {
-    if (field === "targets") { $("ft-targets-problem").textContent = message; $("ft-targets-problem").hidden = false; return; }
-    const msg = $(`ft_${field}-problem`);
+    const msg = field === "targets" ? $("ft-targets-problem") : $(`ft_${field}-problem`);
     if (!msg) { showError("ft-error", message); return; }
     msg.textContent = message;
     msg.hidden = false;
-    $(`ft_${field}`).setAttribute("aria-invalid", "true");
+    if (field !== "targets") $(`ft_${field}`).setAttribute("aria-invalid", "true");
   }
 
   $("ft_preset").addEventListener("change", () => {
@@ -253,7 +252,10 @@ export function setupFinetune(app) {
       if (state.adapterLoaded) {                 // training starts from the base model
         $("ft-summary").textContent = "Reloading the model without its adapter…";
         await app.removeAdapter();
-        if (!state.loaded) { failed = { error: "The model did not reload: see the message under the model." }; return; }
+        if (!state.loaded) {
+          failed = { error: "The model did not reload: see the message under the model." };
+          return;
+        }
       }
       const r = await call("train_start", JSON.stringify(fields()));
       if (r.error) {
@@ -289,8 +291,8 @@ export function setupFinetune(app) {
       $("ft-summary").textContent = summaryText();
       const last = ft.points[ft.points.length - 1];
       if (last) {
-        $("ft-status").textContent = `${last.step < last.total_steps ? `Stopped after update ${last.step}` : "Done"} · ` +
-          `${Math.round(last.tokens_per_s)} tokens/s · ${clock(last.elapsed_s)} in all`;
+        const end = last.step < last.total_steps ? `Stopped after update ${last.step}` : "Done";
+        $("ft-status").textContent = `${end} · ${Math.round(last.tokens_per_s)} tokens/s · ${clock(last.elapsed_s)} in all`;
       }
       app.updateButtons();
     }
