@@ -123,6 +123,7 @@ class State:
     adapter = None              # the chosen LoRA adapter's parsed GGUF (applied from the next load on)
     adapter_on = True
     adapter_scale = 1.0
+    training = None             # the Fine-tune panel's pyapp.train.session.TrainingSession, once used
 
 
 S = State()
@@ -285,11 +286,14 @@ async def open_folder_model(name: str) -> dict:
     except EXPECTED as e:
         return _fail(e, name, ollama_name=name)
     _unload()
+    info["digest"] = m.model.digest     # the model blob's: names the base model an adapter belongs to
     S.gguf, S.model_info, S.params, S.adapter = g, info, dict(m.params or {}), None
     return {"model": info, "params": params}
 
 
 def _unload() -> None:
+    if S.training is not None:   # a run trains the engine being unloaded: its buffers go with it
+        S.training.close()
     if S.engine is not None:
         try:
             S.engine.close()
@@ -413,6 +417,104 @@ def remove_adapter() -> dict:
     """Forget the adapter; the page reloads the model without it."""
     S.adapter = None
     return {}
+
+
+# -- fine-tuning: the Fine-tune panel (pyapp.train.session) -----------------------------------------
+# The page drives a run one update per command (train_step), so Stop is taken between updates and the
+# page stays free; the trainer works on the loaded engine's weights. Plain-language failures come back
+# as {"error", "field"} (the panel's field at fault, if any).
+
+def _training():
+    """The panel's session; the training modules are imported when the panel is first used."""
+    if S.training is None:
+        from .train.session import TrainingSession
+        S.training = TrainingSession()
+    return S.training
+
+
+def _not_trainable() -> dict | None:
+    if S.engine is None:
+        return {"error": "Load a Gemma 4 model first: fine-tuning trains an adapter for the loaded model."}
+    if isinstance(S.engine, DiffusionEngine):
+        return {"error": "DiffusionGemma models cannot be fine-tuned here: load a Gemma 4 model."}
+    return None
+
+
+def _train_failed(e: Exception) -> dict:
+    """A training command that raised: a field or data problem names its field; a lost device unloads."""
+    from .train.data import DataError
+    from .train.session import FieldError
+    from .train.trainer import TrainError
+    if _device_lost():
+        return _failed_reply(e)
+    if isinstance(e, FieldError):
+        return {"error": str(e), "field": e.field}
+    if isinstance(e, DataError):
+        return {"error": str(e), "field": "data"}
+    if isinstance(e, TrainError):
+        return {"error": str(e)}
+    return _failed_reply(e)
+
+
+def train_options() -> dict:
+    """The panel's presets, targets and field rules (pyapp.train.session.options)."""
+    from .train.session import options
+    return options()
+
+
+def train_data(blob, name: str = "", fields_json: str = "{}") -> dict:
+    """Read a training file (blob None: the one read before, with changed settings): its statistics and
+    warnings, for the panel to show before Start."""
+    if (why := _not_trainable()):
+        return why
+    run = _training()
+    if run.running:
+        return {"error": "A run is in progress: stop it first."}
+    try:
+        data = BlobSource(blob, name).read(0, int(blob.size)) if hasattr(blob, "size") else None   # JS null: None
+        return run.load_data(S.engine, data, name or run.name, json.loads(fields_json), _style())
+    except Exception as e:
+        return _train_failed(e)
+
+
+def train_start(fields_json: str = "{}") -> dict:
+    """Make the run's Trainer: the updates it plans and the data it trains on."""
+    if (why := _not_trainable()):
+        return why
+    if S.engine.adapters is not None:
+        return {"error": "Remove the LoRA adapter first: training starts from the base model."}
+    try:
+        S.device.clear_error()
+        return _training().start(S.engine, json.loads(fields_json), _style())
+    except Exception as e:
+        return _train_failed(e)
+
+
+async def train_step() -> dict:
+    """One update of the run (the page calls again for the next, or train_finish)."""
+    run = S.training
+    if run is None or not run.running:
+        return {"error": "No training run is in progress."}
+    try:
+        report = await run.step()
+        if S.device.last_error:
+            raise GPUError(f"the GPU rejected a training step: {S.device.last_error}")
+        return report
+    except Exception as e:
+        return _train_failed(e)
+
+
+async def train_finish() -> dict:
+    """End the run: the adapter GGUF of its best parameters (bytes: the page keeps and offers it) and the
+    log; the trainer's GPU memory is freed, the model stays loaded."""
+    run = S.training
+    if run is None or not run.running:
+        return {"error": "No training run is in progress."}
+    try:
+        out = await run.finish()
+    except Exception as e:
+        return _train_failed(e)
+    return {**out, "model": {k: S.model_info.get(k) for k in ("name", "file", "digest", "bytes", "architecture")}}
 
 
 def cancel_load(load_id: int = 0) -> None:

@@ -1,5 +1,6 @@
 // The page: UI only. Python (Pyodide) and the GPU work live in worker.js.
 import { escapeHtml, renderMarkdown } from "./markdown.js";
+import { setupFinetune } from "./finetune.js";
 
 const $ = (id) => document.getElementById(id);
 const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions kept: moved into CHATS_KEY
@@ -44,7 +45,10 @@ const state = {
   streaming: null,
   loadId: 0,
   streamedTokens: 0,   // tokens of the reply being streamed
+  adapterLoaded: false, // the loaded model has a LoRA adapter applied
+  training: false,     // a fine-tuning run is going (finetune.js): the engine is the trainer's
 };
+let finetune = null;   // the Fine-tune panel (finetune.js)
 state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
 window.app = { call, state, loadModel };   // for tests and the curious
 
@@ -176,7 +180,9 @@ async function loadModel() {
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
   $("memory-plan").innerHTML = planHtml(r.plan);
   showAdapter(r.adapter);
+  state.adapterLoaded = !!r.adapter;
   setState("loaded");
+  finetune.modelLoaded();
   const n = await call("count_tokens", JSON.stringify(templateMessages()));   // a kept conversation counts
   updateMeter({ context_used: n.tokens || 0, context_length: r.context_length });
 }
@@ -190,12 +196,14 @@ $("cancel-load").onclick = () => call("cancel_load", state.loadId);
 $("reload-model").onclick = () => { if (!state.busy) loadModel(); };
 
 $("file-input").onchange = (ev) => { openFile(ev.target.files[0]); ev.target.value = ""; };
-window.addEventListener("dragover", (ev) => { ev.preventDefault(); $("drop").classList.add("over"); });
-window.addEventListener("dragleave", () => $("drop").classList.remove("over"));
+const dropZones = () => [$("drop"), $("ft-drop")];
+window.addEventListener("dragover", (ev) => { ev.preventDefault(); dropZones().forEach((z) => z.classList.add("over")); });
+window.addEventListener("dragleave", () => dropZones().forEach((z) => z.classList.remove("over")));
 window.addEventListener("drop", (ev) => {
   ev.preventDefault();
-  $("drop").classList.remove("over");
+  dropZones().forEach((z) => z.classList.remove("over"));
   const file = ev.dataTransfer && ev.dataTransfer.files[0];
+  if (finetune.isDataFile(file)) { finetune.chooseData(file); return; }   // training data: the Fine-tune panel
   const handle = droppedHandle(ev.dataTransfer);   // asked for now: a drop's data is gone after an await
   if (file) handle.then((h) => openFile(file, { kind: "file", handle: h }));
 });
@@ -220,7 +228,7 @@ async function afterAdapter(r) {
   if (state.loaded) await loadModel();
 }
 async function openAdapter(file) {
-  if (!file || state.busy || state.streaming !== null) return;
+  if (!file || state.busy || state.streaming !== null || state.training) return;
   setState("opening");
   await afterAdapter(await call("open_adapter", file, file.name));
 }
@@ -233,12 +241,13 @@ $("open-adapter").onclick = () => $("adapter-input").click();
 $("adapter-input").onchange = (ev) => { openAdapter(ev.target.files[0]); ev.target.value = ""; };
 $("adapter-on").onchange = adapterSetting;
 $("adapter-scale").onchange = adapterSetting;
-$("remove-adapter").onclick = async () => {
-  if (state.busy || state.streaming !== null) return;
+async function removeAdapter() {
   await call("remove_adapter");
   showAdapter(null);
+  state.adapterLoaded = false;
   if (state.loaded) await loadModel();
-};
+}
+$("remove-adapter").onclick = () => { if (!state.busy && state.streaming === null && !state.training) removeAdapter(); };
 
 $("demo").onclick = async () => {
   if (state.busy) return;
@@ -425,8 +434,8 @@ function settingNumber(v, d) {
 // at boot. A bad value gets a message beside its field (its <details> opens) and is not used: the
 // last good one stays in state.settings, and Send waits until every field is good.
 let RULES = {};
-function addSettingChecks(rules) {
-  RULES = rules;
+function addSettingChecks(rules) {   // called again with more rules (the Fine-tune panel's fields)
+  RULES = { ...RULES, ...rules };
   for (const k of Object.keys(rules)) {
     const el = $(k);
     if (!el || $(`${k}-problem`)) continue;
@@ -615,19 +624,21 @@ function renderChat() {
 
 function updateButtons() {
   const gen = state.streaming !== null;
+  const busy = state.busy || state.training;   // a fine-tuning run has the model until it ends
   const msgs = state.chat.messages;
-  $("send").disabled = !state.loaded || gen || state.busy || !settingsValid();
+  $("send").disabled = !state.loaded || gen || busy || !settingsValid();
   $("stop").disabled = !gen;
-  $("regen").disabled = !state.loaded || gen || state.busy || !msgs.length;   // also answers an unanswered message
+  $("regen").disabled = !state.loaded || gen || busy || !msgs.length;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
   for (const id of ["demo", "open-folder", "open-file", "file-input", "open-adapter", "adapter-on", "adapter-scale",
-                    "remove-adapter"]) $(id).disabled = gen || state.busy;
+                    "remove-adapter", "reload-model"]) $(id).disabled = gen || busy;
   for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
-  for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || state.busy;
-  for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || state.busy;
+  for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || busy;
+  for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || busy;
   $("messages").setAttribute("aria-busy", String(gen));   // screen readers read the reply once, when it is done
   updateReopenNotice();
+  if (finetune) finetune.update();
 }
 
 function updateMeter(r) {
@@ -1133,6 +1144,8 @@ on("token", (m) => {                              // a committed block (Diffusio
 });
 
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
+finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
+                           removeAdapter, setState, updateButtons });
 showSettings();
 renderChat();
 boot();

@@ -71,4 +71,5 @@ self.onmessage = async (ev) => {
 const KNOWN = { boot: 1, open_file: 1, open_folder: 1, open_folder_model: 1, load: 1, chat: 1,
                 count_tokens: 1, logits: 1, stop: 1, cancel_load: 1, memory_plan: 1,
                 generate_tokens: 1, simulate_device_loss: 1, open_adapter: 1, set_adapter: 1,
-                remove_adapter: 1, diffusion_logits: 1, denoise_tokens: 1 };   // the last two: DiffusionGemma (tests)
+                remove_adapter: 1, diffusion_logits: 1, denoise_tokens: 1,   // these two: DiffusionGemma (tests)
+                train_options: 1, train_data: 1, train_start: 1, train_step: 1, train_finish: 1 };   // Fine-tune
