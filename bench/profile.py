@@ -1,7 +1,9 @@
 """Where a decode step's time goes: the step's plan timed whole and per kernel family.
 
-    python bench/profile.py MODEL.gguf [--prefill | --train]
+    python bench/profile.py MODEL.gguf [--prefill | --train | --few N]
 
+--few N: speculative decoding's step of a token and N drafts (the few-token layers plan, then the
+greedy head over its rows).
 --train: a LoRA training sequence of 256 tokens (bench/train_bench.py's settings): its forward plan
 and its backward plan (each layer recomputed, then its backward).
 
@@ -30,7 +32,12 @@ def main() -> int:
     eng.generate(list(range(2, 258)), SamplingParams(temperature=0, max_tokens=4), stop_ids=())
     g.write_step([5], len(eng.cached))
     plans = {"decode layers": g.layers_plan(1), "head+sample": g.head_plan(0, sample=True)}
-    if "--train" in sys.argv:
+    if "--few" in sys.argv:
+        n = 1 + int(sys.argv[sys.argv.index("--few") + 1])
+        g.write_step(list(range(2, 2 + n)), len(eng.cached))
+        plans = {f"few-token layers ({n} tokens)": g.layers_program(g.state.head_rows, few=True)[0],
+                 f"greedy head ({n} rows)": g.greedy_plan(0)}
+    elif "--train" in sys.argv:
         from train_bench import trainer
         tr, _, _ = trainer(eng, seq_len=256, batch=1, rank=8, steps=1)
         seq = tr.data.train[0]

@@ -204,6 +204,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
 
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
 FEW_TPR, FEW_WG = 32, 128     # its threads per row (>= FEW_TOKENS: thread t writes token t) and per workgroup
+FEW_Q4K_TPR, FEW_Q4K_WG = 16, 64   # matvec_tokens_q4k: threads per row (each writes tokens t, t + 16) and per workgroup
 
 
 def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: Buffer, plan: Plan | None = None,
@@ -212,10 +213,17 @@ def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: B
     (shaders/matvec_tokens.wgsl): a step of a few tokens, where matmul's 64-token tiles would be mostly
     padding. ldy: row stride of Y when W is one row block of a wider matrix (y bound at its column)."""
     row_bytes(qtype, k)
-    p = _pipeline(dev, "matvec_tokens", prelude=quant_prelude(qtype) + f"const MAXM: u32 = {FEW_TOKENS}u;\n",
-                  constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_TPR, "WG": FEW_WG})
+    maxm = f"const MAXM: u32 = {FEW_TOKENS}u;\n"
+    if quant_type(qtype) == ggml.Q4_K:       # its own kernel: each 16-byte chunk dequantized once (matvec_tokens_q4k)
+        p = _pipeline(dev, "matvec_tokens_q4k", prelude=maxm,
+                      constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_Q4K_TPR, "WG": FEW_Q4K_WG})
+        rows_per_group = FEW_Q4K_WG // FEW_Q4K_TPR
+    else:
+        p = _pipeline(dev, "matvec_tokens", prelude=quant_prelude(qtype) + maxm,
+                      constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_TPR, "WG": FEW_WG})
+        rows_per_group = FEW_WG // FEW_TPR
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
-    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (FEW_WG // FEW_TPR))))
+    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // rows_per_group)))
 
 
 def _threads(n: int, wg: int = 64) -> tuple[int, int]:
