@@ -133,14 +133,15 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 // ---------------------------------------------------------------------------
-// Decode attention, split over the keys (one query token, S.n_tokens = 1):
-//   attend_split:   workgroup (h, s) covers keys [lo + s*CH, lo + (s+1)*CH) of the
-//                   query's range [lo, pos]; 4 threads per key compute q.k (interleaved
+// Decode attention, split over the keys (one query token, or a few: speculative decoding's token
+// and drafts, each its own query at S.pos0 + t; PREP == 0 then):
+//   attend_split:   workgroup (h, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's
+//                   query range [lo, pos]; 4 threads per key compute q.k (interleaved
 //                   vec4s, coalesced; V reads after too), then writes its partial softmax state
-//                   PART[h, s] = (max m, sum l, acc[HD]) (m = NEG, l = 0 when empty).
-//                   Dispatch (H, NSPLIT) with NSPLIT * CH >= the most keys a query sees.
-//   attend_combine: O[h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits
-//                   that held keys (a context sized plan has many empty ones early on). Dispatch (H).
+//                   PART[t, h, s] = (max m, sum l, acc[HD]) (m = NEG, l = 0 when empty).
+//                   Dispatch (H, NSPLIT, T) with NSPLIT * CH >= the most keys a query sees.
+//   attend_combine: O[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits
+//                   that held keys (a context sized plan has many empty ones early on). Dispatch (H, 1, T).
 // Needs HD % 4 == 0 and HD <= 4 * WG (WG = 128: 4 threads x 32 keys).
 
 override NSPLIT: u32 = 1u;
@@ -217,12 +218,14 @@ fn query_range(pos: u32) -> u32 {
 fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let s = wid.y;
-    let pos = S.pos0;
+    let t = wid.z;
+    if (t >= S.n_tokens) { return; }         // uniform per workgroup
+    let pos = S.pos0 + t;
     let kvh = h / (H / HKV);
     let lo = query_range(pos);
     let k0 = lo + s * CH;
     let stride = HD + 2u;
-    let pbase = (h * NSPLIT + s) * stride;
+    let pbase = ((t * H + h) * NSPLIT + s) * stride;
     if (k0 > pos) {                          // past the last key: an empty partial
         if (lid == 0u) { PART[pbase] = NEG; PART[pbase + 1u] = 0.0; }
         for (var d = lid; d < HD; d += 128u) { PART[pbase + 2u + d] = 0.0; }
@@ -230,7 +233,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     let n = min(CH, pos + 1u - k0);
     if (PREP == 0u) {
-        for (var d = lid; d < HD; d += 128u) { qd[d] = Q[h * HD + d] * SCALE; }
+        for (var d = lid; d < HD; d += 128u) { qd[d] = Q[(t * H + h) * HD + d] * SCALE; }
     } else {
         let qb = QOFF + h * HD;
         let inv_q = inv_rms_q(qb, lid);
@@ -288,21 +291,24 @@ var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weig
 @compute @workgroup_size(128)
 fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
+    let t = wid.z;
+    if (t >= S.n_tokens) { return; }
     let stride = HD + 2u;
-    let pos = S.pos0;
+    let pos = S.pos0 + t;
+    let p0 = (t * H + h) * NSPLIT;            // token t, head h's first partial
     let used = min(NSPLIT, (pos - query_range(pos)) / CH + 1u);   // the splits that held keys
     var mx = NEG;
-    for (var s = 0u; s < used; s++) { mx = max(mx, PART[(h * NSPLIT + s) * stride]); }
+    for (var s = 0u; s < used; s++) { mx = max(mx, PART[(p0 + s) * stride]); }
     var l = 0.0;
     for (var s = 0u; s < used; s++) {
-        let b = (h * NSPLIT + s) * stride;
+        let b = (p0 + s) * stride;
         l += exp(PART[b] - mx) * PART[b + 1u];
     }
-    for (var s = lid; s < used; s += 128u) { cw[s] = exp(PART[(h * NSPLIT + s) * stride] - mx) / l; }
+    for (var s = lid; s < used; s += 128u) { cw[s] = exp(PART[(p0 + s) * stride] - mx) / l; }
     workgroupBarrier();
     for (var d = lid; d < HD; d += 128u) {
         var a = 0.0;
-        for (var s = 0u; s < used; s++) { a += cw[s] * PART[(h * NSPLIT + s) * stride + 2u + d]; }
-        O[h * HD + d] = a;
+        for (var s = 0u; s < used; s++) { a += cw[s] * PART[(p0 + s) * stride + 2u + d]; }
+        O[(t * H + h) * HD + d] = a;
     }
 }

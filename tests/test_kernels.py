@@ -697,6 +697,32 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
 
 
+@pytest.mark.parametrize("hd,window,pos0,t", [(64, 0, 40, 5), (36, 8, 70, 9), (128, 0, 0, 3)])
+def test_attention_decode_few_tokens(dev, hd, window, pos0, t):
+    """The split-K kernel over a few queries (speculative decoding's token and drafts): query i at pos0 + i
+    sees the keys up to its own position (causal among the step's tokens, sliding window); queries past
+    the step's count are not written."""
+    rng = np.random.default_rng(hd + pos0 + t)
+    h, hkv, ctx, rows = 4, 2, 128, t + 2
+    last = pos0 + t - 1
+    keys = rng.standard_normal((hkv, last + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, last + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((rows, h, hd)).astype(np.float32) * 0.3
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(last + 1):
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    max_keys = window or ctx
+    part = dev.buffer(4 * rows * K.decode_partials(h, hd, max_keys))
+    out = f32(dev, np.full((rows, h, hd), 7.0, np.float32))
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, t, pos0),
+                                  h, hkv, hd, ctx, max_keys, window=window, max_tokens=rows))
+    got = read_f32(dev, out, rows * h * hd).reshape(rows, h, hd)
+    for i in range(t):
+        want = decode_attention_ref(q[i], keys[:, :pos0 + i + 1], vals[:, :pos0 + i + 1], pos0 + i, window)
+        np.testing.assert_allclose(got[i], want, atol=2e-5)
+    assert (got[t:] == 7.0).all()
+
+
 @pytest.mark.parametrize("mode,hd,nrot,ff,window,pos", [(2, 64, 64, False, 0, 0), (2, 128, 32, True, 0, 77),
                                                          (2, 36, 36, False, 8, 70), (1, 128, 32, True, 0, 40),
                                                          (2, 512, 128, True, 0, 33)])

@@ -543,12 +543,17 @@ class QueryPrep:
 
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
-                     scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None) -> Plan:
+                     scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
+                     max_tokens: int = 1) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
     workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees.
-    prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel."""
+    prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
+    max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
+    already normed and roped; partials: decode_partials(...) * max_tokens floats."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
+    if max_tokens > 1 and prep is not None:
+        raise ValueError("decode attention over several tokens takes q normed and roped (no prep)")
     nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
     c = dict(_attn_consts(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit)
     res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
@@ -559,9 +564,9 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
                    FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
     p = _pipeline(dev, "attention", entry="attend_split", constants=c)
-    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit)
+    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
     p = _pipeline(dev, "attention", entry="attend_combine", constants=c)
-    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads)
+    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, 1, max_tokens)
 
 
 # ---- DiffusionGemma (shaders/soft_embed.wgsl, shaders/attention_canvas.wgsl) ----------------

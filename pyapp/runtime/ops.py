@@ -207,7 +207,7 @@ class Ops:
 
     def attend(self, lc, q: Buffer, cache, out: Buffer) -> None:
         """out = softmax(q k^T, causal [+ sliding window]) v over the cache (scale 1: q, k are normed).
-        One token: split over the keys so the whole GPU works on one query."""
+        One token, or the few of a speculative step: split over the keys so the whole GPU works on few queries."""
         H, hd, kvh = self.cfg.n_heads, lc.head_dim, lc.n_kv_heads
         window = self.cfg.sliding_window if lc.sliding else 0
         if self.T == 1:
@@ -216,6 +216,9 @@ class Ops:
                 q = self.s.qkv if prep.mode == 2 else self.s.q_raw
             K.attention_decode(self.dev, q, cache.k, cache.v, out, self.s.partials, self.step, H, kvh, hd, cache.slots,
                                self.s.max_keys(lc), window=window, plan=self.plan, prep=prep)
+        elif self.few and self.s.few_partials() is not None:     # a few queries: each split over the keys too
+            K.attention_decode(self.dev, q, cache.k, cache.v, out, self.s.few_partials(), self.step, H, kvh, hd,
+                               cache.slots, self.s.max_keys(lc), window=window, plan=self.plan, max_tokens=self.T)
         else:
             K.attention(self.dev, q, cache.k, cache.v, out, self.step, H, kvh, hd, cache.slots, self.T, window=window,
                         plan=self.plan)

@@ -141,6 +141,18 @@ class State:
         self.denoise_out = f32(K.DENOISE_HEADER + 2 * C, "denoise out")   # u32: stop flags, argmax, accepted
         self.denoise_readback = dev.buffer(self.denoise_out.size, "readback", "denoise readback")
 
+    FEW_PARTIALS_LIMIT = 256 << 20        # bytes: beyond, a speculative step's attention uses the tiled kernel
+
+    def few_partials(self) -> Buffer | None:
+        """Split-K attention partials for the head_rows queries of a speculative step (made on first use,
+        as those plans are); None when they would take more than FEW_PARTIALS_LIMIT (long contexts)."""
+        if not hasattr(self, "_few_partials"):
+            n = self.head_rows * max(K.decode_partials(self.cfg.n_heads, lc.head_dim, self.max_keys(lc))
+                                     for lc in self.cfg.layers)
+            self._few_partials = (self.dev.buffer(4 * n, label="attention partials (few tokens)")
+                                  if 4 * n <= self.FEW_PARTIALS_LIMIT else None)
+        return self._few_partials
+
     def max_keys(self, lc) -> int:
         """The most keys one query of this layer attends to."""
         if lc.sliding and self.cfg.sliding_window:
