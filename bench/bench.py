@@ -9,6 +9,14 @@ Prints one JSON object per line. Decode reads every active weight once per token
 so tokens/s <= bandwidth / bytes_per_token; `bound_tok_s` states that bound for the
 bandwidth given by --bandwidth (GB/s; default: the best matvec figure measured here).
 
+Speculative decoding: `--speculate N` (greedy only) drafts up to N tokens per step by prompt lookup
+and reports `drafted`, `accepted`, `decode_steps` and `tokens_per_step` beside decode tok/s, and
+what a step costs alone (`one_token_step_ms`; `draft_step_ms`: a token and N drafts in the plan
+speculation uses; `draft_step_tiles_ms`: the same in the prefill plan); compare `--prompt-kind
+repeat` (a random block of 16 ids repeated) with `--prompt-kind random`, each with and without it:
+
+    python bench/bench.py --make e2b:Q4_K --speculate 8 --prompt-kind repeat
+
 A DiffusionGemma file (architecture `diffusion-gemma`) is measured by denoising instead
 (DiffusionEngine.bench): a random --prompt-tokens prompt (default 128), --gen-tokens new tokens
 (default 256: one canvas), the model's sampler settings with at most --steps steps per block, seeded;
@@ -75,7 +83,8 @@ def bench_model(path: str, args) -> dict:
         r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3),
                  load_s=round(load_s, 2), chunk=args.chunk)
         return r
-    r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, temperature=args.temperature)
+    r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, temperature=args.temperature,
+                  speculate=args.speculate, prompt=args.prompt_kind)
     bpt = bytes_per_token(g)
     r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
              bytes_per_token=bpt, chunk=args.chunk)
@@ -151,6 +160,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed runs after a warm-up; medians are reported")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample decoded tokens (0: greedy, which repeats itself on random weights)")
+    ap.add_argument("--speculate", type=int, default=0, metavar="N",
+                    help="speculative decoding (greedy only): up to N prompt-lookup drafts checked per step; "
+                         "reports drafted, accepted and tokens per step")
+    ap.add_argument("--prompt-kind", choices=["random", "repeat"], default="random",
+                    help="random token ids, or a random block of 16 ids repeated (text that repeats)")
     ap.add_argument("--gpu-memory", type=float, default=None, metavar="MIB",
                     help="GPU memory budget (experts stream from the file beyond it)")
     ap.add_argument("--chunk", type=int, default=None, help="most tokens per prefill step (default: the engine's)")

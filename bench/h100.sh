@@ -32,12 +32,16 @@
 #            --train (browser path) and bench/train_torch.py (PyTorch + PEFT, the machine's torch with the
 #            transformers + peft wheels carried in .carry/train), each with nvidia-smi's memory.used
 #            sampled every 100 ms (peak minus the value before) -> train-*.jsonl
+#   speculate  speculative decoding (issue 9 item 4): SPEC_MODELS natively and on the browser path,
+#            greedy, for each prompt kind of SPEC_PROMPTS (repeat: a random block of 16 ids repeated;
+#            random) and each SPEC_N (0: off, the baseline; N: up to N prompt-lookup drafts a step):
+#            decode tok/s with drafted, accepted, tokens_per_step -> speculate.jsonl, then table
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
 #
 # Every call ends by copying to $OUT (what comes back from the device): table.md, native.jsonl,
-# browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, h100.log (this script's output, all calls)
+# browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, speculate.jsonl, h100.log (this script's output, all calls)
 # and build.log.
 # State lives in $W (/tmp/h100) and the models in /tmp: they persist only while the machine is
 # held, and a machine goes back ~30 s after a call ends, so the calls must follow each other at
@@ -57,6 +61,7 @@
 #      DIFFUSION_STREAM_STEPS (3), TRAIN_MODEL (e2b:Q4_K), TRAIN_SEQ (256), TRAIN_BATCH (4), TRAIN_RANK (8),
 #      TRAIN_STEPS (6), TRAIN_DTYPES ("bfloat16 float32": PyTorch's base weights), A26B_DECODE ("native=69.7 browser=90.4": a26b Q4_K decode tok/s from
 #      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
+#      SPEC_MODELS ("e2b:Q4_K"), SPEC_PROMPTS ("repeat random"), SPEC_N ("0 4 8 16"), SPEC_GEN (GEN).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -89,6 +94,10 @@ DIFFUSION_REPEAT=${DIFFUSION_REPEAT:-1}
 DIFFUSION_BUDGET=${DIFFUSION_BUDGET-8192}
 DIFFUSION_STREAM_STEPS=${DIFFUSION_STREAM_STEPS:-3}
 A26B_DECODE=${A26B_DECODE-"native=69.7 browser=90.4"}
+SPEC_MODELS=${SPEC_MODELS:-"e2b:Q4_K"}
+SPEC_PROMPTS=${SPEC_PROMPTS:-"repeat random"}
+SPEC_N=${SPEC_N:-"0 4 8 16"}
+SPEC_GEN=${SPEC_GEN:-$GEN}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -403,9 +412,43 @@ step_diffusion() {
     step_table
 }
 
+# speculative decoding: greedy decode speed with up to N drafts a step (0: the baseline), per prompt kind,
+# natively and on the browser path; each result kept unless REDO=1
+step_speculate() {
+    local spec path name kind n res
+    busy speculate && return 1
+    mkdir -p "$RES/speculate"      # apart: side_by_side.py's main table would take the N = 0 runs as its own
+    for spec in $SPEC_MODELS; do
+        path=$(model_path "$spec"); name=$(model_name "$spec")
+        [ -f "$path.ok" ] || { log "speculate: no $path"; continue; }
+        for kind in $SPEC_PROMPTS; do
+            for n in $SPEC_N; do
+                res=$RES/speculate/native-$name-$kind-$n.jsonl
+                if ! done_already "$res"; then
+                    log "speculate (native): $name, $kind prompt, --speculate $n"
+                    limited 20 "$PY" bench/bench.py --models "$path" --prompt-tokens "$PROMPT" --gen-tokens "$SPEC_GEN" \
+                        --context "$CONTEXT" --chunk "$CHUNK" --speculate "$n" --prompt-kind "$kind" \
+                        > "$res.tmp" && mv "$res.tmp" "$res"
+                    cat "$res" 2>/dev/null
+                fi
+                res=$RES/speculate/browser-$name-$kind-$n.jsonl
+                if [ -x "$W/bin/node" ] && ! done_already "$res"; then
+                    log "speculate (browser): $name, $kind prompt, SPECULATE=$n"
+                    SPECULATE=$n PROMPT_KIND=$kind PROMPT_TOKENS=$PROMPT GEN_TOKENS=$SPEC_GEN CONTEXT=$CONTEXT \
+                        CHUNK=$CHUNK PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+                        limited 20 "$W/bin/node" bench/node_bench.mjs "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+                    cat "$res" 2>/dev/null
+                fi
+            done
+        done
+    done
+    step_table
+}
+
 step_table() {
     local a=() kv
     for kv in $A26B_DECODE; do a+=(--a26b-decode "$kv"); done
+    [ -d "$RES/speculate" ] && a+=(--speculation "$RES/speculate")
     "$PY" bench/side_by_side.py --prompt "$PROMPT" --gen "$GEN" --ttft-prompt "$TTFT_PROMPT" "${a[@]}" "$RES" \
         > "$RES/table.md" && cat "$RES/table.md"
 }
@@ -496,6 +539,7 @@ finish() {   # what comes back: the files in $OUT
     for kind in native browser llama ttft stream kernels diffusion train; do
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
+    cat "$RES"/speculate/*.jsonl > "$OUT/speculate.jsonl" 2>/dev/null || rm -f "$OUT/speculate.jsonl"
     cp "$RES/table.md" "$OUT/" 2>/dev/null
     [ -f "$W/build.log" ] && tail -c 8000000 "$W/build.log" > "$OUT/build.log"
     log "call done; build $(build_state)"
@@ -511,7 +555,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|train|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|speculate|train|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

@@ -8,7 +8,9 @@
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
 //      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it),
-//      TEMPERATURE (0: greedy decoding).
+//      TEMPERATURE (0: greedy decoding), SPECULATE (0: off; N: speculative decoding, up to N
+//      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
+//      a random block of 16 ids repeated).
 // A DiffusionGemma file is measured by denoising (DiffusionEngine.bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
@@ -74,7 +76,9 @@ for m in ${JSON.stringify(models)}:
     else:
         r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
                                   gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
-                                  temperature=${Number(process.env.TEMPERATURE || 0)})
+                                  temperature=${Number(process.env.TEMPERATURE || 0)},
+                                  speculate=${Number(process.env.SPECULATE || 0)},
+                                  prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())

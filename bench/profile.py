@@ -1,6 +1,9 @@
 """Where a decode step's time goes: the step's plan timed whole and per kernel family.
 
-    python bench/profile.py MODEL.gguf [--prefill]
+    python bench/profile.py MODEL.gguf [--prefill | --train]
+
+--train: a LoRA training sequence of 256 tokens (bench/train_bench.py's settings): its forward plan
+and its backward plan (each layer recomputed, then its backward).
 
 Each family's dispatches (grouped by shader:entry point) are replayed alone, in
 their order, as one submit; the sum over families vs the whole plan shows how much
@@ -15,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 
 def main() -> int:
@@ -26,7 +30,13 @@ def main() -> int:
     eng.generate(list(range(2, 258)), SamplingParams(temperature=0, max_tokens=4), stop_ids=())
     g.write_step([5], len(eng.cached))
     plans = {"decode layers": g.layers_plan(1), "head+sample": g.head_plan(0, sample=True)}
-    if "--prefill" in sys.argv:
+    if "--train" in sys.argv:
+        from train_bench import trainer
+        tr, _, _ = trainer(eng, seq_len=256, batch=1, rank=8, steps=1)
+        seq = tr.data.train[0]
+        tr.state.write_sequence(seq.ids, seq.mask, seq.n_targets, g.source)
+        plans = {"train forward (256 tokens)": tr._forward, "train backward (256 tokens)": tr._backward}
+    elif "--prefill" in sys.argv:
         g.write_step(list(range(2, 2 + g.chunk)), len(eng.cached))
         plans = {f"prefill layers ({g.chunk} tokens)": g.layers_plan(g.chunk)}
     for name, plan in plans.items():

@@ -14,6 +14,9 @@ DiffusionGemma records (bench.py / node_bench.mjs on a `diffusion-gemma` file: `
 get their own table: time per denoising step, steps taken, committed tokens/s and tokens per forward
 pass, beside the a26b file's decode tok/s in the same runtime (and budget) when its records are there,
 else the figures given with --a26b-decode RUNTIME=TOK_S (RUNTIME: native or browser).
+Speculative decoding records (bench/h100.sh speculate, given with --speculation DIR_OR_FILES: kept
+apart, since their N = 0 baselines are ordinary records) get a table of their own: decode tok/s per
+prompt kind and N beside N = 0's, with drafted, accepted and tokens per step.
 Standard library only.
 """
 
@@ -202,6 +205,37 @@ def diffusion_table(records: list[dict], a26b_decode: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speculation_table(records: list[dict]) -> str:
+    """Greedy decode with up to N prompt-lookup drafts a step, one row per (file, runtime, prompt kind, N),
+    beside the same file, runtime and prompt kind at N = 0."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if "decode_tok_s" in r and "speculate" in r:
+            rows[(os.path.basename(r.get("file", "?")), runtime(r), r.get("prompt", "random"),
+                  int(r["speculate"]))] = r
+    if not rows:
+        return ""
+    some = next(iter(rows.values()))
+    lines = ["", f"Speculative decoding (greedy, prompt lookup), prompt {some.get('prompt_tokens')} tokens "
+             f"(repeat: a random block of 16 ids over and over; random: random ids), {some.get('generated_tokens')} "
+             "generated; N: the most drafts a step; drafted, accepted, tokens per step: the first timed run's; "
+             "step ms: a step alone with its greedy head and readback, one token, and 1 + N tokens in the plan "
+             "speculation uses (few-token kernels) and in the prefill plan (64-token tiles); break-even: the "
+             "tokens a step of drafts must give to match one-token steps.", "",
+             "| file | runtime | prompt | N | decode tok/s | vs N = 0 | drafted | accepted | acceptance "
+             "| tokens / step | step ms: 1 token | 1 + N, few-token | 1 + N, tiles | break-even tokens / step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (f, rt, prompt, n), r in sorted(rows.items()):
+        base = rows.get((f, rt, prompt, 0))
+        lines.append(f"| {f} | {rt} | {prompt} | {n} | {fmt(r.get('decode_tok_s'))} | "
+                     f"{ratio(r.get('decode_tok_s'), base.get('decode_tok_s')) if base else '-'} | "
+                     f"{r.get('drafted', '-')} | {r.get('accepted', '-')} | {fmt(r.get('acceptance'), 3)} | "
+                     f"{fmt(r.get('tokens_per_step'), 2)} | {fmt(r.get('one_token_step_ms'), 2)} | "
+                     f"{fmt(r.get('draft_step_ms'), 2)} | {fmt(r.get('draft_step_tiles_ms'), 2)} | "
+                     f"{fmt(r.get('break_even_tokens_per_step'), 2)} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_decode(items: list[str]) -> dict:
     out = {}
     for item in items:
@@ -221,14 +255,18 @@ def main() -> int:
     ap.add_argument("--hbm", type=float, default=0.0, help="GB/s for an extra bound column (e.g. 3350 for H100 SXM)")
     ap.add_argument("--a26b-decode", action="append", default=[], metavar="RUNTIME=TOK_S",
                     help="a26b decode tok/s to show beside DiffusionGemma's where no a26b record is given")
+    ap.add_argument("--speculation", action="append", default=[], metavar="DIR_OR_FILE",
+                    help="speculative decoding records (bench/h100.sh speculate): their own table (repeatable)")
     args = ap.parse_args()
     records = load_records(args.paths)
-    if not records:
+    speculation = load_records(args.speculation) if args.speculation else []
+    if not records and not speculation:
         print("no records found", file=sys.stderr)
         return 1
     if any(kind(r) in ("native", "browser", "llama", "kernel") for r in records):
         sys.stdout.write(build(records, args.prompt, args.gen, args.ttft_prompt, args.hbm))
     sys.stdout.write(diffusion_table(records, parse_decode(args.a26b_decode)))
+    sys.stdout.write(speculation_table(speculation))
     return 0
 
 

@@ -245,15 +245,25 @@ def cmd_generate(args) -> int:
     res = engine.generate(ids, params, on_token=_print_piece)
     sys.stdout.write("\n")
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
-          f"{res.decode_tps:.1f} tok/s, {res.stop_reason}]", file=sys.stderr)
+          f"{res.decode_tps:.1f} tok/s, {res.stop_reason}{_speculation_note(params, res)}]", file=sys.stderr)
     return 0
+
+
+def _speculation_note(params, res) -> str:
+    """What speculative decoding did, for the summary line (nothing when it was off)."""
+    if not params.speculate:
+        return ""
+    if not params.speculates:
+        return "; --speculate is off: greedy only (--temperature 0, --repeat-penalty 1)"
+    return (f"; speculative: {res.accepted} of {res.drafted} drafted tokens accepted, "
+            f"{res.tokens_per_step:.2f} tokens per step")
 
 
 def _params(args):
     from .engine import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                          max_tokens=args.max_tokens, seed=args.seed)
+                          max_tokens=args.max_tokens, seed=args.seed, speculate=args.speculate)
 
 
 def _print_piece(_tok, piece: str) -> None:
@@ -294,7 +304,8 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     g = _open(args.model)
     engine = _engine(g, args)
-    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat)
+    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
+                          speculate=args.speculate, prompt=args.prompt_kind)
     if args.json:
         print(json.dumps(result))
     else:
@@ -379,6 +390,16 @@ def _memory_args(p) -> None:
                         "less GPU memory, slower decode")
 
 
+def _speculate_arg(p) -> None:
+    from .sampling import MAX_SPECULATE
+    p.add_argument("--speculate", type=int, default=0, metavar="N",
+                   help=f"speculative decoding: draft up to N tokens (0-{MAX_SPECULATE}) by prompt lookup (the "
+                        "tokens that followed the latest earlier occurrence of the last 3, 2 or 1 tokens) and check "
+                        "them in one step: the greedy tokens (up to float rounding), faster where text repeats "
+                        "(code, quoting the prompt, lists). Greedy only: off with --temperature > 0 or "
+                        "--repeat-penalty != 1 (default 0: off)")
+
+
 def _lora_args(p) -> None:
     p.add_argument("--lora", action="append", metavar="ADAPTER.gguf",
                    help="apply a LoRA adapter in llama.cpp's GGUF format (repeatable: adapters add up)")
@@ -441,6 +462,7 @@ def main(argv=None) -> int:
         p.add_argument("--repeat-penalty", type=float, default=base.repeat_penalty)
         p.add_argument("--repeat-last-n", type=int, default=base.repeat_last_n)
         p.add_argument("--seed", type=int, default=0)
+        _speculate_arg(p)
         p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
@@ -463,6 +485,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="timed runs after the warm-up (medians are reported)")
+    p.add_argument("--prompt-kind", choices=["random", "repeat"], default="random",
+                   help="the prompt: random token ids, or a random block of 16 ids repeated (text that repeats)")
+    _speculate_arg(p)
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
     _memory_args(p)
@@ -479,8 +504,8 @@ def main(argv=None) -> int:
                         "epochs, lr 1e-4, batch 8); the options below override them")
     p.add_argument("--rank", type=int)
     p.add_argument("--alpha", type=float)
-    p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj "
-                                     "(default q,k,v,o,gate,up,down)")
+    p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj,router "
+                                     "(router: a MoE model's; default q,k,v,o,gate,up,down)")
     p.add_argument("--steps", type=int, help="updates (default: --epochs passes over the data)")
     p.add_argument("--epochs", type=float)
     p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine decay)")

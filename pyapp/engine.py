@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from .model.config import ConfigError, Gemma4Config, model_config
 from .model.logits import Logits
 from .model.lora import LoraError, load_lora
 from .model.weights import WeightsError, bind
+from .prompt_lookup import PromptLookup
 from .runtime.adapters import GpuAdapters
 from .runtime.requests import FileToGpu, ReadFile, ReadGpu, ReadMapped, handler
 from .runtime.runner import Runner
@@ -75,6 +77,15 @@ class GenerationResult:
     decode_s: float = 0.0
     # streamed experts: the cache's (hits, misses, bytes read) at the start, the first token, the end
     expert_counts: list = field(default_factory=list)
+    decode_steps: int = 0            # layer steps after the prompt's: one token each, or a token and its drafts
+    drafted: int = 0                 # speculative decoding: tokens drafted by prompt lookup
+    accepted: int = 0                # of those, the ones the model's greedy choice confirmed
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens each decode step gave (the first token comes out of prefill)."""
+        n = len(self.tokens) - 1
+        return n / self.decode_steps if self.decode_steps and n > 0 else 0.0
 
     @property
     def prefill_tps(self) -> float:
@@ -277,7 +288,15 @@ class Engine:
         return int.from_bytes(data, "little")
 
     def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
-        """Steps of one generation; returns its GenerationResult."""
+        """Steps of one generation; returns its GenerationResult.
+
+        Each token is drawn on the GPU from the last step's row and read back, the step that feeds
+        it to the layers already submitted (decode ahead). With speculation (params.speculates:
+        greedy, params.speculate drafts), each token the CPU knows is followed by the tokens prompt
+        lookup drafts after it, all run through the layers as one step (_verify); the drafts that
+        match the greedy choice after the token before them are kept, plus that choice after the
+        last one kept. The rest of the step's K/V lie past the kept tokens, where later steps write
+        again in order. No draft: the one-token step as without speculation."""
         params.validate()        # fields may have changed since it was made
         r = self.runner
         result = GenerationResult()
@@ -294,56 +313,84 @@ class Engine:
         stops = self._stop_ids() if stop_ids is None else set(stop_ids)
         decoder = self._decoder()
         history = list(prompt)
+        lookup = PromptLookup(prompt) if params.speculates else None
 
-        self._count_experts(result)
-        t0 = time.perf_counter()
-        row = yield from self._prefill(prompt[reuse:], reuse)
-        self.cached = list(prompt)
-        while True:
-            recent = history[-params.repeat_last_n:] if params.repeat_last_n > 0 and params.repeat_penalty != 1 else []
-            self.dev.write(r.state.sample_params, K.pack_sample_params(
-                params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
-                recent, rng.random()))
-            self.dev.submit(r.head_plan(row, sample=True))
-            # Decode ahead: feed the sampled id to the next step on the GPU before reading it, so the
-            # GPU never waits for the CPU's readback and encoding. Wasted only on the last token.
-            pos = len(self.cached)
-            ahead = r.decodes_ahead and len(result.tokens) + 1 < params.token_limit and pos + 1 < self.context_length
-            if ahead:
-                r.write_position(pos)
-                yield from r.run_layers(1, sampled=True)
-                self.kv_end = max(self.kv_end, pos + 1)
-            tok = yield from self._read_token()
-            now = time.perf_counter()
-            if not result.tokens and not result.prefill_s:
-                result.prefill_s, t0 = now - t0, now
-                self._count_experts(result)
-            else:
-                result.decode_s = now - t0
+        def emit(tok: int) -> bool:
+            """Hand out the next token; True when generation ends with it (result.stop_reason says why)."""
             if tok in stops:
                 result.stop_reason = "stop"
-                break
+                return True
             result.tokens.append(tok)
             history.append(tok)
+            if lookup:
+                lookup.append(tok)
             piece = decoder.push(tok) if decoder else ""
             result.text += piece
             if on_token:
                 on_token(tok, piece)
             if len(result.tokens) >= params.token_limit:
                 result.stop_reason = "length"
-                break
-            if should_stop and should_stop():
+            elif should_stop and should_stop():
                 result.stop_reason = "cancelled"
-                break
-            if len(self.cached) + 1 >= self.context_length:
+            elif len(prompt) + len(result.tokens) >= self.context_length:
                 result.stop_reason = "context"
-                break
-            if not ahead:
+            return bool(result.stop_reason)
+
+        self._count_experts(result)
+        t0 = time.perf_counter()
+        row = yield from self._prefill(prompt[reuse:], reuse)
+        self.cached = list(prompt)
+        tok, fed = None, False      # the newest token once read; fed: its step ran (decoded ahead)
+        while True:
+            if tok is None:         # draw the token after `row` of the last step on the GPU
+                recent = history[-params.repeat_last_n:] if params.repeat_last_n > 0 and params.repeat_penalty != 1 else []
+                self.dev.write(r.state.sample_params, K.pack_sample_params(
+                    params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty,
+                    recent, rng.random()))
+                self.dev.submit(r.head_plan(row, sample=True))
+                # Decode ahead: feed the sampled id to the next step on the GPU before reading it, so the
+                # GPU never waits for the CPU's readback and encoding. Wasted only on the last token.
+                pos = len(self.cached)
+                fed = r.decodes_ahead and len(result.tokens) + 1 < params.token_limit and pos + 1 < self.context_length
+                if fed:
+                    r.write_position(pos)
+                    yield from r.run_layers(1, sampled=True)
+                    self.kv_end = max(self.kv_end, pos + 1)
+                    result.decode_steps += 1
+                tok = yield from self._read_token()
+                t0 = self._clock(result, t0)
+                if emit(tok):
+                    break
+                if fed:
+                    self.cached.append(tok)
+            drafts = lookup.draft(self._draft_limit(params, result, len(prompt), fed)) if lookup else []
+            if drafts:
+                ids = yield from self._verify(tok, fed, drafts)
+                t0 = self._clock(result, t0)
+                result.decode_steps += 1
+                if not fed:
+                    self.cached.append(tok)
+                n = 0
+                while n < len(drafts) and drafts[n] == ids[n]:
+                    n += 1
+                result.drafted, result.accepted = result.drafted + len(drafts), result.accepted + n
+                ended = False
+                for d in drafts[:n]:
+                    ended = emit(d)
+                    if ended:
+                        break
+                    self.cached.append(d)
+                if ended or emit(ids[n]):
+                    break
+                tok, fed = ids[n], False        # the greedy choice after the last kept token: known, not fed
+                continue
+            if not fed:
                 r.write_step([tok], len(self.cached))
                 yield from r.run_layers(1)
-                self.kv_end = len(self.cached) + 1
-            self.cached.append(tok)
-            row = 0
+                self.kv_end = max(self.kv_end, len(self.cached) + 1)
+                result.decode_steps += 1
+                self.cached.append(tok)
+            tok, row = None, 0
         self._count_experts(result)
         tail = decoder.flush() if decoder else ""
         if tail:
@@ -351,6 +398,40 @@ class Engine:
             if on_token:
                 on_token(None, tail)
         return result
+
+    def _clock(self, result: GenerationResult, t0: float) -> float:
+        """A token was read: the first ends prefill (t0 restarts), later ones extend decode."""
+        now = time.perf_counter()
+        if not result.tokens and not result.prefill_s:
+            result.prefill_s = now - t0
+            self._count_experts(result)
+            return now
+        result.decode_s = now - t0
+        return t0
+
+    def _draft_limit(self, params: SamplingParams, result: GenerationResult, prompt_len: int, fed: bool) -> int:
+        """The most drafts worth checking after the newest token: a step emits at most the drafts + 1
+        tokens, within max_tokens and the context; its tokens (the newest too unless fed) fit one step."""
+        room = min(params.token_limit - len(result.tokens), self.context_length - prompt_len - len(result.tokens))
+        rows = self.runner.state.head_rows - (0 if fed else 1)
+        return int(max(0, min(params.speculate, room - 1, rows)))
+
+    def _verify(self, tok: int, fed: bool, drafts: list[int]):
+        """Steps: the drafts after tok (and tok itself unless its step ran) through the layers as one
+        step at the next positions, then the greedy choice after tok and after each draft; returns
+        those len(drafts) + 1 ids. fed: tok's step ran ahead and its row is still in state.x, so its
+        choice comes from the one-token head (temperature 0: the argmax) before this step overwrites it."""
+        r = self.runner
+        if fed:
+            self.dev.submit(r.head_plan(0, sample=True))
+        feed = drafts if fed else [tok] + drafts
+        pos = len(self.cached)
+        r.write_step(feed, pos)
+        yield from r.run_layers(len(feed), few=True)
+        self.kv_end = max(self.kv_end, pos + len(feed))
+        self.dev.submit(r.greedy_plan(1 if fed else 0))
+        data = yield ReadMapped(r.state.greedy_readback, 0, 4 * (len(drafts) + 1))
+        return list(struct.unpack(f"<{len(drafts) + 1}I", bytes(data)))
 
     def _count_experts(self, result: GenerationResult) -> None:
         cache = self.runner.experts
@@ -417,30 +498,80 @@ class Engine:
         return await self._drive_async(self._forward(tokens))
 
     # -- benchmark ------------------------------------------------------------------
-    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int, temperature: float = 0.0):
+    BENCH_PROMPTS = ("random", "repeat")
+    REPEAT_BLOCK = 16          # tokens of the block a "repeat" benchmark prompt repeats
+
+    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int, temperature: float = 0.0,
+               speculate: int = 0, prompt: str = "random"):
         """Steps: prefill and decode speed on random tokens (greedy unless temperature > 0, no early
         stop): a warm-up over the same prompt (every plan the runs use), then `repeat` runs; medians,
         and every run's. (Greedy decoding of random weights repeats itself, and so does its expert
-        routing: temperature 1 gives the varied tokens that measure an expert cache fairly.)"""
+        routing: temperature 1 gives the varied tokens that measure an expert cache fairly.)
+        speculate: drafts per step (greedy only), reported with what was drafted and accepted;
+        prompt: "random" ids, or "repeat": a random block of REPEAT_BLOCK ids over and over (text
+        that repeats: what prompt lookup drafts from)."""
+        if prompt not in self.BENCH_PROMPTS:
+            raise EngineError(f"benchmark prompt must be one of {', '.join(self.BENCH_PROMPTS)}, not {prompt!r}")
         rng = random.Random(seed)
-        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(prompt_tokens, self.context_length // 2))]
+        n = min(prompt_tokens, self.context_length // 2)
+        block = self.REPEAT_BLOCK if prompt == "repeat" else n
+        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(min(block, n))]
+        ids = (ids * -(-n // max(len(ids), 1)))[:n]
         runs = []
         for i in range(repeat + 1):
             self.reset()
-            params = SamplingParams(temperature=temperature, seed=seed + i, max_tokens=gen_tokens if i else 2)
+            warm_up = min(gen_tokens, 16) if speculate else 2     # speculating: some steps of drafts too
+            params = SamplingParams(temperature=temperature, seed=seed + i, max_tokens=gen_tokens if i else warm_up,
+                                    speculate=speculate)
             res = yield from self._generate(ids, params, None, None, stop_ids=())
             if i:
                 runs.append(res)
+        first = runs[0]
         return {"adapter": self.dev.describe(), "backend": self.dev.backend, "prompt_tokens": len(ids),
+                "prompt": prompt,
                 "prefill_s": statistics.median(r.prefill_s for r in runs),
                 "prefill_tok_s": statistics.median(r.prefill_tps for r in runs),
-                "generated_tokens": len(runs[0].tokens),
+                "generated_tokens": len(first.tokens),
                 "decode_s": statistics.median(r.decode_s for r in runs),
                 "decode_tok_s": statistics.median(r.decode_tps for r in runs),
                 "runs": {"prefill_tok_s": [round(r.prefill_tps, 1) for r in runs],
                          "decode_tok_s": [round(r.decode_tps, 1) for r in runs]},
                 "context_length": self.context_length, "model": self.config.describe(), "temperature": temperature,
+                "speculate": speculate if params.speculates else 0,
+                # the first run's (greedy runs draft alike): steps after the prompt's, tokens each gave
+                "decode_steps": first.decode_steps, "tokens_per_step": round(first.tokens_per_step, 3),
+                "drafted": first.drafted, "accepted": first.accepted,
+                "acceptance": round(first.accepted / first.drafted, 3) if first.drafted else None,
+                **(yield from self._bench_steps(speculate if params.speculates else 0)),
                 **self._bench_memory(runs)}
+
+    def _bench_steps(self, speculate: int, repeat: int = 5):
+        """Steps: with speculation, what a step costs alone (no decode ahead to hide the readback), each
+        with its greedy head and the readback of its ids, medians of `repeat` in ms: a one-token step,
+        and a step of a token and `speculate` drafts (as many as fit one step) in the plan speculation
+        uses (kernels for a few tokens) and in the prefill plan (64-token tiles), for comparison. A
+        step of drafts pays off when it gives more tokens than its time over the one-token step's
+        (roughly: plain decoding also hides its readbacks behind the next step)."""
+        if not speculate:
+            return {}
+        r = self.runner
+        n = min(1 + speculate, r.state.head_rows)
+        runs = {"one": (1, False), "few": (n, True), "tiles": (n, False)}
+        times = {k: [] for k in runs}
+        for _ in range(repeat):
+            for key, (k, few) in runs.items():
+                pos = min(len(self.cached), self.context_length - n)
+                t0 = time.perf_counter()
+                r.write_step(self.cached[-k:] if len(self.cached) >= k else [0] * k, pos)
+                yield from r.run_layers(k, few=few)
+                self.dev.submit(r.greedy_plan(0))
+                yield ReadMapped(r.state.greedy_readback, 0, 4 * k)
+                times[key].append(time.perf_counter() - t0)
+        self.reset()                  # those steps wrote K/V past the cached tokens
+        ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+        return {"one_token_step_ms": round(ms["one"], 3), "draft_step_tokens": n,
+                "draft_step_ms": round(ms["few"], 3), "draft_step_tiles_ms": round(ms["tiles"], 3),
+                "break_even_tokens_per_step": round(ms["few"] / ms["one"], 2)}
 
     def _bench_memory(self, runs: list) -> dict:
         """The memory plan, and with streamed experts what decoding read: hit rate, bytes per token."""
@@ -459,12 +590,14 @@ class Engine:
                 "load_read_gb_s": round(self.load_bytes_per_s / 1e9, 2)}
 
     def bench(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0, repeat: int = 3,
-              temperature: float = 0.0) -> dict:
-        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature))
+              temperature: float = 0.0, speculate: int = 0, prompt: str = "random") -> dict:
+        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, speculate, prompt))
 
     async def bench_async(self, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 0,
-                          repeat: int = 3, temperature: float = 0.0) -> dict:
-        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature))
+                          repeat: int = 3, temperature: float = 0.0, speculate: int = 0,
+                          prompt: str = "random") -> dict:
+        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, speculate,
+                                                   prompt))
 
     def close(self) -> None:
         self.runner = None

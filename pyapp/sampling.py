@@ -6,7 +6,8 @@ one is a `ParamError` naming the parameter, its value and the allowed range (the
 page also gets RULES, for its inputs' bounds). Each parameter means what Ollama's
 option of the same name means (README.md, "Sampling parameters"), within what
 the GPU sampler (shaders/sample.wgsl) holds: it keeps at most SAMPLE_MAX_K
-candidates and sees the last MAX_RECENT tokens.
+candidates and sees the last MAX_RECENT tokens. One is ours, not Ollama's:
+`speculate`, the drafts per step of speculative decoding (greedy only).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .gpu.kernels import MAX_RECENT, SAMPLE_MAX_K
+from .gpu.kernels import HEAD_ROWS, MAX_RECENT, SAMPLE_MAX_K
 
 DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 2              # one prompt token and one generated token
 MAX_TEMPERATURE = 100        # far past the point where the pick is uniform over the top k
 MAX_REPEAT_PENALTY = 100
+MAX_SPECULATE = HEAD_ROWS - 1   # drafts a speculative step checks: its rows (the token + drafts) fit the greedy head
 
 
 class ParamError(ValueError):
@@ -74,6 +76,9 @@ RULES = {
                           note=f"0 = off, -1 = as many as the GPU sampler sees, {MAX_RECENT}"),
     "seed": Rule(-2**63, 2**63 - 1, integer=True, note="-1 = random"),
     "max_tokens": Rule(1, integer=True, special=-1, note="or -1: until a stop token or the end of the context"),
+    "speculate": Rule(0, MAX_SPECULATE, integer=True,
+                      note="tokens drafted by prompt lookup and checked in one step; 0 = off; greedy only: "
+                           "off when temperature > 0 or repeat_penalty != 1"),
 }
 CONTEXT_RULE = Rule(MIN_CONTEXT, integer=True)
 
@@ -93,8 +98,8 @@ DENOISE_RULES = {name: rule for name, (_, _, rule) in DENOISE_SETTINGS.items()}
 
 @dataclass
 class SamplingParams:
-    """Ollama's options of the same names (max_tokens is num_predict); checked on creation and by
-    the engine before each generation (validate())."""
+    """Ollama's options of the same names (max_tokens is num_predict), and speculate (ours: speculative
+    decoding, pyapp.engine); checked on creation and by the engine before each generation (validate())."""
     temperature: float = 1.0
     top_k: int = 64
     top_p: float = 0.95
@@ -103,6 +108,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int | None = None
     max_tokens: int = 512
+    speculate: int = 0      # not Ollama's: speculative decoding's drafts per step (Engine.generate), 0 = off
 
     def __post_init__(self):
         self.validate()
@@ -121,6 +127,12 @@ class SamplingParams:
         return self
 
     @property
+    def speculates(self) -> bool:
+        """Whether generation drafts and checks tokens: only greedy decoding without a repeat penalty
+        (then every token is the argmax of logits that depend only on the tokens before it)."""
+        return self.speculate > 0 and self.temperature == 0 and self.repeat_penalty == 1
+
+    @property
     def token_limit(self) -> float:
         """The most tokens to generate (max_tokens -1: no limit but the context)."""
         return math.inf if self.max_tokens == -1 else self.max_tokens
@@ -131,7 +143,7 @@ class SamplingParams:
         reads them: what Ollama clamps is clamped alike, and top_k or repeat_last_n beyond what the
         GPU sampler holds becomes its maximum (which the page's settings then show); num_predict 0
         or absent keeps our default. Values of the wrong type are a ParamError."""
-        p = params or {}
+        p = {k: v for k, v in (params or {}).items() if k != "speculate"}    # ours, not an Ollama option
         clamps = {"temperature": (0, None), "top_k": (0, SAMPLE_MAX_K), "top_p": (0, 1), "min_p": (0, 1),
                   "repeat_last_n": (-1, MAX_RECENT), "max_tokens": (-1, None)}
         kw = {}

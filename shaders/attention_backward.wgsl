@@ -12,8 +12,12 @@
 //   stats: workgroup (h, i): threads over keys: scores, max, sum, D. Dispatch (H, T).
 //   dq:    workgroup (h, i): per block of WG keys, each thread one key's ds into shared memory, then
 //          each thread its HD / WG dims of dQ. Dispatch (H, T).
-//   dkv:   workgroup (g, j): per query head of g and block of WG queries, each thread one query's
-//          P_ij and ds_ij into shared memory, then its dims of dK and dV. Dispatch (HKV, T).
+//   dkv:   workgroup (h, j): one query head's part of key j's dK and dV (per block of WG queries,
+//          each thread one query's P_ij and ds_ij into shared memory, then its dims), into the
+//          scratch DKVP [2, H, CTX, HD]. Dispatch (H, T): a workgroup per query head, not per KV head
+//          (E2B has one KV head: T workgroups alone leave most of a big GPU idle).
+//   dkv_sum: thread per (g, j, dim): dK, dV = the sums of DKVP over g's query heads (ACC: added).
+//          Dispatch: ceil(HKV * T * HD / WG) workgroups (split above 65535).
 
 override H: u32;
 override HKV: u32;
@@ -33,6 +37,7 @@ override WG: u32 = 64u;
 @group(0) @binding(6) var<storage, read_write> DK: array<f32>;
 @group(0) @binding(7) var<storage, read_write> DV: array<f32>;
 @group(0) @binding(8) var<uniform> S: Step;
+@group(0) @binding(9) var<storage, read_write> DKVP: array<f32>;
 
 const DPT: u32 = 8u;                        // dims a thread accumulates: HD <= 8 WG
 var<workgroup> ws_p: array<f32, WG>;
@@ -121,49 +126,66 @@ fn dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li
 
 @compute @workgroup_size(WG)
 fn dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x;
+    let h = wid.x;
     let j = wid.y;
     let T = S.n_tokens;
     if (j >= T) { return; }
+    let g = h / (H / HKV);
     let kb = (g * CTX + j) * HD;
     var last = T;                                   // queries j .. last - 1 see key j
     if (WINDOW > 0u) { last = min(T, j + WINDOW); }
     var ak: array<f32, DPT>;
     var av: array<f32, DPT>;
-    let group = H / HKV;
-    for (var hh = 0u; hh < group; hh++) {
-        let h = g * group + hh;
-        for (var ib = j; ib < last; ib += WG) {
-            let i = ib + lid;
-            var p = 0.0;
-            var ds = 0.0;
-            if (i < last) {
-                let qa = (i * H + h) * HD;
-                p = exp(score(qa, kb) - ST[2u * (i * H + h)]);
-                ds = p * (dp(qa, kb) - ST[2u * (i * H + h) + 1u]);
-            }
-            ws_p[lid] = p;
-            ws_s[lid] = ds;
-            workgroupBarrier();
-            let n = min(WG, last - ib);
-            for (var c = 0u; c < DPT; c++) {
-                let d = lid + c * WG;
-                if (d < HD) {
-                    for (var ii = 0u; ii < n; ii++) {
-                        let qa = ((ib + ii) * H + h) * HD + d;
-                        ak[c] += ws_s[ii] * Q[qa];
-                        av[c] += ws_p[ii] * DO[qa];
-                    }
+    for (var ib = j; ib < last; ib += WG) {
+        let i = ib + lid;
+        var p = 0.0;
+        var ds = 0.0;
+        if (i < last) {
+            let qa = (i * H + h) * HD;
+            p = exp(score(qa, kb) - ST[2u * (i * H + h)]);
+            ds = p * (dp(qa, kb) - ST[2u * (i * H + h) + 1u]);
+        }
+        ws_p[lid] = p;
+        ws_s[lid] = ds;
+        workgroupBarrier();
+        let n = min(WG, last - ib);
+        for (var c = 0u; c < DPT; c++) {
+            let d = lid + c * WG;
+            if (d < HD) {
+                for (var ii = 0u; ii < n; ii++) {
+                    let qa = ((ib + ii) * H + h) * HD + d;
+                    ak[c] += ws_s[ii] * Q[qa];
+                    av[c] += ws_p[ii] * DO[qa];
                 }
             }
-            workgroupBarrier();
         }
+        workgroupBarrier();
     }
+    let pb = (h * CTX + j) * HD;
     for (var c = 0u; c < DPT; c++) {
         let d = lid + c * WG;
         if (d < HD) {
-            let dk = SCALE * ak[c];
-            if (ACC) { DK[kb + d] += dk; DV[kb + d] += av[c]; } else { DK[kb + d] = dk; DV[kb + d] = av[c]; }
+            DKVP[pb + d] = SCALE * ak[c];
+            DKVP[H * CTX * HD + pb + d] = av[c];
         }
     }
+}
+
+@compute @workgroup_size(WG)
+fn dkv_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = gid.x + gid.y * nwg.x * WG;
+    let d = id % HD;
+    let j = (id / HD) % CTX;
+    let g = id / (HD * CTX);
+    if (g >= HKV || j >= S.n_tokens) { return; }
+    let group = H / HKV;
+    var dk = 0.0;
+    var dv = 0.0;
+    for (var hh = 0u; hh < group; hh++) {
+        let pb = (((g * group + hh) * CTX + j) * HD) + d;
+        dk += DKVP[pb];
+        dv += DKVP[H * CTX * HD + pb];
+    }
+    let kb = (g * CTX + j) * HD + d;
+    if (ACC) { DK[kb] += dk; DV[kb] += dv; } else { DK[kb] = dk; DV[kb] = dv; }
 }

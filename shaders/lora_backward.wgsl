@@ -34,9 +34,7 @@ override WG: u32 = 64u;
 @group(0) @binding(9) var<uniform> S: Step;
 
 const RMAX: u32 = 16u;
-var<workgroup> du_s: array<f32, RMAX>;
-
-//!include workgroup_sum
+var<workgroup> part: array<f32, 2 * R * WG>;   // [2R, WG]: each thread's share of u's and du's dots, then sums
 
 fn ldd() -> u32 {
     return select(LDD, N, LDD == 0u);
@@ -50,24 +48,27 @@ fn rank(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let s = SC[0];
     let x0 = t * K;
     let y0 = t * ldd() + COL0;
-    for (var j = 0u; j < R; j++) {
-        var pu = 0.0;
-        for (var k = lid; k < K; k += WG) { pu += A[j * K + k] * X[x0 + k]; }
-        var pd = 0.0;
-        for (var n = lid; n < N; n += WG) { pd += DY[y0 + n] * B[n * R + j]; }
-        let su = s * workgroup_sum(lid, pu);
-        let du = s * workgroup_sum(lid, pd);
-        if (lid == 0u) {
-            UD[t * 2u * R + j] = su;
-            UD[t * 2u * R + R + j] = du;
-            du_s[j] = du;
-        }
+    for (var j = 0u; j < 2u * R; j++) { part[j * WG + lid] = 0.0; }
+    for (var k = lid; k < K; k += WG) {
+        let xv = X[x0 + k];
+        for (var j = 0u; j < R; j++) { part[j * WG + lid] += A[j * K + k] * xv; }
+    }
+    for (var n = lid; n < N; n += WG) {
+        let dy = DY[y0 + n];
+        for (var j = 0u; j < R; j++) { part[(R + j) * WG + lid] += dy * B[n * R + j]; }
     }
     workgroupBarrier();
+    for (var h = WG / 2u; h > 0u; h >>= 1u) {      // all 2R trees at once
+        if (lid < h) {
+            for (var j = 0u; j < 2u * R; j++) { part[j * WG + lid] += part[j * WG + lid + h]; }
+        }
+        workgroupBarrier();
+    }
+    if (lid < 2u * R) { UD[t * 2u * R + lid] = s * part[lid * WG]; }     // s u, then du
     for (var k = lid; k < K; k += WG) {
         var d = 0.0;
-        for (var j = 0u; j < R; j++) { d += du_s[j] * A[j * K + k]; }
-        DX[x0 + k] += d;
+        for (var j = 0u; j < R; j++) { d += part[(R + j) * WG] * A[j * K + k]; }
+        DX[x0 + k] += s * d;
     }
 }
 

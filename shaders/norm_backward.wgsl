@@ -9,7 +9,8 @@
 // is false). DX: written, or added into with ACC (a residual stream's gradient sums several paths).
 // Token t = row / RPT sits at position S.pos0 + t; T = S.n_tokens (the per-step uniform).
 // Entry points:
-//   main:  dX (+)= rms_norm_backward(X, Wt, DY); with NROT > 0, DY is the gradient of rope(norm(X) * Wt)
+//   main:  dX (+)= rms_norm_backward(X, Wt, DY * SCALE) (SCALE: a constant factor of the forward, norm.wgsl's
+//          SCALE: the MoE router input's 1/sqrt(hidden)); with NROT > 0, DY is the gradient of rope(norm(X) * Wt)
 //          (norm.wgsl's norm_rope, the q/k norms) and is rotated back first: pairs (i, i + NROT/2),
 //          theta = pos * BASE^(-2i/NROT) / FF[i]; dims >= NROT (partial rotation) pass through.
 //          One workgroup per row, tree reductions. Dispatch: T * RPT workgroups (split above 65535).
@@ -20,6 +21,7 @@ override D: u32;
 override RPT: u32 = 1u;
 override EPS: f32 = 1e-6;
 override HAS_W: bool = true;
+override SCALE: f32 = 1.0;
 override ACC: bool = false;
 override NROT: u32 = 0u;
 override BASE: f32 = 10000.0;
@@ -62,7 +64,7 @@ fn grad_in(base: u32, i: u32, pos: f32) -> f32 {
         let sc = sin_cos(a);
         d = select(d1 * sc.y - d0 * sc.x, d0 * sc.y + d1 * sc.x, i < half);
     }
-    return select(d, d * Wt[i], HAS_W);
+    return select(d, d * Wt[i], HAS_W) * SCALE;
 }
 
 @compute @workgroup_size(WG)

@@ -300,7 +300,8 @@ def test_attention_backward(dev, t, heads, kv_heads, hd, window, accumulate):
     dqb, dkb, dvb = dev.buffer(4 * q.size), f32(dev, dk0), f32(dev, dv0)
     dev.submit(K.attention_backward(dev, f32(dev, q), f32(dev, pad(keys)), f32(dev, pad(values)), f32(dev, dout),
                                     dev.buffer(8 * heads * t), dqb, dkb, dvb, step_buffer(dev, t), heads, kv_heads,
-                                    hd, ctx, t, window=window, accumulate=accumulate))
+                                    hd, ctx, t, dev.buffer(4 * K.attention_backward_scratch_floats(heads, hd, ctx)),
+                                    window=window, accumulate=accumulate))
     dq, dk, dv = B.attention_backward(q, keys, values, allowed, dout)
     got_dk = read_f32(dev, dkb, dk0.size).reshape(dk0.shape)
     got_dv = read_f32(dev, dvb, dv0.size).reshape(dv0.shape)
@@ -311,3 +312,154 @@ def test_attention_backward(dev, t, heads, kv_heads, hd, window, accumulate):
     np.testing.assert_allclose(got_dk[:, :t], dk, **tol)
     np.testing.assert_allclose(got_dv[:, :t], dv, **tol)
     assert np.array_equal(got_dk[:, t:], dk0[:, t:].astype(np.float32))      # cache rows past the step
+
+
+# ---- mixture of experts -------------------------------------------------------------------------------------
+
+def test_rms_norm_backward_scaled(dev):
+    """The router input's norm: y = rms_norm(h) * router_scale * s (s = 1/sqrt(hidden)), its gradient into dh."""
+    rng = np.random.default_rng(5)
+    t, d, eps = 6, 131, 1e-6
+    h, dy, w = rng.standard_normal((t, d)) * 2, rng.standard_normal((t, d)), rng.standard_normal(d)
+    dh0 = rng.standard_normal((t, d))
+    dhb = f32(dev, dh0)
+    dev.submit(K.rms_norm_backward(dev, d, f32(dev, h), f32(dev, dy), dhb, f32(dev, w), step_buffer(dev, t), t,
+                                   eps=eps, accumulate=True, scale=d ** -0.5))
+    want = dh0 + B.rms_norm_backward(h, None, eps, dy * w * d ** -0.5)
+    np.testing.assert_allclose(read_f32(dev, dhb, t * d).reshape(t, d), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def route(rng, t, e, ksel):
+    """Router logits and the oracle's choice: (logits [t, e], probs, top [t, ksel], weights [t, ksel])."""
+    logits = rng.standard_normal((t, e)) * 2
+    return (logits, *B.router_weights(logits, ksel))
+
+
+def u32_buffer(dev, a):
+    a = np.ascontiguousarray(a, dtype=np.uint32)
+    b = dev.buffer(a.nbytes)
+    dev.write(b, a.tobytes())
+    return b
+
+
+@pytest.mark.parametrize("t,e,ksel,d,scaled", [(5, 11, 3, 37, True), (3, 128, 8, 300, False), (4, 4, 2, 128, True)],
+                         ids=["odd", "26b-a4b", "fixture"])
+def test_moe_router_backward(dev, t, e, ksel, d, scaled):
+    """dlogits = router_weights_backward(probs, top, dweights), dweights[t, j] = dout[t] . (the expert's output
+    times its down scale), as experts_backward computes them; the token past the step untouched."""
+    rng = np.random.default_rng(t * e + d)
+    logits, probs, top, _ = route(rng, t, e, ksel)
+    dout, ye = rng.standard_normal((t, d)), rng.standard_normal((t * ksel, d))
+    scale = rng.uniform(0.5, 2.0, e) if scaled else None
+    s = scale[top] if scaled else np.ones((t, ksel))
+    dweights = np.einsum("td,tjd->tj", dout, ye.reshape(t, ksel, d)) * s
+    want = B.router_weights_backward(probs, top, dweights)
+    dlog = f32(dev, np.full((t + 1, e), 7.0))
+    dev.submit(K.moe_router_backward(dev, e, ksel, d, f32(dev, logits), u32_buffer(dev, top), f32(dev, dout),
+                                     f32(dev, ye), dlog, step_buffer(dev, t), t + 1,
+                                     down_scale=f32(dev, scale) if scaled else None))
+    got = read_f32(dev, dlog, (t + 1) * e).reshape(t + 1, e)
+    bound = probs * (np.abs(np.einsum("td,tjd->tj", np.abs(dout), np.abs(ye).reshape(t, ksel, d)) * s)).sum(1)[:, None]
+    assert rel_err(got[:t], want, bound) < 2e-5
+    assert np.all(got[t] == 7.0)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("t,e,ksel,per_slot", [(70, 11, 4, True), (37, 128, 8, False), (5, 3, 2, True)],
+                         ids=["tiles-over-64", "26b-a4b-down", "few"])
+def test_moe_experts_dx(dev, qtype, t, e, ksel, per_slot):
+    """dx[s] = c(s) dy[t or s, col0:col0+n] @ W[ids[s]] per slot, slots grouped by expert, W split into two
+    buffers of experts; c(s) = weights * down scale for the down projection's (per-token dy) case, 1 with a
+    per-slot dy (read from columns col0.. of wider rows, added into what dx held)."""
+    from pyapp import ggml
+    rng = np.random.default_rng(t * e + ggml.lookup(qtype).id)
+    qk = ggml.lookup(qtype).block
+    k, n = (256, 67) if qk == 256 else (160, 67) if qk == 32 else (116, 67)
+    raw = random_tensor(qtype, e * n, k, rng)
+    w = dequantize(qtype, raw, e * n, k).reshape(e, n, k)
+    _, _, ids, weights = route(rng, t, e, ksel)
+    slots = t * ksel
+    ldd, col0 = (n + 6, 4) if per_slot else (0, 0)
+    dy = rng.standard_normal((slots if per_slot else t, ldd or n))
+    scale = None if per_slot else rng.uniform(0.5, 2.0, e)
+    dx0 = rng.standard_normal((slots, k))
+    dxb, dyb, step = f32(dev, dx0), f32(dev, dy), step_buffer(dev, t)
+    grp = dev.buffer(4 * K.moe_group_rows(e, ksel, t))
+    ids_buf = u32_buffer(dev, ids)
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    split = e // 2 + 1
+    rb = len(raw) // (e * n)
+    for first, here in ((0, split), (split, e - split)):
+        part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
+        K.moe_experts_dx(dev, qtype, k, n, e, ksel, part, dyb, dxb, grp, t, per_slot_dy=per_slot,
+                         weights=None if per_slot else f32(dev, weights),
+                         down_scale=None if per_slot else f32(dev, scale), ldd=ldd, col0=col0,
+                         accumulate=per_slot, first_expert=first, experts_here=here, plan=plan)
+    dev.submit(plan)
+    got = read_f32(dev, dxb, slots * k).reshape(slots, k)
+    flat = ids.reshape(-1)
+    for s, ex in enumerate(flat):
+        row = dy[s, col0:col0 + n] if per_slot else dy[s // ksel] * weights.reshape(-1)[s] * scale[ex]
+        want = B.linear_backward(w[ex], row) + (dx0[s] if per_slot else 0)
+        bound = np.abs(row) @ np.abs(w[ex]) + (np.abs(dx0[s]) if per_slot else 0)
+        assert rel_err(got[s], want, bound) < 2e-5, f"slot {s}"
+
+
+@pytest.mark.parametrize("qtype,fused", [("f32", True), ("f32", False), ("q8_0", True), ("q4_k", False)])
+def test_experts_input_gradient(dev, qtype, fused):
+    """The experts' input gradient as pyapp.train.backward records it: dmid = down^T (w s dout) per slot
+    (moe_experts_dx), [dgate | dup] (geglu_backward on the forward's kept pre-activations), the per-slot
+    gate/up products (fused gate|up rows, or gate then up accumulated), their sum per token: experts_backward's dx."""
+    from pyapp import ggml
+    from pyapp.reference.forward import gelu_tanh
+    rng = np.random.default_rng(ggml.lookup(qtype).id + fused)
+    qk = ggml.lookup(qtype).block
+    d, ff = (256, 256) if qk == 256 else (96, 64) if qk == 32 else (36, 20)
+    t, e, ksel = 9, 5, 2
+    slots = t * ksel
+    raw_gu = random_tensor(qtype, e * 2 * ff, d, rng)
+    raw_dn = random_tensor(qtype, e * d, ff, rng)
+    gu = dequantize(qtype, raw_gu, e * 2 * ff, d).reshape(e, 2 * ff, d)
+    down = dequantize(qtype, raw_dn, e * d, ff).reshape(e, d, ff)
+    gate_w, up_w = gu[:, :ff], gu[:, ff:]
+    scale = rng.uniform(0.5, 2.0, e)
+    x = rng.standard_normal((t, d)) * 0.5
+    _, _, ids, weights = route(rng, t, e, ksel)
+    dout = rng.standard_normal((t, d))
+    pre = np.stack([np.concatenate([gate_w[ex] @ x[s // ksel], up_w[ex] @ x[s // ksel]])
+                    for s, ex in enumerate(ids.reshape(-1))])            # the forward's [gate | up] per slot
+    want, _ = B.experts_backward(x, ids, weights, gate_w, up_w, down, scale, dout)
+
+    step, grp, ids_buf = step_buffer(dev, t), dev.buffer(4 * K.moe_group_rows(e, ksel, t)), u32_buffer(dev, ids)
+    dmid, dgu, dxs, dx = (dev.buffer(4 * n) for n in (slots * ff, slots * 2 * ff, slots * d, t * d))
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    K.moe_experts_dx(dev, qtype, ff, d, e, ksel, weight_buffer(dev, raw_dn), f32(dev, dout), dmid, grp, t,
+                     weights=f32(dev, weights), down_scale=f32(dev, scale), plan=plan)
+    rb = len(raw_gu) // (e * 2 * ff)
+    if fused:
+        K.geglu_backward(dev, ff, f32(dev, pre), dmid, dgu, step, t, rows_per_token=ksel, plan=plan)
+        K.moe_experts_dx(dev, qtype, d, 2 * ff, e, ksel, weight_buffer(dev, raw_gu), dgu, dxs, grp, t,
+                         per_slot_dy=True, plan=plan)
+    else:      # gate and up as two tensors [E, ff, d], their pre-activations and gradients apart
+        per_expert = lambda lo: b"".join(raw_gu[(ex * 2 * ff + lo) * rb:(ex * 2 * ff + lo + ff) * rb]    # noqa: E731
+                                         for ex in range(e))
+        gate_b, up_b = f32(dev, pre[:, :ff]), f32(dev, pre[:, ff:])
+        dgate, dup = dev.buffer(4 * slots * ff), dev.buffer(4 * slots * ff)
+        K.gelu_times_backward(dev, ksel * ff, gate_b, up_b, dmid, dgate, step, t, plan=plan)
+        K.elementwise(dev, "geglu", ksel * ff, gate_b, step, t, b=dmid, out=dup, plan=plan)
+        K.moe_experts_dx(dev, qtype, d, ff, e, ksel, weight_buffer(dev, per_expert(0)), dgate, dxs, grp, t,
+                         per_slot_dy=True, plan=plan)
+        K.moe_experts_dx(dev, qtype, d, ff, e, ksel, weight_buffer(dev, per_expert(ff)), dup, dxs, grp, t,
+                         per_slot_dy=True, accumulate=True, plan=plan)
+    K.moe_slot_sum(dev, d, ksel, dxs, dx, step, t, plan=plan)
+    dev.submit(plan)
+    got = read_f32(dev, dx, t * d).reshape(t, d)
+    # the rounding's scale: the same products over absolute values
+    absd = np.zeros_like(want)
+    for s, ex in enumerate(ids.reshape(-1)):
+        ti = s // ksel
+        dm = np.abs(down[ex]).T @ np.abs(weights[ti, s % ksel] * scale[ex] * dout[ti])
+        g, u = pre[s, :ff], pre[s, ff:]
+        absd[ti] += np.abs(gate_w[ex]).T @ np.abs(B.gelu_tanh_backward(g, dm * np.abs(u))) + \
+            np.abs(up_w[ex]).T @ (dm * np.abs(gelu_tanh(g)))
+    assert rel_err(got, want, absd) < 5e-5

@@ -1,6 +1,7 @@
 """The command line: python -m pyapp info / tokenize / logits / generate / bench on the fixtures."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,25 @@ def test_bad_file_is_a_clean_error(tmp_path):
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
     r = pyapp("info", bad, check=False)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+@pytest.mark.gpu
+def test_generate_and_bench_speculate():
+    """--speculate N: generate says what it drafted and accepted; off (and says so) when sampling;
+    bench reports drafted, accepted and tokens per step for a repeating prompt; a bad N is refused."""
+    pytest.importorskip("wgpu")
+    model = FIX / "gemma4-dense-q8_0.gguf"
+    r = pyapp("generate", model, "--prompt", "one two one two one two", "--raw", "--max-tokens", "12",
+              "--speculate", "4", check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"speculative: \d+ of \d+ drafted tokens accepted, [\d.]+ tokens per step", r.stderr), r.stderr
+    r = pyapp("generate", model, "--prompt", "Hi", "--max-tokens", "3", "--speculate", "4", "--temperature", "0.5")
+    assert "--speculate is off: greedy only" in r.stderr
+    b = json.loads(pyapp("bench", model, "--json", "--prompt-tokens", "32", "--decode-tokens", "12", "--repeat", "1",
+                         "--speculate", "4", "--prompt-kind", "repeat").stdout.strip().splitlines()[-1])
+    assert b["speculate"] == 4 and b["prompt"] == "repeat" and b["generated_tokens"] == 12
+    assert b["accepted"] > 0 and b["tokens_per_step"] > 1
+    r = pyapp("generate", model, "--prompt", "Hi", "--speculate", "17", check=False)
+    assert r.returncode == 2 and "speculate must be an integer from 0 to 16" in r.stderr

@@ -202,6 +202,22 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     return plan.dispatch(p, bg, -(-n // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
 
 
+FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
+FEW_TPR, FEW_WG = 32, 128     # its threads per row (>= FEW_TOKENS: thread t writes token t) and per workgroup
+
+
+def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: Buffer, plan: Plan | None = None,
+                  ldy: int = 0) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for the step's t < params.n_tokens <= FEW_TOKENS, each weight read once
+    (shaders/matvec_tokens.wgsl): a step of a few tokens, where matmul's 64-token tiles would be mostly
+    padding. ldy: row stride of Y when W is one row block of a wider matrix (y bound at its column)."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "matvec_tokens", prelude=quant_prelude(qtype) + f"const MAXM: u32 = {FEW_TOKENS}u;\n",
+                  constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_TPR, "WG": FEW_WG})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
+    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (FEW_WG // FEW_TPR))))
+
+
 def _threads(n: int, wg: int = 64) -> tuple[int, int]:
     return groups(-(-n // wg))
 
@@ -305,6 +321,42 @@ def argmax(dev: Device, v: int, logits: Buffer, out: Buffer, plan: Plan | None =
     """out[0] = argmax(logits[:v]) as u32."""
     p = _pipeline(dev, "sample", entry="argmax", constants={"V": v})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"L": logits, "OUT": out}), 1)
+
+
+HEAD_ROWS = FEW_TOKENS   # rows head_argmax scores at once: those of a step of few tokens
+HEAD_TPR, HEAD_WG = 32, 128     # its threads per vocabulary row and per workgroup (4 vocabulary rows a workgroup)
+
+
+def head_argmax_partials(rows: list[int]) -> int:
+    """Partials per scored row head_argmax keeps for a head whose row blocks hold these many rows."""
+    return sum(-(-n // (HEAD_WG // HEAD_TPR)) for n in rows)
+
+
+def head_argmax_scratch_bytes(rows: list[int]) -> int:
+    """Bytes of the partials scratch head_argmax needs (rows: as head_argmax_partials)."""
+    return HEAD_ROWS * head_argmax_partials(rows) * 8
+
+
+def head_argmax(dev: Device, qtype, k: int, parts, x: Buffer, partials: Buffer, out: Buffer, step: Buffer,
+                cap: float = 0.0, out0: int = 0, plan: Plan | None = None) -> Plan:
+    """out[out0 + m] = argmax_v softcap(x[m] . W[v]) (lowest id on ties) for m < step.n_tokens <= HEAD_ROWS:
+    the greedy choice after every row of a step, from x [m, k] (after the final norm) and the output matrix
+    W [vocab, k] given as `parts` [(buffer or bound range, first id, rows)], its row blocks in id order
+    (shaders/head_argmax.wgsl). Only the ids are written; partials: head_argmax_scratch_bytes of scratch."""
+    row_bytes(qtype, k)
+    plan = plan or dev.plan()
+    np_ = head_argmax_partials([rows for _, _, rows in parts])
+    prelude = quant_prelude(qtype) + f"const MAXM: u32 = {HEAD_ROWS}u;\n"
+    p0 = 0
+    for w, row0, rows in parts:
+        p = _pipeline(dev, "head_argmax", entry="rows", prelude=prelude,
+                      constants={"K": k, "N": rows, "R0": row0, "P0": p0, "NP": np_, "TPR": HEAD_TPR, "WG": HEAD_WG,
+                                 "CAP": cap})
+        n_groups = -(-rows // (HEAD_WG // HEAD_TPR))
+        plan.dispatch(p, dev.bind_group(p, {"W": w, "X": x, "P": partials, "S": step}), *groups(n_groups))
+        p0 += n_groups
+    p = _pipeline(dev, "head_argmax", entry="reduce", prelude=prelude, constants={"NP": np_, "OUT0": out0})
+    return plan.dispatch(p, dev.bind_group(p, {"P": partials, "S": step, "OUT": out}), HEAD_ROWS)
 
 
 def _attn_consts(heads, kv_heads, head_dim, ctx, window=0, scale=1.0):
@@ -636,15 +688,15 @@ def lora_backward(dev: Device, k: int, n: int, rank: int, a: Buffer, b: Buffer, 
 def rms_norm_backward(dev: Device, d: int, x: Buffer, dy: Buffer, dx: Buffer, weight: Buffer | None, step: Buffer,
                       max_tokens: int, rows_per_token: int = 1, eps: float = 1e-6, accumulate: bool = False,
                       rope: tuple | None = None, freq_factors: Buffer | None = None, dy_ctx: int = 0,
-                      plan: Plan | None = None) -> Plan:
-    """dx (+)= the gradient of y = rms_norm(x) [* weight] over rows of d floats, given dy; rows_per_token:
+                      scale: float = 1.0, plan: Plan | None = None) -> Plan:
+    """dx (+)= the gradient of y = rms_norm(x) [* weight] * scale over rows of d floats, given dy; rows_per_token:
     heads for the per-head norms. rope = (rot_dims, base): dy is the gradient of rope(rms_norm(x) * weight)
     (norm_rope, the q/k norms), rotated back in the same pass. dy_ctx > 0: dy is in the KV cache's layout
     [rows_per_token heads, dy_ctx, d] (attention_backward's dk, dv), x and dx in the token-major one."""
     rot, base = rope or (0, 10000.0)
     p = _pipeline(dev, "norm_backward", constants={"D": d, "RPT": rows_per_token, "EPS": eps, "ACC": accumulate,
-                                                   "HAS_W": weight is not None, "NROT": rot, "BASE": base,
-                                                   "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
+                                                   "HAS_W": weight is not None, "SCALE": scale, "NROT": rot,
+                                                   "BASE": base, "HAS_FF": freq_factors is not None, "DYC": dy_ctx})
     res = {"X": x, "DY": dy, "DX": dx, "S": step, "Wt": weight if weight is not None else dev.dummy,
            "FF": freq_factors if freq_factors is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens * rows_per_token))
@@ -718,27 +770,87 @@ def cross_entropy_grad(dev: Device, chunk: int, v0: int, z: Buffer, tgt: Buffer,
 
 
 _ATTN_BWD_BINDINGS = {"stats": ("Q", "K", "V", "DO", "ST", "S"), "dq": ("Q", "K", "V", "DO", "ST", "DQ", "S"),
-                      "dkv": ("Q", "K", "V", "DO", "ST", "DK", "DV", "S")}
+                      "dkv": ("Q", "K", "V", "DO", "ST", "S", "DKVP"), "dkv_sum": ("DK", "DV", "S", "DKVP")}
+
+
+def attention_backward_scratch_floats(heads: int, head_dim: int, ctx: int) -> int:
+    """Floats of the scratch attention_backward needs: each query head's part of dK and dV."""
+    return 2 * heads * ctx * head_dim
 
 
 def attention_backward(dev: Device, q: Buffer, k: Buffer, v: Buffer, dout: Buffer, stats: Buffer, dq: Buffer,
                        dk: Buffer, dv: Buffer, step: Buffer, heads: int, kv_heads: int, head_dim: int, ctx: int,
-                       max_tokens: int, window: int = 0, scale: float = 1.0, accumulate: bool = False,
-                       plan: Plan | None = None) -> Plan:
+                       max_tokens: int, scratch: Buffer, window: int = 0, scale: float = 1.0,
+                       accumulate: bool = False, plan: Plan | None = None) -> Plan:
     """(dq, dk, dv) of out = softmax(scale q k^T, causal [+ window]) v for a whole sequence from position 0
     (shaders/attention_backward.wgsl): q, dout, dq [T, heads, head_dim]; k, v, dk, dv [kv_heads, ctx,
     head_dim], dk/dv summed over each KV head's query heads (added into with accumulate); stats: scratch
-    of 2 * heads * max_tokens floats."""
+    of 2 * heads * max_tokens floats; scratch: attention_backward_scratch_floats floats."""
     if heads % kv_heads or head_dim > 8 * 64:
         raise ValueError(f"attention backward: {heads} heads over {kv_heads}, head_dim {head_dim} unsupported")
     c = {"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx, "WINDOW": window, "SCALE": scale,
          "ACC": accumulate}
-    res = {"Q": q, "K": k, "V": v, "DO": dout, "ST": stats, "DQ": dq, "DK": dk, "DV": dv, "S": step}
+    res = {"Q": q, "K": k, "V": v, "DO": dout, "ST": stats, "DQ": dq, "DK": dk, "DV": dv, "S": step,
+           "DKVP": scratch}
     plan = plan or dev.plan()
-    for entry, x in (("stats", heads), ("dq", heads), ("dkv", kv_heads)):
+    for entry in ("stats", "dq", "dkv", "dkv_sum"):
         p = _pipeline(dev, "attention_backward", entry=entry, constants=c)
-        plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), x, max_tokens)
+        dispatch = _threads(kv_heads * ctx * head_dim) if entry == "dkv_sum" else (heads, max_tokens)
+        plan.dispatch(p, dev.bind_group(p, {n: res[n] for n in _ATTN_BWD_BINDINGS[entry]}), *dispatch)
     return plan
+
+
+def _moe_backward_wg(n: int) -> int:
+    """Threads of a per-token moe_backward workgroup: n (experts or hidden) rounded up to a power of two, 32..256."""
+    wg = 32
+    while wg < 256 and wg < n:
+        wg *= 2
+    return wg
+
+
+def moe_router_backward(dev: Device, n_experts: int, k_used: int, d: int, logits: Buffer, ids: Buffer,
+                        dout: Buffer, expert_out: Buffer, dlogits: Buffer, step: Buffer, max_tokens: int,
+                        down_scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
+    """dlogits [T, n_experts] = router_weights_backward of softmax(logits) with the chosen ids [T, k_used], given
+    dloss/dweight[t, j] = dout[t] . expert_out[t*k_used + j] (* down_scale[ids]) (shaders/moe_backward.wgsl)."""
+    p = _pipeline(dev, "moe_backward", entry="router", prelude=quant_prelude(ggml.F32),
+                  constants={"E": n_experts, "KSEL": k_used, "D": d, "HAS_SC": down_scale is not None,
+                             "WG": _moe_backward_wg(max(n_experts, d))})
+    res = {"LOG": logits, "IDS": ids, "DO": dout, "YE": expert_out, "DLOG": dlogits, "S": step,
+           "SC": down_scale if down_scale is not None else dev.dummy}
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
+
+
+def moe_experts_dx(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, dy: Buffer,
+                   dx: Buffer, grp: Buffer, max_tokens: int, per_slot_dy: bool = False, weights: Buffer | None = None,
+                   down_scale: Buffer | None = None, ldd: int = 0, col0: int = 0, accumulate: bool = False,
+                   first_expert: int = 0, experts_here: int | None = None, plan: Plan | None = None) -> Plan:
+    """The experts' input gradient through frozen W [n_experts, n, k], slot by slot: dx[s] (+)= c(s) *
+    dy[t or s, col0:col0 + n] @ W[ids[s]] (dy rows of ldd floats, default n), c(s) = weights[s] (*
+    down_scale[ids[s]]) given weights, else 1; dx [T * k_used, k]. The slots as moe_group grouped them
+    (grp), a tiled product per expert (shaders/moe_backward.wgsl `dx`); a W split over buffers: one call
+    per buffer (first_expert, experts_here), each writing its experts' slots."""
+    row_bytes(qtype, k)
+    p = _pipeline(dev, "moe_backward", entry="dx", prelude=quant_prelude(qtype),
+                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "LDD": ldd, "COL0": col0,
+                             "YPER": k_used if per_slot_dy else 1, "SCALED": weights is not None,
+                             "HAS_SC": down_scale is not None, "ACC": accumulate, "E0": first_expert,
+                             "NE": n_experts - first_expert if experts_here is None else experts_here})
+    res = {"W": w, "DY": dy, "DX": dx, "GRP": grp, "WTS": weights if weights is not None else dev.dummy,
+           "SC": down_scale if down_scale is not None else dev.dummy}
+    slots = max_tokens * k_used
+    return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), -(-k // MATMUL_TILE),
+                                         -(-slots // MATMUL_TILE) + min(n_experts, slots))
+
+
+def moe_slot_sum(dev: Device, d: int, k_used: int, per_slot: Buffer, out: Buffer, step: Buffer, max_tokens: int,
+                 plan: Plan | None = None) -> Plan:
+    """out[t] = sum_j per_slot[t*k_used + j] over rows of d floats (a token's experts' input gradients)."""
+    p = _pipeline(dev, "moe_backward", entry="slot_sum", prelude=quant_prelude(ggml.F32),
+                  constants={"KSEL": k_used, "D": d})
+    bg = dev.bind_group(p, {"YS": per_slot, "OUT": out, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *_threads(max_tokens * d))
+
 
 
 # ---- training optimizer (shaders/adamw.wgsl): AdamW + global-norm clipping over one flat buffer, mirroring

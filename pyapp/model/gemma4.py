@@ -12,6 +12,7 @@ reference ops they stand for.
   embed(ops)          x = token_embd[ids] * sqrt(hidden) (+ per-layer inputs)
   layer(ops, lc)      one decoder layer on x, for the T tokens of the plan
   head(ops, row)      logits of one row of x [+ the sampled next token]
+  head_argmax(ops)    the greedy next token after every row of x (speculative decoding's check)
 """
 
 from __future__ import annotations
@@ -96,15 +97,18 @@ class Gemma4:
         ops.geglu(x, self.s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
         ops.linear(w.ffn_down, self.s.act, out)
 
-    def moe(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
-        """reference: moe. Router on the raw residual s.x, experts on pre_ffw_norm_2(x); result in s.moe_out.
+    def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None) -> None:
+        """reference: moe. Router on the raw residual x (default s.x), experts on pre_ffw_norm_2(x), written to
+        experts_in (default s.xn; training keeps it apart); result in s.moe_out.
         With streamed experts the expert kernels index a cache by slot (ops.expert_rounds)."""
         s = self.s
-        ops.rms_norm_pair(s.x, s.router_in, w.router_scale, s.xn, w.pre_ffw_norm_2, scale=self.router_scale)
+        x = s.x if x is None else x
+        xe = s.xn if experts_in is None else experts_in
+        ops.rms_norm_pair(x, s.router_in, w.router_scale, xe, w.pre_ffw_norm_2, scale=self.router_scale)
         ops.linear(w.router, s.router_in, s.router_logits)
         ops.route(s.router_logits, s.expert_ids, s.expert_weights)
         with ops.expert_rounds(lc.index, s.expert_ids) as slots:
-            ops.experts_geglu(s.xn, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
+            ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)
             ops.experts(w.experts_down, s.experts_act, s.experts_out, slots, per_slot_input=True)
         ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
@@ -119,3 +123,10 @@ class Gemma4:
             ops.softcap(s.logits, cfg.vocab_size, cfg.final_softcap)
         if sample:
             ops.sample(s.logits, cfg.vocab_size, s.token)
+
+    def head_argmax(self, ops, first: int) -> None:
+        """reference: forward's tail for every row of the last step, then the greedy pick of each:
+        final norm, output, softcap and argmax, ids into s.greedy_ids[first ..] (no logits written)."""
+        s = self.s
+        ops.rms_norm(s.x, s.x_rows_norm, self.w.output_norm)
+        ops.argmax_rows(self.w.head, s.x_rows_norm, s.greedy_ids, first, self.cfg.final_softcap or 0.0)

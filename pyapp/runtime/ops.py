@@ -2,7 +2,9 @@
 
 Each method records dispatches into a Plan for up to `T` tokens. How an op runs
 is decided here, not in the model: one token takes matvec kernels, a chunk the
-tiled matmuls; tensors split into row blocks run block by block; fused kernels
+tiled matmuls, a step of a few tokens (`few_tokens`: speculative decoding's
+token and drafts) matvecs that multiply each weight into every token's sum;
+tensors split into row blocks run block by block; fused kernels
 are used where the layout (pyapp.runtime.upload) prepared them. Methods whose
 docstring says "fuses" stand for several reference ops
 (pyapp/reference/forward.py) in one or two dispatches.
@@ -22,8 +24,11 @@ from .upload import GpuTensor
 
 class Ops:
     def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None,
-                 experts_stream: bool = False):
+                 experts_stream: bool = False, few_tokens: bool = False):
+        if few_tokens and T > K.FEW_TOKENS:
+            raise ValueError(f"a plan of few tokens holds at most {K.FEW_TOKENS}, not {T}")
         self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
+        self.few = few_tokens and T > 1      # matvec_tokens and the per-slot expert kernels, not the tiles
         self.step = step or state.step       # the uniform holding this plan's token count and position
         self.eps = cfg.eps
         self.experts_stream = experts_stream
@@ -40,12 +45,17 @@ class Ops:
         if len(w.parts) == 1:
             if T == 1:
                 K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan)
+            elif self.few:
+                K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
                 K.matmul(dev, w.qtype, k, n, w.bound, x, y, self.step, n_tokens=T, plan=plan)
         else:
             for p in w.parts:     # row blocks write their columns of y
                 if T == 1:
                     K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
+                elif self.few:
+                    K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
+                                    self.step, plan=plan, ldy=n)
                 else:
                     K.matmul(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
                              self.step, n_tokens=T, plan=plan, ldy=n)
@@ -75,6 +85,9 @@ class Ops:
             return
         if T == 1:            # adapted: the [gate | up] rows, their deltas, then the GeGLU
             K.matvec(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, plan=self.plan)
+        elif self.few:
+            K.matvec_tokens(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
+                            plan=self.plan)
         else:
             K.matmul(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                      n_tokens=T, plan=self.plan)
@@ -242,10 +255,11 @@ class Ops:
         """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token
         (one dispatch per buffer of a split W, each writing the slots of its experts).
         A chunk groups its slots by expert first (once per ids), then runs a tiled matmul per
-        expert: each expert's weights are read once per 64 slots, not once per slot.
+        expert: each expert's weights are read once per 64 slots, not once per slot. A step of
+        few tokens runs the decode kernel for each slot.
         geglu (one token): W holds gate then up rows per expert; y = gelu(x @ gate^T) * (x @ up^T)."""
         cfg, n, E = self.cfg, w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
-        if self.T > 1:
+        if self.T > 1 and not self.few:
             if self._grouped_ids is not ids:
                 K.moe_group(self.dev, E, cfg.n_experts_used, ids, self.s.expert_groups, self.step, plan=self.plan)
                 self._grouped_ids = ids
@@ -262,9 +276,9 @@ class Ops:
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:
         """out[t, j] = gelu(x[t] @ gate[e]^T) * (x[t] @ up[e]^T) for e = ids[t, j]. With gate and up
-        in one tensor it fuses the GeGLU into the expert matvec for one token (one dispatch)."""
+        in one tensor it fuses the GeGLU into the expert matvec for one token or few (one dispatch)."""
         s, KS = self.s, self.cfg.n_experts_used
-        if gate_up is not None and self.T == 1:
+        if gate_up is not None and (self.T == 1 or self.few):
             self.experts(gate_up, x, out, ids, geglu=True)
         elif gate_up is not None:
             self.experts(gate_up, x, s.experts_gate_up, ids)
@@ -293,6 +307,15 @@ class Ops:
     def add(self, a: Buffer, b: Buffer, dim: int | None = None) -> None:
         """a += b over rows of `dim` (default hidden) floats."""
         K.elementwise(self.dev, "add", dim or self.cfg.hidden, a, self.step, self.T, b=b, plan=self.plan)
+
+    def argmax_rows(self, w: GpuTensor, x: Buffer, ids: Buffer, first: int, cap: float) -> None:
+        """ids[first + t] = argmax(softcap(x[t] @ W^T)) for each of the step's rows (at most
+        kernels.HEAD_ROWS): the greedy choices, without writing the logits (shaders/head_argmax.wgsl)."""
+        if w.loras:
+            raise AssertionError(f"{w.name}: the greedy head takes no LoRA deltas")
+        parts = [(w.bound, 0, w.shape[1])] if len(w.parts) == 1 else [(p.buffer, p.row0, p.rows) for p in w.parts]
+        K.head_argmax(self.dev, w.qtype, w.shape[0], parts, x, self.s.head_partials, ids, self.step, cap=cap,
+                      out0=first, plan=self.plan)
 
     def sample(self, logits: Buffer, n: int, token: Buffer) -> None:
         """token = a draw from logits under the sampling parameters in state.sample_params (on the GPU)."""

@@ -5,7 +5,9 @@ Plans are recorded once per shape by running the model's forward
 only the small per-step inputs rewritten (`write_step`):
 
   layers_program(T)    embeddings -> every layer, for T tokens at positions pos0..pos0+T-1
-                       (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill);
+                       (T = 1: matvec kernels for decode; T > 1: tiled matmuls for prefill;
+                       `few=True`, T <= state.head_rows: speculative decoding's steps of a
+                       token and its drafts, matvecs over a few tokens);
                        `sampled=True`: one token, the id the sampler left on the GPU, so a
                        decode step can be submitted before the CPU has read that id.
                        One Plan; with streamed experts, Plans and ExpertRounds in turn
@@ -13,6 +15,8 @@ only the small per-step inputs rewritten (`write_step`):
   head_plan(row, ...)  final norm, output projection and softcap for one row of the
                        last step, then (sample=True) the next token id drawn on the GPU and
                        copied to a readback buffer
+  greedy_plan(first)   the greedy next token after every row of the last step (speculative
+                       decoding checks its drafts with it), ids copied to a readback buffer
 """
 
 from __future__ import annotations
@@ -42,14 +46,14 @@ class Runner:
         """The plan for a step of n tokens: the smallest size that holds them."""
         return next(size for size in self.step_sizes if size >= n)
 
-    def layers_program(self, T: int, sampled: bool = False) -> list:
-        """Embeddings and every layer for up to T tokens (T: one of step_sizes)."""
-        key = ("layers", T, sampled)
+    def layers_program(self, T: int, sampled: bool = False, few: bool = False) -> list:
+        """Embeddings and every layer for up to T tokens (T: one of step_sizes; few: state.head_rows)."""
+        key = ("layers", T, sampled, few)
         if key not in self._plans:
             plan = self.dev.plan()
             if sampled:
                 plan.copy(self.state.token, 0, self.state.ids, 0, 4)
-            ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None)
+            ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None, few_tokens=few)
             self.model.layers(ops)
             self._plans[key] = ops.program
         return self._plans[key]
@@ -69,9 +73,16 @@ class Runner:
             self.layers_program(1, sampled=True)
         self.head_plan(0, sample=True)
 
-    def run_layers(self, n_tokens: int, sampled: bool = False):
-        """Steps: submit the layers for a step of n_tokens (written by write_step / write_position)."""
-        yield from self.run_program(self.layers_program(self.step_size(n_tokens), sampled), n_tokens)
+    def run_layers(self, n_tokens: int, sampled: bool = False, few: bool = False):
+        """Steps: submit the layers for a step of n_tokens (written by write_step / write_position);
+        few: with the kernels for a few tokens (n_tokens <= state.head_rows: a token and its drafts)."""
+        if few:
+            if n_tokens > self.state.head_rows:
+                raise ValueError(f"a step of few tokens holds at most {self.state.head_rows}, not {n_tokens}")
+            program = self.layers_program(self.state.head_rows, few=True)
+        else:
+            program = self.layers_program(self.step_size(n_tokens), sampled)
+        yield from self.run_program(program, n_tokens)
 
     def run_program(self, program: list, n_tokens: int):
         """Steps: submit a program (Plans, and ExpertRounds served from the expert cache) for n_tokens."""
@@ -89,6 +100,23 @@ class Runner:
             self.model.head(Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one), row, sample)
             if sample:
                 plan.copy(self.state.token, 0, self.state.token_readback, 0, self.state.token.size)
+            self._plans[key] = plan
+        return self._plans[key]
+
+    # Speculative decoding's plans (layers_program(few=True), greedy_plan) are built on the first step
+    # that uses them, not at load: a generation speculates only when asked to.
+    def greedy_plan(self, first: int) -> Plan:
+        """state.greedy_ids[first + t] = the greedy next token after row t of the last step (up to
+        state.head_rows rows), then the ids copied to state.greedy_readback. first = 1: greedy_ids[0]
+        is the id a head_plan(sample=True) at temperature 0 left in state.token (a step before)."""
+        key = ("greedy", first)
+        if key not in self._plans:
+            s = self.state
+            plan = self.dev.plan()
+            if first:
+                plan.copy(s.token, 0, s.greedy_ids, 0, 4)
+            self.model.head_argmax(Ops(self.dev, self.cfg, s, plan, s.head_rows), first)
+            plan.copy(s.greedy_ids, 0, s.greedy_readback, 0, s.greedy_ids.size)
             self._plans[key] = plan
         return self._plans[key]
 

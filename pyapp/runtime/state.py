@@ -101,6 +101,14 @@ class State:
         self.token_readback = dev.buffer(16, "readback", "token readback")   # its copy for the CPU
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
         self.sample_scratch = dev.buffer(max(16, K.sample_scratch_bytes(V)), label="sample scratch")
+        # greedy verification of a speculative step (Gemma4.head_argmax): every row of the step, up to
+        # head_rows, normed and scored over the vocabulary; only their argmax ids come back
+        self.head_rows = min(T, K.HEAD_ROWS)
+        self.x_rows_norm = f32(self.head_rows * d, "x_rows_norm")          # [head_rows, d]
+        self.head_partials = dev.buffer(K.head_argmax_scratch_bytes([p.rows for p in layout.head.parts]),
+                                        label="head argmax partials")      # per row and workgroup: (logit, id)
+        self.greedy_ids = dev.buffer(4 * (1 + K.HEAD_ROWS), label="greedy ids")   # u32: the ids of a step
+        self.greedy_readback = dev.buffer(self.greedy_ids.size, "readback", "greedy ids readback")
         if cfg.is_diffusion:
             self._canvas_buffers(dev, f32)
         # KV cache: global layers hold the whole context; sliding layers a ring big

@@ -15,7 +15,8 @@ this file only wires them in the oracle's order, one statement per op, with the 
 Gradients flow through the frozen, still quantized weights (matmul_dx dequantizes as matmul does); the
 trained pairs' dA, dB are added into the flat gradient buffer (pyapp.train.params).
 
-Not covered yet: mixture-of-experts layers (the router and experts' backward), refused by the trainer.
+Mixture-of-experts layers need every expert resident (streamed experts are refused): the backward reads
+the forward's grouping of the slots by expert (state.expert_groups) and each expert's weights in place.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from ..runtime.upload import WEIGHT_PAD
 
 class LoraBackward:
     def __init__(self, dev, cfg, layout, state, params):
-        if cfg.is_moe:
-            raise ValueError("training mixture-of-experts models is not supported yet")
+        if any(layout.layers[lc.index].experts_down.cached_from is not None for lc in cfg.layers if lc.has_moe):
+            raise ValueError("training a mixture-of-experts model needs every expert on the GPU, not streamed")
         self.dev, self.cfg, self.w, self.t, self.p = dev, cfg, layout, state, params
         self.s = state.fwd                  # the forward's activations (one layer's tape between them)
         self.T, self.eps = state.T, cfg.eps
@@ -111,7 +112,13 @@ class LoraBackward:
         self.model.attention(ops, lc, w)
         plan.copy(s.x, 0, t.h, 0, d_bytes)
         ops.add_norm(s.attn_out, w.post_attention_norm, into=t.h, next_weight=w.ffn_norm, next_out=t.xn2)
-        self.model.mlp(ops, w, t.xn2, s.ffn_out)
+        if lc.has_moe:       # as Gemma4.layer's MoE branch, the router on h and the experts' input kept apart
+            self.model.mlp(ops, w, t.xn2, s.dense_out)
+            ops.rms_norm(s.dense_out, s.ffn_out, w.post_ffw_norm_1)
+            self.model.moe(ops, lc, w, x=t.h, experts_in=t.x_experts)
+            ops.add_norm(s.moe_out, w.post_ffw_norm_2, into=s.ffn_out)
+        else:
+            self.model.mlp(ops, w, t.xn2, s.ffn_out)
         if lc.has_ple:
             plan.copy(t.h, 0, t.x2, 0, d_bytes)
             ops.add_norm(s.ffn_out, w.post_ffw_norm, into=t.x2)
@@ -133,8 +140,15 @@ class LoraBackward:
             self.linear_backward(plan, lc.index, "ple_gate", w.ple_gate, t.x2, t.dple_gate, dy, accumulate=True)
         # dy: dloss/dx2 (x2 = h + post_ffw_norm(f))
         self.norm_backward(plan, d, s.ffn_out, dy, t.dtmp, w.post_ffw_norm)
-        self.mlp_backward(plan, lc, w, t.dtmp, t.dxn)
-        self.norm_backward(plan, d, t.h, t.dxn, dy, w.ffn_norm, accumulate=True)
+        if lc.has_moe:       # f = post_ffw_norm_1(m) + post_ffw_norm_2(sparse)
+            self.norm_backward(plan, d, s.dense_out, t.dtmp, t.dsub, w.post_ffw_norm_1)
+            self.mlp_backward(plan, lc, w, t.dsub, t.dxn)
+            self.norm_backward(plan, d, t.h, t.dxn, dy, w.ffn_norm, accumulate=True)
+            self.norm_backward(plan, d, s.moe_out, t.dtmp, t.dsub, w.post_ffw_norm_2)
+            self.moe_backward(plan, lc, w, t.dsub, dy)
+        else:
+            self.mlp_backward(plan, lc, w, t.dtmp, t.dxn)
+            self.norm_backward(plan, d, t.h, t.dxn, dy, w.ffn_norm, accumulate=True)
         # dy: dloss/dh (h = x + post_attention_norm(a))
         self.norm_backward(plan, d, s.attn_out, dy, t.dtmp, w.post_attention_norm)
         self.attention_backward(plan, lc, w, t.dtmp, t.dxn, kv_started)
@@ -155,6 +169,46 @@ class LoraBackward:
         self.linear_backward(plan, lc.index, "ffn_gate", w.ffn_gate, t.xn2, t.dgate, dxn)
         self.linear_backward(plan, lc.index, "ffn_up", w.ffn_up, t.xn2, t.dup, dxn, accumulate=True)
 
+    def moe_backward(self, plan: Plan, lc, w, dout, dh) -> None:
+        """reference: moe_backward, then its two norms' backward. dout: dloss/d(the experts' weighted sum) ->
+        dh += the gradient through the router (its input norm, the projection and its LoRA, the top-k
+        weights) and through the experts' input (pre_ffw_norm_2)."""
+        s, t, T, dev, cfg, d = self.s, self.t, self.T, self.dev, self.cfg, self.cfg.hidden
+        KS = cfg.n_experts_used
+        scale = w.experts_down_scale.buffer if w.experts_down_scale is not None else None
+        K.moe_router_backward(dev, cfg.n_experts, KS, d, s.router_logits, s.expert_ids, dout, s.experts_out,
+                              t.drouter, s.step, T, down_scale=scale, plan=plan)
+        self.linear_backward(plan, lc.index, "router", w.router, s.router_in, t.drouter, t.dxn)
+        self.norm_backward(plan, d, t.h, t.dxn, dh, w.router_scale, accumulate=True, scale=self.model.router_scale)
+        # experts_backward's dx: dmid = down^T (weight * scale * dout) per slot, through the GeGLU, gate/up
+        self.experts_dx(plan, w.experts_down, dout, t.dexperts_act, weights=s.expert_weights, down_scale=scale)
+        if w.experts_gate_up is not None:
+            eff = w.experts_gate_up.shape[1] // 2
+            K.geglu_backward(dev, eff, s.experts_gate_up, t.dexperts_act, t.dexperts_gate_up, s.step, T,
+                             rows_per_token=KS, plan=plan)
+            self.experts_dx(plan, w.experts_gate_up, t.dexperts_gate_up, t.dexperts_in, per_slot=True)
+        else:
+            eff = w.experts_gate.shape[1]
+            K.gelu_times_backward(dev, KS * eff, s.experts_gate, s.experts_up, t.dexperts_act, t.dexperts_gate,
+                                  s.step, T, plan=plan)
+            K.elementwise(dev, "geglu", KS * eff, s.experts_gate, s.step, T, b=t.dexperts_act, out=t.dexperts_up,
+                          plan=plan)                                 # dup = gelu(gate) dmid
+            self.experts_dx(plan, w.experts_gate, t.dexperts_gate, t.dexperts_in, per_slot=True)
+            self.experts_dx(plan, w.experts_up, t.dexperts_up, t.dexperts_in, per_slot=True, accumulate=True)
+        K.moe_slot_sum(dev, d, KS, t.dexperts_in, t.dxn, s.step, T, plan=plan)
+        self.norm_backward(plan, d, t.h, t.dxn, dh, w.pre_ffw_norm_2, accumulate=True)
+
+    def experts_dx(self, plan: Plan, w, dy, dx, per_slot: bool = False, weights=None, down_scale=None,
+                   accumulate: bool = False) -> None:
+        """dx[s] (+)= c(s) dy[t or s] @ W[ids[s]] through the frozen experts W [E, n, k], slot by slot (c: the
+        slot's weight and down scale, given weights), buffer by buffer of W; the slots as the taped forward
+        grouped them by expert (state.expert_groups)."""
+        s, n = self.s, w.shape[1]
+        for p in w.parts:
+            K.moe_experts_dx(self.dev, w.qtype, w.shape[0], n, w.shape[2], self.cfg.n_experts_used, p.buffer, dy, dx,
+                             s.expert_groups, self.T, per_slot_dy=per_slot, weights=weights, down_scale=down_scale,
+                             accumulate=accumulate, first_expert=p.row0 // n, experts_here=p.rows // n, plan=plan)
+
     def attention_backward(self, plan: Plan, lc, w, da, dxn, kv_started: set) -> None:
         """reference: attention_backward. da: dloss/d(attn_output's output) -> dxn: dloss/d(the attention's
         input). dK, dV of the cache this layer reads are added to its source's (KV sharing); a layer with
@@ -170,7 +224,8 @@ class LoraBackward:
         window = cfg.sliding_window if lc.sliding else 0
         self.linear_backward(plan, lc.index, "attn_output", w.attn_output, s.attn, da, t.dattn)
         K.attention_backward(dev, s.q, cache.k, cache.v, t.dattn, t.attn_stats, t.dq, dk, dv, s.step, H, kvh, hd,
-                             cache.slots, T, window=window, accumulate=lc.kv_source in kv_started, plan=plan)
+                             cache.slots, T, t.attn_scratch, window=window, accumulate=lc.kv_source in kv_started,
+                             plan=plan)
         kv_started.add(lc.kv_source)
         K.rms_norm_backward(dev, hd, s.q_raw, t.dq, t.dq_raw, w.attn_q_norm.buffer, s.step, T, rows_per_token=H,
                             eps=self.eps, rope=rope, freq_factors=ff, plan=plan)
@@ -190,9 +245,10 @@ class LoraBackward:
 
     # -- one op's backward ------------------------------------------------------------------------------
 
-    def norm_backward(self, plan: Plan, d: int, x, dy, dx, weight, accumulate: bool = False) -> None:
+    def norm_backward(self, plan: Plan, d: int, x, dy, dx, weight, accumulate: bool = False,
+                      scale: float = 1.0) -> None:
         K.rms_norm_backward(self.dev, d, x, dy, dx, weight.buffer if weight is not None else None, self.s.step,
-                            self.T, eps=self.eps, accumulate=accumulate, plan=plan)
+                            self.T, eps=self.eps, accumulate=accumulate, scale=scale, plan=plan)
 
     def linear_backward(self, plan: Plan, layer: int, fields, w, x, dy, dx, accumulate: bool = False) -> None:
         """reference: proj_backward. dx (+)= dy @ W through the frozen (quantized) W, then each trained pair on

@@ -38,14 +38,18 @@ class TrainState:
         self.x_final = f32(T * d, "x final")              # [T, d] the last layer's output
         self.x_final_norm = f32(T * d, "x final norm")    # [T, d] output_norm(x_final): the head's input
         # one layer's tape, besides fwd's activations (x, xn = attn_norm(x), q_raw, q, k_raw, v_raw, attn, attn_out,
-        # gate_up / gate, up, act, ffn_out, ple_gate, ple_act, ple_out)
+        # gate_up / gate, up, act, ffn_out, ple_gate, ple_act, ple_out; MoE layers: dense_out, router_in,
+        # router_logits, expert_ids, expert_weights, expert_groups, experts_gate_up / experts_gate, experts_up,
+        # experts_act, experts_out, moe_out)
         self.h = f32(T * d, "h")                          # [T, d] x + post_attention_norm(attn_out)
         self.xn2 = f32(T * d, "xn2")                      # [T, d] ffn_norm(h): the gate/up projections' input
         self.x2 = f32(T * d, "x2")                        # [T, d] h + post_ffw_norm(ffn_out): the PLE gate's input
+        if cfg.is_moe:      # [T, d] pre_ffw_norm_2(h): the experts' input (xn holds the attention's)
+            self.x_experts = f32(T * d, "x experts")
         # gradients (dloss/d of what the name says)
         self.dx = f32(T * d, "dx")                        # [T, d] the residual stream, layer by layer
         self.dtmp = f32(T * d, "dtmp")                    # [T, d] a norm's output gradient (da, df, dp)
-        self.dxn = f32(T * d, "dxn")                      # [T, d] a pre-norm's output (xn, xn2)
+        self.dxn = f32(T * d, "dxn")                      # [T, d] a pre-norm's output (xn, xn2, router_in, x_experts)
         self.dattn = f32(T * H * hd, "dattn")             # [T, H * hd] the attention's output
         self.dq = f32(T * H * hd, "dq")                   # [T, H, hd] q after norm + RoPE
         self.dq_raw = f32(T * H * hd, "dq_raw")           # [T, H, hd] the q projection's output
@@ -55,6 +59,17 @@ class TrainState:
         self.dgate_up = f32(T * 2 * ff, "dgate_up")       # [T, 2 ff] [dgate | dup] (fused gate|up)
         self.dgate = f32(T * ff, "dgate")                 # [T, ff] (gate and up apart)
         self.dup = f32(T * ff, "dup")                     # [T, ff]
+        if cfg.is_moe:
+            E, KS, eff = cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim
+            self.dsub = f32(T * d, "dsub")                # [T, d] the dense MLP's output, then the experts' sum
+            self.drouter = f32(T * E, "drouter")          # [T, E] the router's logits
+            self.dexperts_act = f32(T * KS * eff, "dexperts_act")   # [T*KS, eff] gelu(gate) * up per slot
+            if any(lc.experts_fused for lc in cfg.layers if lc.has_moe):
+                self.dexperts_gate_up = f32(T * KS * 2 * eff, "dexperts_gate_up")  # [T*KS, 2 eff] [dgate | dup]
+            if any(not lc.experts_fused for lc in cfg.layers if lc.has_moe):
+                self.dexperts_gate = f32(T * KS * eff, "dexperts_gate")    # [T*KS, eff] (gate and up apart)
+                self.dexperts_up = f32(T * KS * eff, "dexperts_up")        # [T*KS, eff]
+            self.dexperts_in = f32(T * KS * d, "dexperts_in")   # [T*KS, d] each slot's share of the experts' input
         if cfg.has_ple:
             self.dple = f32(T * cfg.ple_dim, "dple")          # [T, pd] gelu(gate) * ple_in
             self.dple_gate = f32(T * cfg.ple_dim, "dple_gate")  # [T, pd] the PLE gate's pre-activation
@@ -63,6 +78,7 @@ class TrainState:
                                f32(lc.n_kv_heads * T * lc.head_dim, f"dv {lc.index}"))
                     for lc in cfg.layers if lc.owns_kv}
         self.attn_stats = f32(2 * H * T, "attention backward stats")     # [T, H, 2]
+        self.attn_scratch = f32(K.attention_backward_scratch_floats(H, hd, T), "attention backward scratch")
         self.lora_scratch = f32(K.lora_ud_floats(K.LORA_MAX_RANK, T), "lora backward scratch")
         # loss: the head's logits a vocabulary chunk at a time
         self.vocab_chunk = vocab_chunk

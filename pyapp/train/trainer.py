@@ -130,9 +130,10 @@ class Trainer:
         cfg, runner = engine.config, engine.runner
         if cfg.is_diffusion:
             raise TrainError("fine-tuning DiffusionGemma is not supported: choose a Gemma 4 chat model")
-        if cfg.is_moe:
-            raise TrainError("fine-tuning mixture-of-experts models (26B-A4B) is not supported yet: "
-                             "choose a dense model (E2B, E4B or the larger dense one)")
+        if cfg.is_moe and runner.experts is not None:
+            raise TrainError("fine-tuning a mixture-of-experts model needs every expert in GPU memory, but this load "
+                             "streams them from the file into a cache (the GPU memory budget is smaller than the "
+                             "model): raise the budget (--gpu-memory, --expert-cache) or use a larger GPU")
         if engine.adapters is not None:
             raise TrainError("a LoRA adapter is applied to this model: load it without the adapter to train a new one")
         if not dataset.train:
