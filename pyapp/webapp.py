@@ -483,6 +483,10 @@ def train_start(fields_json: str = "{}") -> dict:
         return why
     if S.engine.adapters is not None:
         return {"error": "Remove the LoRA adapter first: training starts from the base model."}
+    if S.engine.config.is_moe and S.engine.runner.experts is not None:   # the trainer refuses it in CLI words
+        return {"error": "Fine-tuning a mixture-of-experts model needs all its experts in GPU memory, but with this "
+                         "GPU memory setting they are read from the file as needed. Raise GPU memory (MiB) in the "
+                         "settings (0 puts the whole model on the GPU) and reload the model.", "field": "gpu_memory"}
     try:
         S.device.clear_error()
         return _training().start(S.engine, json.loads(fields_json), _style())

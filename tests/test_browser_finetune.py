@@ -7,7 +7,8 @@ themselves and the presets fill them; a short run's progress, loss chart and sum
 update, and Stop ends it early keeping the best parameters; the adapter downloads as llama.cpp's LoRA
 GGUF (parsed with pyapp.gguf) and, applied in the chat, gives the native engine's greedy reply with that
 adapter; the adapter and its log are kept in OPFS across a reload, and an OPFS failure is a message; the
-panel's controls are reachable by keyboard and named; a mixture-of-experts model is refused in plain words.
+panel's controls are reachable by keyboard and named; a mixture-of-experts model whose experts stream from
+the file (a small GPU memory setting) is refused in plain words.
 A screenshot of the panel after the run goes to test-artifacts/.
 
 SwiftShader runs a training update of the demo model in about ten seconds (the first in about a minute:
@@ -402,17 +403,30 @@ def test_the_panel_is_reachable_by_keyboard_and_labelled(page):
     assert page.evaluate("window.__picked") == 1
 
 
-def test_a_mixture_of_experts_model_is_refused_in_plain_words(page):
+def test_a_model_streaming_its_experts_is_refused_in_plain_words(page):
+    """A mixture-of-experts model trains only with every expert on the GPU: under a GPU memory setting that
+    streams them, Start says which setting to raise, and the model stays loaded and usable."""
     path = FIXTURES / "gemma4-moe-q8_0.gguf"
     page.click("#tab-chat")
     page.set_input_files("#file-input", str(path))
     wait_loaded_file(page, path.name)
+    set_field(page, "context_length", 256)
+    whole = page.evaluate("window.app.call('memory_plan', 256, 0)")
+    set_field(page, "gpu_memory", f"{(whole['minimum'] + whole['expert_each'] // 2) / 2**20:.4f}")
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded === false")
+    wait_state(page, "loaded")
+    assert "2 of 4 per layer cached" in page.inner_text("#memory-plan")
     page.click("#tab-finetune")
     drop(page, "#ft-drop", "counting.jsonl", DATA)
     page.wait_for_function("window.app.state.finetune.data !== null && !window.app.state.finetune.reading")
     page.click("#ft-start")
     page.wait_for_function("document.getElementById('ft-error').textContent.length > 0")
-    assert "mixture-of-experts" in page.inner_text("#ft-error") and "not supported yet" in page.inner_text("#ft-error")
+    assert page.inner_text("#ft-error").startswith(
+        "Fine-tuning a mixture-of-experts model needs all its experts in GPU memory, but with this GPU memory "
+        "setting they are read from the file as needed. Raise GPU memory (MiB) in the settings")
     assert not ft(page, "running") and page.evaluate("window.app.state.loaded") and page.is_enabled("#send")
+    for field, value in (("gpu_memory", 0), ("context_length", 4096)):
+        set_field(page, field, value)
     assert not page.errors, page.errors
     assert page.evaluate("window.cspViolations") == [] and page.csp_violations == [], page.csp_violations

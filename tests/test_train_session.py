@@ -3,7 +3,8 @@
 The panel's fields become the TrainConfig the preset and the typed values ask for, each bad one a FieldError
 naming it in plain words; the page's rules are the ones checked here; the preview is pyapp.train.data's; a run
 to its end keeps the parameters with the best validation loss and one stopped before any validation keeps its
-latest (not the untrained start); closing the run gives the engine back its base model.
+latest (not the untrained start); closing the run gives the engine back its base model; a model the trainer
+refuses says why.
 """
 
 from __future__ import annotations
@@ -146,10 +147,11 @@ def test_a_run_to_its_end_and_a_run_stopped_early(engine):
 
 
 def test_a_model_that_cannot_be_trained_says_why(engine):
-    moe = Engine.open(str(FIX / "gemma4-moe-q8_0.gguf"), context_length=128)
+    moe = Engine.open(str(FIX / "gemma4-moe-q8_0.gguf"), context_length=128, expert_cache_mib=0.2)
+    assert moe.runner.experts is not None                     # experts streamed: the trainer needs them all
     run = TrainingSession()
     run.load_data(moe, DATA, "words.jsonl", {"seq_len": "64"}, style_for(moe.gguf.metadata))
-    with pytest.raises(TrainError, match="mixture-of-experts"):
+    with pytest.raises(TrainError, match="mixture-of-experts model needs every expert in GPU memory"):
         run.start(moe, {"seq_len": "64"}, style_for(moe.gguf.metadata))
     assert not run.running
     with pytest.raises(FieldError, match="Choose a training file first"):
