@@ -103,7 +103,7 @@ class Engine:
         self.config: Gemma4Config = runner.cfg
         self.context_length = runner.ctx
         self.cached: list[int] = []       # tokens whose K/V are in the cache, in order
-        self.kv_end = 0                   # positions written so far (a step decoded ahead may pass cached)
+        self.kv_end = 0                   # furthest position written (decoded ahead, rejected drafts: past cached)
         self._tokenizer = None
         self.memory_plan = None           # pyapp.runtime.memory.MemoryPlan it was loaded with
         self.adapters = None              # pyapp.runtime.adapters.GpuAdapters: the LoRA adapters applied
@@ -265,14 +265,19 @@ class Engine:
 
     def _layer_steps(self, tokens: list[int], pos: int, after_each=None):
         """Steps: tokens through the layers in steps of up to chunk tokens, the first at `pos`; after
-        each step, `after_each(n)`'s steps (its n rows are then in state.x). Returns the last n."""
+        each step, `after_each(n)`'s steps (its n rows are then in state.x). Returns the last n.
+        kv_end keeps the furthest position written since the cache was last filled from position 0:
+        a sliding layer's ring may still hold what an earlier turn wrote past this prompt's end (a token
+        decoded ahead, rejected drafts), over positions a later turn rolling back further needs."""
         r = self.runner
+        if pos == 0:             # every position before the end is written again, after anything older
+            self.kv_end = 0
         n = 0
         for i in range(0, len(tokens), r.chunk):
             part = tokens[i:i + r.chunk]
             r.write_step(part, pos + i)
             yield from r.run_layers(len(part))
-            self.kv_end = pos + i + len(part)
+            self.kv_end = max(self.kv_end, pos + i + len(part))
             n = len(part)
             if after_each:
                 yield from after_each(n)

@@ -41,19 +41,18 @@ def _generate(page, tokens, **params) -> dict:
                          [json.dumps(tokens), json.dumps({"temperature": 0, **params})])
 
 
-@pytest.mark.parametrize("stem", ["gemma4-dense-q4_k", "gemma4-moe-q8_0"])
-def test_speculative_greedy_tokens_in_the_browser(page, stem):
+@pytest.mark.parametrize("stem,prompt", [("gemma4-dense-q4_k", REPEATING), ("gemma4-moe-q8_0", RANDOM)],
+                         ids=["dense-q4_k", "moe-q8_0"])
+def test_speculative_greedy_tokens_in_the_browser(page, stem, prompt):
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf
     path = FIXTURES / f"{stem}.gguf"
     page.set_input_files("#file-input", str(path))
     wait_loaded_file(page, path.name)
+    plain = _generate(page, prompt, max_tokens=12)
+    spec = _generate(page, prompt, max_tokens=12, speculate=5)
+    assert "error" not in spec, spec
     native = Engine.open(read_gguf(path), backend="native", context_length=128)
-    for prompt in (REPEATING, RANDOM):
-        plain = _generate(page, prompt, max_tokens=16)
-        spec = _generate(page, prompt, max_tokens=16, speculate=5)
-        assert "error" not in spec, spec
-        want = native.generate(prompt, SamplingParams(temperature=0, max_tokens=16), stop_ids=()).tokens
-        native.reset()
-        assert spec["tokens"] == plain["tokens"] == want and spec["stop_reason"] == "length"
+    want = native.generate(prompt, SamplingParams(temperature=0, max_tokens=12), stop_ids=()).tokens
+    assert spec["tokens"] == plain["tokens"] == want and spec["stop_reason"] == "length"
     assert not page.errors
