@@ -23,6 +23,8 @@
 #            layer (tools/skew_router.py): uniform routing is the worst case for the cache
 #   sweep    bench/matvec_sweep.py (Q4_K: the old kernel by threads per row, the chunk kernel by
 #            threads per row and workgroup) -> kernels.jsonl
+#   mmsweep  bench/matmul_sweep.py: the prefill matmul by tile shape, natively and on the browser path
+#            (node bench/node_bench.mjs --sweep) -> kernels.jsonl
 #   profile  bench/profile.py on each model, decode and prefill plans by kernel family -> kernels.jsonl
 #   diffusion  DiffusionGemma (issue 12): writes DIFFUSION_MODEL (tools/make_bench_model.py --shape
 #            diffusion, 26B-A4B dimensions) if missing, then bench/bench.py natively, bench/node_bench.mjs
@@ -463,6 +465,23 @@ step_sweep() {
     cat "$res" 2>/dev/null
 }
 
+step_mmsweep() {
+    local res=$RES/kernels-mmsweep-native.jsonl
+    busy mmsweep && return 1
+    if ! done_already "$res"; then
+        log "mmsweep: prefill matmul tiles, native"
+        limited 20 "$PY" bench/matmul_sweep.py > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
+    res=$RES/kernels-mmsweep-browser.jsonl
+    [ -x "$W/bin/node" ] || { log "mmsweep: no node (carry .carry/node)"; return 1; }
+    done_already "$res" && return 0
+    log "mmsweep: prefill matmul tiles, browser path"
+    PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu limited 20 "$W/bin/node" bench/node_bench.mjs --sweep > "$res.tmp" \
+        && mv "$res.tmp" "$res"
+    cat "$res" 2>/dev/null
+}
+
 step_profile() {
     local spec path res
     busy profile && return 1
@@ -555,7 +574,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|profile|diffusion|speculate|train|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|profile|diffusion|speculate|train|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

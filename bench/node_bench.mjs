@@ -4,6 +4,8 @@
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 //   node bench/node_bench.mjs --train MODEL.gguf      LoRA training instead (bench/train_bench.py's
 //        measure_async): SEQ_LEN (256), BATCH (4), RANK (8), STEPS (6)
+//   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
+//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -41,6 +43,19 @@ py.registerJsModule("webgpu_helper", { createHelper });
 // Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
 globalThis.wasm_heap_bytes = () => (py._module && py._module.HEAP8 ? py._module.HEAP8.buffer.byteLength : 0);
 const train = process.argv.includes("--train");
+if (process.argv.includes("--sweep")) {
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import matmul_sweep
+from pyapp.gpu import get_device_async
+shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAPES || ""}".split()]
+rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
+                                      shapes=shapes or matmul_sweep.SHAPES)
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
 const models = process.argv.slice(2).filter((a) => a !== "--train").map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
 import json, sys, time

@@ -4,10 +4,9 @@
 // quants.wgsl) and src1 = X (f32 [T, K]); Y is f32 [T, N], token-major.
 // K (multiple of QK) and N are override constants; T comes from the per-step
 // uniform (S.n_tokens) so one pipeline serves every prompt length.
-// Tiles: TILE rows x TILE tokens per workgroup of 256 threads (TILE = MATMUL_TILE = 64,
-// from the prelude pyapp.gpu.kernels generates: its dispatch uses the same value); the
-// tile's product is matmul_tile.wgsl's.
-// Dispatch: (ceil(N / TILE), ceil(T / TILE)).
+// Tiles: BM rows x BN tokens per workgroup of NT threads, register-tiled (matmul_tile.wgsl; its
+// shape comes from the prelude pyapp.gpu.kernels generates, and the dispatch uses the same values).
+// Dispatch: (ceil(N / BM), ceil(T / BN)).
 
 override K: u32;
 override N: u32;
@@ -21,23 +20,31 @@ override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W w
 //!include quants
 //!include matmul_tile
 
-@compute @workgroup_size(256)
+var<private> r0: u32;
+var<private> t0: u32;
+var<private> t_last: u32;
+
+fn tile_w_base(i: u32) -> u32 { return min(r0 + i, N - 1u) * (K / QK) * QB; }
+fn tile_x_row(i: u32) -> u32 { return min(t0 + i, t_last); }
+
+@compute @workgroup_size(NT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let T = S.n_tokens;
-    let r0 = wid.x * TILE;
-    let t0 = wid.y * TILE;
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    let lr = lid / STEP;          // row / token this thread loads
-    let rowbase = min(r0 + lr, N - 1u) * (K / QK) * QB;
-    let acc = tile_product(lid, rowbase, r0 + lr < N, t0 + lr, t0 + lr < T);
+    r0 = wid.x * BM;
+    t0 = wid.y * BN;
+    t_last = T - 1u;
+    let acc = tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
-    for (var j = 0u; j < 4u; j++) {
-        let t = t0 + ty + 16u * j;
-        if (t < T) {
-            for (var i = 0u; i < 4u; i++) {
-                let r = r0 + tx + 16u * i;
-                if (r < N) { Y[t * ldy + r] = acc[j][i]; }
+    for (var b = 0u; b < TN / 4u; b++) {
+        for (var j = 0u; j < 4u; j++) {
+            let t = t0 + tile_token(lid, b, j);
+            if (t < T) {
+                for (var a = 0u; a < TM / 4u; a++) {
+                    for (var i = 0u; i < 4u; i++) {
+                        let r = r0 + tile_row(lid, a, i);
+                        if (r < N) { Y[t * ldy + r] = acc[(4u * a + i) * (TN / 4u) + b][j]; }
+                    }
+                }
             }
         }
     }

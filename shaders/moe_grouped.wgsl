@@ -12,11 +12,11 @@
 //             GRP[2E + 2 + i]   the slot at grouped row i (within an expert, in any order:
 //                               each slot's output depends only on its own row)
 //           Dispatch (1).
-//   matmul: the 64 x 64 tiles of matmul_tile.wgsl (64 rows of W by 64 grouped slots, W
+//   matmul: the BM x BN tiles of matmul_tile.wgsl (BM rows of W by BN grouped slots, W
 //           dequantized once per tile into shared memory); a workgroup's tile index (wid.y) finds its expert
 //           by binary search over the first tiles. W holds experts E0 .. E0 + NE - 1 (an expert
 //           tensor split over buffers, or the streamed cache): tiles of other experts return.
-//           Dispatch (ceil(N / TILE), ceil(T * KSEL / TILE) + min(E, T * KSEL)), the most tiles
+//           Dispatch (ceil(N / BM), ceil(T * KSEL / BN) + min(E, T * KSEL)), the most tiles
 //           T tokens can need; those past GRP[2E + 1] return at once.
 // S.n_tokens = T tokens (S: Step, the per-step uniform).
 
@@ -60,7 +60,7 @@ fn group(@builtin(local_invocation_index) lid: u32) {
             GRP[e] = row;
             GRP[E + 1u + e] = tile;
             row += c;
-            tile += (c + TILE - 1u) / TILE;
+            tile += (c + BN - 1u) / BN;
             atomicStore(&count[e], 0u);         // from here on: each expert's fill cursor
         }
         GRP[E] = row;
@@ -73,10 +73,18 @@ fn group(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-var<workgroup> slot_at: array<u32, TILE>;          // the slot of each grouped row of the tile
+var<workgroup> slot_at: array<u32, BN>;          // the slot of each grouped row of the tile
 var<workgroup> tile_expert: u32;
+var<private> r0: u32;
+var<private> expert_row0: u32;
 
-@compute @workgroup_size(256)
+fn tile_w_base(i: u32) -> u32 { return (expert_row0 + min(r0 + i, N - 1u)) * (K / QK) * QB; }
+fn tile_x_row(i: u32) -> u32 {
+    let s = slot_at[i];
+    return select(s / KSEL, s, XPER > 1u);
+}
+
+@compute @workgroup_size(NT)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let tile = wid.y;
     if (lid == 0u) {
@@ -92,25 +100,25 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
     let e = workgroupUniformLoad(&tile_expert);
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
-    let row0 = GRP[e] + (tile - GRP[E + 1u + e]) * TILE;
-    let rows = min(TILE, GRP[e + 1u] - row0);
-    if (lid < TILE) { slot_at[lid] = select(0u, GRP[2u * E + 2u + row0 + lid], lid < rows); }
+    let row0 = GRP[e] + (tile - GRP[E + 1u + e]) * BN;
+    let rows = min(BN, GRP[e + 1u] - row0);
+    for (var i = lid; i < BN; i += NT) { slot_at[i] = select(0u, GRP[2u * E + 2u + row0 + i], i < rows); }
     workgroupBarrier();
 
-    let r0 = wid.x * TILE;
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    let lr = lid / STEP;          // W row / grouped slot this thread loads
-    let rowbase = ((e - E0) * N + min(r0 + lr, N - 1u)) * (K / QK) * QB;
-    let s_load = slot_at[lr];
-    let acc = tile_product(lid, rowbase, r0 + lr < N, select(s_load / KSEL, s_load, XPER > 1u), lr < rows);
-    for (var j = 0u; j < 4u; j++) {
-        let i = ty + 16u * j;
-        if (i < rows) {
-            let s = slot_at[i];
-            for (var c = 0u; c < 4u; c++) {
-                let r = r0 + tx + 16u * c;
-                if (r < N) { Y[s * N + r] = acc[j][c]; }
+    r0 = wid.x * BM;
+    expert_row0 = (e - E0) * N;
+    let acc = tile_product(lid);
+    for (var b = 0u; b < TN / 4u; b++) {
+        for (var j = 0u; j < 4u; j++) {
+            let i = tile_token(lid, b, j);
+            if (i < rows) {
+                let s = slot_at[i];
+                for (var a = 0u; a < TM / 4u; a++) {
+                    for (var c = 0u; c < 4u; c++) {
+                        let r = r0 + tile_row(lid, a, c);
+                        if (r < N) { Y[s * N + r] = acc[(4u * a + c) * (TN / 4u) + b][j]; }
+                    }
+                }
             }
         }
     }

@@ -172,6 +172,25 @@ def test_matmul(dev, qtype, rows, t):
     assert_close_dot(got, x, w, x @ w.T)
 
 
+@pytest.mark.parametrize("qtype", ["f32", "q4_k"])
+@pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16, 4, 4), K.MatmulTile(64, 64, 32, 8, 8),
+                                  K.MatmulTile(128, 64, 16, 8, 4), K.MatmulTile(64, 128, 32, 4, 8)],
+                         ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}-{t.thread_rows}x{t.thread_tokens}")
+def test_matmul_tile_shapes(dev, qtype, tile):
+    """Every tile shape bench/matmul_sweep.py tries: rows and tokens past a tile, K past a step."""
+    rng = np.random.default_rng(7)
+    rows, t = 150, 70
+    k = 512 if qtype == "q4_k" else 4 * 29
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k))
+    y = dev.buffer(4 * rows * t)
+    dev.submit(K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t),
+                        n_tokens=t, tile=tile))
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    assert_close_dot(got, x, w, x @ w.T)
+
+
 @pytest.mark.parametrize("qtype", ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"])
 @pytest.mark.parametrize("t", [1, 5, 17])
 def test_matvec_tokens(dev, qtype, t):

@@ -35,7 +35,7 @@ MAX_RECENT = 64          # recent token ids the repeat penalty sees
 SAMPLE_PARAM_FIELDS = (("temperature", "f32"), ("top_p", "f32"), ("min_p", "f32"), ("u", "f32"),
                        ("repeat_penalty", "f32"), ("top_k", "u32"), ("n_recent", "u32"), ("_pad", "u32"),
                        ("recent", "u32", MAX_RECENT))
-MATMUL_TILE = 64             # rows and tokens per matmul workgroup
+MATMUL_TILE = 64             # rows and tokens per workgroup of matmul_dx, moe_backward's dx, soft_embed
 DECODE_KEYS_PER_GROUP = 32   # keys per attention_decode workgroup
 SAMPLE_SLICE = 4096          # logits per first-stage sampling workgroup
 SAMPLE_MAX_K = 256           # top-k candidates a sampling workgroup keeps
@@ -188,18 +188,46 @@ def q4k_threads_per_row(k: int) -> int:
     return max(4, min(8 if k <= 2048 else 32, k // 64))
 
 
+@dataclass(frozen=True)
+class MatmulTile:
+    """Shape of the prefill matmul's register-tiled tile (shaders/matmul_tile.wgsl): W rows x tokens per
+    workgroup, weights of K per shared-memory step, and each thread's rows x tokens."""
+    rows: int = 64
+    tokens: int = 64
+    k: int = 32
+    thread_rows: int = 8
+    thread_tokens: int = 8
+
+    def __post_init__(self):
+        if self.rows % self.thread_rows or self.tokens % self.thread_tokens or self.thread_rows % 4 \
+                or self.thread_tokens % 4 or self.k % 4:
+            raise ValueError(f"bad matmul tile {self}")
+
+    @property
+    def threads(self) -> int:
+        return self.rows // self.thread_rows * (self.tokens // self.thread_tokens)
+
+    def prelude(self) -> str:
+        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
+            ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TM", self.thread_rows),
+            ("TN", self.thread_tokens)))
+
+
+MATMUL = MatmulTile()     # the engine's tile (bench/matmul_sweep.py on an H100, bench/RESULTS.md)
+
+
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
-           n_tokens: int, plan: Plan | None = None, ldy: int = 0) -> Plan:
+           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile = MATMUL) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
-    p = _pipeline(dev, "matmul", prelude=quant_prelude(qtype), constants={"K": k, "N": n, "LDY": ldy})
+    p = _pipeline(dev, "matmul", prelude=quant_prelude(qtype) + tile.prelude(), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, -(-n // MATMUL_TILE), -(-n_tokens // MATMUL_TILE))
+    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
 
 
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
@@ -478,7 +506,7 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
               plan: Plan | None = None) -> Plan:
     """grp = the step's slots grouped by their expert ids[s] (ids >= n_experts left out), with each
     expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl)."""
-    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32),
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + MATMUL.prelude(),
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
 
@@ -489,13 +517,13 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     """moe_experts for a chunk, from moe_group's grouping: a tiled matmul per expert, each expert's
     weights read once per 64 slots instead of once per slot."""
     row_bytes(qtype, k)
-    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype),
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + MATMUL.prelude(),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "GRP": grp})     # the step's size is in grp
     slots = max_tokens * k_used
-    return (plan or dev.plan()).dispatch(p, bg, -(-n // MATMUL_TILE), -(-slots // MATMUL_TILE) + min(n_experts, slots))
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // MATMUL.rows), -(-slots // MATMUL.tokens) + min(n_experts, slots))
 
 
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,
