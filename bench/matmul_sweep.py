@@ -22,15 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # (rows, row length): E2B q, o, gate|up, down; a26b q, dense gate|up, dense down
-SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816), (2816, 2112)]
+SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816), (2816, 2112),
+          (1536, 1536), (2048, 2048)]
 
 
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
-    shapes = [(64, 64, 16, 4, 4), (64, 64, 32, 4, 4), (64, 64, 16, 8, 8), (64, 64, 32, 8, 8),
-              (128, 64, 16, 8, 4), (64, 128, 16, 4, 8), (128, 128, 16, 8, 8), (128, 64, 32, 8, 8),
-              (64, 128, 32, 8, 8), (32, 64, 32, 4, 8)]
-    out = [MatmulTile(*s) for s in shapes]
+    shapes = [(64, 64, 16), (64, 64, 32), (64, 64, 64), (32, 64, 32), (64, 32, 32), (32, 32, 32), (128, 64, 32),
+              (64, 128, 32), (128, 32, 32), (32, 128, 32)]
+    out = [MatmulTile(*s) for s in shapes] + [MatmulTile(legacy=True)]
     return [MATMUL] + [t for t in out if t != MATMUL]
 
 
@@ -64,7 +64,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 await dev.read_async(y, 0, 16)
                 s = (time.perf_counter() - t) / (repeat * per_submit)
                 out.append({"kernel": "matmul", "quant": q, "tokens": n_tokens, "rows": n, "cols": k,
-                            "tile": f"{tile.rows}x{tile.tokens} k{tile.k} {tile.thread_rows}x{tile.thread_tokens}",
+                            "tile": "legacy" if tile.legacy else f"{tile.rows}x{tile.tokens} k{tile.k}",
                             "threads": tile.threads, "us": round(s * 1e6, 1),
                             "tflop_s": round(2 * n_tokens * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out

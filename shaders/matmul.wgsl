@@ -4,7 +4,7 @@
 // quants.wgsl) and src1 = X (f32 [T, K]); Y is f32 [T, N], token-major.
 // K (multiple of QK) and N are override constants; T comes from the per-step
 // uniform (S.n_tokens) so one pipeline serves every prompt length.
-// Tiles: BM rows x BN tokens per workgroup of NT threads, register-tiled (matmul_tile.wgsl; its
+// Tiles: BM rows x BN tokens per workgroup of NT threads (matmul_tile.wgsl; its
 // shape comes from the prelude pyapp.gpu.kernels generates, and the dispatch uses the same values).
 // Dispatch: (ceil(N / BM), ceil(T / BN)).
 
@@ -35,16 +35,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     t_last = T - 1u;
     let acc = tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
-    for (var b = 0u; b < TN / 4u; b++) {
-        for (var j = 0u; j < 4u; j++) {
-            let t = t0 + tile_token(lid, b, j);
-            if (t < T) {
-                for (var a = 0u; a < TM / 4u; a++) {
-                    for (var i = 0u; i < 4u; i++) {
-                        let r = r0 + tile_row(lid, a, i);
-                        if (r < N) { Y[t * ldy + r] = acc[(4u * a + i) * (TN / 4u) + b][j]; }
-                    }
-                }
+    for (var j = 0u; j < 4u; j++) {
+        let t = t0 + tile_token(lid, j);
+        if (t < T) {
+            for (var i = 0u; i < 4u; i++) {
+                let r = r0 + tile_row(lid, i);
+                if (r < N) { Y[t * ldy + r] = acc[i][j]; }
             }
         }
     }

@@ -1,115 +1,91 @@
-// One register-tiled tile of a prefill matmul, shared by matmul.wgsl and moe_grouped.wgsl:
-// BM rows of W (GGUF-encoded, dequantized once per tile) times BN rows of X (whichever rows the
-// includer maps them to), BK weights of K per step. Each of the NT threads owns TM rows x TN
-// tokens of the tile (TM * TN accumulators): per k it reads TM / 4 + TN / 4 vec4 from shared
-// memory for TM * TN multiply-adds, so shared-memory reads stop bounding the FMA rate.
+// One tile of a prefill matmul, shared by matmul.wgsl and moe_grouped.wgsl: BM rows of W
+// (GGUF-encoded, dequantized once per tile) times BN rows of X (whichever rows the includer maps
+// them to), BK weights of K per step. Each thread owns 4 rows x 4 tokens: per k it reads one vec4
+// of W and one of X from shared memory for 16 multiply-adds (an outer product).
 //
-// Shared tiles are k-major ([k][4 rows] as vec4) so the inner loop is an outer product; their rows
-// are padded by one vec4 against bank conflicts on the transposing stores. Loading is in units
-// of 4 rows x 4 k (one dq4 or X vec4 per row, transposed in registers): the first WU units are W's,
-// the next XU X's, spread over the threads. The next step's units are loaded into registers while
-// the current step computes (their global reads' latency hides behind the FMAs).
+// Shared tiles are k-major ([k][4 rows] as vec4), rows padded by one vec4 against bank conflicts
+// on the transposing stores. Loading is in units of 4 rows x 4 k (four dq4 or X vec4 reads,
+// transposed in registers): thread lid loads W unit lid and X unit (lid + NT / 2) % NT, where
+// those exist. The next step's units are read into registers while the current step computes,
+// so their global reads' latency hides behind the multiply-adds.
 //
-// Tile shape constants MM_BM, MM_BN, MM_BK, MM_TM, MM_TN come from the prelude
-// (pyapp.gpu.kernels.matmul_tile_prelude: its dispatch uses the same values).
-// The includer declares K, W, X (array<vec4<f32>>), the quants prelude (QK, QB, dq4) and
+// Tile shape constants MM_BM, MM_BN, MM_BK come from the prelude (pyapp.gpu.kernels.MatmulTile:
+// its dispatch uses the same values). The includer declares K, W, X (array<vec4<f32>>), the
+// quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
-// and calls tile_product from uniform control flow (it has barriers). Accumulator
-// acc[(4a + i) * (TN / 4) + b][j] is tile row tile_row(lid, a, i), token tile_token(lid, b, j).
+// and calls tile_product from uniform control flow (it has barriers). Column i of the result is
+// tile row tile_row(lid, i); its component j is tile token tile_token(lid, j).
 
 const BM: u32 = MM_BM;
 const BN: u32 = MM_BN;
 const BK: u32 = MM_BK;
-const TM: u32 = MM_TM;
-const TN: u32 = MM_TN;
-const TXN: u32 = BM / TM;              // threads along the rows
-const TYN: u32 = BN / TN;              // threads along the tokens
+const TXN: u32 = BM / 4u;              // threads along the rows
+const TYN: u32 = BN / 4u;              // threads along the tokens
 const NT: u32 = TXN * TYN;             // threads per workgroup
 const KQ: u32 = BK / 4u;               // vec4 groups of K per step
-const GMP: u32 = BM / 4u + 1u;         // padded shared row lengths, in vec4
-const GNP: u32 = BN / 4u + 1u;
-const WU: u32 = BM / 4u * KQ;          // load units per step: W's, then X's
-const XU: u32 = BN / 4u * KQ;
-const UM: u32 = (WU + XU + NT - 1u) / NT;   // units per thread
-const TACC: u32 = TM * TN / 4u;
+const GMP: u32 = TXN + 1u;             // padded shared row lengths, in vec4
+const GNP: u32 = TYN + 1u;
+const WU: u32 = TXN * KQ;              // load units per step (<= NT each: MatmulTile checks)
+const XU: u32 = TYN * KQ;
 
 var<workgroup> ws: array<vec4<f32>, BK * GMP>;   // [k][rows 4g .. 4g + 3]
 var<workgroup> xs: array<vec4<f32>, BK * GNP>;   // [k][tokens 4h .. 4h + 3]
 
-fn tile_row(lid: u32, a: u32, i: u32) -> u32 { return 4u * (lid % TXN + a * TXN) + i; }
-fn tile_token(lid: u32, b: u32, j: u32) -> u32 { return 4u * (lid / TXN + b * TYN) + j; }
+fn tile_row(lid: u32, i: u32) -> u32 { return 4u * (lid % TXN) + i; }
+fn tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TXN) + j; }
 
-// Unit u's 4 rows (W: byte offsets; X: row indices), for every step.
-fn unit_rows(u: u32) -> vec4<u32> {
-    var r = vec4<u32>(0u);
-    if (u < WU) {
-        let g = u / KQ;
-        for (var i = 0u; i < 4u; i++) { r[i] = tile_w_base(4u * g + i); }
-    } else if (u < WU + XU) {
-        let h = (u - WU) / KQ;
-        for (var i = 0u; i < 4u; i++) { r[i] = tile_x_row(4u * h + i); }
-    }
-    return r;
+// W unit (rows at byte offsets wb) at K's vec4 group gk, as columns (zeros past K or without a unit).
+fn load_w(ok: bool, wb: vec4<u32>, gk: u32) -> mat4x4<f32> {
+    if (!ok || gk >= K / 4u) { return mat4x4<f32>(); }
+    let o = (gk / (QK / 4u)) * QB;
+    let i = gk % (QK / 4u);
+    return mat4x4<f32>(dq4(wb.x + o, i), dq4(wb.y + o, i), dq4(wb.z + o, i), dq4(wb.w + o, i));
 }
 
-// Unit u's 4 rows at K's vec4 group gk (zeros past K).
-fn load_unit(u: u32, rows: vec4<u32>, gk: u32) -> array<vec4<f32>, 4> {
-    var v = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
     let kg = K / 4u;
-    if (gk >= kg || u >= WU + XU) { return v; }
-    if (u < WU) {
-        let gpb = QK / 4u;
-        for (var i = 0u; i < 4u; i++) { v[i] = dq4(rows[i] + (gk / gpb) * QB, gk % gpb); }
-    } else {
-        for (var i = 0u; i < 4u; i++) { v[i] = X[rows[i] * kg + gk]; }
-    }
-    return v;
+    if (!ok || gk >= kg) { return mat4x4<f32>(); }
+    return mat4x4<f32>(X[xr.x * kg + gk], X[xr.y * kg + gk], X[xr.z * kg + gk], X[xr.w * kg + gk]);
 }
 
-// Unit u's values transposed into the k-major shared tiles.
-fn store_unit(u: u32, v: array<vec4<f32>, 4>) {
-    let kq = u % KQ;
-    if (u < WU) {
-        let g = u / KQ;
-        for (var c = 0u; c < 4u; c++) { ws[(4u * kq + c) * GMP + g] = vec4<f32>(v[0][c], v[1][c], v[2][c], v[3][c]); }
-    } else if (u < WU + XU) {
-        let h = (u - WU) / KQ;
-        for (var c = 0u; c < 4u; c++) { xs[(4u * kq + c) * GNP + h] = vec4<f32>(v[0][c], v[1][c], v[2][c], v[3][c]); }
-    }
-}
-
-fn tile_product(lid: u32) -> array<vec4<f32>, TACC> {
+fn tile_product(lid: u32) -> mat4x4<f32> {
     let tx = lid % TXN;
     let ty = lid / TXN;
-    var rows: array<vec4<u32>, UM>;
-    var next: array<array<vec4<f32>, 4>, UM>;
-    for (var m = 0u; m < UM; m++) {
-        let u = lid + m * NT;
-        rows[m] = unit_rows(u);
-        next[m] = load_unit(u, rows[m], u % KQ);
-    }
-    var acc: array<vec4<f32>, TACC>;
+    let wu = lid;                      // this thread's W unit: rows 4 wg .., K group wkq of each step
+    let has_w = wu < WU;
+    let wkq = wu % KQ;
+    let wg = min(wu / KQ, TXN - 1u);
+    let xu = (lid + NT / 2u) % NT;     // its X unit
+    let has_x = xu < XU;
+    let xkq = xu % KQ;
+    let xh = min(xu / KQ, TYN - 1u);
+    let wb = vec4<u32>(tile_w_base(4u * wg), tile_w_base(4u * wg + 1u), tile_w_base(4u * wg + 2u),
+                       tile_w_base(4u * wg + 3u));
+    let xr = vec4<u32>(tile_x_row(4u * xh), tile_x_row(4u * xh + 1u), tile_x_row(4u * xh + 2u),
+                       tile_x_row(4u * xh + 3u));
+    var wn = load_w(has_w, wb, wkq);
+    var xn = load_x(has_x, xr, xkq);
+    var acc = mat4x4<f32>();
     for (var k0 = 0u; k0 < K / 4u; k0 += KQ) {
-        for (var m = 0u; m < UM; m++) { store_unit(lid + m * NT, next[m]); }
-        workgroupBarrier();
-        for (var m = 0u; m < UM; m++) {
-            let u = lid + m * NT;
-            next[m] = load_unit(u, rows[m], k0 + KQ + u % KQ);
+        if (has_w) {
+            let t = transpose(wn);
+            for (var c = 0u; c < 4u; c++) { ws[(4u * wkq + c) * GMP + wg] = t[c]; }
         }
+        if (has_x) {
+            let t = transpose(xn);
+            for (var c = 0u; c < 4u; c++) { xs[(4u * xkq + c) * GNP + xh] = t[c]; }
+        }
+        workgroupBarrier();
+        wn = load_w(has_w, wb, k0 + KQ + wkq);
+        xn = load_x(has_x, xr, k0 + KQ + xkq);
         for (var k = 0u; k < BK; k++) {
-            var wv: array<vec4<f32>, TM / 4u>;
-            var xv: array<vec4<f32>, TN / 4u>;
-            for (var a = 0u; a < TM / 4u; a++) { wv[a] = ws[k * GMP + tx + a * TXN]; }
-            for (var b = 0u; b < TN / 4u; b++) { xv[b] = xs[k * GNP + ty + b * TYN]; }
-            for (var a = 0u; a < TM / 4u; a++) {
-                for (var i = 0u; i < 4u; i++) {
-                    for (var b = 0u; b < TN / 4u; b++) {
-                        let ai = (4u * a + i) * (TN / 4u) + b;
-                        acc[ai] = fma(vec4<f32>(wv[a][i]), xv[b], acc[ai]);
-                    }
-                }
-            }
+            let w = ws[k * GMP + tx];
+            let x = xs[k * GNP + ty];
+            acc[0] = fma(vec4<f32>(w.x), x, acc[0]);
+            acc[1] = fma(vec4<f32>(w.y), x, acc[1]);
+            acc[2] = fma(vec4<f32>(w.z), x, acc[2]);
+            acc[3] = fma(vec4<f32>(w.w), x, acc[3]);
         }
         workgroupBarrier();
     }

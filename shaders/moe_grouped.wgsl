@@ -108,17 +108,13 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
     let acc = tile_product(lid);
-    for (var b = 0u; b < TN / 4u; b++) {
-        for (var j = 0u; j < 4u; j++) {
-            let i = tile_token(lid, b, j);
-            if (i < rows) {
-                let s = slot_at[i];
-                for (var a = 0u; a < TM / 4u; a++) {
-                    for (var c = 0u; c < 4u; c++) {
-                        let r = r0 + tile_row(lid, a, c);
-                        if (r < N) { Y[s * N + r] = acc[(4u * a + c) * (TN / 4u) + b][j]; }
-                    }
-                }
+    for (var j = 0u; j < 4u; j++) {
+        let i = tile_token(lid, j);
+        if (i < rows) {
+            let s = slot_at[i];
+            for (var c = 0u; c < 4u; c++) {
+                let r = r0 + tile_row(lid, c);
+                if (r < N) { Y[s * N + r] = acc[c][j]; }
             }
         }
     }

@@ -190,27 +190,24 @@ def q4k_threads_per_row(k: int) -> int:
 
 @dataclass(frozen=True)
 class MatmulTile:
-    """Shape of the prefill matmul's register-tiled tile (shaders/matmul_tile.wgsl): W rows x tokens per
-    workgroup, weights of K per shared-memory step, and each thread's rows x tokens."""
+    """Shape of the prefill matmul's tile (shaders/matmul_tile.wgsl): W rows x tokens per workgroup
+    (each thread 4 x 4 of them) and weights of K per shared-memory step."""
     rows: int = 64
     tokens: int = 64
     k: int = 32
-    thread_rows: int = 8
-    thread_tokens: int = 8
+    legacy: bool = False         # the old kernel (shaders/matmul_legacy.wgsl), for bench/matmul_sweep.py
 
     def __post_init__(self):
-        if self.rows % self.thread_rows or self.tokens % self.thread_tokens or self.thread_rows % 4 \
-                or self.thread_tokens % 4 or self.k % 4:
+        if self.rows % 4 or self.tokens % 4 or self.k % 4 or self.k > min(self.rows, self.tokens) \
+                or self.threads > 1024:
             raise ValueError(f"bad matmul tile {self}")
 
     @property
     def threads(self) -> int:
-        return self.rows // self.thread_rows * (self.tokens // self.thread_tokens)
+        return self.rows // 4 * (self.tokens // 4)
 
     def prelude(self) -> str:
-        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
-            ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TM", self.thread_rows),
-            ("TN", self.thread_tokens)))
+        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (("BM", self.rows), ("BN", self.tokens), ("BK", self.k)))
 
 
 MATMUL = MatmulTile()     # the engine's tile (bench/matmul_sweep.py on an H100, bench/RESULTS.md)
@@ -224,7 +221,8 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
-    p = _pipeline(dev, "matmul", prelude=quant_prelude(qtype) + tile.prelude(), constants={"K": k, "N": n, "LDY": ldy})
+    p = _pipeline(dev, "matmul_legacy" if tile.legacy else "matmul", prelude=quant_prelude(qtype) + tile.prelude(),
+                  constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
