@@ -4,7 +4,7 @@
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
 
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
-clock over 5 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
+clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
 The engine's tile (kernels.MATMUL) comes from these figures. Standard library only, so the same
 code runs in Pyodide.
 """
@@ -22,19 +22,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # (rows, row length): E2B q, o, gate|up, down; a26b q, dense gate|up, dense down
-SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816), (2816, 2112),
-          (1536, 1536), (2048, 2048)]
+SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816)]
 
 
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
-    shapes = [(64, 64, 16), (64, 64, 32), (64, 64, 64), (32, 64, 32), (64, 32, 32), (32, 32, 32), (128, 64, 32),
-              (64, 128, 32), (128, 32, 32), (32, 128, 32)]
+    shapes = [(64, 64, 32), (64, 128, 32), (32, 128, 32), (128, 64, 32), (32, 64, 32), (64, 128, 16),
+              (64, 64, 32, 8), (64, 128, 32, 8), (128, 128, 32, 8), (32, 128, 16, 8), (64, 256, 32, 8),
+              (128, 64, 32, 8), (64, 128, 16, 8)]
     out = [MatmulTile(*s) for s in shapes] + [MatmulTile(legacy=True)]
     return [MATMUL] + [t for t in out if t != MATMUL]
 
 
-async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_list=None, repeat=5, per_submit=10):
+async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_list=None, repeat=20, per_submit=10):
     from pyapp import ggml
     from pyapp.gpu import kernels as K
     out = []
@@ -64,7 +64,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 await dev.read_async(y, 0, 16)
                 s = (time.perf_counter() - t) / (repeat * per_submit)
                 out.append({"kernel": "matmul", "quant": q, "tokens": n_tokens, "rows": n, "cols": k,
-                            "tile": "legacy" if tile.legacy else f"{tile.rows}x{tile.tokens} k{tile.k}",
+                            "tile": "legacy" if tile.legacy else f"{tile.rows}x{tile.tokens} k{tile.k} t{tile.thread_tokens}",
                             "threads": tile.threads, "us": round(s * 1e6, 1),
                             "tflop_s": round(2 * n_tokens * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out

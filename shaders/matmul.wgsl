@@ -35,12 +35,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     t_last = T - 1u;
     let acc = tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
-    for (var j = 0u; j < 4u; j++) {
+    for (var j = 0u; j < TN; j++) {
         let t = t0 + tile_token(lid, j);
+        var a = acc.lo;
+        if (j >= 4u) { a = acc.hi; }
         if (t < T) {
             for (var i = 0u; i < 4u; i++) {
                 let r = r0 + tile_row(lid, i);
-                if (r < N) { Y[t * ldy + r] = acc[i][j]; }
+                if (r < N) { Y[t * ldy + r] = a[i][j % 4u]; }
             }
         }
     }

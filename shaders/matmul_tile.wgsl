@@ -1,7 +1,7 @@
 // One tile of a prefill matmul, shared by matmul.wgsl and moe_grouped.wgsl: BM rows of W
 // (GGUF-encoded, dequantized once per tile) times BN rows of X (whichever rows the includer maps
-// them to), BK weights of K per step. Each thread owns 4 rows x 4 tokens: per k it reads one vec4
-// of W and one of X from shared memory for 16 multiply-adds (an outer product).
+// them to), BK weights of K per step. Each thread owns 4 rows x TN tokens (TN = 4 or 8): per k it
+// reads one vec4 of W and TN / 4 of X from shared memory for 4 TN multiply-adds (an outer product).
 //
 // Shared tiles are k-major ([k][4 rows] as vec4), rows padded by one vec4 against bank conflicts
 // on the transposing stores. Loading is in units of 4 rows x 4 k (four dq4 or X vec4 reads,
@@ -9,31 +9,39 @@
 // those exist. The next step's units are read into registers while the current step computes,
 // so their global reads' latency hides behind the multiply-adds.
 //
-// Tile shape constants MM_BM, MM_BN, MM_BK come from the prelude (pyapp.gpu.kernels.MatmulTile:
+// Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN come from the prelude (pyapp.gpu.kernels.MatmulTile:
 // its dispatch uses the same values). The includer declares K, W, X (array<vec4<f32>>), the
 // quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
-// and calls tile_product from uniform control flow (it has barriers). Column i of the result is
-// tile row tile_row(lid, i); its component j is tile token tile_token(lid, j).
+// and calls tile_product from uniform control flow (it has barriers). Column i of the result's
+// lo (tokens j < 4) and hi (j >= 4, TN = 8) is tile row tile_row(lid, i); component j % 4 is tile
+// token tile_token(lid, j).
 
 const BM: u32 = MM_BM;
 const BN: u32 = MM_BN;
 const BK: u32 = MM_BK;
+const TN: u32 = MM_TN;
 const TXN: u32 = BM / 4u;              // threads along the rows
-const TYN: u32 = BN / 4u;              // threads along the tokens
+const TYN: u32 = BN / TN;              // threads along the tokens
 const NT: u32 = TXN * TYN;             // threads per workgroup
 const KQ: u32 = BK / 4u;               // vec4 groups of K per step
+const GN: u32 = BN / 4u;               // groups of 4 tokens
 const GMP: u32 = TXN + 1u;             // padded shared row lengths, in vec4
-const GNP: u32 = TYN + 1u;
+const GNP: u32 = GN + 1u;
 const WU: u32 = TXN * KQ;              // load units per step (<= NT each: MatmulTile checks)
-const XU: u32 = TYN * KQ;
+const XU: u32 = GN * KQ;
+
+struct TileAcc {
+    lo: mat4x4<f32>,     // tokens j < 4
+    hi: mat4x4<f32>,     // tokens 4 <= j < 8 (TN = 8)
+}
 
 var<workgroup> ws: array<vec4<f32>, BK * GMP>;   // [k][rows 4g .. 4g + 3]
 var<workgroup> xs: array<vec4<f32>, BK * GNP>;   // [k][tokens 4h .. 4h + 3]
 
 fn tile_row(lid: u32, i: u32) -> u32 { return 4u * (lid % TXN) + i; }
-fn tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TXN) + j; }
+fn tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TXN + (j / 4u) * TYN) + j % 4u; }
 
 // W unit (rows at byte offsets wb) at K's vec4 group gk, as columns (zeros past K or without a unit).
 fn load_w(ok: bool, wb: vec4<u32>, gk: u32) -> mat4x4<f32> {
@@ -49,7 +57,7 @@ fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
     return mat4x4<f32>(X[xr.x * kg + gk], X[xr.y * kg + gk], X[xr.z * kg + gk], X[xr.w * kg + gk]);
 }
 
-fn tile_product(lid: u32) -> mat4x4<f32> {
+fn tile_product(lid: u32) -> TileAcc {
     let tx = lid % TXN;
     let ty = lid / TXN;
     let wu = lid;                      // this thread's W unit: rows 4 wg .., K group wkq of each step
@@ -59,7 +67,7 @@ fn tile_product(lid: u32) -> mat4x4<f32> {
     let xu = (lid + NT / 2u) % NT;     // its X unit
     let has_x = xu < XU;
     let xkq = xu % KQ;
-    let xh = min(xu / KQ, TYN - 1u);
+    let xh = min(xu / KQ, GN - 1u);
     let wb = vec4<u32>(tile_w_base(4u * wg), tile_w_base(4u * wg + 1u), tile_w_base(4u * wg + 2u),
                        tile_w_base(4u * wg + 3u));
     let xr = vec4<u32>(tile_x_row(4u * xh), tile_x_row(4u * xh + 1u), tile_x_row(4u * xh + 2u),
@@ -67,6 +75,7 @@ fn tile_product(lid: u32) -> mat4x4<f32> {
     var wn = load_w(has_w, wb, wkq);
     var xn = load_x(has_x, xr, xkq);
     var acc = mat4x4<f32>();
+    var acc2 = mat4x4<f32>();
     for (var k0 = 0u; k0 < K / 4u; k0 += KQ) {
         if (has_w) {
             let t = transpose(wn);
@@ -86,8 +95,15 @@ fn tile_product(lid: u32) -> mat4x4<f32> {
             acc[1] = fma(vec4<f32>(w.y), x, acc[1]);
             acc[2] = fma(vec4<f32>(w.z), x, acc[2]);
             acc[3] = fma(vec4<f32>(w.w), x, acc[3]);
+            if (TN == 8u) {
+                let x2 = xs[k * GNP + ty + TYN];
+                acc2[0] = fma(vec4<f32>(w.x), x2, acc2[0]);
+                acc2[1] = fma(vec4<f32>(w.y), x2, acc2[1]);
+                acc2[2] = fma(vec4<f32>(w.z), x2, acc2[2]);
+                acc2[3] = fma(vec4<f32>(w.w), x2, acc2[3]);
+            }
         }
         workgroupBarrier();
     }
-    return acc;
+    return TileAcc(acc, acc2);
 }

@@ -108,13 +108,15 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
     let acc = tile_product(lid);
-    for (var j = 0u; j < 4u; j++) {
+    for (var j = 0u; j < TN; j++) {
         let i = tile_token(lid, j);
+        var a = acc.lo;
+        if (j >= 4u) { a = acc.hi; }
         if (i < rows) {
             let s = slot_at[i];
             for (var c = 0u; c < 4u; c++) {
                 let r = r0 + tile_row(lid, c);
-                if (r < N) { Y[s * N + r] = acc[c][j]; }
+                if (r < N) { Y[s * N + r] = a[c][j % 4u]; }
             }
         }
     }

@@ -174,8 +174,8 @@ def test_matmul(dev, qtype, rows, t):
 
 @pytest.mark.parametrize("qtype", ["f32", "q4_k"])
 @pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16), K.MatmulTile(64, 64, 64), K.MatmulTile(32, 64, 32),
-                                  K.MatmulTile(128, 32, 32)],
-                         ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}")
+                                  K.MatmulTile(128, 32, 32), K.MatmulTile(64, 128, 32, 8), K.MatmulTile(32, 64, 16, 8)],
+                         ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}t{t.thread_tokens}")
 def test_matmul_tile_shapes(dev, qtype, tile):
     """Every tile shape bench/matmul_sweep.py tries: rows and tokens past a tile, K past a step."""
     rng = np.random.default_rng(7)

@@ -190,24 +190,27 @@ def q4k_threads_per_row(k: int) -> int:
 
 @dataclass(frozen=True)
 class MatmulTile:
-    """Shape of the prefill matmul's tile (shaders/matmul_tile.wgsl): W rows x tokens per workgroup
-    (each thread 4 x 4 of them) and weights of K per shared-memory step."""
+    """Shape of the prefill matmul's tile (shaders/matmul_tile.wgsl): W rows x tokens per workgroup,
+    weights of K per shared-memory step, and tokens per thread (4 or 8; each thread has 4 rows)."""
     rows: int = 64
     tokens: int = 64
     k: int = 32
+    thread_tokens: int = 4
     legacy: bool = False         # the old kernel (shaders/matmul_legacy.wgsl), for bench/matmul_sweep.py
 
     def __post_init__(self):
-        if self.rows % 4 or self.tokens % 4 or self.k % 4 or self.k > min(self.rows, self.tokens) \
-                or self.threads > 1024:
+        units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
+        if self.rows % 4 or self.tokens % self.thread_tokens or self.thread_tokens not in (4, 8) \
+                or self.k % 4 or units > self.threads or self.threads > 1024:
             raise ValueError(f"bad matmul tile {self}")
 
     @property
     def threads(self) -> int:
-        return self.rows // 4 * (self.tokens // 4)
+        return self.rows // 4 * (self.tokens // self.thread_tokens)
 
     def prelude(self) -> str:
-        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (("BM", self.rows), ("BN", self.tokens), ("BK", self.k)))
+        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
+            ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TN", self.thread_tokens)))
 
 
 MATMUL = MatmulTile()     # the engine's tile (bench/matmul_sweep.py on an H100, bench/RESULTS.md)
