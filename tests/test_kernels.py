@@ -425,10 +425,15 @@ def attention_ref(q, keys, values, positions, window):
     return np.einsum("hnt,htd->nhd", p, vq)
 
 
+@pytest.mark.parametrize("tiled", [False, True, 16], ids=["per-token", "tiled", "tiled-16-rows"])
 @pytest.mark.parametrize("window,hd,h,gh", [(0, 36, 4, None), (13, 136, 4, None), (0, 36, 16, 8), (13, 20, 16, 4),
-                                             (0, 512, 8, 4), (5, 72, 16, 1)])
-def test_attention_prefill_then_decode(dev, window, hd, h, gh):
-    """Prefill attention with 1-8 query heads of a KV head per workgroup (GQA groups of 2 and 8)."""
+                                             (0, 512, 8, 4), (5, 72, 16, 1), (40, 256, 16, None), (0, 300, 4, None)])
+def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
+    """Prefill attention: per token with 1-8 query heads of a KV head per workgroup (GQA groups of 2
+    and 8), and tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32)."""
+    rows = K.attention_tile_rows(dev, h // 2, hd)
+    if tiled and (rows == 0 or tiled == 16 and (hd > 256 or h // 2 > 16)):
+        pytest.skip("no tile for this shape on this device")
     rng = np.random.default_rng(10)
     hkv, ctx, t = 2, 300, 150                             # 150 keys: more than one 128-key chunk
     ks = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
@@ -441,7 +446,7 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh):
     step = step_buffer(dev, t, 0)
     plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
     K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan,
-                heads_per_group=gh)
+                heads_per_group=gh, tiled=bool(tiled), tile_rows=16 if tiled == 16 else None)
     dev.submit(plan)
     keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
     ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)
@@ -455,6 +460,32 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh):
     dev.submit(plan)
     ref = attention_ref(q[t:], keys, values, np.array([t]), window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["per-token", "tiled"])
+@pytest.mark.parametrize("hd,h", [(64, 8), (136, 4)])
+def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
+    """A prefill chunk after an earlier one (pos0 > 0) on a sliding layer whose cache is a ring of
+    window + chunk - 1 slots: the chunk's own stores overwrite the oldest keys, none a query still sees."""
+    rng = np.random.default_rng(12)
+    hkv, window, t1, t2 = 2, 40, 70, 80
+    ctx = window + t2 - 1
+    n = t1 + t2
+    ks = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    vs = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, h, hd)).astype(np.float32) * 0.3
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    out = dev.buffer(4 * t2 * h * hd)
+    plan = dev.plan()
+    for a, b in ((0, t1), (t1, n)):
+        step = step_buffer(dev, b - a, a)
+        K.kv_store(dev, f32(dev, ks[a:b]), f32(dev, vs[a:b]), kc, vc, step, hkv, hd, ctx, max_tokens=b - a, plan=plan)
+        if a:
+            K.attention(dev, f32(dev, q[a:b]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=b - a, window=window,
+                        plan=plan, tiled=tiled)
+    dev.submit(plan)
+    ref = attention_ref(q[t1:], ks.transpose(1, 0, 2), vs.transpose(1, 0, 2), np.arange(t1, n), window)
+    np.testing.assert_allclose(read_f32(dev, out, t2 * h * hd).reshape(t2, h, hd), ref, atol=3e-5)
 
 
 @pytest.mark.parametrize("tpr", [4, 32, 256])

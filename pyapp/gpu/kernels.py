@@ -213,7 +213,10 @@ class MatmulTile:
             ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TN", self.thread_tokens)))
 
 
-MATMUL = MatmulTile()     # the engine's tile (bench/matmul_sweep.py on an H100, bench/RESULTS.md)
+# The engine's tiles (bench/matmul_sweep.py on an H100, bench/RESULTS.md). Grouped MoE tiles are
+# narrower: a 512-token chunk gives an expert ~32 slots (8 of 128 experts a token).
+MATMUL = MatmulTile(64, 128, 32)
+MOE_MATMUL = MatmulTile(64, 32, 32)
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
@@ -412,14 +415,41 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Bu
 
 def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
-              plan: Plan | None = None, heads_per_group: int | None = None) -> Plan:
+              plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
+              tile_rows: int | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t.
-    heads_per_group (default attention_heads_per_group): query heads of one KV head per workgroup."""
+
+    tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
+    query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
+    attention_heads_per_group) query heads of one KV head."""
     c = _attn_consts(heads, kv_heads, head_dim, ctx, window, scale)
-    gh = heads_per_group or attention_heads_per_group(dev, heads // kv_heads, head_dim)
+    group = heads // kv_heads
+    rows = tile_rows or attention_tile_rows(dev, group, head_dim)
+    if tiled is None:
+        tiled = rows > 0
+    if tiled:
+        if not rows:
+            raise ValueError(f"tiled attention: no tile for {group} heads a KV head of head_dim {head_dim}")
+        p = _pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
+    gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
     p = _pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
     bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
+
+
+def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
+    """Query rows a tiled prefill attention workgroup takes: 32 (head_dim <= 256) or 16 (head_dim <= 512),
+    whichever fits the device's workgroup storage (the queries, rows x head_dim floats, stay there); 0
+    where none does, or the GQA group does not divide the rows, or head_dim is not a multiple of 4."""
+    limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
+    for rows in (32, 16):
+        storage = 4 * (rows * head_dim + 8 * 4 * 33 + rows * 33 + 32 * rows + 3 * rows)
+        if (rows == 16 or head_dim <= 256) and head_dim <= 512 and head_dim % 4 == 0 and rows % group == 0 \
+                and storage <= limit:
+            return rows
+    return 0
 
 
 ATTEND_WG = 128
@@ -507,7 +537,7 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
               plan: Plan | None = None) -> Plan:
     """grp = the step's slots grouped by their expert ids[s] (ids >= n_experts left out), with each
     expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl)."""
-    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + MATMUL.prelude(),
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + MOE_MATMUL.prelude(),
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
 
@@ -518,13 +548,13 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     """moe_experts for a chunk, from moe_group's grouping: a tiled matmul per expert, each expert's
     weights read once per 64 slots instead of once per slot."""
     row_bytes(qtype, k)
-    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + MATMUL.prelude(),
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + MOE_MATMUL.prelude(),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "GRP": grp})     # the step's size is in grp
     slots = max_tokens * k_used
-    return (plan or dev.plan()).dispatch(p, bg, -(-n // MATMUL.rows), -(-slots // MATMUL.tokens) + min(n_experts, slots))
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // MOE_MATMUL.rows), -(-slots // MOE_MATMUL.tokens) + min(n_experts, slots))
 
 
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,

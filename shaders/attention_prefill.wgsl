@@ -1,0 +1,187 @@
+// Prefill attention in tiles (flash-attention style): a workgroup takes R query rows (the GH query
+// heads of one KV head for R / GH consecutive tokens) and walks the keys BKV at a time with an
+// online softmax, so each key and value row is read once per R rows rather than once per row, and
+// the score matrix never leaves shared memory.
+//
+// Mirrors reference.forward attention like attention.wgsl `attend` (same inputs and layout):
+// softmax(SCALE q k^T + mask) v over keys j <= p and (WINDOW == 0 or p - j < WINDOW) for a query at
+// position p = S.pos0 + t. Q, O: f32 [T, H, HD]; KC, VC: f32 [HKV, CTX, HD], position j in slot j % CTX.
+//
+// Per key tile: scores (thread lid: key lid % BKV, rows lid / BKV + 8i), K read in chunks of DCQ
+// vec4 through shared memory; then each row's running max and sum (one thread a row); then
+// P V, thread lid owning output dim lid (and lid + 256 where R = 16) of every row, reading V
+// straight from the cache (coalesced) and the probabilities as vec4 of 4 rows (a broadcast).
+// R = 32 rows for HD <= 256, 16 for HD <= 512 (the queries, R * HD floats, stay in shared memory);
+// R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (R / GH))).
+
+override H: u32;
+override HKV: u32;
+override HD: u32;
+override CTX: u32;
+override WINDOW: u32 = 0u;
+override SCALE: f32 = 1.0;
+override GH: u32 = 1u;         // query heads per KV head (H / HKV)
+override R: u32 = 32u;         // query rows per workgroup: 32 or 16
+
+@group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> VC: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(4) var<uniform> S: Step;
+
+const NT: u32 = 256u;
+const BKV: u32 = 32u;          // keys per tile
+const DCQ: u32 = 8u;           // vec4 of K per shared chunk (NT / BKV: one load a thread)
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qt: array<vec4<f32>, R * HD / 4u>;     // [row][HD / 4] queries, times SCALE
+var<workgroup> kt: array<vec4<f32>, DCQ * (BKV + 1u)>; // [vec4 of the chunk][key]
+var<workgroup> st: array<f32, R * (BKV + 1u)>;        // [row][key] scores
+var<workgroup> pt: array<vec4<f32>, BKV * R / 4u>;    // [key][4 rows] probabilities
+var<workgroup> row_m: array<f32, R>;                  // running max, sum, and this tile's rescale
+var<workgroup> row_l: array<f32, R>;
+var<workgroup> row_a: array<f32, R>;
+
+// Score of row r against key j, or NEG where the row's query may not see it (or has no token).
+fn masked(s: f32, r: u32, j: u32, t0: u32) -> f32 {
+    let t = t0 + r / GH;
+    let pos = S.pos0 + t;
+    let ok = t < S.n_tokens && j <= pos && (WINDOW == 0u || pos - j < WINDOW);
+    return select(NEG, s, ok);
+}
+
+fn alpha4(q: u32) -> vec4<f32> {
+    return vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
+}
+
+// Output slot q (4 rows, one dim) to O.
+fn write_rows(q: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
+    if (d >= HD) { return; }
+    for (var c = 0u; c < 4u; c++) {
+        let r = 4u * q + c;
+        let t = t0 + r / GH;
+        if (t < S.n_tokens) { O[(t * H + kvh * GH + r % GH) * HD + d] = acc[c] / row_l[r]; }
+    }
+}
+
+@compute @workgroup_size(NT)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let hd4 = HD / 4u;
+    let kvh = wid.x;
+    let t0 = wid.y * (R / GH);
+    let t_last = min(t0 + R / GH, S.n_tokens) - 1u;
+    let hi = S.pos0 + t_last;                       // the last key any row sees
+    let p0 = S.pos0 + t0;
+    var lo = 0u;                                    // the first key any row sees
+    if (WINDOW > 0u && p0 + 1u > WINDOW) { lo = p0 + 1u - WINDOW; }
+    for (var i = lid; i < R * hd4; i += NT) {
+        let r = i / hd4;
+        let t = min(t0 + r / GH, S.n_tokens - 1u);
+        qt[i] = Q[(t * H + kvh * GH + r % GH) * hd4 + i % hd4] * SCALE;
+    }
+    if (lid < R) {
+        row_m[lid] = NEG;
+        row_l[lid] = 0.0;
+    }
+    let sj = lid % BKV;
+    let sr = lid / BKV;
+    let rq = R / 4u;
+    let half = select(4u, 0u, R == 16u);            // slots 4..7: row quads 4..7 (R = 32) or 0..3 at dim + 256
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
+    workgroupBarrier();
+    for (var k0 = lo; k0 <= hi; k0 += BKV) {
+        // scores of this thread's key against its rows, K through shared memory a chunk at a time
+        var s0 = 0.0;
+        var s1 = 0.0;
+        var s2 = 0.0;
+        var s3 = 0.0;
+        for (var d0 = 0u; d0 < hd4; d0 += DCQ) {
+            let key = lid / DCQ;
+            let dq = lid % DCQ;
+            let j = k0 + key;
+            var kv = vec4<f32>(0.0);
+            if (j <= hi && d0 + dq < hd4) { kv = KC[(kvh * CTX + j % CTX) * hd4 + d0 + dq]; }
+            kt[dq * (BKV + 1u) + key] = kv;
+            workgroupBarrier();
+            for (var c = 0u; c < DCQ; c++) {
+                let kk = kt[c * (BKV + 1u) + sj];
+                let d = min(d0 + c, hd4 - 1u);       // past HD the key chunk is zeros
+                s0 += dot(qt[sr * hd4 + d], kk);
+                s1 += dot(qt[(sr + 8u) * hd4 + d], kk);
+                if (R == 32u) {
+                    s2 += dot(qt[(sr + 16u) * hd4 + d], kk);
+                    s3 += dot(qt[(sr + 24u) * hd4 + d], kk);
+                }
+            }
+            workgroupBarrier();
+        }
+        let j = k0 + sj;
+        st[sr * (BKV + 1u) + sj] = masked(s0, sr, j, t0);
+        st[(sr + 8u) * (BKV + 1u) + sj] = masked(s1, sr + 8u, j, t0);
+        if (R == 32u) {
+            st[(sr + 16u) * (BKV + 1u) + sj] = masked(s2, sr + 16u, j, t0);
+            st[(sr + 24u) * (BKV + 1u) + sj] = masked(s3, sr + 24u, j, t0);
+        }
+        workgroupBarrier();
+        // online softmax: row lid's new max, its rescale, probabilities and sum
+        if (lid < R) {
+            let m_old = row_m[lid];
+            var m = m_old;
+            for (var c = 0u; c < BKV; c++) { m = max(m, st[lid * (BKV + 1u) + c]); }
+            var sum = 0.0;
+            for (var c = 0u; c < BKV; c++) {
+                let s = st[lid * (BKV + 1u) + c];
+                let p = select(0.0, exp(s - m), s > 0.5 * NEG);
+                pt[c * rq + lid / 4u][lid % 4u] = p;
+                sum += p;
+            }
+            let a = exp(m_old - m);                 // 1 while both are NEG (nothing accumulated yet)
+            row_a[lid] = a;
+            row_l[lid] = row_l[lid] * a + sum;
+            row_m[lid] = m;
+        }
+        workgroupBarrier();
+        // P V: this thread's output dim(s) for every row
+        a0 *= alpha4(0u);
+        a1 *= alpha4(1u);
+        a2 *= alpha4(2u);
+        a3 *= alpha4(3u);
+        a4 *= alpha4(half);
+        a5 *= alpha4(half + 1u);
+        a6 *= alpha4(half + 2u);
+        a7 *= alpha4(half + 3u);
+        let nk = min(BKV, hi + 1u - k0);
+        for (var jj = 0u; jj < nk; jj++) {
+            let vrow = (kvh * CTX + (k0 + jj) % CTX) * HD;
+            let va = vec4<f32>(select(0.0, VC[vrow + min(lid, HD - 1u)], lid < HD));
+            var vb = va;
+            if (R == 16u) { vb = vec4<f32>(select(0.0, VC[vrow + min(lid + NT, HD - 1u)], lid + NT < HD)); }
+            let pq = jj * rq;
+            a0 = fma(pt[pq], va, a0);
+            a1 = fma(pt[pq + 1u], va, a1);
+            a2 = fma(pt[pq + 2u], va, a2);
+            a3 = fma(pt[pq + 3u], va, a3);
+            a4 = fma(pt[pq + half], vb, a4);
+            a5 = fma(pt[pq + half + 1u], vb, a5);
+            a6 = fma(pt[pq + half + 2u], vb, a6);
+            a7 = fma(pt[pq + half + 3u], vb, a7);
+        }
+        workgroupBarrier();                         // before the next tile's scores overwrite st, pt
+    }
+    let d2 = select(lid, lid + NT, R == 16u);       // slots 4..7's dim
+    write_rows(0u, lid, a0, t0, kvh);
+    write_rows(1u, lid, a1, t0, kvh);
+    write_rows(2u, lid, a2, t0, kvh);
+    write_rows(3u, lid, a3, t0, kvh);
+    write_rows(half, d2, a4, t0, kvh);
+    write_rows(half + 1u, d2, a5, t0, kvh);
+    write_rows(half + 2u, d2, a6, t0, kvh);
+    write_rows(half + 3u, d2, a7, t0, kvh);
+}
