@@ -848,7 +848,7 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     g = np.frombuffer(dev.read(grp, 0, 4 * K.moe_group_rows(e, ksel, t)), np.uint32)
     counts = np.bincount(flat[flat < e], minlength=e)
     np.testing.assert_array_equal(g[:e + 1], np.concatenate([[0], np.cumsum(counts)]))
-    assert g[2 * e + 1] == sum(-(-c // 64) for c in counts)
+    assert g[2 * e + 1] == sum(-(-c // K.MOE_MATMUL.tokens) for c in counts)
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
