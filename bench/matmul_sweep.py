@@ -1,4 +1,5 @@
-"""Prefill matmul speed by tile shape (pyapp.gpu.kernels.MatmulTile), on a 512-token step's shapes.
+"""Prefill matmul speed by tile shape (pyapp.gpu.kernels.MatmulTile), on a 512-token step's shapes,
+and the grouped MoE expert matmul (a26b's experts) by tile.
 
     python bench/matmul_sweep.py [--quants q4_k] [--tokens 512]          # native (wgpu)
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
@@ -25,13 +26,69 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816)]
 
 
+# a26b's grouped experts for a 512-token chunk: (rows, row length) of gate|up and down; 128 experts, 8 a token
+MOE_SHAPES = [(1408, 2816), (2816, 704)]
+
+
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
-    shapes = [(64, 64, 32), (64, 128, 32), (32, 128, 32), (128, 64, 32), (32, 64, 32), (64, 128, 16),
-              (64, 64, 32, 8), (64, 128, 32, 8), (128, 128, 32, 8), (32, 128, 16, 8), (64, 256, 32, 8),
-              (128, 64, 32, 8), (64, 128, 16, 8)]
+    shapes = [(64, 64, 32), (64, 128, 32), (128, 64, 32), (64, 128, 16), (64, 128, 32, 8), (128, 128, 32, 8),
+              (64, 256, 32, 8), (128, 64, 32, 8), (128, 128, 16, 8)]
     out = [MatmulTile(*s) for s in shapes] + [MatmulTile(legacy=True)]
     return [MATMUL] + [t for t in out if t != MATMUL]
+
+
+def moe_tiles():
+    from pyapp.gpu.kernels import MOE_MATMUL, MatmulTile
+    out = [MatmulTile(*s) for s in ((64, 32, 32), (64, 64, 32), (128, 32, 32), (32, 32, 32), (64, 32, 16),
+                                    (128, 32, 16, 8), (64, 64, 32, 8))]
+    return [MOE_MATMUL] + [t for t in out if t != MOE_MATMUL]
+
+
+async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10):
+    """The grouped expert matmul (moe_group + moe_experts_grouped) by tile, slots routed uniformly at random."""
+    import random
+    from pyapp.gpu import kernels as K
+    from pyapp import ggml
+    out = []
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(n_tokens, 0))
+    rnd = random.Random(0)
+    ids = []
+    for _ in range(n_tokens):
+        ids += rnd.sample(range(n_experts), k_used)
+    idb = dev.buffer(4 * len(ids))
+    dev.write(idb, struct.pack(f"<{len(ids)}I", *ids))
+    grp = dev.buffer(4 * K.moe_group_rows(n_experts, k_used, n_tokens))
+    pattern = struct.pack("<1024f", *[((i * 7919) % 1000) / 500.0 - 1.0 for i in range(1024)])
+    for n, k in shapes:
+        per_slot = k < n          # down: one input row per slot; gate|up: one per token
+        rows_in = n_tokens * k_used if per_slot else n_tokens
+        x = dev.buffer(4 * rows_in * k)
+        dev.write(x, (pattern * (rows_in * k // 1024 + 1))[:4 * rows_in * k])
+        y = dev.buffer(4 * n_tokens * k_used * n)
+        q = "q4_k" if k % 256 == 0 else "q8_0"          # as the bench file's rows of 704 fall back
+        nbytes = ggml.row_bytes(q, k) * n * n_experts
+        w = dev.buffer(nbytes + 4)
+        dev.write(w, os.urandom(nbytes))
+        for tile in moe_tiles():
+            plan = dev.plan()
+            for _ in range(per_submit):
+                K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=tile)
+                K.moe_experts_grouped(dev, q, k, n, n_experts, k_used, w, x, y, grp, n_tokens,
+                                      per_slot_input=per_slot, plan=plan, tile=tile)
+            dev.submit(plan)
+            await dev.read_async(y, 0, 16)
+            t = time.perf_counter()
+            for _ in range(repeat):
+                dev.submit(plan)
+            await dev.read_async(y, 0, 16)
+            s = (time.perf_counter() - t) / (repeat * per_submit)
+            out.append({"kernel": "moe_grouped", "quant": q, "tokens": n_tokens, "experts": n_experts,
+                        "used": k_used, "rows": n, "cols": k,
+                        "tile": f"{tile.rows}x{tile.tokens} k{tile.k} t{tile.thread_tokens}", "us": round(s * 1e6, 1),
+                        "tflop_s": round(2 * n_tokens * k_used * n * k / s / 1e12, 2), "adapter": dev.describe()})
+    return out
 
 
 async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_list=None, repeat=20, per_submit=10):
@@ -77,7 +134,8 @@ def main() -> int:
     ap.add_argument("--quants", nargs="*", default=["q4_k"])
     ap.add_argument("--tokens", type=int, default=512)
     args = ap.parse_args()
-    for r in asyncio.run(sweep_async(get_device("native"), tuple(args.quants), args.tokens)):
+    dev = get_device("native")
+    for r in asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens)) + asyncio.run(moe_sweep_async(dev)):
         print(json.dumps(r), flush=True)
     return 0
 

@@ -52,6 +52,8 @@ from pyapp.gpu import get_device_async
 shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAPES || ""}".split()]
 rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
                                       shapes=shapes or matmul_sweep.SHAPES)
+if not shapes:
+    rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

@@ -812,9 +812,11 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
 @pytest.mark.parametrize("t,e,ksel,per_slot", [(70, 11, 4, False), (37, 128, 8, True), (5, 3, 2, False)],
                          ids=["tiles-over-64", "26b-a4b-down", "few"])
-def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot):
-    """The grouped matmul (slots sorted by expert, a tile per 64 slots) against the reference
+@pytest.mark.parametrize("tile", [None, K.MatmulTile(64, 64, 32, 8)], ids=["default-tile", "64x64-t8"])
+def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot, tile):
+    """The grouped matmul (slots sorted by expert, a tile per tile.tokens slots) against the reference
     products, with ids the cache leaves out (NOT_HERE) and W split into two buffers of experts."""
+    tile = tile or K.MOE_MATMUL
     rng = np.random.default_rng(t * e)
     k, n = (256, 67) if qtype != "q4_k" else (256, 130)
     raw = random_tensor(qtype, e * n, k, rng)
@@ -829,13 +831,13 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     dev.write(y, np.full(t * ksel * n, 7.0, np.float32).tobytes())
     ids_buf = dev.buffer(ids.nbytes)
     dev.write(ids_buf, ids.tobytes())
-    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step, tile=tile)
     split = e // 2 + 1                       # experts 0..split-1 in one buffer, the rest in another
     rb = len(raw) // (e * n)
     for first, here in ((0, split), (split, e - split)):
         part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
         K.moe_experts_grouped(dev, qtype, k, n, e, ksel, part, f32(dev, x), y, grp, t,
-                              per_slot_input=per_slot, plan=plan, first_expert=first, experts_here=here)
+                              per_slot_input=per_slot, plan=plan, first_expert=first, experts_here=here, tile=tile)
     dev.submit(plan)
     got = read_f32(dev, y, t * ksel * n).reshape(t * ksel, n)
     flat = ids.reshape(-1)
@@ -848,7 +850,7 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     g = np.frombuffer(dev.read(grp, 0, 4 * K.moe_group_rows(e, ksel, t)), np.uint32)
     counts = np.bincount(flat[flat < e], minlength=e)
     np.testing.assert_array_equal(g[:e + 1], np.concatenate([[0], np.cumsum(counts)]))
-    assert g[2 * e + 1] == sum(-(-c // K.MOE_MATMUL.tokens) for c in counts)
+    assert g[2 * e + 1] == sum(-(-c // tile.tokens) for c in counts)
 
 
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])

@@ -220,13 +220,14 @@ MOE_MATMUL = MatmulTile(64, 32, 32)
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
-           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile = MATMUL) -> Plan:
+           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
+    tile = tile or MATMUL
     p = _pipeline(dev, "matmul_legacy" if tile.legacy else "matmul", prelude=quant_prelude(qtype) + tile.prelude(),
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
@@ -534,27 +535,31 @@ def moe_group_rows(n_experts: int, k_used: int, max_tokens: int) -> int:
 
 
 def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer, step: Buffer,
-              plan: Plan | None = None) -> Plan:
+              plan: Plan | None = None, tile: MatmulTile | None = None) -> Plan:
     """grp = the step's slots grouped by their expert ids[s] (ids >= n_experts left out), with each
-    expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl)."""
-    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + MOE_MATMUL.prelude(),
+    expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl). tile: the one
+    moe_experts_grouped will use (default MOE_MATMUL)."""
+    tile = tile or MOE_MATMUL
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + tile.prelude(),
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
 
 
 def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                         y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
-                        plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None) -> Plan:
-    """moe_experts for a chunk, from moe_group's grouping: a tiled matmul per expert, each expert's
-    weights read once per 64 slots instead of once per slot."""
+                        plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None,
+                        tile: MatmulTile | None = None) -> Plan:
+    """moe_experts for a chunk, from moe_group's grouping (made with the same tile): a tiled matmul per
+    expert, each expert's weights read once per tile of slots instead of once per slot."""
     row_bytes(qtype, k)
-    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + MOE_MATMUL.prelude(),
+    tile = tile or MOE_MATMUL
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + tile.prelude(),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "GRP": grp})     # the step's size is in grp
     slots = max_tokens * k_used
-    return (plan or dev.plan()).dispatch(p, bg, -(-n // MOE_MATMUL.rows), -(-slots // MOE_MATMUL.tokens) + min(n_experts, slots))
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // tile.rows), -(-slots // tile.tokens) + min(n_experts, slots))
 
 
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,
