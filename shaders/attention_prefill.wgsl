@@ -10,7 +10,8 @@
 // Per key tile: scores (thread lid: key lid % BKV, rows lid / BKV + 8i), K read in chunks of DCQ
 // vec4 through shared memory; then each row's running max and sum (one thread a row); then
 // P V, thread lid owning output dim lid (and lid + 256 where R = 16) of every row, reading V
-// straight from the cache (coalesced) and the probabilities as vec4 of 4 rows (a broadcast).
+// straight from the cache (coalesced, 4 keys' reads in flight together) and the probabilities as
+// vec4 of 4 rows (a broadcast). The next K chunk's read is issued before the current one computes.
 // R = 32 rows for HD <= 256, 16 for HD <= 512 (the queries, R * HD floats, stay in shared memory);
 // R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (R / GH))).
 
@@ -54,6 +55,28 @@ fn alpha4(q: u32) -> vec4<f32> {
     return vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
 }
 
+// Key j's values at this thread's dims: (lid, lid + NT where R = 16, else lid again); 0 past HD.
+fn v_pair(kvh: u32, j: u32, lid: u32) -> vec2<f32> {
+    let vrow = (kvh * CTX + j % CTX) * HD;
+    let a = select(0.0, VC[vrow + min(lid, HD - 1u)], lid < HD);
+    if (R == 16u) { return vec2<f32>(a, select(0.0, VC[vrow + min(lid + NT, HD - 1u)], lid + NT < HD)); }
+    return vec2<f32>(a);
+}
+
+// acc += this key's probabilities (pt[pq ..], vec4 of 4 rows) times its values.
+fn pv_key(acc: ptr<function, array<vec4<f32>, 8>>, pq: u32, half: u32, v: vec2<f32>) {
+    let a = vec4<f32>(v.x);
+    let b = vec4<f32>(v.y);
+    (*acc)[0] = fma(pt[pq], a, (*acc)[0]);
+    (*acc)[1] = fma(pt[pq + 1u], a, (*acc)[1]);
+    (*acc)[2] = fma(pt[pq + 2u], a, (*acc)[2]);
+    (*acc)[3] = fma(pt[pq + 3u], a, (*acc)[3]);
+    (*acc)[4] = fma(pt[pq + half], b, (*acc)[4]);
+    (*acc)[5] = fma(pt[pq + half + 1u], b, (*acc)[5]);
+    (*acc)[6] = fma(pt[pq + half + 2u], b, (*acc)[6]);
+    (*acc)[7] = fma(pt[pq + half + 3u], b, (*acc)[7]);
+}
+
 // Output slot q (4 rows, one dim) to O.
 fn write_rows(q: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
     if (d >= HD) { return; }
@@ -87,14 +110,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sr = lid / BKV;
     let rq = R / 4u;
     let half = select(4u, 0u, R == 16u);            // slots 4..7: row quads 4..7 (R = 32) or 0..3 at dim + 256
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
-    var a4 = vec4<f32>(0.0);
-    var a5 = vec4<f32>(0.0);
-    var a6 = vec4<f32>(0.0);
-    var a7 = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, 8>;                   // slots: indexed by constants only (registers)
     workgroupBarrier();
     for (var k0 = lo; k0 <= hi; k0 += BKV) {
         // scores of this thread's key against its rows, K through shared memory a chunk at a time
@@ -102,14 +118,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var s1 = 0.0;
         var s2 = 0.0;
         var s3 = 0.0;
+        let key = lid / DCQ;                       // the key and vec4 of each chunk this thread loads
+        let dq = lid % DCQ;
+        let krow = (kvh * CTX + min(k0 + key, hi) % CTX) * hd4;
+        let kok = k0 + key <= hi;
+        var kv = select(vec4<f32>(0.0), KC[krow + min(dq, hd4 - 1u)], kok && dq < hd4);
         for (var d0 = 0u; d0 < hd4; d0 += DCQ) {
-            let key = lid / DCQ;
-            let dq = lid % DCQ;
-            let j = k0 + key;
-            var kv = vec4<f32>(0.0);
-            if (j <= hi && d0 + dq < hd4) { kv = KC[(kvh * CTX + j % CTX) * hd4 + d0 + dq]; }
             kt[dq * (BKV + 1u) + key] = kv;
             workgroupBarrier();
+            let dn = d0 + DCQ + dq;                  // the next chunk's read, in flight while this one computes
+            kv = select(vec4<f32>(0.0), KC[krow + min(dn, hd4 - 1u)], kok && dn < hd4);
             for (var c = 0u; c < DCQ; c++) {
                 let kk = kt[c * (BKV + 1u) + sj];
                 let d = min(d0 + c, hd4 - 1u);       // past HD the key chunk is zeros
@@ -149,39 +167,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         // P V: this thread's output dim(s) for every row
-        a0 *= alpha4(0u);
-        a1 *= alpha4(1u);
-        a2 *= alpha4(2u);
-        a3 *= alpha4(3u);
-        a4 *= alpha4(half);
-        a5 *= alpha4(half + 1u);
-        a6 *= alpha4(half + 2u);
-        a7 *= alpha4(half + 3u);
-        let nk = min(BKV, hi + 1u - k0);
-        for (var jj = 0u; jj < nk; jj++) {
-            let vrow = (kvh * CTX + (k0 + jj) % CTX) * HD;
-            let va = vec4<f32>(select(0.0, VC[vrow + min(lid, HD - 1u)], lid < HD));
-            var vb = va;
-            if (R == 16u) { vb = vec4<f32>(select(0.0, VC[vrow + min(lid + NT, HD - 1u)], lid + NT < HD)); }
-            let pq = jj * rq;
-            a0 = fma(pt[pq], va, a0);
-            a1 = fma(pt[pq + 1u], va, a1);
-            a2 = fma(pt[pq + 2u], va, a2);
-            a3 = fma(pt[pq + 3u], va, a3);
-            a4 = fma(pt[pq + half], vb, a4);
-            a5 = fma(pt[pq + half + 1u], vb, a5);
-            a6 = fma(pt[pq + half + 2u], vb, a6);
-            a7 = fma(pt[pq + half + 3u], vb, a7);
+        acc[0] *= alpha4(0u);
+        acc[1] *= alpha4(1u);
+        acc[2] *= alpha4(2u);
+        acc[3] *= alpha4(3u);
+        acc[4] *= alpha4(half);
+        acc[5] *= alpha4(half + 1u);
+        acc[6] *= alpha4(half + 2u);
+        acc[7] *= alpha4(half + 3u);
+        // all BKV keys, four keys' V reads issued together (keys past hi have probability 0: clamped reads)
+        for (var j0 = 0u; j0 < BKV; j0 += 4u) {
+            let v0 = v_pair(kvh, min(k0 + j0, hi), lid);
+            let v1 = v_pair(kvh, min(k0 + j0 + 1u, hi), lid);
+            let v2 = v_pair(kvh, min(k0 + j0 + 2u, hi), lid);
+            let v3 = v_pair(kvh, min(k0 + j0 + 3u, hi), lid);
+            pv_key(&acc, j0 * rq, half, v0);
+            pv_key(&acc, (j0 + 1u) * rq, half, v1);
+            pv_key(&acc, (j0 + 2u) * rq, half, v2);
+            pv_key(&acc, (j0 + 3u) * rq, half, v3);
         }
         workgroupBarrier();                         // before the next tile's scores overwrite st, pt
     }
     let d2 = select(lid, lid + NT, R == 16u);       // slots 4..7's dim
-    write_rows(0u, lid, a0, t0, kvh);
-    write_rows(1u, lid, a1, t0, kvh);
-    write_rows(2u, lid, a2, t0, kvh);
-    write_rows(3u, lid, a3, t0, kvh);
-    write_rows(half, d2, a4, t0, kvh);
-    write_rows(half + 1u, d2, a5, t0, kvh);
-    write_rows(half + 2u, d2, a6, t0, kvh);
-    write_rows(half + 3u, d2, a7, t0, kvh);
+    write_rows(0u, lid, acc[0], t0, kvh);
+    write_rows(1u, lid, acc[1], t0, kvh);
+    write_rows(2u, lid, acc[2], t0, kvh);
+    write_rows(3u, lid, acc[3], t0, kvh);
+    write_rows(half, d2, acc[4], t0, kvh);
+    write_rows(half + 1u, d2, acc[5], t0, kvh);
+    write_rows(half + 2u, d2, acc[6], t0, kvh);
+    write_rows(half + 3u, d2, acc[7], t0, kvh);
 }
