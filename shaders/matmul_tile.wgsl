@@ -9,8 +9,8 @@
 // those exist. The next step's units are read into registers while the current step computes,
 // so their global reads' latency hides behind the multiply-adds.
 //
-// Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN come from the prelude (pyapp.gpu.kernels.MatmulTile:
-// its dispatch uses the same values). The includer declares K, W, X (array<vec4<f32>>), the
+// Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN and W_Q4K come from the prelude
+// (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values). The includer declares K, W, X (array<vec4<f32>>), the
 // quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
@@ -57,11 +57,45 @@ fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
     return mat4x4<f32>(X[xr.x * kg + gk], X[xr.y * kg + gk], X[xr.z * kg + gk], X[xr.w * kg + gk]);
 }
 
+// Q4_K (W_Q4K, from the prelude; BK a multiple of 32): a thread takes one row's 32-weight sub-block
+// a step, decoding its scale and min once rather than once per 4 weights: the header and 8 words
+// of nibbles are read ahead like the other units, the weights written to ws at the step's start.
+const WJ: u32 = BM * (BK / 32u);       // Q4_K sub-block jobs per step
+
+struct SubBlock {
+    lo: vec4<u32>,       // nibble words 0..3 and 4..7 (the sub-block's 32 bytes)
+    hi: vec4<u32>,
+    ab: vec2<f32>,       // w = a q - b
+    shift: u32,          // 4 for the high nibbles
+}
+
+fn load_sub_block(ok: bool, base: u32, kw: u32) -> SubBlock {
+    if (!ok || kw >= K) { return SubBlock(vec4<u32>(0u), vec4<u32>(0u), vec2<f32>(0.0), 0u); }
+    let bb = base + (kw / 256u) * 144u;
+    let s = (kw % 256u) / 32u;
+    let dm = unpack2x16float(W[bb >> 2u]);
+    let sm = scale_min_k4(bb + 4u, s);
+    let w0 = ((bb + 16u) >> 2u) + 8u * (s / 2u);
+    return SubBlock(vec4<u32>(W[w0], W[w0 + 1u], W[w0 + 2u], W[w0 + 3u]),
+                    vec4<u32>(W[w0 + 4u], W[w0 + 5u], W[w0 + 6u], W[w0 + 7u]),
+                    vec2<f32>(dm.x * sm.x, dm.y * sm.y), 4u * (s % 2u));
+}
+
+// Weights 32 sub .. 32 sub + 31 of the step, tile row r, into ws.
+fn store_sub_block(r: u32, sub: u32, b: SubBlock) {
+    for (var c = 0u; c < 8u; c++) {
+        let word = select(b.hi[c % 4u], b.lo[c % 4u], c < 4u);
+        let w = b.ab.x * vec4<f32>((bytes4(word) >> vec4<u32>(b.shift)) & vec4<u32>(15u)) - b.ab.y;
+        let k = 32u * sub + 4u * c;
+        for (var e = 0u; e < 4u; e++) { ws[(k + e) * GMP + r / 4u][r % 4u] = w[e]; }
+    }
+}
+
 fn tile_product(lid: u32) -> TileAcc {
     let tx = lid % TXN;
     let ty = lid / TXN;
     let wu = lid;                      // this thread's W unit: rows 4 wg .., K group wkq of each step
-    let has_w = wu < WU;
+    let has_w = !W_Q4K && wu < WU;
     let wkq = wu % KQ;
     let wg = min(wu / KQ, TXN - 1u);
     let xu = (lid + NT / 2u) % NT;     // its X unit
@@ -72,11 +106,17 @@ fn tile_product(lid: u32) -> TileAcc {
                        tile_w_base(4u * wg + 3u));
     let xr = vec4<u32>(tile_x_row(4u * xh), tile_x_row(4u * xh + 1u), tile_x_row(4u * xh + 2u),
                        tile_x_row(4u * xh + 3u));
+    let has_job = W_Q4K && lid < WJ;   // Q4_K: this thread's sub-block job, row jr, sub-block js of each step
+    let jr = lid % BM;
+    let js = (lid / BM) % (BK / 32u);
+    let jbase = tile_w_base(jr);
+    var jn = load_sub_block(has_job, jbase, 32u * js);
     var wn = load_w(has_w, wb, wkq);
     var xn = load_x(has_x, xr, xkq);
     var acc = mat4x4<f32>();
     var acc2 = mat4x4<f32>();
     for (var k0 = 0u; k0 < K / 4u; k0 += KQ) {
+        if (has_job) { store_sub_block(jr, js, jn); }
         if (has_w) {
             let t = transpose(wn);
             for (var c = 0u; c < 4u; c++) { ws[(4u * wkq + c) * GMP + wg] = t[c]; }
@@ -86,6 +126,7 @@ fn tile_product(lid: u32) -> TileAcc {
             for (var c = 0u; c < 4u; c++) { xs[(4u * xkq + c) * GNP + xh] = t[c]; }
         }
         workgroupBarrier();
+        jn = load_sub_block(has_job, jbase, 4u * (k0 + KQ) + 32u * js);
         wn = load_w(has_w, wb, k0 + KQ + wkq);
         xn = load_x(has_x, xr, k0 + KQ + xkq);
         for (var k = 0u; k < BK; k++) {

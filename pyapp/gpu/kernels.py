@@ -201,7 +201,8 @@ class MatmulTile:
     def __post_init__(self):
         units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
         if self.rows % 4 or self.tokens % self.thread_tokens or self.thread_tokens not in (4, 8) \
-                or self.k % 4 or units > self.threads or self.threads > 1024:
+                or self.k % 4 or units > self.threads or self.threads > 1024 \
+                or self.k % 32 == 0 and self.rows * self.k // 32 > self.threads:     # Q4_K sub-block jobs
             raise ValueError(f"bad matmul tile {self}")
 
     @property
@@ -219,6 +220,12 @@ MATMUL = MatmulTile(64, 128, 32)
 MOE_MATMUL = MatmulTile(128, 32, 16, 8)
 
 
+def matmul_prelude(qtype, tile: MatmulTile) -> str:
+    """quant_prelude plus the tile's shape; W_Q4K: Q4_K rows dequantized a 32-weight sub-block at a time."""
+    q4k = quant_type(qtype) == ggml.Q4_K and tile.k % 32 == 0
+    return quant_prelude(qtype) + tile.prelude() + f"const W_Q4K: bool = {'true' if q4k else 'false'};\n"
+
+
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
            n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
@@ -228,7 +235,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     """
     row_bytes(qtype, k)
     tile = tile or MATMUL
-    p = _pipeline(dev, "matmul_legacy" if tile.legacy else "matmul", prelude=quant_prelude(qtype) + tile.prelude(),
+    p = _pipeline(dev, "matmul_legacy" if tile.legacy else "matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
@@ -540,7 +547,7 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
     expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl). tile: the one
     moe_experts_grouped will use (default MOE_MATMUL)."""
     tile = tile or MOE_MATMUL
-    p = _pipeline(dev, "moe_grouped", entry="group", prelude=quant_prelude(ggml.F32) + tile.prelude(),
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=matmul_prelude(ggml.F32, tile),
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
 
@@ -553,7 +560,7 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     expert, each expert's weights read once per tile of slots instead of once per slot."""
     row_bytes(qtype, k)
     tile = tile or MOE_MATMUL
-    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=quant_prelude(qtype) + tile.prelude(),
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})
