@@ -32,17 +32,21 @@ MOE_SHAPES = [(1408, 2816), (2816, 704)]
 
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
-    shapes = [(64, 64, 32), (64, 128, 32), (128, 64, 32), (64, 128, 16), (64, 128, 32, 8), (128, 128, 32, 8),
-              (64, 256, 32, 8), (128, 64, 32, 8), (128, 128, 16, 8)]
-    out = [MatmulTile(*s) for s in shapes] + [MatmulTile(legacy=True)]
+    shapes = [(64, 128, 32), (64, 128, 32, 8), (64, 64, 32), (128, 64, 32, 8), (128, 128, 32, 8)]
+    out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in shapes for sb in (True, False)]
+    out += [MatmulTile(64, 128, 16), MatmulTile(legacy=True)]
     return [MATMUL] + [t for t in out if t != MATMUL]
 
 
 def moe_tiles():
     from pyapp.gpu.kernels import MOE_MATMUL, MatmulTile
-    out = [MatmulTile(*s) for s in ((64, 32, 32), (64, 64, 32), (128, 32, 32), (32, 32, 32), (64, 32, 16),
-                                    (128, 32, 16, 8), (64, 64, 32, 8))]
+    out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in ((128, 32, 32), (64, 32, 32), (64, 64, 32, 8)) for sb in (True, False)]
+    out += [MatmulTile(128, 32, 16, 8), MatmulTile(64, 32, 16)]
     return [MOE_MATMUL] + [t for t in out if t != MOE_MATMUL]
+
+
+def tile_name(t) -> str:
+    return "legacy" if t.legacy else f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
 
 
 async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10):
@@ -86,7 +90,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
             s = (time.perf_counter() - t) / (repeat * per_submit)
             out.append({"kernel": "moe_grouped", "quant": q, "tokens": n_tokens, "experts": n_experts,
                         "used": k_used, "rows": n, "cols": k,
-                        "tile": f"{tile.rows}x{tile.tokens} k{tile.k} t{tile.thread_tokens}", "us": round(s * 1e6, 1),
+                        "tile": tile_name(tile), "us": round(s * 1e6, 1),
                         "tflop_s": round(2 * n_tokens * k_used * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out
 
@@ -121,7 +125,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 await dev.read_async(y, 0, 16)
                 s = (time.perf_counter() - t) / (repeat * per_submit)
                 out.append({"kernel": "matmul", "quant": q, "tokens": n_tokens, "rows": n, "cols": k,
-                            "tile": "legacy" if tile.legacy else f"{tile.rows}x{tile.tokens} k{tile.k} t{tile.thread_tokens}",
+                            "tile": tile_name(tile),
                             "threads": tile.threads, "us": round(s * 1e6, 1),
                             "tflop_s": round(2 * n_tokens * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out

@@ -60,7 +60,8 @@ fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
 // Q4_K (W_Q4K, from the prelude; BK a multiple of 32): a thread takes one row's 32-weight sub-block
 // a step, decoding its scale and min once rather than once per 4 weights: the header and 8 words
 // of nibbles are read ahead like the other units, the weights written to ws at the step's start.
-const WJ: u32 = BM * (BK / 32u);       // Q4_K sub-block jobs per step
+const SUBS: u32 = max(BK / 32u, 1u);   // Q4_K sub-blocks per step (the path needs BK % 32 == 0)
+const WJ: u32 = BM * SUBS;             // Q4_K sub-block jobs per step
 
 struct SubBlock {
     lo: vec4<u32>,       // nibble words 0..3 and 4..7 (the sub-block's 32 bytes)
@@ -81,14 +82,28 @@ fn load_sub_block(ok: bool, base: u32, kw: u32) -> SubBlock {
                     vec2<f32>(dm.x * sm.x, dm.y * sm.y), 4u * (s % 2u));
 }
 
+// Weights k .. k + 3 of the step (4 nibbles of word q), tile row r, into ws.
+fn store_nibbles(r: u32, k: u32, q: u32, b: SubBlock) {
+    let w = b.ab.x * vec4<f32>((bytes4(q) >> vec4<u32>(b.shift)) & vec4<u32>(15u)) - b.ab.y;
+    let g = r / 4u;
+    let c = r % 4u;
+    ws[k * GMP + g][c] = w.x;
+    ws[(k + 1u) * GMP + g][c] = w.y;
+    ws[(k + 2u) * GMP + g][c] = w.z;
+    ws[(k + 3u) * GMP + g][c] = w.w;
+}
+
 // Weights 32 sub .. 32 sub + 31 of the step, tile row r, into ws.
 fn store_sub_block(r: u32, sub: u32, b: SubBlock) {
-    for (var c = 0u; c < 8u; c++) {
-        let word = select(b.hi[c % 4u], b.lo[c % 4u], c < 4u);
-        let w = b.ab.x * vec4<f32>((bytes4(word) >> vec4<u32>(b.shift)) & vec4<u32>(15u)) - b.ab.y;
-        let k = 32u * sub + 4u * c;
-        for (var e = 0u; e < 4u; e++) { ws[(k + e) * GMP + r / 4u][r % 4u] = w[e]; }
-    }
+    let k = 32u * sub;
+    store_nibbles(r, k, b.lo.x, b);
+    store_nibbles(r, k + 4u, b.lo.y, b);
+    store_nibbles(r, k + 8u, b.lo.z, b);
+    store_nibbles(r, k + 12u, b.lo.w, b);
+    store_nibbles(r, k + 16u, b.hi.x, b);
+    store_nibbles(r, k + 20u, b.hi.y, b);
+    store_nibbles(r, k + 24u, b.hi.z, b);
+    store_nibbles(r, k + 28u, b.hi.w, b);
 }
 
 fn tile_product(lid: u32) -> TileAcc {
@@ -108,7 +123,7 @@ fn tile_product(lid: u32) -> TileAcc {
                        tile_x_row(4u * xh + 3u));
     let has_job = W_Q4K && lid < WJ;   // Q4_K: this thread's sub-block job, row jr, sub-block js of each step
     let jr = lid % BM;
-    let js = (lid / BM) % (BK / 32u);
+    let js = (lid / BM) % SUBS;
     let jbase = tile_w_base(jr);
     var jn = load_sub_block(has_job, jbase, 32u * js);
     var wn = load_w(has_w, wb, wkq);

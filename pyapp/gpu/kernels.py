@@ -196,6 +196,7 @@ class MatmulTile:
     tokens: int = 64
     k: int = 32
     thread_tokens: int = 4
+    q4k_sub_blocks: bool = True  # Q4_K W read a 32-weight sub-block per thread (where k % 32 == 0)
     legacy: bool = False         # the old kernel (shaders/matmul_legacy.wgsl), for bench/matmul_sweep.py
 
     def __post_init__(self):
@@ -222,7 +223,7 @@ MOE_MATMUL = MatmulTile(128, 32, 16, 8)
 
 def matmul_prelude(qtype, tile: MatmulTile) -> str:
     """quant_prelude plus the tile's shape; W_Q4K: Q4_K rows dequantized a 32-weight sub-block at a time."""
-    q4k = quant_type(qtype) == ggml.Q4_K and tile.k % 32 == 0
+    q4k = quant_type(qtype) == ggml.Q4_K and tile.k % 32 == 0 and tile.q4k_sub_blocks
     return quant_prelude(qtype) + tile.prelude() + f"const W_Q4K: bool = {'true' if q4k else 'false'};\n"
 
 
