@@ -218,7 +218,7 @@ class MatmulTile:
 # The engine's tiles (bench/matmul_sweep.py on an H100, bench/RESULTS.md). Grouped MoE tiles are
 # narrower: a 512-token chunk gives an expert ~32 slots (8 of 128 experts a token).
 MATMUL = MatmulTile(64, 128, 32)
-MOE_MATMUL = MatmulTile(128, 32, 16, 8)
+MOE_MATMUL = MatmulTile(128, 32, 32)
 
 
 def matmul_prelude(qtype, tile: MatmulTile) -> str:
