@@ -1,5 +1,5 @@
 """Prefill matmul speed by tile shape (pyapp.gpu.kernels.MatmulTile), on a 512-token step's shapes,
-and the grouped MoE expert matmul (a26b's experts) by tile.
+the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attention by variant.
 
     python bench/matmul_sweep.py [--quants q4_k] [--tokens 512]          # native (wgpu)
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
@@ -131,6 +131,49 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
     return out
 
 
+# (heads, kv heads, head dim, window): e2b sliding and global layers, a26b sliding and global layers
+ATTENTION_SHAPES = [(8, 1, 256, 512), (8, 1, 512, 0), (16, 8, 256, 1024), (16, 2, 512, 0)]
+
+
+async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repeat=20, per_submit=10):
+    """Prefill attention of a first chunk of n_tokens (causal): tiled with 32 or 16 query rows a
+    workgroup, and the per-token kernel."""
+    from pyapp.gpu import kernels as K
+    out = []
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(n_tokens, 0))
+    pattern = struct.pack("<1024f", *[((i * 7919) % 1000) / 5000.0 - 0.1 for i in range(1024)])
+    for h, hkv, hd, window in shapes:
+        ctx = n_tokens
+        bufs = []
+        for n in (n_tokens * h * hd, hkv * ctx * hd, hkv * ctx * hd):
+            b = dev.buffer(4 * n)
+            dev.write(b, (pattern * (n // 1024 + 1))[:4 * n])
+            bufs.append(b)
+        q, kc, vc = bufs
+        o = dev.buffer(4 * n_tokens * h * hd)
+        variants = [("per-token", dict(tiled=False))]
+        for rows in (32, 16):
+            if (rows == 16 or hd <= 256) and rows % (h // hkv) == 0 and K.attention_tile_rows(dev, h // hkv, hd):
+                variants.append((f"tiled {rows} rows", dict(tiled=True, tile_rows=rows)))
+        for name, kw in variants:
+            plan = dev.plan()
+            for _ in range(per_submit):
+                K.attention(dev, q, kc, vc, o, step, h, hkv, hd, ctx, n_tokens, window=window, plan=plan, **kw)
+            dev.submit(plan)
+            await dev.read_async(o, 0, 16)
+            t = time.perf_counter()
+            for _ in range(repeat):
+                dev.submit(plan)
+            await dev.read_async(o, 0, 16)
+            s = (time.perf_counter() - t) / (repeat * per_submit)
+            keys = sum(min(p + 1, window or p + 1) for p in range(n_tokens))
+            out.append({"kernel": "attention", "tokens": n_tokens, "heads": h, "kv_heads": hkv, "head_dim": hd,
+                        "window": window, "variant": name, "us": round(s * 1e6, 1),
+                        "tflop_s": round(4 * h * hd * keys / s / 1e12, 2), "adapter": dev.describe()})
+    return out
+
+
 def main() -> int:
     import asyncio
     from pyapp.gpu import get_device
@@ -139,7 +182,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=512)
     args = ap.parse_args()
     dev = get_device("native")
-    for r in asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens)) + asyncio.run(moe_sweep_async(dev)):
+    rows = asyncio.run(attention_sweep_async(dev))
+    rows += asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens)) + asyncio.run(moe_sweep_async(dev))
+    for r in rows:
         print(json.dumps(r), flush=True)
     return 0
 

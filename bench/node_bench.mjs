@@ -54,6 +54,7 @@ rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_token
                                       shapes=shapes or matmul_sweep.SHAPES)
 if not shapes:
     rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))
+    rows = await matmul_sweep.attention_sweep_async(await get_device_async("browser")) + rows
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);
