@@ -34,7 +34,7 @@ def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
     shapes = [(64, 128, 32), (64, 128, 32, 8), (64, 64, 32), (128, 64, 32, 8), (128, 128, 32, 8)]
     out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in shapes for sb in (True, False)]
-    out += [MatmulTile(64, 128, 16), MatmulTile(legacy=True)]
+    out += [MatmulTile(64, 128, 16)]
     return [MATMUL] + [t for t in out if t != MATMUL]
 
 
@@ -46,7 +46,7 @@ def moe_tiles():
 
 
 def tile_name(t) -> str:
-    return "legacy" if t.legacy else f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
+    return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
 
 
 async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10):

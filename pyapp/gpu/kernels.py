@@ -197,7 +197,6 @@ class MatmulTile:
     k: int = 32
     thread_tokens: int = 4
     q4k_sub_blocks: bool = True  # Q4_K W read a 32-weight sub-block per thread (where k % 32 == 0)
-    legacy: bool = False         # the old kernel (shaders/matmul_legacy.wgsl), for bench/matmul_sweep.py
 
     def __post_init__(self):
         units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
@@ -236,7 +235,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     """
     row_bytes(qtype, k)
     tile = tile or MATMUL
-    p = _pipeline(dev, "matmul_legacy" if tile.legacy else "matmul", prelude=matmul_prelude(qtype, tile),
+    p = _pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
