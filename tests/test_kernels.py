@@ -172,12 +172,27 @@ def test_matmul(dev, qtype, rows, t):
     assert_close_dot(got, x, w, x @ w.T)
 
 
+def test_matmul_tile_fits_the_device(dev):
+    """The engine's tiles, or a fallback within the device's limits (WebGPU's defaults: 256 threads,
+    16 KiB of workgroup storage)."""
+    for tile in (K.MATMUL, K.MOE_MATMUL):
+        assert K.fit_tile(dev, tile).fits(dev)
+
+    class Small:
+        limits = {"max_compute_invocations_per_workgroup": 256, "max_compute_workgroup_size_x": 256,
+                  "max_compute_workgroup_storage_size": 16384}
+    assert K.fit_tile(Small, K.MATMUL) == K.MatmulTile(64, 64, 16)
+    assert K.fit_tile(Small, K.MOE_MATMUL) == K.MatmulTile(64, 64, 16)
+
+
 @pytest.mark.parametrize("qtype", ["f32", "q4_k"])
 @pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16), K.MatmulTile(64, 64, 64), K.MatmulTile(32, 64, 32),
                                   K.MatmulTile(128, 32, 32), K.MatmulTile(64, 128, 32, 8), K.MatmulTile(32, 64, 16, 8)],
                          ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}t{t.thread_tokens}")
 def test_matmul_tile_shapes(dev, qtype, tile):
-    """Every tile shape bench/matmul_sweep.py tries: rows and tokens past a tile, K past a step."""
+    """Tile shapes bench/matmul_sweep.py tries: rows and tokens past a tile, K past a step."""
+    if not tile.fits(dev):
+        pytest.skip("tile beyond this device's workgroup limits")
     rng = np.random.default_rng(7)
     rows, t = 150, 70
     k = 512 if qtype == "q4_k" else 4 * 29
@@ -816,7 +831,7 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
 def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot, tile):
     """The grouped matmul (slots sorted by expert, a tile per tile.tokens slots) against the reference
     products, with ids the cache leaves out (NOT_HERE) and W split into two buffers of experts."""
-    tile = tile or K.MOE_MATMUL
+    tile = tile or K.fit_tile(dev, K.MOE_MATMUL)
     rng = np.random.default_rng(t * e)
     k, n = (256, 67) if qtype != "q4_k" else (256, 130)
     raw = random_tensor(qtype, e * n, k, rng)

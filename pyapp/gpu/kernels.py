@@ -209,6 +209,15 @@ class MatmulTile:
     def threads(self) -> int:
         return self.rows // 4 * (self.tokens // self.thread_tokens)
 
+    def fits(self, dev: Device) -> bool:
+        """Within the device's workgroup limits (threads, and the shared W and X tiles plus the MoE
+        kernel's slot list)."""
+        storage = 16 * self.k * (self.rows // 4 + self.tokens // 4 + 2) + 4 * self.tokens + 4
+        lim = dev.limits
+        return self.threads <= min(lim.get("max_compute_invocations_per_workgroup", 256),
+                                   lim.get("max_compute_workgroup_size_x", 256)) \
+            and storage <= lim.get("max_compute_workgroup_storage_size", 16384)
+
     def prelude(self) -> str:
         return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
             ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TN", self.thread_tokens)))
@@ -216,8 +225,18 @@ class MatmulTile:
 
 # The engine's tiles (bench/matmul_sweep.py on an H100, bench/RESULTS.md). Grouped MoE tiles are
 # narrower: a 512-token chunk gives an expert ~32 slots (8 of 128 experts a token).
+# A device with fewer threads or less storage a workgroup gets the first FALLBACK tile that fits.
 MATMUL = MatmulTile(64, 128, 32)
 MOE_MATMUL = MatmulTile(128, 32, 32)
+FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
+
+
+def fit_tile(dev: Device, tile: MatmulTile) -> MatmulTile:
+    """tile, or the first FALLBACK tile within dev's workgroup limits."""
+    for t in (tile, *FALLBACK):
+        if t.fits(dev):
+            return t
+    raise ValueError(f"no prefill matmul tile fits this device's workgroup limits ({dev.limits})")
 
 
 def matmul_prelude(qtype, tile: MatmulTile) -> str:
@@ -234,7 +253,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
-    tile = tile or MATMUL
+    tile = tile or fit_tile(dev, MATMUL)
     p = _pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
@@ -545,8 +564,8 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
               plan: Plan | None = None, tile: MatmulTile | None = None) -> Plan:
     """grp = the step's slots grouped by their expert ids[s] (ids >= n_experts left out), with each
     expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl). tile: the one
-    moe_experts_grouped will use (default MOE_MATMUL)."""
-    tile = tile or MOE_MATMUL
+    moe_experts_grouped will use (default MOE_MATMUL, or what fits the device)."""
+    tile = tile or fit_tile(dev, MOE_MATMUL)
     p = _pipeline(dev, "moe_grouped", entry="group", prelude=matmul_prelude(ggml.F32, tile),
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
@@ -559,7 +578,7 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     """moe_experts for a chunk, from moe_group's grouping (made with the same tile): a tiled matmul per
     expert, each expert's weights read once per tile of slots instead of once per slot."""
     row_bytes(qtype, k)
-    tile = tile or MOE_MATMUL
+    tile = tile or fit_tile(dev, MOE_MATMUL)
     p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
