@@ -578,7 +578,7 @@ async def chat(messages_json: str, params_json: str) -> dict:
             **reply_ids(eng.tokenizer, ids, res.tokens), "cached": res.cached_tokens,
             "tokens": len(res.tokens), "prompt_tokens": len(ids), "evaluated": res.prompt_tokens,
             "prefill_s": res.prefill_s, "decode_tps": res.decode_tps, "context_used": eng.n_past + 1,
-            "context_length": eng.context_length}
+            "context_length": eng.context_length, "drafted": res.drafted, "accepted": res.accepted}
 
 
 def count_tokens(messages_json: str) -> dict:

@@ -1,10 +1,10 @@
 """Speculative decoding on the browser path: headless Chromium (WebGPU on SwiftShader), Pyodide, the built app.
 
-The app has no setting for it yet; the worker's `generate_tokens` command takes any SamplingParams field,
-`speculate` included, and runs Engine.generate_async: the same step generator as natively, driven by
-awaited readbacks. A fixture model opened through the file input generates greedily with and without
-speculation: the same tokens, and those of the native engine. (Whether drafts were accepted is checked
-natively, tests/test_speculative.py: the command returns only the tokens.)
+The worker's `generate_tokens` command takes any SamplingParams field, `speculate` included, and runs
+Engine.generate_async: the same step generator as natively, driven by awaited readbacks. A fixture model
+opened through the file input generates greedily with and without speculation: the same tokens, and those
+of the native engine. The app's setting (Advanced sampling, "Speculative drafts") goes with each chat
+request; the reply equals the native greedy one and its stats line counts the drafts accepted.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from test_browser import (CHROMIUM, FIXTURES, FLAGS, TIMEOUT, _under_csp, server,  # noqa: F401
-                          wait_loaded_file, wait_state)
+from test_browser import (CHROMIUM, FIXTURES, FLAGS, TIMEOUT, _under_csp, native_greedy, send,  # noqa: F401
+                          server, set_field, wait_loaded_file, wait_state)
 from test_speculative import RANDOM, REPEATING
 
 pytestmark = pytest.mark.browser
@@ -55,4 +55,29 @@ def test_speculative_greedy_tokens_in_the_browser(page, stem, prompt):
     native = Engine.open(read_gguf(path), backend="native", context_length=128)
     want = native.generate(prompt, SamplingParams(temperature=0, max_tokens=12), stop_ids=()).tokens
     assert spec["tokens"] == plain["tokens"] == want and spec["stop_reason"] == "length"
+    assert not page.errors
+
+
+def test_speculative_drafts_setting_in_the_chat(page):
+    """The Advanced sampling field: kept with the settings, sent with the chat; the reply is the native
+    greedy one, and its stats say how many drafts were accepted (a prompt that repeats: some are)."""
+    path = FIXTURES / "demo.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    page.click("#advanced summary")
+    assert page.is_visible("#speculate") and page.is_visible("#speculate-help")
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", 24)
+    set_field(page, "speculate", 8)
+    assert page.evaluate("window.app.state.settings.speculate") == "8"
+    text = "one two three four five, one two three four five, one two three four five, one two three"
+    reply = send(page, text)
+    assert reply["content"] == native_greedy([{"role": "user", "content": text}], 24)
+    stats = reply["stats"]
+    assert stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"]
+    meta = page.inner_text(".msg.assistant .meta")
+    assert f"{stats['accepted']} of {stats['drafted']} drafts accepted" in meta
+    set_field(page, "speculate", 99)                                 # beyond pyapp.sampling's rule: refused
+    assert page.evaluate("window.app.state.settings.speculate") == "8"
+    page.click("#advanced summary")
     assert not page.errors

@@ -8,7 +8,7 @@ const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chat
 const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offered again after a reload
 const SETTINGS_KEY = "gemma4.settings.v1";
 const GPU_MEMORY_KEY = "gemma4.gpu_memory.v1";   // {adapter: MiB}: a property of the GPU, not of a model
-const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "max_tokens", "context_length",
+const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "speculate", "max_tokens", "context_length",
                 "denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"];   // the last: DiffusionGemma
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
 let DEFAULTS = {};
@@ -513,6 +513,7 @@ function samplingParams() {
     top_p: num(s.top_p, DEFAULTS.top_p), min_p: num(s.min_p, DEFAULTS.min_p),
     repeat_penalty: num(s.repeat_penalty, DEFAULTS.repeat_penalty),
     seed: num(s.seed, null), max_tokens: num(s.max_tokens, DEFAULTS.max_tokens), thinking: !!state.chat.thinking,
+    speculate: num(s.speculate, DEFAULTS.speculate),
     ...denoiseSettings(),
   };
 }
@@ -546,7 +547,8 @@ function messageEl(m, i) {
   } else if (m.stats) {
     const s = m.stats;
     meta.textContent = `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
-      ` (${s.evaluated} new prompt tokens)${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
+      ` (${s.evaluated} new prompt tokens)${s.drafted ? ` · ${s.accepted} of ${s.drafted} drafts accepted` : ""}` +
+      `${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
       `${s.stop_reason === "length" ? " · max tokens reached" : ""}${s.stop_reason === "context" ? " · context full" : ""}`;
   }
   const copy = document.createElement("button");
@@ -712,7 +714,7 @@ async function generate() {
     reply.content = r.text;
     Object.assign(reply, { ids: r.ids, vocab: r.vocab });
     reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
-                    stop_reason: r.stop_reason };
+                    stop_reason: r.stop_reason, drafted: r.drafted || 0, accepted: r.accepted || 0 };
     if (r.denoise) reply.stats.denoise = r.denoise;   // a DiffusionGemma reply: its steps and blocks
     updateMeter(r);
   }
