@@ -10,8 +10,8 @@
 // so their global reads' latency hides behind the multiply-adds.
 //
 // Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN and W_Q4K come from the prelude
-// (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values). The includer declares K, W, X (array<vec4<f32>>), the
-// quants prelude (QK, QB, dq4) and
+// (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values). The includer declares K,
+// W, X (array<vec4<f32>>), the quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
 // and calls tile_product from uniform control flow (it has barriers). Column i of the result's
