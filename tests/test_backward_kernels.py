@@ -386,7 +386,7 @@ def test_moe_experts_dx(dev, qtype, t, e, ksel, per_slot):
     dxb, dyb, step = f32(dev, dx0), f32(dev, dy), step_buffer(dev, t)
     grp = dev.buffer(4 * K.moe_group_rows(e, ksel, t))
     ids_buf = u32_buffer(dev, ids)
-    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step, tile=K.MOE_DX_GROUPS)
     split = e // 2 + 1
     rb = len(raw) // (e * n)
     for first, here in ((0, split), (split, e - split)):
@@ -432,7 +432,7 @@ def test_experts_input_gradient(dev, qtype, fused):
 
     step, grp, ids_buf = step_buffer(dev, t), dev.buffer(4 * K.moe_group_rows(e, ksel, t)), u32_buffer(dev, ids)
     dmid, dgu, dxs, dx = (dev.buffer(4 * n) for n in (slots * ff, slots * 2 * ff, slots * d, t * d))
-    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step)
+    plan = K.moe_group(dev, e, ksel, ids_buf, grp, step, tile=K.MOE_DX_GROUPS)
     K.moe_experts_dx(dev, qtype, ff, d, e, ksel, weight_buffer(dev, raw_dn), f32(dev, dout), dmid, grp, t,
                      weights=f32(dev, weights), down_scale=f32(dev, scale), plan=plan)
     rb = len(raw_gu) // (e * 2 * ff)

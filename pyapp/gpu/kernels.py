@@ -229,6 +229,8 @@ class MatmulTile:
 MATMUL = MatmulTile(64, 128, 32)
 MOE_MATMUL = MatmulTile(128, 32, 32)
 FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
+# moe_experts_dx (training) reads a grouping in tiles of MATMUL_TILE slots: moe_group(..., tile=MOE_DX_GROUPS)
+MOE_DX_GROUPS = MatmulTile(64, MATMUL_TILE, 16)
 
 
 def fit_tile(dev: Device, tile: MatmulTile) -> MatmulTile:
@@ -931,7 +933,7 @@ def moe_experts_dx(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: i
     """The experts' input gradient through frozen W [n_experts, n, k], slot by slot: dx[s] (+)= c(s) *
     dy[t or s, col0:col0 + n] @ W[ids[s]] (dy rows of ldd floats, default n), c(s) = weights[s] (*
     down_scale[ids[s]]) given weights, else 1; dx [T * k_used, k]. The slots as moe_group grouped them
-    (grp), a tiled product per expert (shaders/moe_backward.wgsl `dx`); a W split over buffers: one call
+    with tile=MOE_DX_GROUPS (grp), a tiled product per expert (shaders/moe_backward.wgsl `dx`); a W split over buffers: one call
     per buffer (first_expert, experts_here), each writing its experts' slots."""
     row_bytes(qtype, k)
     p = _pipeline(dev, "moe_backward", entry="dx", prelude=quant_prelude(qtype),

@@ -16,7 +16,8 @@ Gradients flow through the frozen, still quantized weights (matmul_dx dequantize
 trained pairs' dA, dB are added into the flat gradient buffer (pyapp.train.params).
 
 Mixture-of-experts layers need every expert resident (streamed experts are refused): the backward reads
-the forward's grouping of the slots by expert (state.expert_groups) and each expert's weights in place.
+the slots grouped by expert (state.expert_groups, regrouped in the dx kernel's tiles) and each expert's
+weights in place.
 """
 
 from __future__ import annotations
@@ -180,7 +181,9 @@ class LoraBackward:
                               t.drouter, s.step, T, down_scale=scale, plan=plan)
         self.linear_backward(plan, lc.index, "router", w.router, s.router_in, t.drouter, t.dxn)
         self.norm_backward(plan, d, t.h, t.dxn, dh, w.router_scale, accumulate=True, scale=self.model.router_scale)
-        # experts_backward's dx: dmid = down^T (weight * scale * dout) per slot, through the GeGLU, gate/up
+        # experts_backward's dx: dmid = down^T (weight * scale * dout) per slot, through the GeGLU, gate/up.
+        # Its kernel reads the slots grouped in tiles of its own size: regroup (the forward grouped for its tile).
+        K.moe_group(dev, cfg.n_experts, KS, s.expert_ids, s.expert_groups, s.step, plan=plan, tile=K.MOE_DX_GROUPS)
         self.experts_dx(plan, w.experts_down, dout, t.dexperts_act, weights=s.expert_weights, down_scale=scale)
         if w.experts_gate_up is not None:
             eff = w.experts_gate_up.shape[1] // 2
@@ -201,8 +204,8 @@ class LoraBackward:
     def experts_dx(self, plan: Plan, w, dy, dx, per_slot: bool = False, weights=None, down_scale=None,
                    accumulate: bool = False) -> None:
         """dx[s] (+)= c(s) dy[t or s] @ W[ids[s]] through the frozen experts W [E, n, k], slot by slot (c: the
-        slot's weight and down scale, given weights), buffer by buffer of W; the slots as the taped forward
-        grouped them by expert (state.expert_groups)."""
+        slot's weight and down scale, given weights), buffer by buffer of W; the slots grouped by expert in
+        state.expert_groups (moe_backward regroups them in moe_experts_dx's tiles)."""
         s, n = self.s, w.shape[1]
         for p in w.parts:
             K.moe_experts_dx(self.dev, w.qtype, w.shape[0], n, w.shape[2], self.cfg.n_experts_used, p.buffer, dy, dx,
