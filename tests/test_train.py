@@ -37,15 +37,17 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 LOSS_ATOL, GRAD_RTOL = 1e-5, 2e-5
 
 
-def golden_gradients(model: str, qtype: str) -> dict:
+def golden_gradients(model: str, qtype: str, tokens=None) -> dict:
     """The torch goldens (tests/fixtures/lora/<model>-<qtype>.grad.npz); where none was made (the MoE fixture's
-    Q8_0 base), the numpy oracle on that file, on the F32 golden's tokens and mask (the oracle matches torch
-    within 1e-5 on every committed golden: tests/test_lora_backward.py)."""
+    Q8_0 base) or for other tokens (every one a target), the numpy oracle on that file, on the F32 golden's
+    tokens and mask (the oracle matches torch within 1e-5 on every committed golden: tests/test_lora_backward.py)."""
     path = FIX / "lora" / f"{model}-{qtype}.grad.npz"
-    if path.exists():
+    if path.exists() and tokens is None:
         return dict(np.load(path))
     from pyapp.reference.backward import LoraGradients
     ref = np.load(FIX / "lora" / f"{model}-f32.grad.npz")
+    if tokens is not None:
+        ref = {"tokens": np.asarray(tokens), "mask": np.asarray([0] + [1] * (len(tokens) - 1))}
     oracle = LoraGradients(read_gguf(FIX / f"{model}-{qtype}.gguf"), [(str(FIX / "lora" / f"{model}.gguf"), 1.0)])
     loss, grads = oracle.loss_and_grads(ref["tokens"], ref["mask"])
     return {"tokens": ref["tokens"], "mask": ref["mask"], "loss": loss, **grads}
@@ -75,19 +77,21 @@ def split_experts(g):
 
 @pytest.mark.parametrize("model,qtype,n_grads", [("gemma4-dense", "f32", 64), ("gemma4-dense", "q4_k", 64),
                                                  ("gemma4-moe", "f32", 60), ("gemma4-moe", "q8_0", 60),
-                                                 ("gemma4-moe", "f32-split", 60)],
-                         ids=["dense-f32", "dense-q4_k", "moe-f32", "moe-q8_0", "moe-f32-split"])
+                                                 ("gemma4-moe", "f32-split", 60), ("gemma4-moe", "f32-long", 60)],
+                         ids=["dense-f32", "dense-q4_k", "moe-f32", "moe-q8_0", "moe-f32-split", "moe-f32-long"])
 def test_gradients_match_torch_autograd(dev, model, qtype, n_grads):
     """The fixture adapter's pairs as the trained parameters; one sequence with its loss mask: the loss and
     every A/B gradient against torch. Dense: every target kind, PLE, KV sharing, sliding window, k_eq_v;
     MoE: the router (its LoRA too) and the experts beside the dense MLP, on every layer; its experts' gate
-    and up fused in one tensor as the fixture has them, or apart (the same model, so the same goldens)."""
-    split = qtype.endswith("-split")
-    qtype = qtype.removesuffix("-split")
+    and up fused in one tensor as the fixture has them, or apart (the same model, so the same goldens); and
+    a 70-token sequence against the numpy oracle (140 slots over 4 experts: more than a 32-slot tile an
+    expert, so the experts' dX reads its own grouping of them)."""
+    split, long = qtype.endswith("-split"), qtype.endswith("-long")
+    qtype = qtype.removesuffix("-split").removesuffix("-long")
     g = read_gguf(FIX / f"{model}-{qtype}.gguf")
     if split:
         g = split_experts(g)
-    engine = Engine.open(g, context_length=64, device=dev)
+    engine = Engine.open(g, context_length=128 if long else 64, device=dev)
     cfg = engine.config
     assert not split or not any(lc.experts_fused for lc in cfg.layers)
     adapter = load_lora(str(FIX / "lora" / f"{model}.gguf"), cfg, bind(cfg, g.tensors), 1.0, g.architecture)
@@ -96,7 +100,7 @@ def test_gradients_match_torch_autograd(dev, model, qtype, n_grads):
                         first.rank, adapter.scale(first) * first.rank)
     params.load({t.name + suffix: np.frombuffer(raw, np.float32).tolist() for t in adapter.targets
                  for suffix, raw in zip((".lora_a", ".lora_b"), adapter.arrays(t))})
-    golden = golden_gradients(model, qtype)
+    golden = golden_gradients(model, qtype, np.random.default_rng(5).integers(0, cfg.vocab_size, 70) if long else None)
     tokens, mask = [int(x) for x in golden["tokens"]], [int(x) for x in golden["mask"]]
     state = TrainState(dev, cfg, engine.runner.layout, len(tokens) + 3, vocab_chunk=256)   # 2 vocabulary chunks
     params.attach(engine.runner.layout)
