@@ -92,6 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hd4 = HD / 4u;
     let kvh = wid.x;
     let t0 = wid.y * (R / GH);
+    if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
     let t_last = min(t0 + R / GH, S.n_tokens) - 1u;
     let hi = S.pos0 + t_last;                       // the last key any row sees
     let p0 = S.pos0 + t0;

@@ -32,6 +32,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let T = S.n_tokens;
     r0 = wid.x * BM;
     t0 = wid.y * BN;
+    if (t0 >= T) { return; }       // the plan is sized for its longest step: tiles past this one's tokens
     t_last = T - 1u;
     let acc = tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);

@@ -227,6 +227,7 @@ class MatmulTile:
 # narrower: a 512-token chunk gives an expert ~32 slots (8 of 128 experts a token).
 # A device with fewer threads or less storage a workgroup gets the first FALLBACK tile that fits.
 MATMUL = MatmulTile(64, 128, 32)
+MATMUL_SHORT = MatmulTile(64, 64, 32)       # plans of at most 64 tokens: half the padding
 MOE_MATMUL = MatmulTile(128, 32, 32)
 FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
 # moe_experts_dx (training) reads a grouping in tiles of MATMUL_TILE slots: moe_group(..., tile=MOE_DX_GROUPS)
@@ -255,7 +256,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     """
     row_bytes(qtype, k)
-    tile = tile or fit_tile(dev, MATMUL)
+    tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT)
     p = _pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile),
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
