@@ -30,9 +30,9 @@ fn tile_x_row(i: u32) -> u32 { return min(t0 + i, t_last); }
 @compute @workgroup_size(NT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let T = S.n_tokens;
+    if (wid.y * BN >= T) { return; }   // the plan is sized for its longest step: tiles past this one's tokens
     r0 = wid.x * BM;
     t0 = wid.y * BN;
-    if (t0 >= T) { return; }       // the plan is sized for its longest step: tiles past this one's tokens
     t_last = T - 1u;
     let acc = tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
