@@ -30,6 +30,29 @@ SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), 
 MOE_SHAPES = [(1408, 2816), (2816, 704)]
 
 
+def _pattern(scale: float = 1.0) -> bytes:
+    """1024 floats in [-scale, scale): a buffer's repeating fill (values, not their speed, don't matter)."""
+    return struct.pack("<1024f", *[scale * (((i * 7919) % 1000) / 500.0 - 1.0) for i in range(1024)])
+
+
+def _filled(dev, floats: int, pattern: bytes):
+    b = dev.buffer(4 * floats)
+    dev.write(b, (pattern * (floats // 1024 + 1))[:4 * floats])
+    return b
+
+
+async def _seconds_per_dispatch(dev, plan, probe, repeat: int, per_submit: int) -> float:
+    """Wall time of one of the plan's per_submit dispatches: a warm-up submit (pipeline creation,
+    caches), then repeat submits, each awaited through a small read of probe."""
+    dev.submit(plan)
+    await dev.read_async(probe, 0, 16)
+    t = time.perf_counter()
+    for _ in range(repeat):
+        dev.submit(plan)
+    await dev.read_async(probe, 0, 16)
+    return (time.perf_counter() - t) / (repeat * per_submit)
+
+
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
     shapes = [(64, 128, 32), (64, 128, 32, 8), (64, 64, 32), (128, 64, 32, 8), (128, 128, 32, 8)]
@@ -64,12 +87,11 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
     idb = dev.buffer(4 * len(ids))
     dev.write(idb, struct.pack(f"<{len(ids)}I", *ids))
     grp = dev.buffer(4 * K.moe_group_rows(n_experts, k_used, n_tokens))
-    pattern = struct.pack("<1024f", *[((i * 7919) % 1000) / 500.0 - 1.0 for i in range(1024)])
+    pattern = _pattern()
     for n, k in shapes:
         per_slot = k < n          # down: one input row per slot; gate|up: one per token
         rows_in = n_tokens * k_used if per_slot else n_tokens
-        x = dev.buffer(4 * rows_in * k)
-        dev.write(x, (pattern * (rows_in * k // 1024 + 1))[:4 * rows_in * k])
+        x = _filled(dev, rows_in * k, pattern)
         y = dev.buffer(4 * n_tokens * k_used * n)
         q = "q4_k" if k % 256 == 0 else "q8_0"          # as the bench file's rows of 704 fall back
         nbytes = ggml.row_bytes(q, k) * n * n_experts
@@ -81,13 +103,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
                 K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=tile)
                 K.moe_experts_grouped(dev, q, k, n, n_experts, k_used, w, x, y, grp, n_tokens,
                                       per_slot_input=per_slot, plan=plan, tile=tile)
-            dev.submit(plan)
-            await dev.read_async(y, 0, 16)
-            t = time.perf_counter()
-            for _ in range(repeat):
-                dev.submit(plan)
-            await dev.read_async(y, 0, 16)
-            s = (time.perf_counter() - t) / (repeat * per_submit)
+            s = await _seconds_per_dispatch(dev, plan, y, repeat, per_submit)
             out.append({"kernel": "moe_grouped", "quant": q, "tokens": n_tokens, "experts": n_experts,
                         "used": k_used, "rows": n, "cols": k,
                         "tile": tile_name(tile), "us": round(s * 1e6, 1),
@@ -101,10 +117,9 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
     dev.write(step, K.pack_step(n_tokens, 0))
-    pattern = struct.pack("<1024f", *[((i * 7919) % 1000) / 500.0 - 1.0 for i in range(1024)])
+    pattern = _pattern()
     for n, k in shapes:
-        x = dev.buffer(4 * n_tokens * k)
-        dev.write(x, (pattern * (n_tokens * k // 1024 + 1))[:4 * n_tokens * k])
+        x = _filled(dev, n_tokens * k, pattern)
         y = dev.buffer(4 * n_tokens * n)
         for q in quants:
             try:
@@ -117,13 +132,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 plan = dev.plan()
                 for _ in range(per_submit):
                     K.matmul(dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=tile)
-                dev.submit(plan)                   # warm-up (pipeline creation, caches)
-                await dev.read_async(y, 0, 16)
-                t = time.perf_counter()
-                for _ in range(repeat):
-                    dev.submit(plan)
-                await dev.read_async(y, 0, 16)
-                s = (time.perf_counter() - t) / (repeat * per_submit)
+                s = await _seconds_per_dispatch(dev, plan, y, repeat, per_submit)
                 out.append({"kernel": "matmul", "quant": q, "tokens": n_tokens, "rows": n, "cols": k,
                             "tile": tile_name(tile),
                             "threads": tile.threads, "us": round(s * 1e6, 1),
@@ -142,15 +151,10 @@ async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repe
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
     dev.write(step, K.pack_step(n_tokens, 0))
-    pattern = struct.pack("<1024f", *[((i * 7919) % 1000) / 5000.0 - 0.1 for i in range(1024)])
+    pattern = _pattern(0.1)
     for h, hkv, hd, window in shapes:
         ctx = n_tokens
-        bufs = []
-        for n in (n_tokens * h * hd, hkv * ctx * hd, hkv * ctx * hd):
-            b = dev.buffer(4 * n)
-            dev.write(b, (pattern * (n // 1024 + 1))[:4 * n])
-            bufs.append(b)
-        q, kc, vc = bufs
+        q, kc, vc = (_filled(dev, n, pattern) for n in (n_tokens * h * hd, hkv * ctx * hd, hkv * ctx * hd))
         o = dev.buffer(4 * n_tokens * h * hd)
         variants = [("per-token", dict(tiled=False))]
         for rows in (32, 16):
@@ -160,13 +164,7 @@ async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repe
             plan = dev.plan()
             for _ in range(per_submit):
                 K.attention(dev, q, kc, vc, o, step, h, hkv, hd, ctx, n_tokens, window=window, plan=plan, **kw)
-            dev.submit(plan)
-            await dev.read_async(o, 0, 16)
-            t = time.perf_counter()
-            for _ in range(repeat):
-                dev.submit(plan)
-            await dev.read_async(o, 0, 16)
-            s = (time.perf_counter() - t) / (repeat * per_submit)
+            s = await _seconds_per_dispatch(dev, plan, o, repeat, per_submit)
             keys = sum(min(p + 1, window or p + 1) for p in range(n_tokens))
             out.append({"kernel": "attention", "tokens": n_tokens, "heads": h, "kv_heads": hkv, "head_dim": hd,
                         "window": window, "variant": name, "us": round(s * 1e6, 1),
