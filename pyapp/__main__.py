@@ -46,7 +46,8 @@ def _engine(gguf, args):
     context = getattr(args, "context", None)
     return Engine.open(gguf, backend="native", context_length=context, gpu_memory_mib=args.gpu_memory,
                        expert_cache_mib=args.expert_cache, ple_in_file=True if args.ple_in_file else None,
-                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr), lora=_loras(args))
+                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr), lora=_loras(args),
+                       int8=not getattr(args, "no_int8", False))
 
 
 def cmd_info(args) -> int:
@@ -388,6 +389,10 @@ def _memory_args(p) -> None:
     p.add_argument("--ple-in-file", action="store_true",
                    help="keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
                         "less GPU memory, slower decode")
+    p.add_argument("--no-int8", action="store_true",
+                   help="every matmul in f32 (default: steps of more than 64 prompt tokens multiply Q4_K weights "
+                        "by activations rounded to int8 per 32, as llama.cpp does: faster prefill, logits within "
+                        "that rounding)")
 
 
 def _speculate_arg(p) -> None:

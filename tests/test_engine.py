@@ -280,3 +280,33 @@ def test_expert_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 100 << 10)
     with pytest.raises(EngineError, match="ffn_gate_up_exps.weight: one expert .* exceeds the GPU's binding limit"):
         Engine.open(g, device=dev, context_length=32, chunk=4)
+
+
+def _pipelines(engine) -> set[str]:
+    """Labels of every pipeline the engine's recorded plans dispatch."""
+    from pyapp.gpu import Plan
+    return {op[1].label for program in engine.runner._plans.values() if isinstance(program, list)
+            for plan in program if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"}
+
+
+def test_int8_prefill_on_q4_k_within_its_rounding(dev):
+    """A 90-token prompt runs in the 128-token plan, whose Q4_K matmuls take int8 activations
+    (K.INT8_MIN_TOKENS): on the transformers-structured fixture, logits within int8's rounding of the
+    f32 reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
+    within float rounding."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
+    tokens = [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    int8 = Engine.open(g, device=dev, context_length=128, chunk=128)
+    f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
+    assert "matmul_q8:main" in _pipelines(int8) and "matmul_q8:main" not in _pipelines(f32)
+    np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
+    got = engine_logits(int8, tokens)
+    diff = np.abs(got - want)
+    assert diff.mean() < 0.06 and diff.max() < 0.6, (diff.mean(), diff.max())
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.5
+    assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()

@@ -206,6 +206,66 @@ def test_matmul_tile_shapes(dev, qtype, tile):
     assert_close_dot(got, x, w, x @ w.T)
 
 
+def test_quantize_q8(dev):
+    """Activations to int8 per 32 (an all-zero block and a block of one outlier included) against
+    pyapp.reference.quants; the step's 37 tokens of a plan sized for 40: rows past them untouched."""
+    from pyapp.reference.quants import quantize_activations_q8
+    rng = np.random.default_rng(31)
+    t, k = 37, 32 * 7
+    x = (rng.standard_normal((40, k)) * rng.uniform(0.1, 10, (40, 1))).astype(np.float32)
+    x[3, 64:96] = 0.0
+    x[5, :32] = 0.0
+    x[5, 7] = -50.0
+    xq_bytes, xs_bytes = K.q8_bytes(40, k)
+    xq, xs = f32(dev, np.full(xq_bytes // 4, 7.0)), f32(dev, np.full(xs_bytes // 4, 7.0))
+    dev.submit(K.quantize_q8(dev, k, f32(dev, x), xq, xs, step_buffer(dev, t), n_tokens=40))
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(40, k)
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(40, k // 32, 2)
+    want_q, want_d, want_sum = quantize_activations_q8(x[:t])
+    np.testing.assert_allclose(ds[:t, :, 0], want_d, rtol=1e-6)
+    np.testing.assert_allclose(ds[:t, :, 1], want_sum, rtol=1e-5, atol=1e-4)
+    ties = (q[:t].astype(int) != want_q).mean()      # x / d within an ulp of .5 may round either way
+    assert np.abs(q[:t].astype(int) - want_q).max() <= 1 and ties < 1e-3
+    assert (q[5, :32] == np.eye(32, dtype=np.int8)[7] * -127).all() and (q[3, 64:96] == 0).all()
+    assert (ds[t:] == 7.0).all()
+
+
+@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70), (64, 130)], ids=["one-tile", "tiles", "128-token-tile"])
+def test_matmul_q8(dev, rows, t):
+    """The int8 Q4_K matmul on the codes quantize_q8 made: against pyapp.reference.quants' exact integer
+    sums (float32 rounding only), and against the f32 product within int8's rounding; also as two row
+    blocks writing their columns of a wider Y (ldy)."""
+    from pyapp.reference.quants import matmul_q4_k_q8, quantize_activations_q8
+    rng = np.random.default_rng(41 + t)
+    k = 512
+    raw = random_tensor("q4_k", rows, k, rng)
+    w = dequantize("q4_k", raw, rows, k)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    xq_bytes, xs_bytes = K.q8_bytes(t, k)
+    xq, xs, step = dev.buffer(xq_bytes), dev.buffer(xs_bytes), step_buffer(dev, t)
+    y = dev.buffer(4 * rows * t)
+    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, n_tokens=t)
+    K.matmul_q8(dev, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan)
+    dev.submit(plan)
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(t, k)
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(t, k // 32, 2)
+    assert_close_dot(got, x, w, matmul_q4_k_q8(raw, rows, q, ds[..., 0], ds[..., 1]))
+    assert_close_dot(got, x, w, x @ w.T, tol=1e-2)              # int8 activations: ~0.4% of a block's max
+    xq_ref = quantize_activations_q8(x)[0]
+    assert np.abs(q.astype(int) - xq_ref).max() <= 1
+    split = 64 if rows > 64 else 32                              # a row block boundary at a bindable column
+    if rows % 32 == 0 or rows > 64:
+        rb = len(raw) // rows
+        y2 = f32(dev, np.full((t, rows), 7.0))
+        plan = dev.plan()
+        for a, b in ((0, split), (split, rows)):
+            K.matmul_q8(dev, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
+                        step, n_tokens=t, plan=plan, ldy=rows)
+        dev.submit(plan)
+        np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
+
+
 @pytest.mark.parametrize("qtype", ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_1", "q4_k", "q5_k", "q6_k", "mxfp4"])
 @pytest.mark.parametrize("t", [1, 5, 17])
 def test_matvec_tokens(dev, qtype, t):

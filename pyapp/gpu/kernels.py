@@ -264,6 +264,60 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
 
 
+# ---- int8 prefill matmul (Q4_K weights) ----------------------------------------------
+
+# Steps sized for more tokens than this multiply Q4_K weights by int8 activations (quantize_q8 +
+# matmul_q8, as llama.cpp's MMQ); shorter ones, decode and training keep the f32 tile.
+INT8_MIN_TOKENS = 64
+Q8_BLOCK = 32             # activations per int8 scale
+Q8_ROWS = 64              # W rows per matmul_q8 workgroup (its job layout needs exactly 64)
+
+
+def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
+    """Whether a matmul of this weight type, row length and plan size takes the int8 path."""
+    return quant_type(qtype) == ggml.Q4_K and k % 256 == 0 and n_tokens > INT8_MIN_TOKENS
+
+
+def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
+    """Bytes of quantize_q8's outputs for max_tokens rows of k: the int8 codes and the (d, sum) pairs."""
+    return max_tokens * k, max_tokens * (k // Q8_BLOCK) * 8
+
+
+def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: Buffer, n_tokens: int,
+                plan: Plan | None = None) -> Plan:
+    """XQ, XS = x's rows (f32 [t, k], t = params' n_tokens) as int8 per 32 with (scale, sum) per block."""
+    if k % Q8_BLOCK:
+        raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
+    p = _pipeline(dev, "quantize_q8", constants={"K": k})
+    bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params})
+    plan = plan if plan is not None else dev.plan()
+    return plan.dispatch(p, bg, *groups(-(-n_tokens * k // Q8_BLOCK // 64)))
+
+
+def q8_tile_tokens(dev: Device, n_tokens: int) -> int:
+    """Tokens per matmul_q8 workgroup: 128 for long steps, fewer where the device allows fewer threads
+    (it runs 16 x tokens / 4 of them)."""
+    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
+                dev.limits.get("max_compute_workgroup_size_x", 256))
+    for bn in (128, 64, 32):
+        if (bn <= 64 or n_tokens > 64) and 4 * bn <= limit:
+            return bn
+    raise ValueError(f"the int8 matmul needs 128 threads a workgroup ({dev.limits})")
+
+
+def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
+              n_tokens: int, plan: Plan | None = None, ldy: int = 0) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs)."""
+    if k % 256:
+        raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
+    bn = q8_tile_tokens(dev, n_tokens)
+    p = _pipeline(dev, "matmul_q8", prelude=f"const MQ_BM: u32 = {Q8_ROWS}u;\nconst MQ_BN: u32 = {bn}u;\n",
+                  constants={"K": k, "N": n, "LDY": ldy})
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
+    plan = plan if plan is not None else dev.plan()
+    return plan.dispatch(p, bg, -(-n // Q8_ROWS), -(-n_tokens // bn))
+
+
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
 FEW_TPR, FEW_WG = 32, 128     # its threads per row (>= FEW_TOKENS: thread t writes token t) and per workgroup
 FEW_Q4K_TPR, FEW_Q4K_WG = 16, 64   # matvec_tokens_q4k: threads per row (each writes tokens t, t + 16) and per workgroup

@@ -302,3 +302,32 @@ def quantize(x: np.ndarray, qtype) -> bytes:
     if name not in _BLOCK_QUANT:
         raise ValueError(f"no quantizer for {name} (have: {', '.join(QUANTIZABLE)})")
     return np.ascontiguousarray(_BLOCK_QUANT[name](_blocks(x, ggml.lookup(name).block))).tobytes()
+
+
+# ---- int8 activations (the int8 prefill matmul, shaders/quantize_q8.wgsl and matmul_q8.wgsl) ----
+
+def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of x [t, k] in blocks of 32 as int8, as llama.cpp's quantize_q8_1: (q int8 [t, k],
+    d [t, k / 32] = max |x| / 127, sums [t, k / 32] of the blocks' x)."""
+    x = np.asarray(x, dtype=np.float32)
+    t, k = x.shape
+    b = x.reshape(t, k // 32, 32)
+    d = np.abs(b).max(axis=-1) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.round(b * inv[..., None]).astype(np.int8)
+    return q.reshape(t, k), d.astype(np.float32), b.sum(axis=-1, dtype=np.float64).astype(np.float32)
+
+
+def matmul_q4_k_q8(raw: bytes, n: int, q: np.ndarray, d: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Y [t, n] = X W^T with W Q4_K (raw GGUF rows [n, k]) and X as quantize_activations_q8 gave it:
+    per 32-weight sub-block, a d_x sum(code q_x) - b sum(x), the sum of codes exact (float64 here)."""
+    t, k = q.shape
+    blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 144)
+    dm = blocks[:, :4].copy().view(np.float16).astype(np.float64)            # [blocks, 2]: d, dmin
+    sc, mn = (v.astype(np.float64) for v in _k_scale_min(blocks[:, 4:16]))   # [blocks, 8]
+    a = (dm[:, :1] * sc).reshape(n, k // 32)
+    m = (dm[:, 1:] * mn).reshape(n, k // 32)
+    qs = blocks[:, 16:].reshape(-1, 4, 32)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k // 32, 32).astype(np.int64)
+    isum = np.einsum("nbk,tbk->tnb", codes, q.reshape(t, k // 32, 32).astype(np.int64))
+    return (isum * a[None] * d.astype(np.float64)[:, None, :]).sum(-1) - sums.astype(np.float64) @ m.T

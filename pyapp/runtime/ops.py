@@ -24,7 +24,7 @@ from .upload import GpuTensor
 
 class Ops:
     def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None,
-                 experts_stream: bool = False, few_tokens: bool = False):
+                 experts_stream: bool = False, few_tokens: bool = False, int8: bool = True):
         if few_tokens and T > K.FEW_TOKENS:
             raise ValueError(f"a plan of few tokens holds at most {K.FEW_TOKENS}, not {T}")
         self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
@@ -32,6 +32,7 @@ class Ops:
         self.step = step or state.step       # the uniform holding this plan's token count and position
         self.eps = cfg.eps
         self.experts_stream = experts_stream
+        self.int8 = int8 and state.xq is not None    # Q4_K matmuls on int8 activations (K.int8_matmul says where)
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
         self._query_prep = None              # decode: what attend's split kernel norms/ropes/stores (K.QueryPrep)
@@ -48,7 +49,7 @@ class Ops:
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
-                K.matmul(dev, w.qtype, k, n, w.bound, x, y, self.step, n_tokens=T, plan=plan)
+                self.matmul(w.qtype, k, n, w.bound, x, y)
         else:
             for p in w.parts:     # row blocks write their columns of y
                 if T == 1:
@@ -57,9 +58,18 @@ class Ops:
                     K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
                                     self.step, plan=plan, ldy=n)
                 else:
-                    K.matmul(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
-                             self.step, n_tokens=T, plan=plan, ldy=n)
+                    self.matmul(w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0), ldy=n)
         self.lora(w.loras, x, y, n)
+
+    def matmul(self, qtype, k: int, n: int, w, x: Buffer, y, ldy: int = 0) -> None:
+        """y[T, n] = x[T, k] @ W^T for a chunk: Q4_K weights on int8 activations (quantized here) where
+        K.int8_matmul says so, else the f32 tile."""
+        dev, s, plan, T = self.dev, self.s, self.plan, self.T
+        if self.int8 and K.int8_matmul(qtype, k, T):
+            K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=plan)
+            K.matmul_q8(dev, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
+        else:
+            K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy)
 
     def lora(self, deltas: list, x: Buffer, y: Buffer, ldy: int) -> None:
         """y[t, col0 + i] += scale * B (A x[t]) for each (GpuLora, col0) of an adapted projection whose
@@ -89,8 +99,7 @@ class Ops:
             K.matvec_tokens(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                             plan=self.plan)
         else:
-            K.matmul(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
-                     n_tokens=T, plan=self.plan)
+            self.matmul(gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up)
         self.lora(gate_up.loras, x, s.gate_up, 2 * ff)
         K.geglu_halves(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
 

@@ -32,10 +32,11 @@ class Runner:
     model_class = Gemma4          # what layers_program records (DiffusionRunner: the encoder)
 
     def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
-                 expert_slots: int | None = None):
+                 expert_slots: int | None = None, int8: bool = True):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.ctx, self.chunk = context_length, self.state.chunk
+        self.int8 = int8              # long steps' Q4_K matmuls on int8 activations (Ops.matmul)
         self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
         self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None
@@ -53,7 +54,8 @@ class Runner:
             plan = self.dev.plan()
             if sampled:
                 plan.copy(self.state.token, 0, self.state.ids, 0, 4)
-            ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None, few_tokens=few)
+            ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None, few_tokens=few,
+                      int8=self.int8)
             self.model.layers(ops)
             self._plans[key] = ops.program
         return self._plans[key]

@@ -58,6 +58,12 @@ class State:
         self.qkv = f32(max(qkv_rows, default=4), "qkv")  # [q rows | k rows | v rows] of one decode token
         self.partials = f32(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers),
                             "attention partials")       # split-K decode: per 32-key softmax states
+        # int8 activations of a chunk's Q4_K matmuls (K.quantize_q8): codes and (scale, sum) per 32
+        self.xq = self.xq_scales = None
+        if T > K.INT8_MIN_TOKENS:
+            xq_bytes, xs_bytes = K.q8_bytes(T, max(d, ff, H * hd))
+            self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
+            self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
         # dense MLP
         self.gate = f32(T * ff, "gate")                 # [T, ff]
         self.up = f32(T * ff, "up")                     # [T, ff]

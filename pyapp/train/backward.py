@@ -42,7 +42,7 @@ class LoraBackward:
         self.head_chunks = self._head_chunks(layout.head, state.vocab_chunk)
 
     def ops(self, plan: Plan) -> Ops:
-        return Ops(self.dev, self.cfg, self.s, plan, self.T)
+        return Ops(self.dev, self.cfg, self.s, plan, self.T, int8=False)    # gradients of the f32 forward
 
     # -- forward --------------------------------------------------------------------------------------
 
