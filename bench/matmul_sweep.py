@@ -6,8 +6,10 @@ the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attentio
 
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
 clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
-The engine's tile (kernels.MATMUL) comes from these figures. Standard library only, so the same
-code runs in Pyodide.
+The engine's tile (kernels.MATMUL) comes from these figures (--all-tiles: every f32 tile; default the
+engine's). Q4_K shapes are also timed on the int8 path (kernels.quantize_q8 + matmul_q8, tile
+"int8 64xBN": the pair's time, the activations' quantization included). Standard library only, so
+the same code runs in Pyodide.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def tile_name(t) -> str:
     return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
 
 
-async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10):
+async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10,
+                          tile_list=None):
     """The grouped expert matmul (moe_group + moe_experts_grouped) by tile, slots routed uniformly at random."""
     import random
     from pyapp.gpu import kernels as K
@@ -97,7 +100,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
         nbytes = ggml.row_bytes(q, k) * n * n_experts
         w = dev.buffer(nbytes + 4)
         dev.write(w, os.urandom(nbytes))
-        for tile in moe_tiles():
+        for tile in tile_list or [K.MOE_MATMUL]:
             plan = dev.plan()
             for _ in range(per_submit):
                 K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=tile)
@@ -114,6 +117,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
 async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_list=None, repeat=20, per_submit=10):
     from pyapp import ggml
     from pyapp.gpu import kernels as K
+    tile_list = tile_list or [K.MATMUL]
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
     dev.write(step, K.pack_step(n_tokens, 0))
@@ -128,14 +132,22 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 continue
             w = dev.buffer(nbytes + 4)
             dev.write(w, os.urandom(nbytes))   # speed only
-            for tile in tile_list or tiles():
+            variants = [(tile_name(t), t.threads, lambda plan, t=t: K.matmul(
+                dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=t)) for t in tile_list]
+            if K.int8_matmul(q, k, n_tokens):
+                xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
+                for bn in (64, 128):
+                    def int8(plan, bn=bn):
+                        K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
+                        K.matmul_q8(dev, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tokens=bn)
+                    variants.append((f"int8 {K.Q8_ROWS}x{bn}", 4 * bn, int8))
+            for name, threads, record in variants:
                 plan = dev.plan()
                 for _ in range(per_submit):
-                    K.matmul(dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=tile)
+                    record(plan)
                 s = await _seconds_per_dispatch(dev, plan, y, repeat, per_submit)
                 out.append({"kernel": "matmul", "quant": q, "tokens": n_tokens, "rows": n, "cols": k,
-                            "tile": tile_name(tile),
-                            "threads": tile.threads, "us": round(s * 1e6, 1),
+                            "tile": name, "threads": threads, "us": round(s * 1e6, 1),
                             "tflop_s": round(2 * n_tokens * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out
 
@@ -178,10 +190,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quants", nargs="*", default=["q4_k"])
     ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--all-tiles", action="store_true", help="every f32 tile of tiles() and moe_tiles()")
     args = ap.parse_args()
     dev = get_device("native")
     rows = asyncio.run(attention_sweep_async(dev))
-    rows += asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens)) + asyncio.run(moe_sweep_async(dev))
+    rows += asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens, tile_list=args.all_tiles and tiles()))
+    rows += asyncio.run(moe_sweep_async(dev, tile_list=args.all_tiles and moe_tiles()))
     for r in rows:
         print(json.dumps(r), flush=True)
     return 0

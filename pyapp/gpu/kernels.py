@@ -306,11 +306,12 @@ def q8_tile_tokens(dev: Device, n_tokens: int) -> int:
 
 
 def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
-              n_tokens: int, plan: Plan | None = None, ldy: int = 0) -> Plan:
-    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs)."""
+              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tokens: int | None = None) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs); tokens: per
+    workgroup (32, 64 or 128; default q8_tile_tokens)."""
     if k % 256:
         raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
-    bn = q8_tile_tokens(dev, n_tokens)
+    bn = tokens or q8_tile_tokens(dev, n_tokens)
     p = _pipeline(dev, "matmul_q8", prelude=f"const MQ_BM: u32 = {Q8_ROWS}u;\nconst MQ_BN: u32 = {bn}u;\n",
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
