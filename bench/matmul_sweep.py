@@ -100,16 +100,24 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
         nbytes = ggml.row_bytes(q, k) * n * n_experts
         w = dev.buffer(nbytes + 4)
         dev.write(w, os.urandom(nbytes))
-        for tile in tile_list or [K.MOE_MATMUL]:
+        variants = [(tile_name(t), lambda plan, t=t: (
+            K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=t),
+            K.moe_experts_grouped(dev, q, k, n, n_experts, k_used, w, x, y, grp, n_tokens,
+                                  per_slot_input=per_slot, plan=plan, tile=t))) for t in tile_list or [K.MOE_MATMUL]]
+        if not per_slot and K.int8_matmul(q, k, n_tokens):
+            xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
+            variants.append(("int8", lambda plan: (
+                K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan),
+                K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan),
+                K.moe_experts_grouped_q8(dev, k, n, n_experts, k_used, w, xq, xs, y, grp, n_tokens, plan=plan))))
+        for name, record in variants:
             plan = dev.plan()
             for _ in range(per_submit):
-                K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=tile)
-                K.moe_experts_grouped(dev, q, k, n, n_experts, k_used, w, x, y, grp, n_tokens,
-                                      per_slot_input=per_slot, plan=plan, tile=tile)
+                record(plan)
             s = await _seconds_per_dispatch(dev, plan, y, repeat, per_submit)
             out.append({"kernel": "moe_grouped", "quant": q, "tokens": n_tokens, "experts": n_experts,
                         "used": k_used, "rows": n, "cols": k,
-                        "tile": tile_name(tile), "us": round(s * 1e6, 1),
+                        "tile": name, "us": round(s * 1e6, 1),
                         "tflop_s": round(2 * n_tokens * k_used * n * k / s / 1e12, 2), "adapter": dev.describe()})
     return out
 

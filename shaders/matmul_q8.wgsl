@@ -1,19 +1,7 @@
-// Int8 prefill matmul for Q4_K weights: Y[t, r] = sum_k X[t, k] * W[r, k], with X quantized to
-// int8 per 32 (quantize_q8.wgsl) and the weights' 4-bit codes multiplied as int8 by dot4I8Packed
-// (DP4A: four multiply-adds an instruction, a quarter of the f32 tile's shared-memory bytes).
-// As llama.cpp's MMQ for Q4_K: a Q4_K sub-block of 32 weights is w = a q - b (a = d sc, b = dmin m),
-// and the activation block is x ~ dx qx, so
-//   sum_k w x = a dx sum_k q qx - b sum_k x
-// with the integer sum exact, one float fix-up per 32 weights and the min term on the exact sum of x.
-//
-// W: GGUF Q4_K rows [N, K] (144 bytes per 256 weights; K a multiple of 256); XQ, XS from quantize_q8
-// (u32 [T, K / 4] as vec4, and (d, sum) per 32 as vec4 per 64); Y f32 [T, N] (row stride LDY).
-// A workgroup takes BM rows x BN tokens (MQ_BM, MQ_BN from the prelude: BM = 64, BN = 32, 64 or 128)
-// and K 64 weights a step: one 32-byte chunk of qs per row, whose low nibbles are sub-block 2c and
-// high nibbles sub-block 2c + 1, each 4-byte word holding four codes in dot4I8Packed's order.
-// Each thread owns 4 rows x 4 tokens. Shared tiles are word-major ([word][rows / tokens] as vec4);
-// the next step's loads are read into registers while the current one computes.
-// Dispatch: (ceil(N / BM), ceil(T / BN)).
+// Int8 prefill matmul for Q4_K weights: Y[t, r] = sum_k X[t, k] * W[r, k] with X quantized to int8
+// per 32 by quantize_q8.wgsl (the tile: matmul_q8_tile.wgsl). Mirrors ggml_mul_mat with src0 = W
+// (GGUF Q4_K [N, K]) and src1 = X as llama.cpp's MMQ computes it; Y is f32 [T, N], token-major.
+// Dispatch: (ceil(N / BM), ceil(T / BN)); T = S.n_tokens.
 
 override K: u32;
 override N: u32;
@@ -25,142 +13,29 @@ override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W w
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<uniform> S: Step;
 
-const BM: u32 = MQ_BM;
-const BN: u32 = MQ_BN;
-const GM: u32 = BM / 4u;                 // threads along the rows (4 rows each)
-const GN: u32 = BN / 4u;                 // threads along the tokens
-const NT: u32 = GM * GN;                 // threads per workgroup (>= 2 BM and >= 4 BN: one job each)
+//!include matmul_q8_tile
 
-var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
-var<workgroup> wa: array<vec4<f32>, 2u * GM>;     // [sub-block][rows]: a = d sc
-var<workgroup> wb: array<vec4<f32>, 2u * GM>;     //                    b = dmin m
-var<workgroup> xs: array<vec4<u32>, 16u * GN>;    // [word][tokens 4h .. 4h + 3]
-var<workgroup> xd: array<vec4<f32>, 2u * GN>;     // [sub-block][tokens]: activation scale
-var<workgroup> xm: array<vec4<f32>, 2u * GN>;     //                      sum of the block's x
+var<private> r0: u32;
+var<private> t0: u32;
+var<private> t_last: u32;
 
-// 6-bit scale and min j (0..7) of a Q4_K block from its 12 scale bytes (words h.y, h.z, h.w of the
-// block's first 16 bytes), as get_scale_min_k4
-fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
-    let s = array<u32, 3>(h.y, h.z, h.w);
-    let byte = (j % 4u) * 8u;
-    if (j < 4u) {
-        return vec2<f32>(f32((s[0] >> byte) & 63u), f32((s[1] >> byte) & 63u));
-    }
-    let x = (s[2] >> byte) & 255u;
-    let lo = (s[0] >> byte) & 255u;
-    let mid = (s[1] >> byte) & 255u;
-    return vec2<f32>(f32((x & 15u) | ((lo >> 6u) << 4u)), f32((x >> 4u) | ((mid >> 6u) << 4u)));
-}
+fn q8_w_row(i: u32) -> u32 { return min(r0 + i, N - 1u) * (K / 256u * 9u); }
+fn q8_x_row(i: u32) -> u32 { return min(t0 + i, t_last); }
 
 @compute @workgroup_size(NT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let T = S.n_tokens;
     if (wid.y * BN >= T) { return; }     // the plan is sized for its longest step: tiles past this one's tokens
-    let r0 = wid.x * BM;
-    let t0 = wid.y * BN;
-    let tx = lid % GM;
-    let ty = lid / GM;
-    // W jobs: row jr, half jh (words 4 jh .. 4 jh + 3 of the chunk); half 0 also decodes the scales
-    let has_w = lid < 2u * BM;
-    let jr = lid % BM;
-    let jh = lid / BM;
-    let wrow = min(r0 + jr, N - 1u) * (K / 256u * 9u);     // in vec4: 144 bytes a block of 256
-    // X jobs: token xt, quarter xc (words 4 xc .. 4 xc + 3 of its 64 codes); quarter 0 also the scales
-    let has_x = lid < 4u * BN;
-    let xt = lid % BN;
-    let xc = lid / BN;
-    let xrow = min(t0 + xt, T - 1u);
-
-    var head = vec4<u32>(0u);            // the block's d, dmin and scales (the 16 bytes before qs)
-    var codes = vec4<u32>(0u);
-    var xq = vec4<u32>(0u);
-    var xsc = vec4<f32>(0.0);            // (d, sum) of the chunk's two activation blocks
-    if (has_w) {
-        head = W[wrow];
-        codes = W[wrow + 1u + jh];
-    }
-    if (has_x) {
-        xq = XQ[xrow * (K / 16u) + xc];
-        xsc = XS[xrow * (K / 64u)];
-    }
-    var acc = mat4x4<f32>();             // acc[i][j]: row 4 tx + i, token 4 ty + j
-    for (var k0 = 0u; k0 < K; k0 += 64u) {
-        if (has_w) {
-            for (var m = 0u; m < 4u; m++) {
-                let lo = codes[m] & 0x0f0f0f0fu;
-                let hi = (codes[m] >> 4u) & 0x0f0f0f0fu;
-                ws[(4u * jh + m) * GM + jr / 4u][jr % 4u] = lo;
-                ws[(8u + 4u * jh + m) * GM + jr / 4u][jr % 4u] = hi;
-            }
-            if (jh == 0u) {
-                let dm = unpack2x16float(head.x);
-                let c = (k0 % 256u) / 64u;
-                let s0 = scale_min(head, 2u * c);
-                let s1 = scale_min(head, 2u * c + 1u);
-                wa[jr / 4u][jr % 4u] = dm.x * s0.x;
-                wb[jr / 4u][jr % 4u] = dm.y * s0.y;
-                wa[GM + jr / 4u][jr % 4u] = dm.x * s1.x;
-                wb[GM + jr / 4u][jr % 4u] = dm.y * s1.y;
-            }
-        }
-        if (has_x) {
-            for (var m = 0u; m < 4u; m++) {
-                xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[m];
-            }
-            if (xc == 0u) {
-                xd[xt / 4u][xt % 4u] = xsc.x;
-                xm[xt / 4u][xt % 4u] = xsc.y;
-                xd[GN + xt / 4u][xt % 4u] = xsc.z;
-                xm[GN + xt / 4u][xt % 4u] = xsc.w;
-            }
-        }
-        workgroupBarrier();
-        let k1 = k0 + 64u;               // the next step's loads, in flight during this one's products
-        if (k1 < K) {
-            if (has_w) {
-                let blk = wrow + (k1 / 256u) * 9u;
-                head = W[blk];
-                codes = W[blk + 1u + 2u * ((k1 % 256u) / 64u) + jh];
-            }
-            if (has_x) {
-                xq = XQ[xrow * (K / 16u) + k1 / 16u + xc];
-                xsc = XS[xrow * (K / 64u) + k1 / 64u];
-            }
-        }
-        for (var s = 0u; s < 2u; s++) {
-            var i0 = vec4<i32>(0);
-            var i1 = vec4<i32>(0);
-            var i2 = vec4<i32>(0);
-            var i3 = vec4<i32>(0);
-            for (var kk = 8u * s; kk < 8u * s + 8u; kk++) {
-                let w = ws[kk * GM + tx];
-                let x = xs[kk * GN + ty];
-                i0 += vec4<i32>(dot4I8Packed(w.x, x.x), dot4I8Packed(w.x, x.y), dot4I8Packed(w.x, x.z),
-                                dot4I8Packed(w.x, x.w));
-                i1 += vec4<i32>(dot4I8Packed(w.y, x.x), dot4I8Packed(w.y, x.y), dot4I8Packed(w.y, x.z),
-                                dot4I8Packed(w.y, x.w));
-                i2 += vec4<i32>(dot4I8Packed(w.z, x.x), dot4I8Packed(w.z, x.y), dot4I8Packed(w.z, x.z),
-                                dot4I8Packed(w.z, x.w));
-                i3 += vec4<i32>(dot4I8Packed(w.w, x.x), dot4I8Packed(w.w, x.y), dot4I8Packed(w.w, x.z),
-                                dot4I8Packed(w.w, x.w));
-            }
-            let a = wa[s * GM + tx];
-            let b = wb[s * GM + tx];
-            let d = xd[s * GN + ty];
-            let m = xm[s * GN + ty];
-            acc[0] += vec4<f32>(i0) * (a.x * d) - b.x * m;
-            acc[1] += vec4<f32>(i1) * (a.y * d) - b.y * m;
-            acc[2] += vec4<f32>(i2) * (a.z * d) - b.z * m;
-            acc[3] += vec4<f32>(i3) * (a.w * d) - b.w * m;
-        }
-        workgroupBarrier();
-    }
+    r0 = wid.x * BM;
+    t0 = wid.y * BN;
+    t_last = T - 1u;
+    let acc = q8_tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
     for (var j = 0u; j < 4u; j++) {
-        let t = t0 + 4u * ty + j;
+        let t = t0 + 4u * (lid / GM) + j;
         if (t < T) {
             for (var i = 0u; i < 4u; i++) {
-                let r = r0 + 4u * tx + i;
+                let r = r0 + 4u * (lid % GM) + i;
                 if (r < N) { Y[t * ldy + r] = acc[i][j]; }
             }
         }

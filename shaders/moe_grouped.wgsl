@@ -37,6 +37,7 @@ override NE: u32 = 1u;
 
 //!include quants
 //!include matmul_tile
+//!include moe_tiles
 
 var<workgroup> count: array<atomic<u32>, E>;
 var<workgroup> first_row: array<u32, E>;
@@ -87,21 +88,12 @@ fn tile_x_row(i: u32) -> u32 {
 @compute @workgroup_size(NT)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let tile = wid.y;
-    if (lid == 0u) {
-        // the expert owning this tile: the last e whose first tile is <= tile (experts without
-        // slots share their first tile with the next one, so the last is the one with rows)
-        var lo = 0u;
-        var hi = E - 1u;
-        while (lo < hi) {
-            let mid = (lo + hi + 1u) / 2u;
-            if (GRP[E + 1u + mid] <= tile) { lo = mid; } else { hi = mid - 1u; }
-        }
-        tile_expert = select(lo, E, tile >= GRP[2u * E + 1u]);
-    }
+    if (lid == 0u) { tile_expert = expert_of_tile(tile); }
     let e = workgroupUniformLoad(&tile_expert);
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
-    let row0 = GRP[e] + (tile - GRP[E + 1u + e]) * BN;
-    let rows = min(BN, GRP[e + 1u] - row0);
+    let tr = tile_rows(e, tile);
+    let row0 = tr.x;
+    let rows = tr.y;
     for (var i = lid; i < BN; i += NT) { slot_at[i] = select(0u, GRP[2u * E + 2u + row0 + i], i < rows); }
     workgroupBarrier();
 

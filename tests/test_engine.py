@@ -289,24 +289,32 @@ def _pipelines(engine) -> set[str]:
             for plan in program if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"}
 
 
-def test_int8_prefill_on_q4_k_within_its_rounding(dev):
-    """A 90-token prompt runs in the 128-token plan, whose Q4_K matmuls take int8 activations
-    (K.INT8_MIN_TOKENS): on the transformers-structured fixture, logits within int8's rounding of the
-    f32 reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
-    within float rounding."""
+@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
+def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
+    """A 90-token prompt runs in the 128-token plan, whose Q4_K matmuls (the dense ones and the grouped
+    experts) take int8 activations (K.INT8_MIN_TOKENS): logits within int8's rounding of the f32
+    reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
+    within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
+    module's docstring), so int8's rounding says nothing there."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
-    g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
+    if model == "fixture-dense":
+        path, kernels = FIXTURES / "gemma4-dense-q4_k.gguf", {"matmul_q8:main"}
+    else:
+        tool = load_tool("make_bench_model")
+        path, kernels = tmp_path / "moe.gguf", {"matmul_q8:main", "moe_grouped_q8:matmul"}
+        tool.write("tiny-moe", tool.T["Q4_K"], str(path), seed=1, layers=1)
+    g = read_gguf(path)
     tokens = [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()
     want = np.asarray(ReferenceModel(g).forward(tokens))
     int8 = Engine.open(g, device=dev, context_length=128, chunk=128)
     f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
-    assert "matmul_q8:main" in _pipelines(int8) and "matmul_q8:main" not in _pipelines(f32)
+    assert kernels <= _pipelines(int8) and not {k for k in _pipelines(f32) if "q8" in k}
     np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
     got = engine_logits(int8, tokens)
     diff = np.abs(got - want)
-    assert diff.mean() < 0.06 and diff.max() < 0.6, (diff.mean(), diff.max())
+    assert diff.mean() < 0.06 and np.median(diff.max(-1)) < 0.3, (diff.mean(), np.median(diff.max(-1)))
     top2 = np.sort(want, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.5
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()

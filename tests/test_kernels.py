@@ -928,6 +928,50 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     assert g[2 * e + 1] == sum(-(-c // tile.tokens) for c in counts)
 
 
+@pytest.mark.parametrize("t,e,ksel,per_slot", [(70, 11, 4, False), (37, 128, 8, True), (5, 3, 2, False)],
+                         ids=["tiles-over-64", "26b-a4b-per-slot", "few"])
+def test_moe_grouped_experts_q8(dev, t, e, ksel, per_slot):
+    """The grouped int8 Q4_K expert matmul (moe_grouped_q8, after moe_group with the device's MoE tile)
+    against pyapp.reference.quants' exact integer sums for each slot's expert and input row, with ids
+    the cache leaves out (NOT_HERE: unwritten) and W split into two buffers of experts."""
+    from pyapp.reference.quants import matmul_q4_k_q8
+    rng = np.random.default_rng(5 * t + e)
+    k, n = 512, 130
+    raw = random_tensor("q4_k", e * n, k, rng)
+    w = dequantize("q4_k", raw, e * n, k).reshape(e, n, k)
+    ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
+    ids[0, 0] = 0xFFFFFFFF
+    rows = t * ksel if per_slot else t
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    step = step_buffer(dev, t)
+    grp = dev.buffer(4 * K.moe_group_rows(e, ksel, t))
+    y = f32(dev, np.full(t * ksel * n, 7.0))
+    ids_buf = dev.buffer(ids.nbytes)
+    dev.write(ids_buf, ids.tobytes())
+    xq_bytes, xs_bytes = K.q8_bytes(rows, k)
+    xq, xs = dev.buffer(xq_bytes), dev.buffer(xs_bytes)
+    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step_buffer(dev, rows), rows)
+    K.moe_group(dev, e, ksel, ids_buf, grp, step, plan=plan)
+    split = e // 2 + 1
+    rb = len(raw) // (e * n)
+    for first, here in ((0, split), (split, e - split)):
+        part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
+        K.moe_experts_grouped_q8(dev, k, n, e, ksel, part, xq, xs, y, grp, t, per_slot_input=per_slot, plan=plan,
+                                 first_expert=first, experts_here=here)
+    dev.submit(plan)
+    got = read_f32(dev, y, t * ksel * n).reshape(t * ksel, n)
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(rows, k)
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(rows, k // 32, 2)
+    blocks = len(raw) // e
+    for slot, ex in enumerate(ids.reshape(-1)):
+        if ex == 0xFFFFFFFF:
+            assert (got[slot] == 7.0).all()
+            continue
+        r = slot if per_slot else slot // ksel
+        want = matmul_q4_k_q8(raw[ex * blocks:(ex + 1) * blocks], n, q[r:r + 1], ds[r:r + 1, :, 0], ds[r:r + 1, :, 1])
+        assert_close_dot(got[slot:slot + 1], x[r:r + 1], w[ex], want, tol=2e-5)
+
+
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
 def test_moe_experts_geglu_fused(dev, qtype):
     """The decode expert matvec with the GeGLU fused (gate rows then up rows per expert), W split

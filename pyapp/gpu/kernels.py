@@ -270,7 +270,15 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
 # matmul_q8, as llama.cpp's MMQ); shorter ones, decode and training keep the f32 tile.
 INT8_MIN_TOKENS = 64
 Q8_BLOCK = 32             # activations per int8 scale
-Q8_ROWS = 64              # W rows per matmul_q8 workgroup (its job layout needs exactly 64)
+Q8_ROWS = 64              # W rows per matmul_q8 workgroup (the tile takes 64 or 128 rows, >= 32 tokens)
+
+
+def q8_prelude(rows: int, tokens: int) -> str:
+    """The int8 tile's shape (shaders/matmul_q8_tile.wgsl): a thread per 4 rows x 4 tokens, and a
+    load job each for 2 rows' halves of W and 4 tokens' quarters of X."""
+    if rows not in (64, 128) or tokens < 32 or tokens % 4:
+        raise ValueError(f"bad int8 matmul tile {rows} x {tokens}")
+    return f"const MQ_BM: u32 = {rows}u;\nconst MQ_BN: u32 = {tokens}u;\n"
 
 
 def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
@@ -312,8 +320,7 @@ def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y,
     if k % 256:
         raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
     bn = tokens or q8_tile_tokens(dev, n_tokens)
-    p = _pipeline(dev, "matmul_q8", prelude=f"const MQ_BM: u32 = {Q8_ROWS}u;\nconst MQ_BN: u32 = {bn}u;\n",
-                  constants={"K": k, "N": n, "LDY": ldy})
+    p = _pipeline(dev, "matmul_q8", prelude=q8_prelude(Q8_ROWS, bn), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // Q8_ROWS), -(-n_tokens // bn))
@@ -644,6 +651,26 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "GRP": grp})     # the step's size is in grp
     slots = max_tokens * k_used
     return (plan or dev.plan()).dispatch(p, bg, -(-n // tile.rows), -(-slots // tile.tokens) + min(n_experts, slots))
+
+
+def moe_experts_grouped_q8(dev: Device, k: int, n: int, n_experts: int, k_used: int, w: Buffer, xq: Buffer,
+                           xs: Buffer, y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
+                           plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None) -> Plan:
+    """moe_experts_grouped for Q4_K experts on int8 activations (xq, xs from quantize_q8 over x's rows),
+    from moe_group's grouping made with the device's MoE tile (its slots a tile: the same here)."""
+    if k % 256:
+        raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
+    bn = fit_tile(dev, MOE_MATMUL).tokens
+    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
+                dev.limits.get("max_compute_workgroup_size_x", 256))
+    bm = 128 if 128 * bn // 16 <= limit else 64
+    p = _pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=q8_prelude(bm, bn),
+                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
+                             "XPER": k_used if per_slot_input else 1, "E0": first_expert,
+                             "NE": n_experts - first_expert if experts_here is None else experts_here})
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "GRP": grp})
+    slots = max_tokens * k_used
+    return (plan or dev.plan()).dispatch(p, bg, -(-n // bm), -(-slots // bn) + min(n_experts, slots))
 
 
 def moe_combine(dev: Device, d: int, k_used: int, expert_out: Buffer, ids: Buffer, weights: Buffer,

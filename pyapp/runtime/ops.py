@@ -270,15 +270,23 @@ class Ops:
         expert: each expert's weights are read once per 64 slots, not once per slot. A step of
         few tokens runs the decode kernel for each slot.
         geglu (one token): W holds gate then up rows per expert; y = gelu(x @ gate^T) * (x @ up^T)."""
-        cfg, n, E = self.cfg, w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
+        cfg, k, n, E = self.cfg, w.shape[0], w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
         if self.T > 1 and not self.few:
+            s, KS = self.s, cfg.n_experts_used
             if self._grouped_ids is not ids:
-                K.moe_group(self.dev, E, cfg.n_experts_used, ids, self.s.expert_groups, self.step, plan=self.plan)
+                K.moe_group(self.dev, E, KS, ids, s.expert_groups, self.step, plan=self.plan)
                 self._grouped_ids = ids
+            int8 = self.int8 and not per_slot_input and K.int8_matmul(w.qtype, k, self.T)
+            if int8:        # the tokens' rows once, for every buffer of W
+                K.quantize_q8(self.dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
             for p in w.parts:
-                K.moe_experts_grouped(self.dev, w.qtype, w.shape[0], n, E, cfg.n_experts_used, p.buffer, x, y,
-                                      self.s.expert_groups, self.T, per_slot_input=per_slot_input, plan=self.plan,
-                                      first_expert=p.row0 // n, experts_here=p.rows // n)
+                where = dict(plan=self.plan, first_expert=p.row0 // n, experts_here=p.rows // n)
+                if int8:
+                    K.moe_experts_grouped_q8(self.dev, k, n, E, KS, p.buffer, s.xq, s.xq_scales, y, s.expert_groups,
+                                             self.T, **where)
+                else:
+                    K.moe_experts_grouped(self.dev, w.qtype, k, n, E, KS, p.buffer, x, y, s.expert_groups, self.T,
+                                          per_slot_input=per_slot_input, **where)
             return
         for p in w.parts:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,

@@ -1,0 +1,57 @@
+// The grouped MoE matmul (moe_grouped.wgsl's `matmul`) for Q4_K experts on int8 activations: the
+// tiles of matmul_q8_tile.wgsl over the slots moe_grouped's `group` entry sorted by expert (made
+// with the same BN). Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k]; xrow = t (XPER = 1) or s
+// (XPER = KSEL); X as quantize_q8.wgsl left it. W holds experts E0 .. E0 + NE - 1.
+// Dispatch (ceil(N / BM), ceil(T * KSEL / BN) + min(E, T * KSEL)); tiles past the step's return.
+
+override E: u32 = 1u;
+override KSEL: u32 = 1u;
+override K: u32 = 256u;
+override N: u32 = 1u;
+override XPER: u32 = 1u;
+override E0: u32 = 0u;
+override NE: u32 = 1u;
+
+@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> XQ: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> XS: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> GRP: array<u32>;
+
+//!include matmul_q8_tile
+//!include moe_tiles
+
+var<workgroup> slot_at: array<u32, BN>;          // the slot of each grouped row of the tile
+var<workgroup> tile_expert: u32;
+var<private> r0: u32;
+var<private> expert_row0: u32;
+
+fn q8_w_row(i: u32) -> u32 { return (expert_row0 + min(r0 + i, N - 1u)) * (K / 256u * 9u); }
+fn q8_x_row(i: u32) -> u32 {
+    let s = slot_at[i];
+    return select(s / KSEL, s, XPER > 1u);
+}
+
+@compute @workgroup_size(NT)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let tile = wid.y;
+    if (lid == 0u) { tile_expert = expert_of_tile(tile); }
+    let e = workgroupUniformLoad(&tile_expert);
+    if (e >= E || e < E0 || e >= E0 + NE) { return; }
+    let tr = tile_rows(e, tile);
+    for (var i = lid; i < BN; i += NT) { slot_at[i] = select(0u, GRP[2u * E + 2u + tr.x + i], i < tr.y); }
+    workgroupBarrier();
+    r0 = wid.x * BM;
+    expert_row0 = (e - E0) * N;
+    let acc = q8_tile_product(lid);
+    for (var j = 0u; j < 4u; j++) {
+        let i = 4u * (lid / GM) + j;
+        if (i < tr.y) {
+            let s = slot_at[i];
+            for (var c = 0u; c < 4u; c++) {
+                let r = r0 + 4u * (lid % GM) + c;
+                if (r < N) { Y[s * N + r] = acc[c][j]; }
+            }
+        }
+    }
+}
