@@ -70,6 +70,14 @@ def moe_tiles():
     return [MOE_MATMUL] + [t for t in out if t != MOE_MATMUL]
 
 
+def _q8_tiles():
+    from pyapp.gpu.kernels import Q8Tile
+    return [Q8Tile(64, 64), Q8Tile(64, 128), Q8Tile(128, 64, 8), Q8Tile(128, 128, 8), Q8Tile(128, 64)]
+
+
+Q8_TILES = _q8_tiles()
+
+
 def tile_name(t) -> str:
     return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
 
@@ -144,11 +152,11 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=t)) for t in tile_list]
             if K.int8_matmul(q, k, n_tokens):
                 xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
-                for bn in (64, 128):
-                    def int8(plan, bn=bn):
+                for t in Q8_TILES:
+                    def int8(plan, t=t):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
-                        K.matmul_q8(dev, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tokens=bn)
-                    variants.append((f"int8 {K.Q8_ROWS}x{bn}", 4 * bn, int8))
+                        K.matmul_q8(dev, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
+                    variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
             for name, threads, record in variants:
                 plan = dev.plan()
                 for _ in range(per_submit):

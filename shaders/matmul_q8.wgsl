@@ -31,12 +31,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     t_last = T - 1u;
     let acc = q8_tile_product(lid);
     let ldy = select(LDY, N, LDY == 0u);
-    for (var j = 0u; j < 4u; j++) {
-        let t = t0 + 4u * (lid / GM) + j;
-        if (t < T) {
-            for (var i = 0u; i < 4u; i++) {
-                let r = r0 + 4u * (lid % GM) + i;
-                if (r < N) { Y[t * ldy + r] = acc[i][j]; }
+    for (var g = 0u; g < TM / 4u; g++) {
+        var a = acc.lo;
+        if (g == 1u) { a = acc.hi; }
+        for (var j = 0u; j < 4u; j++) {
+            let t = t0 + q8_tile_token(lid, j);
+            if (t < T) {
+                for (var i = 0u; i < 4u; i++) {
+                    let r = r0 + q8_tile_row(lid, g, i);
+                    if (r < N) { Y[t * ldy + r] = a[i][j]; }
+                }
             }
         }
     }

@@ -8,24 +8,35 @@
 //
 // A step reads one 32-byte chunk of qs per row, whose low nibbles are sub-block 2c and high nibbles
 // sub-block 2c + 1, each word holding four codes in dot4I8Packed's order (byte i = weight i), so a
-// word of nibbles is two words of int8 codes after a mask. Each thread owns 4 rows x 4 tokens.
+// word of nibbles is two words of int8 codes after a mask. Each thread owns TM rows (4 or 8: row
+// groups tx and tx + TX of 4) x 4 tokens.
 // Shared tiles are word-major ([word][rows / tokens] as vec4); the next step's loads are read into
 // registers while the current one computes. Jobs: W row jr, half jh (threads < 2 BM: words 4 jh ..
 // 4 jh + 3 of the chunk, half 0 also the scales); X row xt, quarter xc (threads < 4 BN).
 //
-// Tile shape MQ_BM (64 or 128), MQ_BN (>= 32) comes from the prelude (pyapp.gpu.kernels.q8_prelude).
+// Tile shape MQ_BM, MQ_BN, MQ_TM comes from the prelude (pyapp.gpu.kernels.q8_prelude checks it).
 // The includer declares K (a multiple of 256), W (array<vec4<u32>>: Q4_K rows, 9 vec4 a block),
 // XQ (array<vec4<u32>> [rows, K / 16]), XS (array<vec4<f32>> [rows, K / 64]: (d, sum) of two blocks) and
 //   fn q8_w_row(i: u32) -> u32   vec4 index of the W row for tile row i (any valid row past the end)
 //   fn q8_x_row(i: u32) -> u32   X row for tile token i (any valid row past the end)
-// and calls q8_tile_product from uniform control flow (it has barriers). Result [i][j]: tile row
-// 4 (lid % GM) + i, tile token 4 (lid / GM) + j.
+// and calls q8_tile_product from uniform control flow (it has barriers). Result lo[i][j] (and
+// hi[i][j] for TM = 8): tile row q8_tile_row(lid, 0 (1), i), tile token q8_tile_token(lid, j).
 
 const BM: u32 = MQ_BM;
 const BN: u32 = MQ_BN;
-const GM: u32 = BM / 4u;                 // threads along the rows (4 rows each)
-const GN: u32 = BN / 4u;                 // threads along the tokens
-const NT: u32 = GM * GN;                 // threads per workgroup (>= 2 BM and >= 4 BN: one job each)
+const TM: u32 = MQ_TM;
+const GM: u32 = BM / 4u;                 // vec4 groups of rows in a shared word
+const TX: u32 = BM / TM;                 // threads along the rows
+const GN: u32 = BN / 4u;                 // threads along the tokens (4 each)
+const NT: u32 = TX * GN;                 // threads per workgroup (>= 2 BM and >= 4 BN: one job each)
+
+struct Q8Acc {
+    lo: mat4x4<f32>,     // rows of group tx
+    hi: mat4x4<f32>,     // rows of group tx + TX (TM = 8)
+}
+
+fn q8_tile_row(lid: u32, g: u32, i: u32) -> u32 { return 4u * (lid % TX + g * TX) + i; }
+fn q8_tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TX) + j; }
 
 var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
 var<workgroup> wa: array<vec4<f32>, 2u * GM>;     // [sub-block][rows]: a = d sc
@@ -48,9 +59,9 @@ fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
     return vec2<f32>(f32((x & 15u) | ((lo >> 6u) << 4u)), f32((x >> 4u) | ((mid >> 6u) << 4u)));
 }
 
-fn q8_tile_product(lid: u32) -> mat4x4<f32> {
-    let tx = lid % GM;
-    let ty = lid / GM;
+fn q8_tile_product(lid: u32) -> Q8Acc {
+    let tx = lid % TX;
+    let ty = lid / TX;
     // W jobs: row jr, half jh (words 4 jh .. 4 jh + 3 of the chunk); half 0 also decodes the scales
     let has_w = lid < 2u * BM;
     let jr = lid % BM;
@@ -75,6 +86,7 @@ fn q8_tile_product(lid: u32) -> mat4x4<f32> {
         xsc = XS[xrow * (K / 64u)];
     }
     var acc = mat4x4<f32>();             // acc[i][j]: row 4 tx + i, token 4 ty + j
+    var acc2 = mat4x4<f32>();            // row 4 (tx + TX) + i (TM = 8)
     for (var k0 = 0u; k0 < K; k0 += 64u) {
         if (has_w) {
             for (var m = 0u; m < 4u; m++) {
@@ -123,6 +135,10 @@ fn q8_tile_product(lid: u32) -> mat4x4<f32> {
             var i1 = vec4<i32>(0);
             var i2 = vec4<i32>(0);
             var i3 = vec4<i32>(0);
+            var i4 = vec4<i32>(0);
+            var i5 = vec4<i32>(0);
+            var i6 = vec4<i32>(0);
+            var i7 = vec4<i32>(0);
             for (var kk = 8u * s; kk < 8u * s + 8u; kk++) {
                 let w = ws[kk * GM + tx];
                 let x = xs[kk * GN + ty];
@@ -134,6 +150,17 @@ fn q8_tile_product(lid: u32) -> mat4x4<f32> {
                                 dot4I8Packed(w.z, x.w));
                 i3 += vec4<i32>(dot4I8Packed(w.w, x.x), dot4I8Packed(w.w, x.y), dot4I8Packed(w.w, x.z),
                                 dot4I8Packed(w.w, x.w));
+                if (TM == 8u) {
+                    let v = ws[kk * GM + tx + TX];
+                    i4 += vec4<i32>(dot4I8Packed(v.x, x.x), dot4I8Packed(v.x, x.y), dot4I8Packed(v.x, x.z),
+                                    dot4I8Packed(v.x, x.w));
+                    i5 += vec4<i32>(dot4I8Packed(v.y, x.x), dot4I8Packed(v.y, x.y), dot4I8Packed(v.y, x.z),
+                                    dot4I8Packed(v.y, x.w));
+                    i6 += vec4<i32>(dot4I8Packed(v.z, x.x), dot4I8Packed(v.z, x.y), dot4I8Packed(v.z, x.z),
+                                    dot4I8Packed(v.z, x.w));
+                    i7 += vec4<i32>(dot4I8Packed(v.w, x.x), dot4I8Packed(v.w, x.y), dot4I8Packed(v.w, x.z),
+                                    dot4I8Packed(v.w, x.w));
+                }
             }
             let a = wa[s * GM + tx];
             let b = wb[s * GM + tx];
@@ -143,8 +170,16 @@ fn q8_tile_product(lid: u32) -> mat4x4<f32> {
             acc[1] += vec4<f32>(i1) * (a.y * d) - b.y * m;
             acc[2] += vec4<f32>(i2) * (a.z * d) - b.z * m;
             acc[3] += vec4<f32>(i3) * (a.w * d) - b.w * m;
+            if (TM == 8u) {
+                let a2 = wa[s * GM + tx + TX];
+                let b2 = wb[s * GM + tx + TX];
+                acc2[0] += vec4<f32>(i4) * (a2.x * d) - b2.x * m;
+                acc2[1] += vec4<f32>(i5) * (a2.y * d) - b2.y * m;
+                acc2[2] += vec4<f32>(i6) * (a2.z * d) - b2.z * m;
+                acc2[3] += vec4<f32>(i7) * (a2.w * d) - b2.w * m;
+            }
         }
         workgroupBarrier();
     }
-    return acc;
+    return Q8Acc(acc, acc2);
 }

@@ -44,13 +44,17 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
     let acc = q8_tile_product(lid);
-    for (var j = 0u; j < 4u; j++) {
-        let i = 4u * (lid / GM) + j;
-        if (i < tr.y) {
-            let s = slot_at[i];
-            for (var c = 0u; c < 4u; c++) {
-                let r = r0 + 4u * (lid % GM) + c;
-                if (r < N) { Y[s * N + r] = acc[c][j]; }
+    for (var g = 0u; g < TM / 4u; g++) {
+        var a = acc.lo;
+        if (g == 1u) { a = acc.hi; }
+        for (var j = 0u; j < 4u; j++) {
+            let i = q8_tile_token(lid, j);
+            if (i < tr.y) {
+                let s = slot_at[i];
+                for (var c = 0u; c < 4u; c++) {
+                    let r = r0 + q8_tile_row(lid, g, c);
+                    if (r < N) { Y[s * N + r] = a[c][j]; }
+                }
             }
         }
     }

@@ -230,11 +230,15 @@ def test_quantize_q8(dev):
     assert (ds[t:] == 7.0).all()
 
 
-@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70), (64, 130)], ids=["one-tile", "tiles", "128-token-tile"])
-def test_matmul_q8(dev, rows, t):
+@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70), (64, 130)], ids=["one-tile", "tiles", "odd-tokens"])
+@pytest.mark.parametrize("tile", [None, K.Q8Tile(64, 32), K.Q8Tile(128, 64, 8), K.Q8Tile(128, 128, 8)],
+                         ids=lambda t: f"{t.rows}x{t.tokens}t{t.thread_rows}" if t else "default")
+def test_matmul_q8(dev, rows, t, tile):
     """The int8 Q4_K matmul on the codes quantize_q8 made: against pyapp.reference.quants' exact integer
     sums (float32 rounding only), and against the f32 product within int8's rounding; also as two row
     blocks writing their columns of a wider Y (ldy)."""
+    if tile and tile.threads > dev.limits.get("max_compute_invocations_per_workgroup", 256):
+        pytest.skip("tile beyond this device's workgroup limits")
     from pyapp.reference.quants import matmul_q4_k_q8, quantize_activations_q8
     rng = np.random.default_rng(41 + t)
     k = 512
@@ -245,7 +249,7 @@ def test_matmul_q8(dev, rows, t):
     xq, xs, step = dev.buffer(xq_bytes), dev.buffer(xs_bytes), step_buffer(dev, t)
     y = dev.buffer(4 * rows * t)
     plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, n_tokens=t)
-    K.matmul_q8(dev, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan)
+    K.matmul_q8(dev, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan, tile=tile)
     dev.submit(plan)
     got = read_f32(dev, y, rows * t).reshape(t, rows)
     q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(t, k)
@@ -261,7 +265,7 @@ def test_matmul_q8(dev, rows, t):
         plan = dev.plan()
         for a, b in ((0, split), (split, rows)):
             K.matmul_q8(dev, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
-                        step, n_tokens=t, plan=plan, ldy=rows)
+                        step, n_tokens=t, plan=plan, ldy=rows, tile=tile)
         dev.submit(plan)
         np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
 

@@ -270,15 +270,40 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
 # matmul_q8, as llama.cpp's MMQ); shorter ones, decode and training keep the f32 tile.
 INT8_MIN_TOKENS = 64
 Q8_BLOCK = 32             # activations per int8 scale
-Q8_ROWS = 64              # W rows per matmul_q8 workgroup (the tile takes 64 or 128 rows, >= 32 tokens)
 
 
-def q8_prelude(rows: int, tokens: int) -> str:
-    """The int8 tile's shape (shaders/matmul_q8_tile.wgsl): a thread per 4 rows x 4 tokens, and a
-    load job each for 2 rows' halves of W and 4 tokens' quarters of X."""
-    if rows not in (64, 128) or tokens < 32 or tokens % 4:
-        raise ValueError(f"bad int8 matmul tile {rows} x {tokens}")
-    return f"const MQ_BM: u32 = {rows}u;\nconst MQ_BN: u32 = {tokens}u;\n"
+@dataclass(frozen=True)
+class Q8Tile:
+    """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
+    rows per thread (4 or 8; 4 tokens each). Every thread has at most one load job of each kind: 2 per
+    row of W and 4 per token of X."""
+    rows: int = 64
+    tokens: int = 64
+    thread_rows: int = 4
+
+    def __post_init__(self):
+        if self.thread_rows not in (4, 8) or self.rows % 64 or self.tokens % 32 \
+                or 2 * self.rows > self.threads or 4 * self.tokens > self.threads:
+            raise ValueError(f"bad int8 matmul tile {self}")
+
+    @property
+    def threads(self) -> int:
+        return self.rows // self.thread_rows * self.tokens // 4
+
+    def prelude(self) -> str:
+        return "".join(f"const MQ_{n}: u32 = {v}u;\n" for n, v in (
+            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows)))
+
+
+# bench/matmul_sweep.py on an H100 (bench/RESULTS.md); devices allowing fewer threads take Q8_FALLBACK
+Q8_MATMUL = Q8Tile(64, 64)
+Q8_FALLBACK = Q8Tile(64, 32)       # 128 threads
+
+
+def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
+    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
+                dev.limits.get("max_compute_workgroup_size_x", 256))
+    return tile if tile.threads <= limit else Q8_FALLBACK
 
 
 def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
@@ -302,28 +327,16 @@ def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: 
     return plan.dispatch(p, bg, *groups(-(-n_tokens * k // Q8_BLOCK // 64)))
 
 
-def q8_tile_tokens(dev: Device, n_tokens: int) -> int:
-    """Tokens per matmul_q8 workgroup: 128 for long steps, fewer where the device allows fewer threads
-    (it runs 16 x tokens / 4 of them)."""
-    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
-                dev.limits.get("max_compute_workgroup_size_x", 256))
-    for bn in (128, 64, 32):
-        if (bn <= 64 or n_tokens > 64) and 4 * bn <= limit:
-            return bn
-    raise ValueError(f"the int8 matmul needs 128 threads a workgroup ({dev.limits})")
-
-
 def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
-              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tokens: int | None = None) -> Plan:
-    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs); tokens: per
-    workgroup (32, 64 or 128; default q8_tile_tokens)."""
+              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs)."""
     if k % 256:
         raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
-    bn = tokens or q8_tile_tokens(dev, n_tokens)
-    p = _pipeline(dev, "matmul_q8", prelude=q8_prelude(Q8_ROWS, bn), constants={"K": k, "N": n, "LDY": ldy})
+    tile = tile or fit_q8_tile(dev, Q8_MATMUL)
+    p = _pipeline(dev, "matmul_q8", prelude=tile.prelude(), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, -(-n // Q8_ROWS), -(-n_tokens // bn))
+    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
 
 
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
@@ -661,10 +674,11 @@ def moe_experts_grouped_q8(dev: Device, k: int, n: int, n_experts: int, k_used: 
     if k % 256:
         raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
     bn = fit_tile(dev, MOE_MATMUL).tokens
-    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
-                dev.limits.get("max_compute_workgroup_size_x", 256))
-    bm = 128 if 128 * bn // 16 <= limit else 64
-    p = _pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=q8_prelude(bm, bn),
+    tile = fit_q8_tile(dev, Q8Tile(128, bn))
+    if tile.tokens != bn:
+        tile = Q8Tile(64, bn)
+    bm = tile.rows
+    p = _pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=tile.prelude(),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})
