@@ -295,8 +295,11 @@ class Q8Tile:
             ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows)))
 
 
-# bench/matmul_sweep.py on an H100 (bench/RESULTS.md); devices allowing fewer threads take Q8_FALLBACK
-Q8_MATMUL = Q8Tile(64, 64)
+# bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster where the rows
+# fill 128-row tiles; 64-row tiles where they would leave a half-empty one (a26b's 2112 rows: 1.45x slower
+# at 128). Devices allowing fewer threads take Q8_FALLBACK.
+Q8_MATMUL = Q8Tile(128, 64, 8)
+Q8_NARROW = Q8Tile(64, 64)
 Q8_FALLBACK = Q8Tile(64, 32)       # 128 threads
 
 
@@ -332,7 +335,7 @@ def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y,
     """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs)."""
     if k % 256:
         raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
-    tile = tile or fit_q8_tile(dev, Q8_MATMUL)
+    tile = tile or fit_q8_tile(dev, Q8_MATMUL if n % Q8_MATMUL.rows == 0 else Q8_NARROW)
     p = _pipeline(dev, "matmul_q8", prelude=tile.prelude(), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
