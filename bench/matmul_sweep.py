@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# (rows, row length): E2B q, o, gate|up, down; a26b q, dense gate|up, dense down
-SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816)]
+# (rows, row length): E2B q, o, gate, down; a26b q, 2112 x 2816, dense down (rows of 2112: Q5_0 in the
+# bench files, llama.cpp's fallback for Q4_K, and so here)
+SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816), (2816, 2112)]
 
 
 # a26b's grouped experts for a 512-token chunk: (rows, row length) of gate|up and down; 128 experts, 8 a token
@@ -104,7 +105,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
         rows_in = n_tokens * k_used if per_slot else n_tokens
         x = _filled(dev, rows_in * k, pattern)
         y = dev.buffer(4 * n_tokens * k_used * n)
-        q = "q4_k" if k % 256 == 0 else "q8_0"          # as the bench file's rows of 704 fall back
+        q = "q4_k" if k % 256 == 0 else "q5_0"          # as the bench file's rows of 704 fall back
         nbytes = ggml.row_bytes(q, k) * n * n_experts
         w = dev.buffer(nbytes + 4)
         dev.write(w, os.urandom(nbytes))
@@ -117,7 +118,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
             variants.append(("int8", lambda plan: (
                 K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan),
                 K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan),
-                K.moe_experts_grouped_q8(dev, k, n, n_experts, k_used, w, xq, xs, y, grp, n_tokens, plan=plan))))
+                K.moe_experts_grouped_q8(dev, q, k, n, n_experts, k_used, w, xq, xs, y, grp, n_tokens, plan=plan))))
         for name, record in variants:
             plan = dev.plan()
             for _ in range(per_submit):
@@ -142,6 +143,8 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
         x = _filled(dev, n_tokens * k, pattern)
         y = dev.buffer(4 * n_tokens * n)
         for q in quants:
+            if q == "q4_k" and k % 256:
+                q = "q5_0"              # as the bench files' rows that Q4_K cannot hold
             try:
                 nbytes = ggml.row_bytes(q, k) * n
             except ValueError:          # k not a multiple of the block
@@ -155,7 +158,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 for t in Q8_TILES:
                     def int8(plan, t=t):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
-                        K.matmul_q8(dev, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
+                        K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
                     variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
             for name, threads, record in variants:
                 plan = dev.plan()

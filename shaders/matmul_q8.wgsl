@@ -1,13 +1,14 @@
-// Int8 prefill matmul for Q4_K weights: Y[t, r] = sum_k X[t, k] * W[r, k] with X quantized to int8
-// per 32 by quantize_q8.wgsl (the tile: matmul_q8_tile.wgsl). Mirrors ggml_mul_mat with src0 = W
-// (GGUF Q4_K [N, K]) and src1 = X as llama.cpp's MMQ computes it; Y is f32 [T, N], token-major.
+// Int8 prefill matmul: Y[t, r] = sum_k X[t, k] * W[r, k] with X quantized to int8 per 32 by
+// quantize_q8.wgsl (the tile: matmul_q8_tile.wgsl; W, declared by the weight format's include,
+// Q4_K, Q4_0, Q5_0 or Q8_0). Mirrors ggml_mul_mat with src0 = W (GGUF [N, K]) and src1 = X as
+// llama.cpp's MMQ computes it; Y is f32 [T, N], token-major.
 // Dispatch: (ceil(N / BM), ceil(T / BN)); T = S.n_tokens.
 
 override K: u32;
 override N: u32;
 override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W writes its columns of a wider Y
 
-@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+// binding 0: W, declared by the weight format's include (the prelude names it)
 @group(0) @binding(1) var<storage, read> XQ: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> XS: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
@@ -19,7 +20,7 @@ var<private> r0: u32;
 var<private> t0: u32;
 var<private> t_last: u32;
 
-fn q8_w_row(i: u32) -> u32 { return min(r0 + i, N - 1u) * (K / 256u * 9u); }
+fn q8_w_row(i: u32) -> u32 { return min(r0 + i, N - 1u); }
 fn q8_x_row(i: u32) -> u32 { return min(t0 + i, t_last); }
 
 @compute @workgroup_size(NT)

@@ -1,23 +1,25 @@
-// One tile of the int8 Q4_K matmul, shared by matmul_q8.wgsl and moe_grouped_q8.wgsl: BM rows of W
-// (Q4_K codes as int8, 4 to a word) times BN rows of X (int8 per 32, from quantize_q8.wgsl),
-// K 64 weights a step. As llama.cpp's MMQ for Q4_K: a sub-block of 32 weights is w = a q - b
-// (a = d sc, b = dmin m) and an activation block x ~ dx qx, so
+// One tile of the int8 prefill matmul, shared by matmul_q8.wgsl and moe_grouped_q8.wgsl: BM rows of W
+// (quantized weights whose codes are int8 as they stand, 4 to a word) times BN rows of X (int8 per 32,
+// from quantize_q8.wgsl), K 64 weights a step. As llama.cpp's MMQ: a block of 32 weights is
+// w = a q - b (Q4_K: a = d sc, b = dmin m; Q4_0 / Q5_0: a = d, b = 8 d / 16 d; Q8_0: b = 0) and an
+// activation block x ~ dx qx, so
 //   sum_k w x = a dx sum_k q qx - b sum_k x
 // with the integer sum exact (dot4I8Packed: DP4A, four multiply-adds an instruction), one float
-// fix-up per 32 weights, and the min term on the exact sum of x.
+// fix-up per 32 weights, and the offset term on the exact sum of x.
 //
-// A step reads one 32-byte chunk of qs per row, whose low nibbles are sub-block 2c and high nibbles
-// sub-block 2c + 1, each word holding four codes in dot4I8Packed's order (byte i = weight i), so a
-// word of nibbles is two words of int8 codes after a mask. Each thread owns TM rows (4 or 8: row
-// groups tx and tx + TX of 4) x 4 tokens.
-// Shared tiles are word-major ([word][rows / tokens] as vec4); the next step's loads are read into
-// registers while the current one computes. Jobs: W row jr, half jh (threads < 2 BM: words 4 jh ..
-// 4 jh + 3 of the chunk, half 0 also the scales); X row xt, quarter xc (threads < 4 BN).
+// The weight format comes from an include the prelude names (q8_weights_q4k.wgsl, q8_weights_b32.wgsl):
+// it declares W and
+//   fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob     load job jh (0, 1) of a row's step at k
+//   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and (a, b) into ws, wa, wb
+// Each thread owns TM rows (4 or 8: row groups tx and tx + TX of 4) x 4 tokens. Shared tiles are
+// word-major ([word][rows / tokens] as vec4); the next step's loads are read into registers while
+// the current one computes. Jobs: W row jr, half jh (threads < 2 BM); X row xt, quarter xc (words
+// 4 xc .. 4 xc + 3 of its step; threads < 4 BN).
 //
-// Tile shape MQ_BM, MQ_BN, MQ_TM comes from the prelude (pyapp.gpu.kernels.q8_prelude checks it).
-// The includer declares K (a multiple of 256), W (array<vec4<u32>>: Q4_K rows, 9 vec4 a block),
-// XQ (array<vec4<u32>> [rows, K / 16]), XS (array<vec4<f32>> [rows, K / 64]: (d, sum) of two blocks) and
-//   fn q8_w_row(i: u32) -> u32   vec4 index of the W row for tile row i (any valid row past the end)
+// Tile shape MQ_BM, MQ_BN, MQ_TM comes from the prelude (pyapp.gpu.kernels.Q8Tile checks it).
+// The includer declares K (a multiple of the format's Q8_W_ALIGN), XQ (array<vec4<u32>> [rows, K / 16]),
+// XS (array<vec4<f32>> [rows, K / 64]: (d, sum) of two blocks) and
+//   fn q8_w_row(i: u32) -> u32   W row for tile row i (any valid row past the end)
 //   fn q8_x_row(i: u32) -> u32   X row for tile token i (any valid row past the end)
 // and calls q8_tile_product from uniform control flow (it has barriers). Result lo[i][j] (and
 // hi[i][j] for TM = 8): tile row q8_tile_row(lid, 0 (1), i), tile token q8_tile_token(lid, j).
@@ -45,24 +47,17 @@ var<workgroup> xs: array<vec4<u32>, 16u * GN>;    // [word][tokens 4h .. 4h + 3]
 var<workgroup> xd: array<vec4<f32>, 2u * GN>;     // [sub-block][tokens]: activation scale
 var<workgroup> xm: array<vec4<f32>, 2u * GN>;     //                      sum of the block's x
 
-// 6-bit scale and min j (0..7) of a Q4_K block from its 12 scale bytes (words h.y, h.z, h.w of the
-// block's first 16 bytes), as get_scale_min_k4
-fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
-    let s = array<u32, 3>(h.y, h.z, h.w);
-    let byte = (j % 4u) * 8u;
-    if (j < 4u) {
-        return vec2<f32>(f32((s[0] >> byte) & 63u), f32((s[1] >> byte) & 63u));
-    }
-    let x = (s[2] >> byte) & 255u;
-    let lo = (s[0] >> byte) & 255u;
-    let mid = (s[1] >> byte) & 255u;
-    return vec2<f32>(f32((x & 15u) | ((lo >> 6u) << 4u)), f32((x >> 4u) | ((mid >> 6u) << 4u)));
+// A W load job's registers: what q8_w_fetch read for one row's half step, for q8_w_store.
+struct WJob {
+    p: vec4<u32>,
+    q: vec4<u32>,
+    ab: vec2<f32>,
 }
 
 fn q8_tile_product(lid: u32) -> Q8Acc {
     let tx = lid % TX;
     let ty = lid / TX;
-    // W jobs: row jr, half jh (words 4 jh .. 4 jh + 3 of the chunk); half 0 also decodes the scales
+    // W jobs: row jr, half jh of its step (q8_w_fetch)
     let has_w = lid < 2u * BM;
     let jr = lid % BM;
     let jh = lid / BM;
@@ -73,14 +68,10 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
     let xc = lid / BN;
     let xrow = q8_x_row(xt);
 
-    var head = vec4<u32>(0u);            // the block's d, dmin and scales (the 16 bytes before qs)
-    var codes = vec4<u32>(0u);
+    var wj = WJob(vec4<u32>(0u), vec4<u32>(0u), vec2<f32>(0.0));
     var xq = vec4<u32>(0u);
     var xsc = vec4<f32>(0.0);            // (d, sum) of the chunk's two activation blocks
-    if (has_w) {
-        head = W[wrow];
-        codes = W[wrow + 1u + jh];
-    }
+    if (has_w) { wj = q8_w_fetch(wrow, jh, 0u); }
     if (has_x) {
         xq = XQ[xrow * (K / 16u) + xc];
         xsc = XS[xrow * (K / 64u)];
@@ -88,24 +79,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
     var acc = mat4x4<f32>();             // acc[i][j]: row 4 tx + i, token 4 ty + j
     var acc2 = mat4x4<f32>();            // row 4 (tx + TX) + i (TM = 8)
     for (var k0 = 0u; k0 < K; k0 += 64u) {
-        if (has_w) {
-            for (var m = 0u; m < 4u; m++) {
-                let lo = codes[m] & 0x0f0f0f0fu;
-                let hi = (codes[m] >> 4u) & 0x0f0f0f0fu;
-                ws[(4u * jh + m) * GM + jr / 4u][jr % 4u] = lo;
-                ws[(8u + 4u * jh + m) * GM + jr / 4u][jr % 4u] = hi;
-            }
-            if (jh == 0u) {
-                let dm = unpack2x16float(head.x);
-                let c = (k0 % 256u) / 64u;
-                let s0 = scale_min(head, 2u * c);
-                let s1 = scale_min(head, 2u * c + 1u);
-                wa[jr / 4u][jr % 4u] = dm.x * s0.x;
-                wb[jr / 4u][jr % 4u] = dm.y * s0.y;
-                wa[GM + jr / 4u][jr % 4u] = dm.x * s1.x;
-                wb[GM + jr / 4u][jr % 4u] = dm.y * s1.y;
-            }
-        }
+        if (has_w) { q8_w_store(wj, jr, jh, k0); }
         if (has_x) {
             for (var m = 0u; m < 4u; m++) {
                 xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[m];
@@ -120,11 +94,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
         workgroupBarrier();
         let k1 = k0 + 64u;               // the next step's loads, in flight during this one's products
         if (k1 < K) {
-            if (has_w) {
-                let blk = wrow + (k1 / 256u) * 9u;
-                head = W[blk];
-                codes = W[blk + 1u + 2u * ((k1 % 256u) / 64u) + jh];
-            }
+            if (has_w) { wj = q8_w_fetch(wrow, jh, k1); }
             if (has_x) {
                 xq = XQ[xrow * (K / 16u) + k1 / 16u + xc];
                 xsc = XS[xrow * (K / 64u) + k1 / 64u];

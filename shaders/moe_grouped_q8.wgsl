@@ -1,4 +1,4 @@
-// The grouped MoE matmul (moe_grouped.wgsl's `matmul`) for Q4_K experts on int8 activations: the
+// The grouped MoE matmul (moe_grouped.wgsl's `matmul`) for experts on int8 activations: the
 // tiles of matmul_q8_tile.wgsl over the slots moe_grouped's `group` entry sorted by expert (made
 // with the same BN). Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k]; xrow = t (XPER = 1) or s
 // (XPER = KSEL); X as quantize_q8.wgsl left it. W holds experts E0 .. E0 + NE - 1.
@@ -12,7 +12,7 @@ override XPER: u32 = 1u;
 override E0: u32 = 0u;
 override NE: u32 = 1u;
 
-@group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
+// binding 0: W, declared by the weight format's include (the prelude names it)
 @group(0) @binding(1) var<storage, read> XQ: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> XS: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
@@ -26,7 +26,7 @@ var<workgroup> tile_expert: u32;
 var<private> r0: u32;
 var<private> expert_row0: u32;
 
-fn q8_w_row(i: u32) -> u32 { return (expert_row0 + min(r0 + i, N - 1u)) * (K / 256u * 9u); }
+fn q8_w_row(i: u32) -> u32 { return expert_row0 + min(r0 + i, N - 1u); }
 fn q8_x_row(i: u32) -> u32 {
     let s = slot_at[i];
     return select(s / KSEL, s, XPER > 1u);

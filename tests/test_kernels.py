@@ -230,31 +230,38 @@ def test_quantize_q8(dev):
     assert (ds[t:] == 7.0).all()
 
 
-@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70), (64, 130)], ids=["one-tile", "tiles", "odd-tokens"])
-@pytest.mark.parametrize("tile", [None, K.Q8Tile(64, 32), K.Q8Tile(128, 64, 8), K.Q8Tile(128, 128, 8)],
-                         ids=lambda t: f"{t.rows}x{t.tokens}t{t.thread_rows}" if t else "default")
-def test_matmul_q8(dev, rows, t, tile):
-    """The int8 Q4_K matmul on the codes quantize_q8 made: against pyapp.reference.quants' exact integer
-    sums (float32 rounding only), and against the f32 product within int8's rounding; also as two row
-    blocks writing their columns of a wider Y (ldy)."""
+Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, None),
+            ("q4_k", 150, 70, K.Q8Tile(64, 32)), ("q4_k", 150, 70, K.Q8Tile(128, 64, 8)),
+            ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
+            ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8))]
+
+
+@pytest.mark.parametrize("qtype,rows,t,tile", Q8_CASES,
+                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}" if isinstance(v, K.Q8Tile) else str(v))
+def test_matmul_q8(dev, qtype, rows, t, tile):
+    """The int8 matmul on the codes quantize_q8 made (each weight type whose codes are int8: Q4_K's
+    sub-blocks, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of
+    several steps and, for the 32-blocks, not a multiple of 256): against pyapp.reference.quants' exact
+    integer sums (float32 rounding only), and against the f32 product within int8's rounding; also as
+    two row blocks writing their columns of a wider Y (ldy)."""
     if tile and tile.threads > dev.limits.get("max_compute_invocations_per_workgroup", 256):
         pytest.skip("tile beyond this device's workgroup limits")
-    from pyapp.reference.quants import matmul_q4_k_q8, quantize_activations_q8
-    rng = np.random.default_rng(41 + t)
-    k = 512
-    raw = random_tensor("q4_k", rows, k, rng)
-    w = dequantize("q4_k", raw, rows, k)
+    from pyapp.reference.quants import matmul_int8, quantize_activations_q8
+    rng = np.random.default_rng(41 + t + ggml.lookup(qtype).id)
+    k = 512 if qtype == "q4_k" else 64 * 11
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal((t, k)).astype(np.float32)
     xq_bytes, xs_bytes = K.q8_bytes(t, k)
     xq, xs, step = dev.buffer(xq_bytes), dev.buffer(xs_bytes), step_buffer(dev, t)
     y = dev.buffer(4 * rows * t)
     plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, n_tokens=t)
-    K.matmul_q8(dev, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan, tile=tile)
+    K.matmul_q8(dev, qtype, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan, tile=tile)
     dev.submit(plan)
     got = read_f32(dev, y, rows * t).reshape(t, rows)
     q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(t, k)
     ds = read_f32(dev, xs, xs_bytes // 4).reshape(t, k // 32, 2)
-    assert_close_dot(got, x, w, matmul_q4_k_q8(raw, rows, q, ds[..., 0], ds[..., 1]))
+    assert_close_dot(got, x, w, matmul_int8(raw, qtype, rows, q, ds[..., 0], ds[..., 1]))
     assert_close_dot(got, x, w, x @ w.T, tol=1e-2)              # int8 activations: ~0.4% of a block's max
     xq_ref = quantize_activations_q8(x)[0]
     assert np.abs(q.astype(int) - xq_ref).max() <= 1
@@ -264,7 +271,7 @@ def test_matmul_q8(dev, rows, t, tile):
         y2 = f32(dev, np.full((t, rows), 7.0))
         plan = dev.plan()
         for a, b in ((0, split), (split, rows)):
-            K.matmul_q8(dev, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
+            K.matmul_q8(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
                         step, n_tokens=t, plan=plan, ldy=rows, tile=tile)
         dev.submit(plan)
         np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
@@ -932,17 +939,19 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
     assert g[2 * e + 1] == sum(-(-c // tile.tokens) for c in counts)
 
 
-@pytest.mark.parametrize("t,e,ksel,per_slot", [(70, 11, 4, False), (37, 128, 8, True), (5, 3, 2, False)],
-                         ids=["tiles-over-64", "26b-a4b-per-slot", "few"])
-def test_moe_grouped_experts_q8(dev, t, e, ksel, per_slot):
-    """The grouped int8 Q4_K expert matmul (moe_grouped_q8, after moe_group with the device's MoE tile)
+@pytest.mark.parametrize("qtype,t,e,ksel,per_slot", [("q4_k", 70, 11, 4, False), ("q4_k", 37, 128, 8, True),
+                                                     ("q4_k", 5, 3, 2, False), ("q5_0", 37, 128, 8, True),
+                                                     ("q8_0", 70, 11, 4, False)],
+                         ids=["tiles-over-64", "26b-a4b-per-slot", "few", "q5_0-down", "q8_0"])
+def test_moe_grouped_experts_q8(dev, qtype, t, e, ksel, per_slot):
+    """The grouped int8 expert matmul (moe_grouped_q8, after moe_group with the device's MoE tile)
     against pyapp.reference.quants' exact integer sums for each slot's expert and input row, with ids
     the cache leaves out (NOT_HERE: unwritten) and W split into two buffers of experts."""
-    from pyapp.reference.quants import matmul_q4_k_q8
+    from pyapp.reference.quants import matmul_int8
     rng = np.random.default_rng(5 * t + e)
-    k, n = 512, 130
-    raw = random_tensor("q4_k", e * n, k, rng)
-    w = dequantize("q4_k", raw, e * n, k).reshape(e, n, k)
+    k, n = (512, 130) if qtype == "q4_k" else (704, 67)
+    raw = random_tensor(qtype, e * n, k, rng)
+    w = dequantize(qtype, raw, e * n, k).reshape(e, n, k)
     ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
     ids[0, 0] = 0xFFFFFFFF
     rows = t * ksel if per_slot else t
@@ -954,13 +963,13 @@ def test_moe_grouped_experts_q8(dev, t, e, ksel, per_slot):
     dev.write(ids_buf, ids.tobytes())
     xq_bytes, xs_bytes = K.q8_bytes(rows, k)
     xq, xs = dev.buffer(xq_bytes), dev.buffer(xs_bytes)
-    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step_buffer(dev, rows), rows)
+    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, t, rows_per_token=ksel if per_slot else 1)
     K.moe_group(dev, e, ksel, ids_buf, grp, step, plan=plan)
     split = e // 2 + 1
     rb = len(raw) // (e * n)
     for first, here in ((0, split), (split, e - split)):
         part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
-        K.moe_experts_grouped_q8(dev, k, n, e, ksel, part, xq, xs, y, grp, t, per_slot_input=per_slot, plan=plan,
+        K.moe_experts_grouped_q8(dev, qtype, k, n, e, ksel, part, xq, xs, y, grp, t, per_slot_input=per_slot, plan=plan,
                                  first_expert=first, experts_here=here)
     dev.submit(plan)
     got = read_f32(dev, y, t * ksel * n).reshape(t * ksel, n)
@@ -972,7 +981,7 @@ def test_moe_grouped_experts_q8(dev, t, e, ksel, per_slot):
             assert (got[slot] == 7.0).all()
             continue
         r = slot if per_slot else slot // ksel
-        want = matmul_q4_k_q8(raw[ex * blocks:(ex + 1) * blocks], n, q[r:r + 1], ds[r:r + 1, :, 0], ds[r:r + 1, :, 1])
+        want = matmul_int8(raw[ex * blocks:(ex + 1) * blocks], qtype, n, q[r:r + 1], ds[r:r + 1, :, 0], ds[r:r + 1, :, 1])
         assert_close_dot(got[slot:slot + 1], x[r:r + 1], w[ex], want, tol=2e-5)
 
 

@@ -94,7 +94,8 @@ _INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.M)
 
 
 def shader_source(name: str, prelude: str = "") -> str:
-    """WGSL of shaders/<name>.wgsl with `//!include other` lines expanded, after `prelude`."""
+    """WGSL of shaders/<name>.wgsl with `//!include other` lines expanded, after `prelude` (whose own
+    include lines are expanded too: a prelude can pick the implementation of a function the file calls)."""
     seen: set[str] = set()
 
     def expand(n: str) -> str:
@@ -103,7 +104,7 @@ def shader_source(name: str, prelude: str = "") -> str:
         seen.add(n)
         return _INCLUDE.sub(lambda m: expand(m.group(1)), load_wgsl(n))
 
-    return prelude + "\n" + expand(name)
+    return _INCLUDE.sub(lambda m: expand(m.group(1)), prelude) + "\n" + expand(name)
 
 
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)

@@ -290,9 +290,10 @@ class Q8Tile:
     def threads(self) -> int:
         return self.rows // self.thread_rows * self.tokens // 4
 
-    def prelude(self) -> str:
+    def prelude(self, qtype, k: int) -> str:
+        """The tile's shape and the weight format's include for qtype."""
         return "".join(f"const MQ_{n}: u32 = {v}u;\n" for n, v in (
-            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows)))
+            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
 
 
 # bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster where the rows
@@ -309,9 +310,25 @@ def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
     return tile if tile.threads <= limit else Q8_FALLBACK
 
 
+# weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
+INT8_TYPES = {ggml.Q4_K: 256, ggml.Q4_0: 64, ggml.Q5_0: 64, ggml.Q8_0: 64}
+_B32_TYPE = {ggml.Q4_0: 0, ggml.Q5_0: 1, ggml.Q8_0: 2}     # q8_weights_b32.wgsl's B32_TYPE
+
+
 def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
     """Whether a matmul of this weight type, row length and plan size takes the int8 path."""
-    return quant_type(qtype) == ggml.Q4_K and k % 256 == 0 and n_tokens > INT8_MIN_TOKENS
+    align = INT8_TYPES.get(quant_type(qtype))
+    return align is not None and k % align == 0 and n_tokens > INT8_MIN_TOKENS
+
+
+def q8_weights_prelude(qtype, k: int) -> str:
+    """The int8 tile's weight format (shaders/q8_weights_q4k.wgsl or q8_weights_b32.wgsl) for qtype."""
+    t = quant_type(qtype)
+    if t not in INT8_TYPES or k % INT8_TYPES[t]:
+        raise ValueError(f"no int8 matmul for {ggml.name(t)} rows of {k}")
+    if t == ggml.Q4_K:
+        return "//!include q8_weights_q4k\n"
+    return quant_prelude(t) + f"const B32_TYPE: u32 = {_B32_TYPE[t]}u;\n//!include quants\n//!include q8_weights_b32\n"
 
 
 def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
@@ -320,23 +337,22 @@ def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
 
 
 def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: Buffer, n_tokens: int,
-                plan: Plan | None = None) -> Plan:
-    """XQ, XS = x's rows (f32 [t, k], t = params' n_tokens) as int8 per 32 with (scale, sum) per block."""
+                plan: Plan | None = None, rows_per_token: int = 1) -> Plan:
+    """XQ, XS = x's rows (f32 [t * rows_per_token, k], t = params' n_tokens) as int8 per 32 with
+    (scale, sum) per block."""
     if k % Q8_BLOCK:
         raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
-    p = _pipeline(dev, "quantize_q8", constants={"K": k})
+    p = _pipeline(dev, "quantize_q8", constants={"K": k, "RPT": rows_per_token})
     bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, *groups(-(-n_tokens * k // Q8_BLOCK // 64)))
+    return plan.dispatch(p, bg, *groups(-(-n_tokens * rows_per_token * k // Q8_BLOCK // 64)))
 
 
-def matmul_q8(dev: Device, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
+def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
-    """Y[t, n] = X[t, k] @ W[n, k]^T for Q4_K W, X as quantize_q8 left it (xq, xs)."""
-    if k % 256:
-        raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
+    """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs)."""
     tile = tile or fit_q8_tile(dev, Q8_MATMUL if n % Q8_MATMUL.rows == 0 else Q8_NARROW)
-    p = _pipeline(dev, "matmul_q8", prelude=tile.prelude(), constants={"K": k, "N": n, "LDY": ldy})
+    p = _pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
@@ -669,19 +685,17 @@ def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_us
     return (plan or dev.plan()).dispatch(p, bg, -(-n // tile.rows), -(-slots // tile.tokens) + min(n_experts, slots))
 
 
-def moe_experts_grouped_q8(dev: Device, k: int, n: int, n_experts: int, k_used: int, w: Buffer, xq: Buffer,
-                           xs: Buffer, y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
+def moe_experts_grouped_q8(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer,
+                           xq: Buffer, xs: Buffer, y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
                            plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None) -> Plan:
-    """moe_experts_grouped for Q4_K experts on int8 activations (xq, xs from quantize_q8 over x's rows),
-    from moe_group's grouping made with the device's MoE tile (its slots a tile: the same here)."""
-    if k % 256:
-        raise ValueError(f"Q4_K rows hold a multiple of 256 weights, not {k}")
+    """moe_experts_grouped for experts of an INT8_TYPES type on int8 activations (xq, xs from quantize_q8
+    over x's rows), from moe_group's grouping made with the device's MoE tile (its slots a tile: the same here)."""
     bn = fit_tile(dev, MOE_MATMUL).tokens
     tile = fit_q8_tile(dev, Q8Tile(128, bn))
     if tile.tokens != bn:
         tile = Q8Tile(64, bn)
     bm = tile.rows
-    p = _pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=tile.prelude(),
+    p = _pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=tile.prelude(qtype, k),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})

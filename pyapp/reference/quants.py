@@ -318,16 +318,36 @@ def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return q.reshape(t, k), d.astype(np.float32), b.sum(axis=-1, dtype=np.float64).astype(np.float32)
 
 
-def matmul_q4_k_q8(raw: bytes, n: int, q: np.ndarray, d: np.ndarray, sums: np.ndarray) -> np.ndarray:
-    """Y [t, n] = X W^T with W Q4_K (raw GGUF rows [n, k]) and X as quantize_activations_q8 gave it:
-    per 32-weight sub-block, a d_x sum(code q_x) - b sum(x), the sum of codes exact (float64 here)."""
+def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weight tensor [n, k] as the int8 matmul reads it, per 32-weight block w = a q - b:
+    (codes int64 [n, k / 32, 32], a, b [n, k / 32]). Q4_K: a = d sc, b = dmin m; Q4_0 / Q5_0: a = d,
+    b = 8 d / 16 d with 4- / 5-bit codes; Q8_0: a = d, b = 0 with the signed bytes as codes."""
+    t = ggml.lookup(qtype).id
+    if t == ggml.Q4_K:
+        blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 144)
+        dm = blocks[:, :4].copy().view(np.float16).astype(np.float64)            # [blocks, 2]: d, dmin
+        sc, mn = (v.astype(np.float64) for v in _k_scale_min(blocks[:, 4:16]))   # [blocks, 8]
+        qs = blocks[:, 16:].reshape(-1, 4, 32)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=2)
+        return (codes.reshape(n, k // 32, 32).astype(np.int64), (dm[:, :1] * sc).reshape(n, k // 32),
+                (dm[:, 1:] * mn).reshape(n, k // 32))
+    size = {ggml.Q4_0: 18, ggml.Q5_0: 22, ggml.Q8_0: 34}[t]
+    blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 32, size)
+    d = _f16(blocks, 0).astype(np.float64)[:, 0]
+    if t == ggml.Q8_0:
+        codes, b = blocks[:, 2:].view(np.int8).astype(np.int64), 0.0 * d
+    elif t == ggml.Q4_0:
+        codes, b = _nibbles(blocks[:, 2:]).astype(np.int64), 8.0 * d
+    else:
+        codes, b = (_nibbles(blocks[:, 6:]) + _high_bits(blocks[:, 2:6])).astype(np.int64), 16.0 * d
+    return codes.reshape(n, k // 32, 32), d.reshape(n, k // 32), b.reshape(n, k // 32)
+
+
+def matmul_int8(raw: bytes, qtype, n: int, q: np.ndarray, d: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Y [t, n] = X W^T with W raw GGUF rows [n, k] of an int8-matmul type and X as
+    quantize_activations_q8 gave it: per 32-weight block, a d_x sum(code q_x) - b sum(x), the sum of
+    codes exact (float64 here)."""
     t, k = q.shape
-    blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 144)
-    dm = blocks[:, :4].copy().view(np.float16).astype(np.float64)            # [blocks, 2]: d, dmin
-    sc, mn = (v.astype(np.float64) for v in _k_scale_min(blocks[:, 4:16]))   # [blocks, 8]
-    a = (dm[:, :1] * sc).reshape(n, k // 32)
-    m = (dm[:, 1:] * mn).reshape(n, k // 32)
-    qs = blocks[:, 16:].reshape(-1, 4, 32)
-    codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, k // 32, 32).astype(np.int64)
+    codes, a, b = int8_blocks(raw, qtype, n, k)
     isum = np.einsum("nbk,tbk->tnb", codes, q.reshape(t, k // 32, 32).astype(np.int64))
-    return (isum * a[None] * d.astype(np.float64)[:, None, :]).sum(-1) - sums.astype(np.float64) @ m.T
+    return (isum * a[None] * d.astype(np.float64)[:, None, :]).sum(-1) - sums.astype(np.float64) @ b.T

@@ -67,7 +67,7 @@ class Ops:
         dev, s, plan, T = self.dev, self.s, self.plan, self.T
         if self.int8 and K.int8_matmul(qtype, k, T):
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=plan)
-            K.matmul_q8(dev, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
+            K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
         else:
             K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy)
 
@@ -276,14 +276,15 @@ class Ops:
             if self._grouped_ids is not ids:
                 K.moe_group(self.dev, E, KS, ids, s.expert_groups, self.step, plan=self.plan)
                 self._grouped_ids = ids
-            int8 = self.int8 and not per_slot_input and K.int8_matmul(w.qtype, k, self.T)
-            if int8:        # the tokens' rows once, for every buffer of W
-                K.quantize_q8(self.dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
+            int8 = self.int8 and K.int8_matmul(w.qtype, k, self.T)
+            if int8:        # the input rows (a token's, or each slot's) once, for every buffer of W
+                K.quantize_q8(self.dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan,
+                              rows_per_token=KS if per_slot_input else 1)
             for p in w.parts:
                 where = dict(plan=self.plan, first_expert=p.row0 // n, experts_here=p.rows // n)
                 if int8:
-                    K.moe_experts_grouped_q8(self.dev, k, n, E, KS, p.buffer, s.xq, s.xq_scales, y, s.expert_groups,
-                                             self.T, **where)
+                    K.moe_experts_grouped_q8(self.dev, w.qtype, k, n, E, KS, p.buffer, s.xq, s.xq_scales, y,
+                                             s.expert_groups, self.T, per_slot_input=per_slot_input, **where)
                 else:
                     K.moe_experts_grouped(self.dev, w.qtype, k, n, E, KS, p.buffer, x, y, s.expert_groups, self.T,
                                           per_slot_input=per_slot_input, **where)

@@ -61,7 +61,10 @@ class State:
         # int8 activations of a chunk's Q4_K matmuls (K.quantize_q8): codes and (scale, sum) per 32
         self.xq = self.xq_scales = None
         if T > K.INT8_MIN_TOKENS:
-            xq_bytes, xs_bytes = K.q8_bytes(T, max(d, ff, H * hd))
+            rows_k = T * max(d, ff, H * hd)            # a projection's input; the experts' down: a row a slot
+            if cfg.is_moe:
+                rows_k = max(rows_k, T * cfg.n_experts_used * cfg.expert_ffn_dim)
+            xq_bytes, xs_bytes = K.q8_bytes(1, rows_k)
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
         # dense MLP
