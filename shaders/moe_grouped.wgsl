@@ -74,28 +74,17 @@ fn group(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-var<workgroup> slot_at: array<u32, BN>;          // the slot of each grouped row of the tile
-var<workgroup> tile_expert: u32;
 var<private> r0: u32;
 var<private> expert_row0: u32;
 
 fn tile_w_base(i: u32) -> u32 { return (expert_row0 + min(r0 + i, N - 1u)) * (K / QK) * QB; }
-fn tile_x_row(i: u32) -> u32 {
-    let s = slot_at[i];
-    return select(s / KSEL, s, XPER > 1u);
-}
+fn tile_x_row(i: u32) -> u32 { return slot_x_row(i); }
 
 @compute @workgroup_size(NT)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tile = wid.y;
-    if (lid == 0u) { tile_expert = expert_of_tile(tile); }
-    let e = workgroupUniformLoad(&tile_expert);
+    let e = tile_slots(wid.y, lid);
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
-    let tr = tile_rows(e, tile);
-    let row0 = tr.x;
-    let rows = tr.y;
-    for (var i = lid; i < BN; i += NT) { slot_at[i] = select(0u, GRP[2u * E + 2u + row0 + i], i < rows); }
-    workgroupBarrier();
+    let rows = slot_rows;
 
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;

@@ -21,26 +21,16 @@ override NE: u32 = 1u;
 //!include matmul_q8_tile
 //!include moe_tiles
 
-var<workgroup> slot_at: array<u32, BN>;          // the slot of each grouped row of the tile
-var<workgroup> tile_expert: u32;
 var<private> r0: u32;
 var<private> expert_row0: u32;
 
 fn q8_w_row(i: u32) -> u32 { return expert_row0 + min(r0 + i, N - 1u); }
-fn q8_x_row(i: u32) -> u32 {
-    let s = slot_at[i];
-    return select(s / KSEL, s, XPER > 1u);
-}
+fn q8_x_row(i: u32) -> u32 { return slot_x_row(i); }
 
 @compute @workgroup_size(NT)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tile = wid.y;
-    if (lid == 0u) { tile_expert = expert_of_tile(tile); }
-    let e = workgroupUniformLoad(&tile_expert);
+    let e = tile_slots(wid.y, lid);
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
-    let tr = tile_rows(e, tile);
-    for (var i = lid; i < BN; i += NT) { slot_at[i] = select(0u, GRP[2u * E + 2u + tr.x + i], i < tr.y); }
-    workgroupBarrier();
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
     let acc = q8_tile_product(lid);
@@ -49,7 +39,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         if (g == 1u) { a = acc.hi; }
         for (var j = 0u; j < 4u; j++) {
             let i = q8_tile_token(lid, j);
-            if (i < tr.y) {
+            if (i < slot_rows) {
                 let s = slot_at[i];
                 for (var c = 0u; c < 4u; c++) {
                     let r = r0 + q8_tile_row(lid, g, c);
