@@ -573,14 +573,16 @@ def test_golden_logits_and_greedy_through_file_input(page, stem):
     assert gen.get("tokens") == want_ids, gen
 
 
-def test_int8_prefill_matches_native(page):
-    """A 90-token prompt runs in the 512-token plan, whose Q4_K matmuls take int8 activations
-    (quantize_q8 + matmul_q8 with dot4I8Packed): Dawn's logits are near the native backend's, which differ
+@pytest.mark.parametrize("stem", ["gemma4-dense-q4_k", "gemma4-moe-q8_0"])
+def test_int8_prefill_matches_native(page, stem):
+    """A 90-token prompt runs in the 512-token plan, whose Q4_K / Q8_0 matmuls (the MoE's grouped experts
+    too) take int8 activations (quantize_q8 + matmul_q8 / moe_grouped_q8 with dot4I8Packed): Dawn's
+    logits are near the native backend's, which differ
     from the f32 matmuls' by int8's rounding (so the page did not fall back to f32): measured mean
     |difference| 0.007 from native, 0.029 from f32."""
     pytest.importorskip("wgpu")
     from pyapp.engine import Engine
-    path = FIXTURES / "gemma4-dense-q4_k.gguf"
+    path = FIXTURES / f"{stem}.gguf"
     page.set_input_files("#file-input", str(path))
     wait_loaded_file(page, path.name)
     tokens = [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()
@@ -591,9 +593,10 @@ def test_int8_prefill_matches_native(page):
     f32 = np.asarray(Engine.open(str(path), context_length=128, int8=False).forward(tokens))
     assert got.shape == want.shape == (90, want.shape[1])
     # Both int8; an activation a rounding step away from .5 may round either way on another GPU, so
-    # the two differ by a few such steps (mean 0.007 on SwiftShader vs lavapipe), the f32 path by more
+    # the two differ by a few such steps (mean 0.007 on SwiftShader vs lavapipe), the f32 path by more.
+    # A MoE row whose router picks another expert after rounding moves further: the median row's worst.
     assert np.abs(got - want).mean() < 0.5 * np.abs(got - f32).mean() < 0.03
-    assert np.abs(got - f32).max() < 0.6
+    assert np.median(np.abs(got - f32).max(-1)) < 0.3
 
 
 def test_drop_a_gguf_file(page):
