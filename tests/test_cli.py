@@ -50,6 +50,26 @@ def test_logits_match_golden(tmp_path, backend):
 
 
 @pytest.mark.gpu
+def test_logits_no_int8(tmp_path):
+    """A 90-token prompt's logits: by default within int8's rounding of the f32 reference, with --no-int8
+    within float rounding (the flag reaches the engine)."""
+    pytest.importorskip("wgpu")
+    path = FIX / "gemma4-dense-q4_k.gguf"
+    tokens = ",".join(map(str, [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()))
+    got = {}
+    for flag in ("--no-int8", None, "reference"):
+        out = tmp_path / f"{flag}.npy"
+        extra = ["--backend", "reference"] if flag == "reference" else [flag] if flag else []
+        r = pyapp("logits", path, "--tokens", tokens, "--out", out, *extra, check=False)
+        if r.returncode and "no WebGPU adapter" in r.stderr:
+            pytest.skip("no WebGPU adapter")
+        assert r.returncode == 0, r.stderr
+        got[flag] = np.load(out)
+    assert np.abs(got["--no-int8"] - got["reference"]).max() < 1e-4
+    assert 1e-3 < np.abs(got[None] - got["reference"]).mean() < 0.06
+
+
+@pytest.mark.gpu
 def test_generate_and_bench():
     pytest.importorskip("wgpu")
     r = pyapp("generate", FIX / "demo.gguf", "--prompt", "Hi", "--max-tokens", "5", "--temperature", "0", check=False)
