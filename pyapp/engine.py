@@ -141,8 +141,8 @@ class Engine:
         decides); on_plan(MemoryPlan) sees the plan before anything is uploaded; lora: [(adapter, user
         scale)], each adapter a path, a synchronous ByteSource or a parsed GGUF of llama.cpp's LoRA format
         (pyapp.model.lora), applied in every projection it targets (Engine.set_lora_scale changes a scale);
-        int8: steps of more than 64 tokens multiply Q4_K weights by int8 activations, as llama.cpp does
-        (faster prefill, logits within int8's rounding); False keeps every matmul in f32."""
+        int8: steps of more than 64 tokens multiply Q4_K, Q4_0, Q5_0 and Q8_0 weights by int8 activations,
+        as llama.cpp does (faster prefill, logits within int8's rounding); False keeps every matmul in f32."""
         cfg, bound, mem = cls._plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                     ple_in_file)
         try:

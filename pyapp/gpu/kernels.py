@@ -264,9 +264,9 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
 
 
-# ---- int8 prefill matmul (Q4_K weights) ----------------------------------------------
+# ---- int8 prefill matmul (Q4_K, Q4_0, Q5_0, Q8_0 weights) -----------------------------
 
-# Steps sized for more tokens than this multiply Q4_K weights by int8 activations (quantize_q8 +
+# Steps sized for more tokens than this multiply INT8_TYPES weights by int8 activations (quantize_q8 +
 # matmul_q8, as llama.cpp's MMQ); shorter ones, decode and training keep the f32 tile.
 INT8_MIN_TOKENS = 64
 Q8_BLOCK = 32             # activations per int8 scale
@@ -296,9 +296,10 @@ class Q8Tile:
             ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
 
 
-# bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster where the rows
-# fill 128-row tiles; 64-row tiles where they would leave a half-empty one (a26b's 2112 rows: 1.45x slower
-# at 128). Devices allowing fewer threads take Q8_FALLBACK.
+# bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster on rows of 1536,
+# 2048, 4096 and 6144; rows not a multiple of 128 take 64-row tiles (a26b's 2112: 1.45x slower at 128).
+# Rows of 2816 are 1.3-1.8x slower at 128 than at 64 (a partial second wave of workgroups): not yet
+# picked by this rule. Devices allowing fewer threads take Q8_FALLBACK.
 Q8_MATMUL = Q8Tile(128, 64, 8)
 Q8_NARROW = Q8Tile(64, 64)
 Q8_FALLBACK = Q8Tile(64, 32)       # 128 threads

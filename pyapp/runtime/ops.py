@@ -32,7 +32,7 @@ class Ops:
         self.step = step or state.step       # the uniform holding this plan's token count and position
         self.eps = cfg.eps
         self.experts_stream = experts_stream
-        self.int8 = int8 and state.xq is not None    # Q4_K matmuls on int8 activations (K.int8_matmul says where)
+        self.int8 = int8 and state.xq is not None    # matmuls on int8 activations (K.int8_matmul says where)
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
         self._query_prep = None              # decode: what attend's split kernel norms/ropes/stores (K.QueryPrep)
@@ -62,8 +62,8 @@ class Ops:
         self.lora(w.loras, x, y, n)
 
     def matmul(self, qtype, k: int, n: int, w, x: Buffer, y, ldy: int = 0) -> None:
-        """y[T, n] = x[T, k] @ W^T for a chunk: Q4_K weights on int8 activations (quantized here) where
-        K.int8_matmul says so, else the f32 tile."""
+        """y[T, n] = x[T, k] @ W^T for a chunk: quantized weights on int8 activations (quantized here)
+        where K.int8_matmul says so, else the f32 tile."""
         dev, s, plan, T = self.dev, self.s, self.plan, self.T
         if self.int8 and K.int8_matmul(qtype, k, T):
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=plan)

@@ -36,7 +36,7 @@ class Runner:
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.ctx, self.chunk = context_length, self.state.chunk
-        self.int8 = int8              # long steps' Q4_K matmuls on int8 activations (Ops.matmul)
+        self.int8 = int8              # long steps' quantized matmuls on int8 activations (Ops.matmul)
         self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
         self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None

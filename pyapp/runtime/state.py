@@ -58,7 +58,7 @@ class State:
         self.qkv = f32(max(qkv_rows, default=4), "qkv")  # [q rows | k rows | v rows] of one decode token
         self.partials = f32(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers),
                             "attention partials")       # split-K decode: per 32-key softmax states
-        # int8 activations of a chunk's Q4_K matmuls (K.quantize_q8): codes and (scale, sum) per 32
+        # int8 activations of a chunk's quantized matmuls (K.quantize_q8): codes and (scale, sum) per 32
         self.xq = self.xq_scales = None
         if T > K.INT8_MIN_TOKENS:
             rows_k = T * max(d, ff, H * hd)            # a projection's input; the experts' down: a row a slot
