@@ -7,8 +7,9 @@ the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attentio
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
 clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
 The engine's tile (kernels.MATMUL) comes from these figures (--all-tiles: every f32 tile; default the
-engine's). Q4_K shapes are also timed on the int8 path (kernels.quantize_q8 + matmul_q8, tile
-"int8 64xBN": the pair's time, the activations' quantization included). Standard library only, so
+engine's). Shapes of an int8 weight type (kernels.INT8_TYPES) are also timed on the int8 path
+(kernels.quantize_q8 + matmul_q8 by Q8Tile, tile "int8 ROWSxTOKENS tTHREAD_ROWS"; the grouped experts,
+"int8"): the activations' quantization included. Standard library only, so
 the same code runs in Pyodide.
 """
 
@@ -113,12 +114,13 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
             K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan, tile=t),
             K.moe_experts_grouped(dev, q, k, n, n_experts, k_used, w, x, y, grp, n_tokens,
                                   per_slot_input=per_slot, plan=plan, tile=t))) for t in tile_list or [K.MOE_MATMUL]]
-        if not per_slot and K.int8_matmul(q, k, n_tokens):
-            xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
+        if K.int8_matmul(q, k, n_tokens):
+            xq, xs = (dev.buffer(b) for b in K.q8_bytes(rows_in, k))
             variants.append(("int8", lambda plan: (
-                K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan),
+                K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan, rows_per_token=rows_in // n_tokens),
                 K.moe_group(dev, n_experts, k_used, idb, grp, step, plan=plan),
-                K.moe_experts_grouped_q8(dev, q, k, n, n_experts, k_used, w, xq, xs, y, grp, n_tokens, plan=plan))))
+                K.moe_experts_grouped_q8(dev, q, k, n, n_experts, k_used, w, xq, xs, y, grp, n_tokens,
+                                         per_slot_input=per_slot, plan=plan))))
         for name, record in variants:
             plan = dev.plan()
             for _ in range(per_submit):

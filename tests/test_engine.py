@@ -318,3 +318,18 @@ def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
     top2 = np.sort(want, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.5
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+def test_int8_prefill_on_split_tensors(dev, monkeypatch):
+    """Row blocks of a tensor over the binding limit share one quantization of their input and write their
+    columns of the output: the same logits as the unsplit tensors on the int8 path."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
+    tokens = [2] + np.random.default_rng(5).integers(3, 250, 89).tolist()
+    whole = engine_logits(Engine.open(g, device=dev, context_length=128, chunk=128), tokens)
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 32 << 10)    # the FFN's 36 KiB split
+    split = Engine.open(g, device=dev, context_length=128, chunk=128)
+    assert any(len(lw.ffn_up.parts) > 1 for lw in split.runner.layout.layers if lw.ffn_up is not None)
+    assert "matmul_q8:main" in _pipelines(split)
+    np.testing.assert_allclose(engine_logits(split, tokens), whole, atol=1e-5)

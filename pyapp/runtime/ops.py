@@ -49,27 +49,31 @@ class Ops:
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
-                self.matmul(w.qtype, k, n, w.bound, x, y)
+                self.matmul(w.qtype, k, x, [(w.bound, n, y, 0)])
+        elif T > 1 and not self.few:      # row blocks write their columns of y
+            self.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts])
         else:
-            for p in w.parts:     # row blocks write their columns of y
+            for p in w.parts:
                 if T == 1:
                     K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
-                elif self.few:
+                else:
                     K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
                                     self.step, plan=plan, ldy=n)
-                else:
-                    self.matmul(w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0), ldy=n)
         self.lora(w.loras, x, y, n)
 
-    def matmul(self, qtype, k: int, n: int, w, x: Buffer, y, ldy: int = 0) -> None:
-        """y[T, n] = x[T, k] @ W^T for a chunk: quantized weights on int8 activations (quantized here)
-        where K.int8_matmul says so, else the f32 tile."""
+    def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
+        """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
+        blocks, each writing its columns of y; ldy 0: y is n wide): quantized weights on int8 activations
+        (x quantized here, once for every block) where K.int8_matmul says so, else the f32 tile."""
         dev, s, plan, T = self.dev, self.s, self.plan, self.T
-        if self.int8 and K.int8_matmul(qtype, k, T):
+        int8 = self.int8 and K.int8_matmul(qtype, k, T)
+        if int8:
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=plan)
-            K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
-        else:
-            K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy)
+        for w, n, y, ldy in blocks:
+            if int8:
+                K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
+            else:
+                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy)
 
     def lora(self, deltas: list, x: Buffer, y: Buffer, ldy: int) -> None:
         """y[t, col0 + i] += scale * B (A x[t]) for each (GpuLora, col0) of an adapted projection whose
@@ -99,7 +103,7 @@ class Ops:
             K.matvec_tokens(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                             plan=self.plan)
         else:
-            self.matmul(gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up)
+            self.matmul(gate_up.qtype, gate_up.shape[0], x, [(gate_up.buffer, 2 * ff, s.gate_up, 0)])
         self.lora(gate_up.loras, x, s.gate_up, 2 * ff)
         K.geglu_halves(dev, ff, 1, s.gate_up, out, self.step, T, plan=self.plan)
 
