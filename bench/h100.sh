@@ -26,6 +26,9 @@
 #   mmsweep  bench/matmul_sweep.py: the prefill matmul by tile shape, natively and on the browser path
 #            (node bench/node_bench.mjs --sweep) -> kernels.jsonl
 #   profile  bench/profile.py on each model, decode and prefill plans by kernel family -> kernels.jsonl
+#   gpuprof  bench/gpu_profile.py (native) and node_bench.mjs --gpu-profile (browser path) on each model:
+#            the decode step's GPU time by timestamp queries, per kernel family, beside its CPU
+#            encoding and wall time (FEW=N: a speculative step instead) -> kernels.jsonl
 #   diffusion  DiffusionGemma (issue 12): writes DIFFUSION_MODEL (tools/make_bench_model.py --shape
 #            diffusion, 26B-A4B dimensions) if missing, then bench/bench.py natively, bench/node_bench.mjs
 #            (browser path) and bench/bench.py --gpu-memory DIFFUSION_BUDGET (streamed experts, at most
@@ -546,6 +549,27 @@ step_train() {
     done
 }
 
+step_gpuprof() {
+    local spec path res
+    busy gpuprof && return 1
+    for spec in $MODELS; do
+        path=$(model_path "$spec")
+        [ -f "$path.ok" ] || { log "gpuprof: no $path"; continue; }
+        res=$RES/kernels-gpuprof-native-$(model_name "$spec").jsonl
+        if ! done_already "$res"; then
+            log "gpuprof: $spec, native (timestamp queries)"
+            FEW=${FEW:-0} limited 20 "$PY" bench/gpu_profile.py "$path" ${FEW:+--few $FEW} > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res" 2>/dev/null
+        fi
+        res=$RES/kernels-gpuprof-browser-$(model_name "$spec").jsonl
+        [ -x "$W/bin/node" ] || { log "gpuprof: no node (carry .carry/node)"; continue; }
+        done_already "$res" && continue
+        log "gpuprof: $spec, browser path (timestamp queries)"
+        PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu FEW=${FEW:-0} limited 20 "$W/bin/node" bench/node_bench.mjs \
+            --gpu-profile "$path" > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    done
+}
 step_status() {
     log "build: $(build_state); $(tail -1 "$W/build.log" 2>/dev/null)"
     ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
@@ -574,7 +598,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|profile|diffusion|speculate|train|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|profile|gpuprof|diffusion|speculate|train|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

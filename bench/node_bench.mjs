@@ -4,6 +4,8 @@
 //   node bench/node_bench.mjs MODEL.gguf [MODEL2.gguf ...]
 //   node bench/node_bench.mjs --train MODEL.gguf      LoRA training instead (bench/train_bench.py's
 //        measure_async): SEQ_LEN (256), BATCH (4), RANK (8), STEPS (6)
+//   node bench/node_bench.mjs --gpu-profile MODEL.gguf   where a decode step's GPU time goes (bench/gpu_profile.py;
+//        FEW=N: a speculative step of 1 + N tokens)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
@@ -30,7 +32,8 @@ const py = await loadPyodide({ indexURL: pyodideDir + "/" });
 // after Pyodide's boot: a navigator set earlier breaks it
 const { create, globals } = await import(pathToFileURL(path.join(webgpuDir, "index.js")).href);
 Object.assign(globalThis, globals);
-globalThis.navigator = { gpu: create([]) };
+// full-precision timestamps for --gpu-profile (Chrome quantizes them unless its developer features are on)
+globalThis.navigator = { gpu: create(["disable-dawn-features=timestamp_quantization"]) };
 
 py.FS.mkdirTree("/repo");
 py.FS.mount(py.FS.filesystems.NODEFS, { root }, "/repo");
@@ -55,6 +58,21 @@ rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_token
 if not shapes:
     rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))
     rows = await matmul_sweep.attention_sweep_async(await get_device_async("browser")) + rows
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--gpu-profile")) {
+  const m = "/models" + path.resolve(process.argv.slice(2).filter((a) => !a.startsWith("--"))[0]);
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import gpu_profile
+from pyapp.engine import Engine
+from pyapp.gguf import read_gguf
+from pyapp.gpu import get_device_async
+eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"), context_length=2048)
+rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)})
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

@@ -76,6 +76,62 @@ export function createHelper() {
       if (pass) pass.end();
       device.queue.submit([enc.finish()]);
     },
+    async timePlan(device, ops, repeat, perDispatch) {
+      // Profiling (bench/gpu_profile.py): encodes the plan as submit() does, `repeat` times, with
+      // timestamp queries: perDispatch false: the first pass's start and the last pass's end;
+      // true: every dispatch in a pass of its own, its start and end. Returns {cpu: ms of each
+      // encode + submit, ns: the stamps in order (ns as numbers)}. Needs "timestamp-query".
+      const nd = ops.reduce((n, op) => n + (op[0] === 0), 0);
+      const per = perDispatch ? 2 * nd : 2;
+      const cpu = [], sets = [];
+      let lastD = -1;
+      ops.forEach((op, i) => { if (op[0] === 0) lastD = i; });
+      for (let r = 0; r < repeat; r++) {
+        const qs = device.createQuerySet({type: "timestamp", count: per});
+        const res = device.createBuffer({size: 8 * per, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC});
+        const rd = device.createBuffer({size: 8 * per, usage: this.usage.readback});
+        const t0 = performance.now();
+        const enc = device.createCommandEncoder();
+        let pass = null, q = 0, first = true;
+        ops.forEach((op, i) => {
+          if (op[0] === 0) {
+            if (!pass) {
+              // does this pass reach the last dispatch (no copy between here and it)?
+              let last = true;
+              for (let j = i; j < lastD; j++) if (ops[j][0] !== 0) { last = false; break; }
+              const tw = {querySet: qs};
+              if (perDispatch) { tw.beginningOfPassWriteIndex = q++; tw.endOfPassWriteIndex = q++; }
+              else {
+                if (first) tw.beginningOfPassWriteIndex = 0;
+                if (last) tw.endOfPassWriteIndex = 1;
+              }
+              pass = (perDispatch || first || last) ? enc.beginComputePass({timestampWrites: tw}) : enc.beginComputePass();
+              first = false;
+            }
+            pass.setPipeline(op[1]);
+            pass.setBindGroup(0, op[2]);
+            pass.dispatchWorkgroups(op[3], op[4], op[5]);
+            if (perDispatch) { pass.end(); pass = null; }
+          } else {
+            if (pass) { pass.end(); pass = null; }
+            enc.copyBufferToBuffer(op[1], op[2], op[3], op[4], op[5]);
+          }
+        });
+        if (pass) pass.end();
+        enc.resolveQuerySet(qs, 0, per, res, 0);
+        enc.copyBufferToBuffer(res, 0, rd, 0, 8 * per);
+        device.queue.submit([enc.finish()]);
+        cpu.push(performance.now() - t0);
+        sets.push([qs, res, rd]);
+      }
+      const ns = [];
+      for (const [qs, res, rd] of sets) {
+        await rd.mapAsync(GPUMapMode.READ);
+        for (const v of new BigUint64Array(rd.getMappedRange())) ns.push(Number(v));
+        rd.unmap(); rd.destroy(); res.destroy(); qs.destroy();
+      }
+      return {cpu, ns};
+    },
     async readMapped(buf, offset, size) {
       // a MAP_READ buffer a plan copied into: resolves when that plan is done, not later ones
       await buf.mapAsync(GPUMapMode.READ, offset, size);

@@ -286,6 +286,17 @@ class Device:
     async def read_mapped_async(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         return self.read_mapped(buf, offset, size)
 
+    # -- profiling (bench/gpu_profile.py) -----------------------------------
+    def time_plan_gpu(self, plan: Plan, repeat: int = 5, per_dispatch: bool = False) -> dict:
+        """GPU time of a plan by timestamp queries (needs "timestamp-query"), encoded `repeat` times:
+        {"cpu_ms": each encode + submit on the CPU, "ns": timestamps in order}: per submit the
+        first pass's start and the last pass's end, or (per_dispatch) every dispatch in a pass
+        of its own, its start and end."""
+        raise GPUError(f"{self.backend} backend cannot time plans synchronously; use time_plan_gpu_async")
+
+    async def time_plan_gpu_async(self, plan: Plan, repeat: int = 5, per_dispatch: bool = False) -> dict:
+        return self.time_plan_gpu(plan, repeat, per_dispatch)
+
     # -- backend hooks -----------------------------------------------------
     def _create_buffer(self, size: int, kind: str, label: str): raise NotImplementedError
     def _write(self, buf: Buffer, offset: int, data: memoryview): raise NotImplementedError

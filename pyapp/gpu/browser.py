@@ -97,8 +97,7 @@ class BrowserDevice(Device):
             flat += [i, b.handle, off, size]
         return self.js.bindGroup(self.device, pipeline.handle, to_js(flat))
 
-    def _submit(self, plan: Plan):
-        self._check()
+    def _js_ops(self, plan: Plan):
         if plan._native is None:  # built once per plan; replays cost one FFI call
             ops = []
             for op in plan.ops:
@@ -109,7 +108,18 @@ class BrowserDevice(Device):
                     _, src, so, dst, do, n = op
                     ops.append([1, src.handle, so, dst.handle, do, n])
             plan._native = to_js(ops)
-        self.js.submit(self.device, plan._native)
+        return plan._native
+
+    def _submit(self, plan: Plan):
+        self._check()
+        self.js.submit(self.device, self._js_ops(plan))
+
+    async def time_plan_gpu_async(self, plan, repeat=5, per_dispatch=False):
+        if "timestamp-query" not in self.features:
+            raise GPUError("this device has no timestamp queries")
+        self._check()
+        r = await self.js.timePlan(self.device, self._js_ops(plan), repeat, per_dispatch)
+        return {"cpu_ms": list(r.cpu.to_py()), "ns": [int(v) for v in r.ns.to_py()]}
 
     async def read_mapped_async(self, buf, offset=0, size=None):
         self._check()
