@@ -79,15 +79,29 @@ fn sum_x_runs(lid: u32) {
     workgroupBarrier();
 }
 
-// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).
+// Chunk c of the row at rb . X and, MODE 1, of the up row N rows further (else 0).
+fn chunk_pair(rb: u32, c: u32) -> vec2<f32> {
+    var v = vec2<f32>(chunk_dot(rb, c), 0.0);
+    if (MODE == 1u) { v.y = chunk_dot(rb + N * (K / 256u) * 9u, c); }
+    return v;
+}
+
+// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0). A decode
+// matvec is bound by memory latency (a few warps per SM), not bandwidth: four, then two chunks
+// a round, so that their loads are in flight together rather than one after another.
 fn row_partials(row: u32, t: u32) -> vec2<f32> {
-    let words = (K / 256u) * 9u;
-    let rb = min(row, N - 1u) * words;
+    let rb = min(row, N - 1u) * (K / 256u) * 9u;
+    let n = K / 32u;
     var acc = vec2<f32>(0.0);
-    for (var c = t; c < K / 32u; c += TPR) {
-        acc.x += chunk_dot(rb, c);
-        if (MODE == 1u) { acc.y += chunk_dot(rb + N * words, c); }
+    var c = t;
+    for (; c + 3u * TPR < n; c += 4u * TPR) {
+        acc += chunk_pair(rb, c) + chunk_pair(rb, c + TPR) + chunk_pair(rb, c + 2u * TPR) + chunk_pair(rb, c + 3u * TPR);
     }
+    if (c + TPR < n) {
+        acc += chunk_pair(rb, c) + chunk_pair(rb, c + TPR);
+        c += 2u * TPR;
+    }
+    if (c < n) { acc += chunk_pair(rb, c); }
     return acc;
 }
 

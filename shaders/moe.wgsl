@@ -41,14 +41,29 @@ override WG: u32 = 256u;
 //!include gelu
 
 // route: one workgroup of RWG threads per token, the token's E logits in shared memory.
-// Every thread finds the max and the softmax sum itself (E shared reads), then the rank of
-// each of its experts: the number of experts ahead of it (a larger logit, or an equal one
-// with a lower id: the reference's stable sort). Ranks below KSEL are the chosen; three
-// barriers in all. (A single thread per token took ~290 us per layer on an H100 for E = 128,
-// KSEL rounds of a tree argmax ~63 us.)
+// The max logit by a tree, then each thread ranks its experts: the number of experts ahead
+// (a larger logit, or an equal one with a lower id: the reference's stable sort). Ranks below
+// KSEL are the chosen; their softmax sum by a second tree. (A single thread per token took ~290
+// us per layer on an H100 for E = 128, KSEL rounds of a tree argmax ~63 us, every thread
+// walking the E logits for the max and sum ~25 us.)
 override RWG: u32 = 128u;
 var<workgroup> lv: array<f32, E>;
 var<workgroup> rank: array<u32, E>;
+
+var<workgroup> rred: array<f32, RWG>;
+
+// The max (is_max) or the sum of v over route's RWG threads, to every thread (a tree; uniform
+// control flow: it holds barriers, the first one also publishing what the threads wrote before).
+fn route_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+    workgroupBarrier();
+    rred[lid] = v;
+    workgroupBarrier();
+    for (var s = RWG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { rred[lid] = select(rred[lid] + rred[lid + s], max(rred[lid], rred[lid + s]), is_max); }
+        workgroupBarrier();
+    }
+    return rred[0];
+}
 
 @compute @workgroup_size(RWG)
 fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -56,19 +71,18 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (t >= S.n_tokens) { return; }
     for (var e = lid; e < E; e += RWG) { lv[e] = LOG[t * E + e]; }
     workgroupBarrier();
-    var m = -3.4e38;
-    for (var e = 0u; e < E; e++) { m = max(m, lv[e]); }
-    var total = 0.0;
-    for (var e = 0u; e < E; e++) { total += exp(lv[e] - m); }
+    var mine = -3.4e38;
+    for (var e = lid; e < E; e += RWG) { mine = max(mine, lv[e]); }
+    let m = route_reduce(lid, mine, true);
     for (var e = lid; e < E; e += RWG) {
         let v = lv[e];
         var r = 0u;
         for (var o = 0u; o < E; o++) { r += select(0u, 1u, lv[o] > v || (lv[o] == v && o < e)); }
         rank[e] = r;
     }
-    workgroupBarrier();
-    var chosen = 0.0;
-    for (var e = 0u; e < E; e++) { if (rank[e] < KSEL) { chosen += exp(lv[e] - m); } }
+    var part = 0.0;
+    for (var e = lid; e < E; e += RWG) { if (rank[e] < KSEL) { part += exp(lv[e] - m); } }
+    let chosen = route_reduce(lid, part, false);
     for (var e = lid; e < E; e += RWG) {
         let r = rank[e];
         if (r < KSEL) {
@@ -81,6 +95,15 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red2: array<f32, WG>;
 
+// 4-weight group g of the row at rowbase (and, GEGLU, of the up row at upbase) . X row xrow.
+fn group_dot(rowbase: u32, upbase: u32, xrow: u32, g: u32) -> vec2<f32> {
+    let gpb = QK / 4u;
+    let xv = X[xrow * (K / 4u) + g];
+    var v = vec2<f32>(dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv), 0.0);
+    if (GEGLU) { v.y = dot(dq4(upbase + (g / gpb) * QB, g % gpb), xv); }
+    return v;
+}
+
 @compute @workgroup_size(WG)
 fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = wid.y;
@@ -92,19 +115,21 @@ fn experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     // the work but still meet the barriers below
     let here = e >= E0 && e < E0 + NE;
     let xrow = select(slot / KSEL, slot, XPER > 1u);
-    let gpb = QK / 4u;
     let rows_per_expert = select(N, 2u * N, GEGLU);
     let rowbase = (select(0u, e - E0, here) * rows_per_expert + min(row, N - 1u)) * (K / QK) * QB;
     let upbase = rowbase + N * (K / QK) * QB;        // GEGLU: the matching up row
-    var acc = 0.0;
-    var acc2 = 0.0;
-    for (var g = t; here && g < K / 4u; g += TPR) {
-        let xv = X[xrow * (K / 4u) + g];
-        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv);
-        if (GEGLU) { acc2 += dot(dq4(upbase + (g / gpb) * QB, g % gpb), xv); }
+    // four groups a round: their loads in flight together (the kernel is bound by memory latency)
+    var acc = vec2<f32>(0.0);
+    if (here) {
+        var g = t;
+        for (; g + 3u * TPR < K / 4u; g += 4u * TPR) {
+            acc += group_dot(rowbase, upbase, xrow, g) + group_dot(rowbase, upbase, xrow, g + TPR)
+                 + group_dot(rowbase, upbase, xrow, g + 2u * TPR) + group_dot(rowbase, upbase, xrow, g + 3u * TPR);
+        }
+        for (; g < K / 4u; g += TPR) { acc += group_dot(rowbase, upbase, xrow, g); }
     }
-    red[lid] = acc;
-    red2[lid] = acc2;
+    red[lid] = acc.x;
+    red2[lid] = acc.y;
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (t < s) {

@@ -728,7 +728,7 @@ def ple_combine(dev: Device, n_layers: int, ple_dim: int, max_tokens: int, proj:
 
 def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
     """Floats of scratch attention_decode needs."""
-    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 2)
+    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 4)    # (m, l, 0, 0) + acc per split
 
 
 @dataclass
@@ -770,9 +770,9 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
         res.update(QW=prep.q_weight, KW=prep.k_weight if prep.k_weight is not None else dev.dummy,
                    FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
-    p = _pipeline(dev, "attention", entry="attend_split", constants=c)
+    p = _pipeline(dev, "attention_decode", entry="attend_split", constants=c)
     plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
-    p = _pipeline(dev, "attention", entry="attend_combine", constants=c)
+    p = _pipeline(dev, "attention_decode", entry="attend_combine", constants=c)
     return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, 1, max_tokens)
 
 
