@@ -1,6 +1,8 @@
 // Shared by matvec.wgsl and matvec_sg.wgsl: sizes, bindings, each thread's partial dot
 // products, the shared-memory reduction and the epilogue (MODE 0: y = Wx; 1: GeGLU over the
 // gate and up halves of W; 2: gelu(Wx) * B).
+// x is read through xv() after input_prologue() (matvec_input.wgsl: from X; or
+// matvec_input_residual.wgsl: built from a pending residual add), which the prelude supplies.
 
 override K: u32;
 override N: u32;
@@ -39,7 +41,7 @@ fn partial_dot(rowbase: u32, t: u32) -> f32 {
         for (var u = t; u < K / 32u; u += TPR) { acc += dot32(rowbase, u); }
     } else {
         let gpb = QK / 4u;
-        for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]); }
+        for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv(g)); }
     }
     return acc;
 }

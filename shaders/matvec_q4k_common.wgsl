@@ -10,6 +10,8 @@
 // neighbouring threads read neighbouring 16 bytes and each load moves 32 weights; the block's
 // header is the same 16 bytes for its 8 chunks (one broadcast load). Rows start on a 16-byte
 // boundary (144 = 9 x 16), so every load is aligned.
+// x is read through xv() after input_prologue() (matvec_input.wgsl: from X; or
+// matvec_input_residual.wgsl: built from a pending residual add), which the prelude supplies.
 
 override K: u32;
 override N: u32;
@@ -59,8 +61,8 @@ fn chunk_dot(rb: u32, c: u32) -> f32 {
     var lo = 0.0;
     var hi = 0.0;
     for (var i = 0u; i < 4u; i++) {
-        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), X[xi + i]);
-        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), X[xi + 8u + i]);
+        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), xv(xi + i));
+        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), xv(xi + 8u + i));
     }
     let dm = unpack2x16float(hdr.x);
     let sm = scale_min_pair(hdr, g);
@@ -73,7 +75,7 @@ var<workgroup> xsum16: array<f32, K / 16u>;
 
 fn sum_x_runs(lid: u32) {
     for (var r = lid; r < K / 16u; r += WG) {
-        let v = X[4u * r] + X[4u * r + 1u] + X[4u * r + 2u] + X[4u * r + 3u];
+        let v = xv(4u * r) + xv(4u * r + 1u) + xv(4u * r + 2u) + xv(4u * r + 3u);
         xsum16[r] = v.x + v.y + v.z + v.w;
     }
     workgroupBarrier();

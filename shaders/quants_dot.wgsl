@@ -1,7 +1,7 @@
 // Dot products of one 32-weight unit of a quantized row with X (matvec's inner loop).
 //
 // dot32_T(rowbase, u): sum over weights 32u..32u+31 of the row starting at byte
-// rowbase, times X[8u..8u+7] (vec4). One call decodes a K-quant sub-block's scale
+// rowbase, times xv(8u..8u+7) (vec4). One call decodes a K-quant sub-block's scale
 // and min once for its 32 weights (dq4 would decode them for every 4), and reads
 // the 4-byte-aligned K-quant blocks word by word. Needs K % 32 == 0; the including
 // kernel declares X: array<vec4<f32>>. Types without a special version use dot32_generic.
@@ -12,7 +12,7 @@ fn dot32_generic(rowbase: u32, u: u32) -> f32 {
     var acc = 0.0;
     for (var j = 0u; j < 8u; j++) {
         let g = u * 8u + j;
-        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), X[g]);
+        acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv(g));
     }
     return acc;
 }
@@ -25,7 +25,7 @@ fn xsum(x: vec4<f32>) -> f32 {
 fn dot32_q8_0(rowbase: u32, u: u32) -> f32 {
     let bb = rowbase + u * 34u;
     var acc = 0.0;
-    for (var j = 0u; j < 8u; j++) { acc += dot(i8x4(rd32(bb + 2u + 4u * j)), X[u * 8u + j]); }
+    for (var j = 0u; j < 8u; j++) { acc += dot(i8x4(rd32(bb + 2u + 4u * j)), xv(u * 8u + j)); }
     return f16at(bb) * acc;
 }
 
@@ -40,7 +40,7 @@ fn dot32_q4_k(rowbase: u32, u: u32) -> f32 {
     var acc = 0.0;
     var xs = 0.0;
     for (var j = 0u; j < 8u; j++) {
-        let x = X[u * 8u + j];
+        let x = xv(u * 8u + j);
         acc += dot(vec4<f32>((bytes4(W[qw + j]) >> sh) & vec4<u32>(15u)), x);
         xs += xsum(x);
     }
@@ -59,7 +59,7 @@ fn dot32_q5_k(rowbase: u32, u: u32) -> f32 {
     var acc = 0.0;
     var xs = 0.0;
     for (var j = 0u; j < 8u; j++) {
-        let x = X[u * 8u + j];
+        let x = xv(u * 8u + j);
         let lo = (bytes4(W[qw + j]) >> sh) & vec4<u32>(15u);
         let hb = ((bytes4(W[hw + j]) >> vec4<u32>(s)) & vec4<u32>(1u)) << vec4<u32>(4u);
         acc += dot(vec4<f32>(lo | hb), x);
@@ -83,7 +83,7 @@ fn dot32_q6_k(rowbase: u32, u: u32) -> f32 {
     for (var j = 0u; j < 8u; j++) {
         let lo = (bytes4(rd32(lo_at + 4u * j)) >> lo_sh) & vec4<u32>(15u);
         let hb = ((bytes4(rd32(hi_at + 4u * j)) >> hi_sh) & vec4<u32>(3u)) << vec4<u32>(4u);
-        let v = dot(vec4<f32>(lo | hb) - 32.0, X[u * 8u + j]);
+        let v = dot(vec4<f32>(lo | hb) - 32.0, xv(u * 8u + j));
         if (j < 4u) { a.x += v; } else { a.y += v; }
     }
     let sc = bb + 192u + 8u * h + 2u * t;

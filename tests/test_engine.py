@@ -75,6 +75,35 @@ def test_toy_logits_and_greedy_match_reference(dev, toy, shape, quant, chunk):
     assert res.stop_reason == "length" and res.prompt_tokens == 6
 
 
+@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"])
+def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkeypatch):
+    """A one-token plan builds the post-norms' residual adds into the matvecs that read them
+    (K.ResidualInput): fewer dispatches, logits as the plan with an add_normed dispatch each
+    (float rounding apart: 2e-3 here), and without the storage buffers for it, that plan."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+
+    def decode(fuse: bool):
+        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1)
+        eng.runner.fuse_residual = fuse
+        eng.runner._plans.clear()
+        plan = eng.runner.layers_plan(1)
+        families = [op[1].key[:2] for op in plan.ops if op[0] == "d"]
+        return engine_logits(eng, TOKENS[:9]), families
+
+    fused, fused_ops = decode(True)
+    plain, plain_ops = decode(False)
+    cfg = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1).config
+    adds_into_residual = cfg.n_layers * (3 if cfg.has_ple else 2)
+    assert plain_ops.count(("norm", "add_normed")) >= adds_into_residual
+    # every add into the residual stream but the last layer's (nothing follows it in the plan)
+    assert plain_ops.count(("norm", "add_normed")) - fused_ops.count(("norm", "add_normed")) == adds_into_residual - 1
+    assert_logits_agree(fused, plain, atol=2e-2)      # the toy models are chaotic (module docstring)
+    monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 8)
+    _, limited_ops = decode(True)
+    assert limited_ops == plain_ops
+
+
 def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     """A 80 KiB binding limit splits token_embd (the tied head) and the FFN into row blocks."""
     from pyapp.engine import Engine

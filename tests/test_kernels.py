@@ -1010,3 +1010,40 @@ def test_moe_experts_geglu_fused(dev, qtype):
     for s, ex in enumerate(ids.reshape(-1)):
         want = gelu_tanh(w[ex, :ff] @ x[s // ksel]) * (w[ex, ff:] @ x[s // ksel])
         np.testing.assert_allclose(got[s], want, atol=2e-3 * max(1.0, np.abs(want).max()), err_msg=f"slot {s}")
+
+
+@pytest.mark.parametrize("qtype,k,chunks", [("q4_k", 768, True), ("q4_k", 2816, True), ("q6_k", 512, False),
+                                            ("f16", 1100, False)])
+@pytest.mark.parametrize("mode", ["next-norm", "raw", "geglu", "gelu-times"])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_residual_input(dev, qtype, k, chunks, mode, subgroups):
+    """A post-norm's residual add computed by every workgroup into the matvec's input
+    (K.ResidualInput): r = (R + rms_norm(Y) * w) [* scale], x = r or rms_norm(r) * w2; workgroup 0
+    writes r (the reference: norm.wgsl's add_normed, then the matvec)."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(k + len(mode))
+    n = 41
+    raw = random_tensor(qtype, 2 * n, k, rng)
+    w = dequantize(qtype, raw, 2 * n, k)
+    ysub, resid, pw, nw, b = (rng.standard_normal(k) for _ in range(5))
+    b = b[:n]
+    scale = np.float32(0.7) if mode in ("raw", "geglu") else None
+    r = (resid + rms_norm(ysub[None], pw, 1e-6)[0]) * (scale if scale is not None else 1.0)
+    x = rms_norm(r[None], nw, 1e-6)[0] if mode != "raw" else r
+    res = K.ResidualInput(f32(dev, ysub), f32(dev, resid), dev.buffer(4 * k), f32(dev, pw),
+                          scale=f32(dev, [scale]) if scale is not None else None,
+                          next_weight=f32(dev, nw) if mode != "raw" else None)
+    y = dev.buffer(4 * 2 * n)
+    opts = dict(subgroups=subgroups, chunks=chunks, residual=res)
+    if mode == "geglu":
+        dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, geglu=True, **opts))
+        gate, up = w[:n] @ x, w[n:] @ x
+        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
+    elif mode == "gelu-times":
+        dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, gelu_times=f32(dev, b), **opts))
+        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(w[:n] @ x) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+    else:
+        dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), None, y, **opts))
+        assert_close_dot(read_f32(dev, y, 2 * n), w, x, w @ x)
+    np.testing.assert_allclose(read_f32(dev, res.resid_out, k), r, rtol=1e-5, atol=1e-5)

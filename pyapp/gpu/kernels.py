@@ -134,14 +134,53 @@ def groups(n: int) -> tuple[int, int]:
     return -(-n // y), y
 
 
-def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Plan | None = None,
+@dataclass(frozen=True)
+class ResidualInput:
+    """A post-norm's residual add that a decode matvec's workgroups compute into their input x
+    (shaders/matvec_input_residual.wgsl) instead of a dispatch of its own (norm.wgsl add_normed):
+    r = (resid_in + rms_norm(y) * weight) [* scale[0]], written to resid_out by workgroup 0;
+    x = r, or rms_norm(r) * next_weight given next_weight."""
+    y: Buffer
+    resid_in: Buffer
+    resid_out: Buffer
+    weight: Buffer
+    scale: Buffer | None = None
+    next_weight: Buffer | None = None
+    eps: float = 1e-6
+
+
+# Storage buffers a matvec with a residual input binds (W, Y, B and the six of ResidualInput).
+RESIDUAL_INPUT_BUFFERS = 9
+
+
+def fuses_residual_input(dev: Device) -> bool:
+    """Whether this device binds enough storage buffers per shader for ResidualInput matvecs
+    (WebGPU guarantees 8; most GPUs offer more)."""
+    return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
+
+
+def _matvec_input(k: int, x: Buffer, residual: ResidualInput | None, dev: Device) -> tuple[str, dict, dict]:
+    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput."""
+    if residual is None:
+        return "//!include matvec_input\n", {}, {"X": x}
+    r = residual
+    consts = {"PRO": 2 if r.next_weight is not None else 1, "XS": k // 4, "PEPS": r.eps,
+              "HAS_PSC": r.scale is not None}
+    res = {"PY": r.y, "PR": r.resid_in, "RO": r.resid_out, "PW": r.weight,
+           "PNW": r.next_weight if r.next_weight is not None else dev.dummy,
+           "PSC": r.scale if r.scale is not None else dev.dummy}
+    return "//!include matvec_input_residual\n", consts, res
+
+
+def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
-           probe: int = 0) -> Plan:
+           probe: int = 0, residual: ResidualInput | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
+    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput).
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
@@ -151,6 +190,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     mode = 1 if geglu else 2 if gelu_times is not None else 0
     b = gelu_times if gelu_times is not None else dev.dummy
     plan = plan if plan is not None else dev.plan()
+    x_prelude, x_consts, x_res = _matvec_input(k, x, residual, dev)
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K
     if chunks:
@@ -159,8 +199,9 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
         tpr = tpr or q4k_threads_per_row(k)
         wg = wg or Q4K_WORKGROUP
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "PROBE": probe})
-        bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": b})
+                      prelude=x_prelude, constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
+                                                    "PROBE": probe, **x_consts})
+        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res})
         return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
     tpr, wg = tpr or 64, wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
@@ -171,10 +212,10 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, plan: Pl
     # reading neighbouring words.
     if units is None:
         units = k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES
-    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype),
+    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype) + x_prelude,
                   enables=("subgroups",) if sg else (),
-                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units})
-    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": b})
+                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units, **x_consts})
+    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res})
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 

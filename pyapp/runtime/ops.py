@@ -10,11 +10,21 @@ docstring says "fuses" stand for several reference ops
 (pyapp/reference/forward.py) in one or two dispatches.
 
 Buffers come from the State (pyapp.runtime.state); weights are GpuTensors.
+
+Residual adds in a one-token plan (`fuse_residual`): a decode step is bound by its dispatches
+(each costs several microseconds of GPU time however small), so add_norm into the residual stream
+dispatches nothing at first: it stays pending, and the matvecs that read its result (the next
+pre-norm, or the residual stream itself) build their input from it in every workgroup
+(K.ResidualInput), the first of them writing the new residual into the stream's other buffer
+(state.x and state.x_alt take turns; `residual` says which holds it now). A pending add that
+something else reads is dispatched on its own, as without fusion. finish() leaves the stream in
+state.x, where the head plans read it.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..gpu import Buffer, Plan
 from ..gpu import kernels as K
@@ -22,9 +32,28 @@ from .experts import ExpertRounds
 from .upload import GpuTensor
 
 
+@dataclass
+class _PendingAdd:
+    """An add_norm into the residual stream not dispatched yet (Ops: residual adds in a one-token plan):
+    resid_out = (resid_in + rms_norm(y) * weight) [* scale]; next_out = rms_norm(resid_out) * next_weight."""
+    y: Buffer
+    weight: Buffer
+    scale: Buffer | None
+    next_weight: Buffer | None
+    next_out: Buffer | None
+    resid_in: Buffer
+    resid_out: Buffer
+    consumed: bool = False               # a matvec built its input from it (and wrote resid_out)
+
+    def input(self, normed: bool) -> K.ResidualInput:
+        return K.ResidualInput(self.y, self.resid_in, self.resid_out, self.weight, self.scale,
+                               self.next_weight if normed else None)
+
+
 class Ops:
     def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None,
-                 experts_stream: bool = False, few_tokens: bool = False, int8: bool = True):
+                 experts_stream: bool = False, few_tokens: bool = False, int8: bool = True,
+                 fuse_residual: bool = False):
         if few_tokens and T > K.FEW_TOKENS:
             raise ValueError(f"a plan of few tokens holds at most {K.FEW_TOKENS}, not {T}")
         self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
@@ -36,6 +65,83 @@ class Ops:
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
         self._query_prep = None              # decode: what attend's split kernel norms/ropes/stores (K.QueryPrep)
+        # residual adds fused into the matvecs that consume them (module docstring)
+        self.fuse = fuse_residual and T == 1 and not self.few and K.fuses_residual_input(dev) and self._fits(cfg.hidden)
+        self.residual = state.x              # the buffer holding the residual stream now
+        self._pending: _PendingAdd | None = None
+        self._stale: set = set()             # pre-norm outputs a fused add never wrote (reading one is a bug)
+
+    # -- the residual stream (module docstring) ---------------------------------------
+    def _fits(self, k: int) -> bool:
+        """Whether a workgroup holds a k-float input beside the matvec's own shared memory."""
+        return k % 4 == 0 and 4 * k + k // 4 + 1024 <= self.dev.limits.get("max_compute_workgroup_storage_size", 16384)
+
+    def _x(self, buf: Buffer) -> Buffer:
+        """The buffer holding buf's value now (the residual stream may live in state.x_alt)."""
+        return self.residual if buf is self.s.x else buf
+
+    def _reads(self, *bufs) -> None:
+        """Before a dispatch reads bufs: dispatch the pending add if they hold its result."""
+        for b in bufs:
+            if b in self._stale:
+                raise AssertionError(f"{b.label} is read after the add that normed it into it was fused away")
+        p = self._pending
+        if p is not None and any(b is self.s.x and not p.consumed or b is p.next_out for b in bufs):
+            self._dispatch_pending()
+
+    def _writes(self, buf: Buffer) -> None:
+        """A dispatch writes buf whole: a stale pre-norm is fresh again."""
+        self._stale.discard(buf)
+        if self._pending is not None and self._pending.next_out is buf:
+            self._pending.next_out = None
+
+    def _dispatch_pending(self) -> None:
+        """The pending add's results, dispatched: the add itself, or (its consumers built the residual)
+        the next pre-norm from the new residual."""
+        p, self._pending = self._pending, None
+        if p.next_out is not None:
+            self._stale.discard(p.next_out)
+        if not p.consumed:
+            K.add_normed(self.dev, self.cfg.hidden, p.y, self.residual, p.weight, self.step, self.T, eps=self.eps,
+                         scale=p.scale, next_out=p.next_out, next_weight=p.next_weight, plan=self.plan)
+        elif p.next_out is not None:
+            K.rms_norm(self.dev, self.cfg.hidden, self.residual, p.next_out, p.next_weight, self.step,
+                       max_tokens=1, eps=self.eps, plan=self.plan)
+
+    def _retire_pending(self) -> None:
+        """A new add into the residual stream: the pending one is dispatched, or (consumed) its
+        pre-norm output, which nothing read, is left unwritten."""
+        p = self._pending
+        if p is None:
+            return
+        if not p.consumed:
+            self._dispatch_pending()
+            return
+        self._pending = None
+        if p.next_out is not None:
+            self._stale.add(p.next_out)
+
+    def _input(self, x: Buffer, fusable: bool = False) -> tuple[Buffer, K.ResidualInput | None]:
+        """(x as it is now, None) for a dispatch reading x, the pending add dispatched first if x holds its
+        result; or (None, the ResidualInput it builds x from) for a fusable one: a one-token matvec reading
+        all of x, no LoRA deltas on it (they would read x too). That matvec writes the new residual."""
+        p = self._pending
+        normed = p is not None and p.next_out is not None and x is p.next_out
+        raw = p is not None and x is self.s.x and not p.consumed
+        if not (fusable and (normed or raw)):
+            self._reads(x)
+            return self._x(x), None
+        p.consumed = True
+        self.residual = p.resid_out
+        return None, p.input(normed)
+
+    def finish(self) -> None:
+        """The end of the plan: nothing pending, the residual stream in state.x."""
+        if self._pending is not None:
+            self._dispatch_pending()
+        if self.residual is not self.s.x:
+            self.plan.copy(self.residual, 0, self.s.x, 0, 4 * self.cfg.hidden)
+            self.residual = self.s.x
 
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
@@ -43,9 +149,10 @@ class Ops:
         then the LoRA deltas on W, if an adapter targets it."""
         dev, plan, T = self.dev, self.plan, self.T
         k, n = w.shape[0], w.shape[1]
+        x, fused = self._input(x, fusable=T == 1 and len(w.parts) == 1 and not w.loras)
         if len(w.parts) == 1:
             if T == 1:
-                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan)
+                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused)
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
@@ -78,6 +185,8 @@ class Ops:
     def lora(self, deltas: list, x: Buffer, y: Buffer, ldy: int) -> None:
         """y[t, col0 + i] += scale * B (A x[t]) for each (GpuLora, col0) of an adapted projection whose
         base output is already in y (rows of ldy floats)."""
+        if deltas:
+            self._reads(x, y)
         for g, col0 in deltas:
             K.lora(self.dev, g.k, g.n, g.rank, g.a, g.b, x, y, g.scale, self.step, self.T, ldy=ldy, col0=col0,
                    plan=self.plan, bounds=g.bounds)
@@ -87,6 +196,11 @@ class Ops:
         """out = gelu(x @ gate^T) * (x @ up^T). With gate and up in one buffer (gate_up) it fuses the
         two projections and the GeGLU: one matvec for a token, one matmul + one GeGLU for a chunk."""
         dev, s, T = self.dev, self.s, self.T
+        if T == 1 and gate_up is not None and not gate_up.loras:
+            x, fused = self._input(x, fusable=True)
+            K.matvec(dev, gate_up.qtype, gate_up.shape[0], gate_up.shape[1] // 2, gate_up.buffer, x, out, geglu=True,
+                     plan=self.plan, residual=fused)
+            return
         if gate_up is None:
             ff = gate.shape[1]
             self.linear(gate, x, s.gate)
@@ -94,9 +208,7 @@ class Ops:
             K.elementwise(dev, "geglu", ff, s.gate, self.step, T, b=s.up, out=out, plan=self.plan)
             return
         ff = gate_up.shape[1] // 2
-        if T == 1 and not gate_up.loras:
-            K.matvec(dev, gate_up.qtype, gate_up.shape[0], ff, gate_up.buffer, x, out, geglu=True, plan=self.plan)
-            return
+        x, _ = self._input(x)
         if T == 1:            # adapted: the [gate | up] rows, their deltas, then the GeGLU
             K.matvec(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, plan=self.plan)
         elif self.few:
@@ -112,7 +224,9 @@ class Ops:
         (unless an adapter targets w: its delta goes in before the GeLU)."""
         n = w.shape[1]
         if self.T == 1 and not w.loras:
-            K.matvec(self.dev, w.qtype, w.shape[0], n, w.buffer, x, out, gelu_times=times, plan=self.plan)
+            x, fused = self._input(x, fusable=True)
+            K.matvec(self.dev, w.qtype, w.shape[0], n, w.buffer, x, out, gelu_times=times, plan=self.plan,
+                     residual=fused)
         else:
             self.linear(w, x, self.s.ple_gate)
             K.elementwise(self.dev, "geglu", n, self.s.ple_gate, self.step, self.T, b=times, out=out, plan=self.plan)
@@ -121,6 +235,8 @@ class Ops:
     def rms_norm(self, x: Buffer, y: Buffer, weight: GpuTensor | None, dim: int | None = None,
                  rows_per_token: int = 1, scale: float = 1.0) -> None:
         """y = rms_norm(x) [* weight] * scale over rows of `dim` (default hidden) floats."""
+        x, _ = self._input(x)
+        self._writes(y)
         K.rms_norm(self.dev, dim or self.cfg.hidden, x, y, weight.buffer if weight is not None else None,
                    self.step, max_tokens=self.T, rows_per_token=rows_per_token, eps=self.eps, scale=scale,
                    plan=self.plan)
@@ -128,6 +244,9 @@ class Ops:
     def rms_norm_pair(self, x: Buffer, y: Buffer, weight: GpuTensor | None, y2: Buffer, weight2: GpuTensor,
                       scale: float = 1.0) -> None:
         """Fuses two rms_norms of the same x: y = rms_norm(x) [* weight] * scale, y2 = rms_norm(x) * weight2."""
+        x, _ = self._input(x)
+        self._writes(y)
+        self._writes(y2)
         K.rms_norm_pair(self.dev, self.cfg.hidden, x, y, weight.buffer if weight is not None else None, y2,
                         weight2.buffer, self.step, self.T, eps=self.eps, scale=scale, plan=self.plan)
 
@@ -135,9 +254,23 @@ class Ops:
                  next_weight: GpuTensor | None = None, next_out: Buffer | None = None) -> None:
         """Fuses a post-norm's residual add, the layer scale and the next pre-norm:
         into = (into + rms_norm(y) * weight) [* scale]; then, given next_weight,
-        next_out = rms_norm(into) * next_weight."""
+        next_out = rms_norm(into) * next_weight.
+        Into the residual stream of a one-token plan it only becomes pending (module docstring)."""
         if next_weight is None:
             next_out = None
+        if self.fuse and into is self.s.x:
+            self._reads(y)
+            self._retire_pending()
+            self._stale.discard(next_out)
+            other = self.s.x_alt if self.residual is self.s.x else self.s.x
+            self._pending = _PendingAdd(y, weight.buffer, scale.buffer if scale is not None else None,
+                                        next_weight.buffer if next_weight is not None else None, next_out,
+                                        resid_in=self.residual, resid_out=other)
+            return
+        self._reads(y, into)
+        into = self._x(into)
+        if next_out is not None:
+            self._writes(next_out)
         K.add_normed(self.dev, self.cfg.hidden, y, into, weight.buffer, self.step, self.T, eps=self.eps,
                      scale=scale.buffer if scale is not None else None, next_out=next_out,
                      next_weight=next_weight.buffer if next_weight is not None else None, plan=self.plan)
@@ -179,10 +312,13 @@ class Ops:
         ff = freq_factors.buffer if freq_factors is not None else None
         g = w.qkv
         if T == 1 and g is not None:
-            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, x, s.qkv, plan=plan)
+            xq, fused = self._input(x, fusable=not g.loras)
+            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, xq, s.qkv, plan=plan, residual=fused)
             if g.v_apart is not None:
                 v = g.v_apart
-                K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan)
+                xv, fused = self._input(x, fusable=not g.loras)
+                K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, xv, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan,
+                         residual=fused)
             self.lora(g.loras, x, s.qkv, g.out_rows)
             # the decode attention's split kernel norms and ropes q, k and v and stores k, v (attend)
             self._query_prep = K.QueryPrep(2, g.q_row, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base, ff, self.eps,
@@ -275,6 +411,7 @@ class Ops:
         few tokens runs the decode kernel for each slot.
         geglu (one token): W holds gate then up rows per expert; y = gelu(x @ gate^T) * (x @ up^T)."""
         cfg, k, n, E = self.cfg, w.shape[0], w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
+        x, _ = self._input(x)
         if self.T > 1 and not self.few:
             s, KS = self.s, cfg.n_experts_used
             if self._grouped_ids is not ids:
@@ -323,6 +460,7 @@ class Ops:
     # -- head -----------------------------------------------------------------------------
     def copy_row(self, src: Buffer, row: int, dst: Buffer, width: int) -> None:
         """dst = src[row] for rows of `width` floats."""
+        src, _ = self._input(src)
         self.plan.copy(src, 4 * width * row, dst, 0, 4 * width)
 
     def softcap(self, x: Buffer, n: int, cap: float) -> None:
@@ -331,6 +469,8 @@ class Ops:
 
     def add(self, a: Buffer, b: Buffer, dim: int | None = None) -> None:
         """a += b over rows of `dim` (default hidden) floats."""
+        self._reads(b)
+        a, _ = self._input(a)
         K.elementwise(self.dev, "add", dim or self.cfg.hidden, a, self.step, self.T, b=b, plan=self.plan)
 
     def argmax_rows(self, w: GpuTensor, x: Buffer, ids: Buffer, first: int, cap: float) -> None:

@@ -43,6 +43,7 @@ class State:
         dev.write(self.iota, array("I", range(T)).tobytes())
         # residual stream and the blocks' inputs and outputs
         self.x = f32(T * d, "x")                        # [T, d] residual stream
+        self.x_alt = f32(d, "x alt")                    # [d] a decode step's residual stream, every other fused add (Ops)
         self.xn = f32(T * d, "xn")                      # [T, d] pre-norm of the next block
         self.attn_out = f32(T * d, "attn_out")          # [T, d] attention after its output projection
         self.ffn_out = f32(T * d, "ffn_out")            # [T, d] FFN result before post_ffw_norm

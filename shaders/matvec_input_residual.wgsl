@@ -1,0 +1,74 @@
+// The decode matvec's input vector x built by every workgroup from a residual add the ops
+// recorder left pending (pyapp.runtime.ops: a post-norm's add fused into the matvec that consumes
+// its result, one dispatch fewer):
+//   r = (PR + rms_norm(PY) * PW) [* PSC[0]]     the residual stream after the add;
+//   x = r (PRO 1) or rms_norm(r) * PNW (PRO 2: the next block's pre-norm).
+// Workgroup 0 also writes r to RO, the residual stream's other buffer (the others still read PR).
+// Mirrors shaders/norm.wgsl add_normed. x lives in workgroup memory (XS = K / 4 vec4s); the
+// including matvec declares K and WG and reads x through xv() after input_prologue().
+
+override PRO: u32 = 1u;
+override XS: u32 = 1u;
+override PEPS: f32 = 1e-6;
+override HAS_PSC: bool = false;
+
+@group(0) @binding(4) var<storage, read> PY: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> PR: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> RO: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> PW: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> PNW: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> PSC: array<f32>;
+
+var<workgroup> xs: array<vec4<f32>, XS>;
+var<workgroup> pro_red: array<f32, WG>;
+
+fn xv(i: u32) -> vec4<f32> { return xs[i]; }
+
+// Sum of v over the workgroup, to every thread (a tree; uniform control flow).
+fn pro_sum(lid: u32, v: f32) -> f32 {
+    pro_red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { pro_red[lid] += pro_red[lid + s]; }
+        workgroupBarrier();
+    }
+    let total = pro_red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// Each thread takes vec4s lid, lid + WG, ... in all three passes (a constant trip count, so the
+// loads of a pass can be in flight together); only the end needs a barrier.
+fn input_prologue(lid: u32, first: bool) {
+    let rounds = (K / 4u + WG - 1u) / WG;
+    var ss = 0.0;
+    for (var j = 0u; j < rounds; j++) {
+        let i = lid + j * WG;
+        if (i < K / 4u) {
+            let y = PY[i];
+            xs[i] = y;
+            ss += dot(y, y);
+        }
+    }
+    let inv = inverseSqrt(pro_sum(lid, ss) / f32(K) + PEPS);
+    var sc = 1.0;
+    if (HAS_PSC) { sc = PSC[0]; }
+    var ss2 = 0.0;
+    for (var j = 0u; j < rounds; j++) {
+        let i = lid + j * WG;
+        if (i < K / 4u) {
+            let r = (PR[i] + xs[i] * inv * PW[i]) * sc;
+            if (first) { RO[i] = r; }
+            xs[i] = r;
+            ss2 += dot(r, r);
+        }
+    }
+    if (PRO == 2u) {
+        let inv2 = inverseSqrt(pro_sum(lid, ss2) / f32(K) + PEPS);
+        for (var j = 0u; j < rounds; j++) {
+            let i = lid + j * WG;
+            if (i < K / 4u) { xs[i] = xs[i] * inv2 * PNW[i]; }
+        }
+    }
+    workgroupBarrier();
+}
