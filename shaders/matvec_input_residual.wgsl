@@ -37,38 +37,52 @@ fn pro_sum(lid: u32, v: f32) -> f32 {
     return total;
 }
 
-// Each thread takes vec4s lid, lid + WG, ... in all three passes (a constant trip count, so the
-// loads of a pass can be in flight together); only the end needs a barrier.
+// Each thread takes vec4s lid, lid + WG, ... (at most ROUNDS_MAX of them: K <= 4 WG ROUNDS_MAX) in
+// all three passes, each pass's loads issued before its arithmetic (they are in flight together:
+// the prologue is bound by memory latency); only the end needs a barrier.
+const ROUNDS_MAX: u32 = RESIDUAL_INPUT_ROUNDS;      // from the prelude (pyapp.gpu.kernels)
+
 fn input_prologue(lid: u32, first: bool) {
     let rounds = (K / 4u + WG - 1u) / WG;
-    var ss = 0.0;
-    for (var j = 0u; j < rounds; j++) {
+    var ys: array<vec4<f32>, ROUNDS_MAX>;
+    var ws: array<vec4<f32>, ROUNDS_MAX>;
+    var rs: array<vec4<f32>, ROUNDS_MAX>;
+    for (var j = 0u; j < ROUNDS_MAX; j++) {
         let i = lid + j * WG;
-        if (i < K / 4u) {
-            let y = PY[i];
-            xs[i] = y;
-            ss += dot(y, y);
+        if (j < rounds && i < K / 4u) {
+            ys[j] = PY[i];
+            rs[j] = PR[i];
+            ws[j] = PW[i];
+        } else {
+            ys[j] = vec4<f32>(0.0);
         }
     }
+    var ss = 0.0;
+    for (var j = 0u; j < ROUNDS_MAX; j++) { ss += dot(ys[j], ys[j]); }
     let inv = inverseSqrt(pro_sum(lid, ss) / f32(K) + PEPS);
     var sc = 1.0;
     if (HAS_PSC) { sc = PSC[0]; }
     var ss2 = 0.0;
-    for (var j = 0u; j < rounds; j++) {
+    for (var j = 0u; j < ROUNDS_MAX; j++) {
         let i = lid + j * WG;
-        if (i < K / 4u) {
-            let r = (PR[i] + xs[i] * inv * PW[i]) * sc;
+        if (j < rounds && i < K / 4u) {
+            let r = (rs[j] + ys[j] * inv * ws[j]) * sc;
             if (first) { RO[i] = r; }
-            xs[i] = r;
+            rs[j] = r;
             ss2 += dot(r, r);
         }
     }
     if (PRO == 2u) {
-        let inv2 = inverseSqrt(pro_sum(lid, ss2) / f32(K) + PEPS);
-        for (var j = 0u; j < rounds; j++) {
+        for (var j = 0u; j < ROUNDS_MAX; j++) {
             let i = lid + j * WG;
-            if (i < K / 4u) { xs[i] = xs[i] * inv2 * PNW[i]; }
+            if (j < rounds && i < K / 4u) { ws[j] = PNW[i]; }
         }
+        let inv2 = inverseSqrt(pro_sum(lid, ss2) / f32(K) + PEPS);
+        for (var j = 0u; j < ROUNDS_MAX; j++) { rs[j] *= inv2 * ws[j]; }
+    }
+    for (var j = 0u; j < ROUNDS_MAX; j++) {
+        let i = lid + j * WG;
+        if (j < rounds && i < K / 4u) { xs[i] = rs[j]; }
     }
     workgroupBarrier();
 }

@@ -37,6 +37,7 @@ SAMPLE_PARAM_FIELDS = (("temperature", "f32"), ("top_p", "f32"), ("min_p", "f32"
                        ("recent", "u32", MAX_RECENT))
 MATMUL_TILE = 64             # rows and tokens per workgroup of matmul_dx, moe_backward's dx, soft_embed
 DECODE_KEYS_PER_GROUP = 32   # keys per attention_decode workgroup
+RESIDUAL_INPUT_ROUNDS = 6    # vec4s per thread a residual input holds (matvec_input_residual.wgsl): K <= 24 WG
 SAMPLE_SLICE = 4096          # logits per first-stage sampling workgroup
 SAMPLE_MAX_K = 256           # top-k candidates a sampling workgroup keeps
 
@@ -60,7 +61,7 @@ SHARED_WGSL = (
     + _wgsl_struct("SampleParams", SAMPLE_PARAM_FIELDS)
     + "".join(f"const {n}: u32 = {v}u;\n" for n, v in (
         ("MATMUL_TILE", MATMUL_TILE), ("DECODE_KEYS_PER_GROUP", DECODE_KEYS_PER_GROUP),
-        ("SAMPLE_SLICE", SAMPLE_SLICE), ("SAMPLE_MAX_K", SAMPLE_MAX_K)))
+        ("SAMPLE_SLICE", SAMPLE_SLICE), ("SAMPLE_MAX_K", SAMPLE_MAX_K), ("RESIDUAL_INPUT_ROUNDS", RESIDUAL_INPUT_ROUNDS)))
 )
 
 
@@ -159,10 +160,13 @@ def fuses_residual_input(dev: Device) -> bool:
     return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
 
 
-def _matvec_input(k: int, x: Buffer, residual: ResidualInput | None, dev: Device) -> tuple[str, dict, dict]:
+def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | None, dev: Device) -> tuple[str, dict, dict]:
     """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput."""
     if residual is None:
         return "//!include matvec_input\n", {}, {"X": x}
+    if k % 4 or k > 4 * RESIDUAL_INPUT_ROUNDS * wg:
+        raise ValueError(f"a residual input of {k} floats needs k % 4 == 0 and k <= {4 * RESIDUAL_INPUT_ROUNDS} x "
+                         f"the workgroup ({wg})")
     r = residual
     consts = {"PRO": 2 if r.next_weight is not None else 1, "XS": k // 4, "PEPS": r.eps,
               "HAS_PSC": r.scale is not None}
@@ -190,14 +194,15 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     mode = 1 if geglu else 2 if gelu_times is not None else 0
     b = gelu_times if gelu_times is not None else dev.dummy
     plan = plan if plan is not None else dev.plan()
-    x_prelude, x_consts, x_res = _matvec_input(k, x, residual, dev)
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
         tpr = tpr or q4k_threads_per_row(k)
-        wg = wg or Q4K_WORKGROUP
+        # a residual input is built once per workgroup: wider workgroups build it fewer times, faster
+        wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None else Q4K_WORKGROUP)
+        x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
                       prelude=x_prelude, constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
                                                     "PROBE": probe, **x_consts})
@@ -212,6 +217,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # reading neighbouring words.
     if units is None:
         units = k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES
+    x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
     p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype) + x_prelude,
                   enables=("subgroups",) if sg else (),
                   constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units, **x_consts})
@@ -223,6 +229,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
 # 64 chunks (K <= 2048) run fastest with 8 threads each, longer rows with 32 (their matrices have
 # few rows: the GPU needs the threads); at least two chunks a thread.
 Q4K_WORKGROUP = 64
+Q4K_RESIDUAL_WORKGROUP = 256
 
 
 def q4k_threads_per_row(k: int) -> int:

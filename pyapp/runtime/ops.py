@@ -73,8 +73,10 @@ class Ops:
 
     # -- the residual stream (module docstring) ---------------------------------------
     def _fits(self, k: int) -> bool:
-        """Whether a workgroup holds a k-float input beside the matvec's own shared memory."""
-        return k % 4 == 0 and 4 * k + k // 4 + 1024 <= self.dev.limits.get("max_compute_workgroup_storage_size", 16384)
+        """Whether a matvec workgroup (256 threads) builds a k-float residual input: its registers
+        (K.RESIDUAL_INPUT_ROUNDS vec4s a thread) and its shared memory beside the matvec's own."""
+        return (k % 4 == 0 and k <= 4 * K.RESIDUAL_INPUT_ROUNDS * 256
+                and 4 * k + k // 4 + 4096 <= self.dev.limits.get("max_compute_workgroup_storage_size", 16384))
 
     def _x(self, buf: Buffer) -> Buffer:
         """The buffer holding buf's value now (the residual stream may live in state.x_alt)."""
