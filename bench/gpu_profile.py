@@ -11,7 +11,7 @@ For each plan (the decode layers, the head + sampling; --few N: a speculative st
   gpu_ms       the GPU's time from the first pass's start to the last pass's end (median)
   sum_ms       the sum of every dispatch's own time, each in a pass of its own (median)
 then one line per kernel family (shader:entry) with its dispatches and GPU us from the per-dispatch
-stamps. gpu_ms - sum_ms is what the gaps between dispatches cost (barriers, launch); wall_ms above
+stamps, and the 12 costliest kernels by shape (the family with its K, N, ... constants). gpu_ms - sum_ms is what the gaps between dispatches cost (barriers, launch); wall_ms above
 gpu_ms means the CPU side is the bound.
 """
 
@@ -27,8 +27,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+SHAPE_CONSTANTS = ("K", "N", "HD", "MODE", "PRO", "E", "KSEL")    # what tells one kernel's dispatches apart
+
+
 def _families(plan) -> list[str]:
     return [":".join(op[1].key[:2]) for op in plan.ops if op[0] == "d"]
+
+
+def _shapes(plan) -> list[str]:
+    """Each dispatch's family with the constants that set its shape (SHAPE_CONSTANTS)."""
+    out = []
+    for op in plan.ops:
+        if op[0] == "d":
+            consts = dict(op[1].key[3])
+            out.append(":".join(op[1].key[:2]) + " " + " ".join(f"{c}={consts[c]}" for c in SHAPE_CONSTANTS
+                                                              if c in consts))
+    return out
 
 
 async def _wall_ms(dev, plan, repeat: int = 20) -> float:
@@ -61,6 +75,12 @@ async def profile_plan_async(dev, name: str, plan, repeat: int = 5) -> list[dict
     for f, v in sorted(by.items(), key=lambda kv: -sum(kv[1])):
         rows.append({"plan": name, "family": f, "dispatches": len(v), "us": round(sum(v), 1),
                      "us_each": round(sum(v) / len(v), 2), "us_max": round(max(v), 2)})
+    by = defaultdict(list)
+    for f, u in zip(_shapes(plan), us):
+        by[f].append(u)
+    for f, v in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:12]:
+        rows.append({"plan": name, "kernel": f, "dispatches": len(v), "us": round(sum(v), 1),
+                     "us_each": round(sum(v) / len(v), 2)})
     return rows
 
 

@@ -116,9 +116,35 @@ fn penalize(lid: u32, lo: u32, hi: u32) {
     workgroupBarrier();
 }
 
+// k = 1 (greedy): the best input (largest, then lowest id; NaN never) in cand_v/cand_i[0], the
+// other slots padded with -inf; returns 1. A strided scan and a tree, no radix rounds.
+fn top_1(mode: u32, base: u32, count: u32, lid: u32) -> u32 {
+    var bv = -3.4e38;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < count; i += 256u) {
+        let v = input_value(mode, base, i);
+        let id = input_id(mode, base, i);
+        if (v > bv || (v == bv && id < bi)) { bv = v; bi = id; }
+    }
+    cand_v[lid] = bv;
+    cand_i[lid] = bi;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s && before(cand_v[lid + s], cand_i[lid + s], cand_v[lid], cand_i[lid])) {
+            cand_v[lid] = cand_v[lid + s];
+            cand_i[lid] = cand_i[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u && cand_i[0] == 0xffffffffu) { cand_i[0] = base; }   // every input NaN: the first
+    workgroupBarrier();
+    return 1u;
+}
+
 // Radix select, 8 bits a round: leaves in cand_v/cand_i every input at or above the
 // k-th largest (at most MAXK; the rest are padded with -inf) and returns how many.
 fn top_k(mode: u32, base: u32, count: u32, k: u32, lid: u32) -> u32 {
+    if (k == 1u) { return top_1(mode, base, count, lid); }
     if (lid == 0u) { sel = vec2<u32>(0u, k); atomicStore(&n_cand, 0u); }
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
@@ -183,8 +209,8 @@ fn sample(@builtin(local_invocation_index) lid: u32) {
     let k = effective_k(V);
     let n = min(top_k(mode, 0u, count, k, lid), k);
 
-    // bitonic sort of the 256 slots, best first
-    for (var size = 2u; size <= MAXK; size <<= 1u) {
+    // bitonic sort of the 256 slots, best first (one candidate: already first)
+    for (var size = 2u; size <= MAXK && k > 1u; size <<= 1u) {
         for (var stride = size >> 1u; stride > 0u; stride >>= 1u) {
             let j = lid ^ stride;
             if (j > lid) {

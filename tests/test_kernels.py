@@ -638,6 +638,7 @@ def test_upload_chunks_copy_and_limits(dev):
 SAMPLE_CASES = [  # (temperature, top_k, top_p, min_p, repeat_penalty)
     (0.0, 40, 0.9, 0.0, 1.0), (0.0, 40, 0.9, 0.0, 1.3), (1.0, 40, 0.95, 0.0, 1.0), (0.7, 5, 1.0, 0.0, 1.1),
     (1.3, 0, 0.5, 0.05, 1.0), (1.0, 300, 1.0, 0.0, 1.0), (0.8, 64, 0.95, 0.1, 1.2), (1.0, 40, 0.0, 0.0, 1.0),
+    (1.0, 1, 0.9, 0.0, 1.2),       # top_k 1: the greedy scan (as temperature 0), no radix rounds
 ]
 
 
