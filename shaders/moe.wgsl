@@ -156,3 +156,51 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     }
     Y[i] = acc;
 }
+
+// ---------------------------------------------------------------------------
+// tail: a MoE layer's output for token t (reference layer: post_ffw_norm_1(mlp) +
+// post_ffw_norm_2(moe)), one workgroup of 256 per token:
+//   Y[t] = rms_norm(DN[t]) * W1 + rms_norm(C[t]) * W2, C[t] as combine computes it (kept in
+//   workgroup memory). One dispatch instead of combine's and two norms'. Dispatch (T).
+// Needs KSEL <= TKMAX.
+
+@group(0) @binding(10) var<storage, read> DN: array<f32>;
+@group(0) @binding(11) var<storage, read> W1: array<f32>;
+@group(0) @binding(12) var<storage, read> W2: array<f32>;
+override TEPS: f32 = 1e-6;
+const TWG: u32 = 256u;
+const TKMAX: u32 = 16u;
+var<workgroup> tail_c: array<f32, D>;
+var<workgroup> tail_red: array<vec2<f32>, TWG>;
+
+@compute @workgroup_size(TWG)
+fn tail(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x + wid.y * nwg.x;
+    if (t >= S.n_tokens) { return; }          // uniform per workgroup
+    var wj: array<f32, TKMAX>;                // each chosen expert's weight (and down scale)
+    for (var j = 0u; j < KSEL; j++) {
+        let s = t * KSEL + j;
+        var w = WTS[s];
+        if (HAS_SC) { w *= SC[IDS[s]]; }
+        wj[j] = w;
+    }
+    var ss = vec2<f32>(0.0);                  // sums of squares: x dense, y combined experts
+    for (var d = lid; d < D; d += TWG) {
+        var c = 0.0;
+        for (var j = 0u; j < KSEL; j++) { c += wj[j] * YE[(t * KSEL + j) * D + d]; }
+        tail_c[d] = c;
+        let v = DN[t * D + d];
+        ss += vec2<f32>(v * v, c * c);
+    }
+    tail_red[lid] = ss;
+    workgroupBarrier();
+    for (var s = TWG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { tail_red[lid] += tail_red[lid + s]; }
+        workgroupBarrier();
+    }
+    let inv = inverseSqrt(tail_red[0] / f32(D) + TEPS);
+    for (var d = lid; d < D; d += TWG) {
+        Y[t * D + d] = DN[t * D + d] * inv.x * W1[d] + tail_c[d] * inv.y * W2[d];
+    }
+}

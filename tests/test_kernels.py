@@ -1048,3 +1048,27 @@ def test_matvec_residual_input(dev, qtype, k, chunks, mode, subgroups):
         dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), None, y, **opts))
         assert_close_dot(read_f32(dev, y, 2 * n), w, x, w @ x)
     np.testing.assert_allclose(read_f32(dev, res.resid_out, k), r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d,ksel,t,scaled", [(2816, 8, 1, True), (300, 3, 5, False), (36, 1, 2, True)])
+def test_moe_tail(dev, d, ksel, t, scaled):
+    """A MoE layer's output in one dispatch: rms_norm(dense) * w1 + rms_norm(sum_j weights_j y_j [* scale]) * w2."""
+    rng = np.random.default_rng(d + ksel + t)
+    e = 11
+    ye = rng.standard_normal((t * ksel, d)).astype(np.float32)
+    dense = rng.standard_normal((t, d)).astype(np.float32)
+    ids = rng.integers(0, e, size=t * ksel).astype(np.uint32)
+    wts = rng.uniform(0.1, 1.0, size=t * ksel).astype(np.float32)
+    w1, w2 = rng.standard_normal(d).astype(np.float32), rng.standard_normal(d).astype(np.float32)
+    sc = rng.uniform(0.5, 2.0, size=e).astype(np.float32)
+    idsb = dev.buffer(ids.nbytes)
+    dev.write(idsb, ids.tobytes())
+    out = f32(dev, np.full((t + 1, d), 7.0, np.float32))
+    dev.submit(K.moe_tail(dev, d, ksel, f32(dev, dense), f32(dev, w1), f32(dev, ye), idsb, f32(dev, wts), f32(dev, w2),
+                          out, step_buffer(dev, t, 0), t + 1, down_scale=f32(dev, sc) if scaled else None))
+    w = wts * (sc[ids] if scaled else 1.0)
+    moe = (w.reshape(t, ksel, 1) * ye.reshape(t, ksel, d)).sum(1)
+    want = rms_norm(dense, w1, 1e-6) + rms_norm(moe, w2, 1e-6)
+    got = read_f32(dev, out, (t + 1) * d).reshape(t + 1, d)
+    np.testing.assert_allclose(got[:t], want, rtol=1e-4, atol=1e-4)
+    assert (got[t] == 7.0).all()                 # past the step's tokens: not written

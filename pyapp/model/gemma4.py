@@ -61,9 +61,9 @@ class Gemma4:
         ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x, next_weight=w.ffn_norm, next_out=s.xn)
         if lc.has_moe:
             self.mlp(ops, w, s.xn, s.dense_out)
-            ops.rms_norm(s.dense_out, s.ffn_out, w.post_ffw_norm_1)
-            self.moe(ops, lc, w)
-            ops.add_norm(s.moe_out, w.post_ffw_norm_2, into=s.ffn_out)
+            self.moe(ops, lc, w, combine=False)
+            ops.moe_output(s.dense_out, w.post_ffw_norm_1, s.experts_out, s.expert_ids, s.expert_weights,
+                           w.experts_down_scale, w.post_ffw_norm_2, s.ffn_out)
         else:
             self.mlp(ops, w, s.xn, s.ffn_out)
         if not lc.has_ple:
@@ -97,9 +97,10 @@ class Gemma4:
         ops.geglu(x, self.s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
         ops.linear(w.ffn_down, self.s.act, out)
 
-    def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None) -> None:
+    def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None, combine: bool = True) -> None:
         """reference: moe. Router on the raw residual x (default s.x), experts on pre_ffw_norm_2(x), written to
-        experts_in (default s.xn; training keeps it apart); result in s.moe_out.
+        experts_in (default s.xn; training keeps it apart); result in s.moe_out (combine=False: the chosen
+        experts' outputs left in s.experts_out, for ops.moe_output).
         With streamed experts the expert kernels index a cache by slot (ops.expert_rounds)."""
         s = self.s
         x = s.x if x is None else x
@@ -111,7 +112,8 @@ class Gemma4:
             ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)
             ops.experts(w.experts_down, s.experts_act, s.experts_out, slots, per_slot_input=True)
-        ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
+        if combine:
+            ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
 
     def head(self, ops, row: int, sample: bool) -> None:
         """reference: forward's tail for one row of the last step: final norm, output, softcap [, sample]."""

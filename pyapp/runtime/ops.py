@@ -459,6 +459,16 @@ class Ops:
         K.moe_combine(self.dev, self.cfg.hidden, self.cfg.n_experts_used, expert_out, ids, weights, out, self.step,
                       self.T, down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
 
+    def moe_output(self, dense: Buffer, dense_norm: GpuTensor, expert_out: Buffer, ids: Buffer, weights: Buffer,
+                   down_scale: GpuTensor | None, moe_norm: GpuTensor, out: Buffer) -> None:
+        """Fuses a MoE layer's tail (reference layer: post_ffw_norm_1(mlp) + post_ffw_norm_2(moe)):
+        out[t] = rms_norm(dense[t]) * dense_norm + rms_norm(sum_j weights[t, j] * expert_out[t, j]
+        [* down_scale[ids[t, j]]]) * moe_norm, in one dispatch."""
+        self._reads(dense, expert_out)
+        K.moe_tail(self.dev, self.cfg.hidden, self.cfg.n_experts_used, dense, dense_norm.buffer, expert_out, ids,
+                   weights, moe_norm.buffer, out, self.step, self.T, eps=self.eps,
+                   down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
+
     # -- head -----------------------------------------------------------------------------
     def copy_row(self, src: Buffer, row: int, dst: Buffer, width: int) -> None:
         """dst = src[row] for rows of `width` floats."""
