@@ -88,11 +88,18 @@ fn chunk_pair(rb: u32, c: u32) -> vec2<f32> {
     return v;
 }
 
-// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0). A decode
-// matvec is bound by memory latency (a few warps per SM), not bandwidth: four, then two chunks
-// a round, so that their loads are in flight together rather than one after another.
+// Words of a row of W.
+fn row_words() -> u32 { return (K / 256u) * 9u; }
+
+// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).
 fn row_partials(row: u32, t: u32) -> vec2<f32> {
-    let rb = min(row, N - 1u) * (K / 256u) * 9u;
+    return row_partials_at(min(row, N - 1u) * row_words(), t);
+}
+
+// row_partials for the row whose first word is rb. A decode matvec is bound by memory latency (a
+// few warps per SM), not bandwidth: four, then two chunks a round, so that their loads are in
+// flight together rather than one after another.
+fn row_partials_at(rb: u32, t: u32) -> vec2<f32> {
     let n = K / 32u;
     var acc = vec2<f32>(0.0);
     var c = t;

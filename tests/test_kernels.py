@@ -986,12 +986,16 @@ def test_moe_grouped_experts_q8(dev, qtype, t, e, ksel, per_slot):
         assert_close_dot(got[slot:slot + 1], x[r:r + 1], w[ex], want, tol=2e-5)
 
 
-@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k"])
-def test_moe_experts_geglu_fused(dev, qtype):
+@pytest.mark.parametrize("qtype,chunks,hidden", [("f32", False, 256), ("q8_0", False, 256), ("q4_k", False, 256),
+                                                 ("q4_k", True, 256), ("q4_k", True, 2816)])
+def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden):
     """The decode expert matvec with the GeGLU fused (gate rows then up rows per expert), W split
-    into two buffers of experts: gelu(gate x) * (up x) per slot."""
+    into two buffers of experts: gelu(gate x) * (up x) per slot; Q4_K also in 16-byte chunks
+    (moe_q4k.wgsl, the default where the device has subgroups)."""
+    if chunks and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(33)
-    t, e, ksel, hidden, ff = 2, 5, 3, 256, 64 if qtype != "q4_k" else 256
+    t, e, ksel, ff = 2, 5, 3, 64 if qtype != "q4_k" else 256
     raw = random_tensor(qtype, e * 2 * ff, hidden, rng)
     w = dequantize(qtype, raw, e * 2 * ff, hidden).reshape(e, 2 * ff, hidden)
     ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
@@ -1005,7 +1009,7 @@ def test_moe_experts_geglu_fused(dev, qtype):
     for first, here in ((0, 2), (2, 3)):
         part = weight_buffer(dev, raw[first * 2 * ff * rb:(first + here) * 2 * ff * rb])
         K.moe_experts(dev, qtype, hidden, ff, e, ksel, part, f32(dev, x), act, ids_buf, step, t, plan=plan,
-                      first_expert=first, experts_here=here, geglu=True)
+                      first_expert=first, experts_here=here, geglu=True, chunks=chunks)
     dev.submit(plan)
     got = read_f32(dev, act, t * ksel * ff).reshape(t * ksel, ff)
     for s, ex in enumerate(ids.reshape(-1)):
