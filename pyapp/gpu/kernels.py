@@ -199,7 +199,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
-        tpr = tpr or q4k_threads_per_row(k)
+        tpr = tpr or q4k_threads_per_row(k, n)
         # a residual input is built once per workgroup: wider workgroups build it fewer times, faster
         wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None else Q4K_WORKGROUP)
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
@@ -225,15 +225,21 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
-# Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md): rows of up to
-# 64 chunks (K <= 2048) run fastest with 8 threads each, longer rows with 32 (their matrices have
-# few rows: the GPU needs the threads); at least two chunks a thread.
+# Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md, 2026-11-26): what
+# counts is the matrix's rows times threads per row: ~32-96 K threads run best (24576 rows: 4
+# threads a row, 22.6 us vs 29.0 at 8 and 105 at 32; 6144 x 2816: 8, 39.0 us vs 88.7 at 32; 1536 x
+# 12288: 32, 49.0 us vs 102.6 at 8); at least two 32-weight chunks a thread.
 Q4K_WORKGROUP = 64
 Q4K_RESIDUAL_WORKGROUP = 256
+Q4K_THREADS = 65536
 
 
-def q4k_threads_per_row(k: int) -> int:
-    return max(4, min(8 if k <= 2048 else 32, k // 64))
+def q4k_threads_per_row(k: int, n: int) -> int:
+    """Threads per row (a power of two, 4-32) for n rows of k weights."""
+    tpr = 4
+    while tpr < 32 and tpr * 2 * n <= Q4K_THREADS and tpr * 2 <= k // 64:
+        tpr *= 2
+    return tpr
 
 
 @dataclass(frozen=True)
@@ -698,7 +704,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
     if chunks:
-        tpr, wg = q4k_threads_per_row(k), Q4K_WORKGROUP
+        tpr, wg = q4k_threads_per_row(k, n * max_tokens * k_used), Q4K_WORKGROUP
         p = _pipeline(dev, "moe_q4k", enables=("subgroups",),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
