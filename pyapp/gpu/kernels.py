@@ -704,7 +704,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
     if chunks:
-        tpr, wg = q4k_threads_per_row(k, n * max_tokens * k_used), Q4K_WORKGROUP
+        tpr, wg = q4k_threads_per_row(k, n), Q4K_WORKGROUP     # an expert's rows (the sweep: 32 for a26b's)
         p = _pipeline(dev, "moe_q4k", enables=("subgroups",),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
