@@ -1,6 +1,7 @@
 """Decode matvec speed by threads per row (TPR), on the matrix shapes of a decode step.
 
     python bench/matvec_sweep.py [--quants q4_k q6_k q8_0] [--tpr 8 16 32 64]
+    python bench/matvec_sweep.py --experts        the decode expert matvecs (GPU timestamps)
 
 Prints one JSON line per (shape, quant, TPR): microseconds per dispatch (50 per submit) and
 GB/s (matrices under ~40 MB stay in the H100's 50 MB L2 across the 50 repeats: their GB/s are
@@ -36,9 +37,13 @@ def main() -> int:
     ap.add_argument("--chunk-wg", nargs="*", type=int, default=[64, 128, 256])
     ap.add_argument("--shapes", nargs="*", default=None, help="ROWSxCOLS (default: a decode step's shapes)")
     ap.add_argument("--probe", action="store_true", help="also the chunk kernel's loads alone (PROBE 1)")
+    ap.add_argument("--experts", action="store_true",
+                    help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
+    if args.experts:
+        return expert_sweep(dev, rng)
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
     for n, k in shapes:
         x = dev.buffer(4 * k)
@@ -65,6 +70,49 @@ def main() -> int:
                 s = dev.time_plan(plan, repeat=5) / reps
                 print(json.dumps({"rows": n, "cols": k, "quant": q, **v, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
+    return 0
+
+
+# (qtype, k, n, geglu): the 26B-A4B's expert gate|up (Q4_K, 2 x 704 rows of 2816) and down (704
+# long rows: Q5_0 / Q8_0, llama.cpp's fallbacks for rows that are not a multiple of 256)
+EXPERT_SHAPES = [("q4_k", 2816, 704, True), ("q5_0", 704, 2816, False), ("q8_0", 704, 2816, False)]
+
+
+def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30) -> int:
+    """One token's decode expert matvec (K.moe_experts) by kernel and threads per row: GPU us a
+    dispatch from timestamp queries around a plan of `reps`."""
+    import numpy as np
+    from pyapp import ggml
+    from pyapp.gpu import kernels as K
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(1, 0))
+    ids = dev.buffer(4 * k_used)
+    dev.write(ids, (np.arange(k_used, dtype=np.uint32) * 3 + 1).tobytes())
+    for q, k, n, geglu in EXPERT_SHAPES:
+        per_expert = ggml.row_bytes(q, k) * (2 * n if geglu else n)
+        n_experts = min(n_experts, dev.limits["max_storage_buffer_binding_size"] // per_expert)   # lavapipe: 128 MiB
+        rows = n_experts * (2 * n if geglu else n)
+        nbytes = ggml.row_bytes(q, k) * rows
+        w = dev.buffer(nbytes)
+        dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())
+        x = dev.buffer(4 * k * k_used)
+        dev.write(x, rng.standard_normal(k * k_used).astype(np.float32).tobytes())
+        y = dev.buffer(4 * n * k_used)
+        variants = [dict(chunks=False, tpr=t, wg=g) for t in (8, 16, 32, 64) for g in (64, 128, 256) if t <= g]
+        if q == "q4_k" and dev.has_subgroups:
+            variants += [dict(chunks=True, tpr=t, wg=g) for t in (8, 16, 32) for g in (64, 128, 256)]
+        for v in variants:
+            plan = dev.plan()
+            for _ in range(reps):
+                K.moe_experts(dev, q, k, n, n_experts, k_used, w, x, y, ids, step, 1, plan=plan, geglu=geglu,
+                              per_slot_input=not geglu, **v)
+            dev.time_plan_gpu(plan, 1)
+            t = dev.time_plan_gpu(plan, 3)
+            ns = sorted(t["ns"][2 * i + 1] - t["ns"][2 * i] for i in range(3))[1]
+            us = ns / 1e3 / reps
+            read = ggml.row_bytes(q, k) * k_used * (2 * n if geglu else n)
+            print(json.dumps({"experts": f"{q} {k}x{n}{' geglu' if geglu else ''}", **v, "us": round(us, 2),
+                              "gb_s": round(read / us / 1e3, 1), "adapter": dev.describe()}), flush=True)
     return 0
 
 

@@ -692,7 +692,7 @@ def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buf
 
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                 y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
-                plan: Plan | None = None, tpr: int = 64, wg: int = 256, first_expert: int = 0,
+                plan: Plan | None = None, tpr: int | None = None, wg: int | None = None, first_expert: int = 0,
                 experts_here: int | None = None, geglu: bool = False, chunks: bool | None = None) -> Plan:
     """y[t*k_used + j] = W[ids[t, j]] [n, k] @ x[t or t*k_used + j] for W [n_experts, n, k].
     A W split over buffers: w holds experts first_expert .. first_expert + experts_here - 1, and
@@ -704,12 +704,14 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
     if chunks:
-        tpr, wg = q4k_threads_per_row(k, n), Q4K_WORKGROUP     # an expert's rows (the sweep: 32 for a26b's)
+        tpr = tpr or q4k_threads_per_row(k, n)     # an expert's rows (the sweep: 32 for a26b's)
+        wg = wg or Q4K_WORKGROUP
         p = _pipeline(dev, "moe_q4k", enables=("subgroups",),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
+    tpr, wg = tpr or 64, wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert, "GEGLU": geglu,
