@@ -690,6 +690,16 @@ def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buf
     return (plan or dev.plan()).dispatch(p, bg, max_tokens)
 
 
+def expert_threads_per_row(k: int) -> int:
+    """Threads per row of the 4-weight-group expert matvec: a power of two 8-64, about 16 groups a
+    thread (bench/matvec_sweep.py --experts on an H100, 2026-11-26: the 26B-A4B's 704-long Q5_0
+    down rows took 93 us a dispatch at 8 threads, 155 at 64; Q8_0 58.5 and 108.7)."""
+    tpr = 8
+    while tpr < 64 and k // 4 // (2 * tpr) >= 16:
+        tpr *= 2
+    return tpr
+
+
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                 y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
                 plan: Plan | None = None, tpr: int | None = None, wg: int | None = None, first_expert: int = 0,
@@ -711,7 +721,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
-    tpr, wg = tpr or 64, wg or 256
+    tpr, wg = tpr or expert_threads_per_row(k), wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert, "GEGLU": geglu,
