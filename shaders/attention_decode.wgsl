@@ -39,6 +39,7 @@ const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4
 @group(0) @binding(10) var<storage, read> FF: array<f32>;
 
 //!include sincos
+//!include workgroup_sum
 
 // attend_split's PREP (saves the separate norm/RoPE dispatch of a decode step):
 //   0: Q holds the query, normed and roped;
@@ -66,25 +67,11 @@ var<workgroup> red4: array<vec4<f32>, WG>;
 
 fn hd4() -> u32 { return HD / 4u; }
 
-// Sum of v over the WG threads (part4 as a tree); uniform control flow only.
-fn sum_wg(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    part4[lid] = v;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (lid < st) { part4[lid] += part4[lid + st]; }
-        workgroupBarrier();
-    }
-    let total = part4[0];
-    workgroupBarrier();
-    return total;
-}
-
 // 1 / rms of the HD raw floats of Q at base.
 fn inv_rms_q(base: u32, lid: u32) -> f32 {
     var ss = 0.0;
     for (var d = lid; d < HD; d += WG) { ss += Q[base + d] * Q[base + d]; }
-    return inverseSqrt(sum_wg(lid, ss) / f32(HD) + EPS);
+    return inverseSqrt(workgroup_sum(lid, ss) / f32(HD) + EPS);
 }
 
 // Dim i of rope(norm(Q[base..base+HD]) * w) at position pos; w = KW when is_k, else QW.
@@ -256,7 +243,7 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         l += e * PART[(p0 + s) * stride].y;
         cw[s] = e;
     }
-    let total_l = sum_wg(lid, l);
+    let total_l = workgroup_sum(lid, l);
     // the weighted sum of the splits' acc: vec4 slot lid % HD4, splits part, part + parts, ...
     let slot = lid % hd4();
     let part = lid / hd4();
