@@ -5,72 +5,17 @@
 // W holds experts E0 .. E0 + NE - 1 (a big expert tensor is split over buffers): slots routed
 // elsewhere are not written. Dispatch (ceil(N / (WG / TPR)), T * KSEL).
 
-// ROUTE (one token's decode step): each workgroup finds its slot's expert from the router's logits
-// itself, by moe.wgsl route's rule (softmax, the KSEL largest, lowest id on ties, their probabilities
-// renormalized), and the workgroups of x = 0 write IDS and WTS for the kernels after it: one
-// dispatch fewer a MoE layer.
-
 // (declared before the include: naga 29 panics on overrides declared after a workgroup array
 // sized by an earlier one)
 override KSEL: u32 = 1u;
 override XPER: u32 = 1u;
 override E0: u32 = 0u;
 override NE: u32 = 1u;
-override ROUTE: bool = false;
-override E: u32 = 1u;                     // ROUTE: the experts the router scores
 
 //!include matvec_q4k_common
 
-@group(0) @binding(10) var<storage, read_write> IDS: array<u32>;
+@group(0) @binding(10) var<storage, read> IDS: array<u32>;
 @group(0) @binding(11) var<uniform> S: Step;
-@group(0) @binding(12) var<storage, read> LOG: array<f32>;
-@group(0) @binding(13) var<storage, read_write> WTS: array<f32>;
-
-var<workgroup> logit: array<f32, E>;
-var<workgroup> picked: u32;
-
-// The max (is_max) or the sum of v over the workgroup, to every thread (a tree in red's x; uniform
-// control flow).
-fn route_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
-    red[lid] = vec2<f32>(v, 0.0);
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid].x = select(red[lid].x + red[lid + s].x, max(red[lid].x, red[lid + s].x), is_max); }
-        workgroupBarrier();
-    }
-    let r = red[0].x;
-    workgroupBarrier();
-    return r;
-}
-
-// ROUTE: the expert of slot s = t * KSEL + j (the one ranked j among token t's logits); the
-// workgroup writes IDS[s] and WTS[s] when `writes`.
-fn routed(slot: u32, lid: u32, writes: bool) -> u32 {
-    let t = slot / KSEL;
-    let j = slot % KSEL;
-    var mine = -3.4e38;
-    for (var e = lid; e < E; e += WG) {
-        let v = LOG[t * E + e];
-        logit[e] = v;
-        mine = max(mine, v);
-    }
-    let m = route_reduce(lid, mine, true);       // its barriers also publish logit[]
-    var chosen = 0.0;
-    for (var e = lid; e < E; e += WG) {
-        let v = logit[e];
-        var rank = 0u;
-        for (var o = 0u; o < E; o++) { rank += select(0u, 1u, logit[o] > v || (logit[o] == v && o < e)); }
-        if (rank < KSEL) { chosen += exp(v - m); }
-        if (rank == j) { picked = e; }
-    }
-    let total = route_reduce(lid, chosen, false);
-    let e = picked;
-    if (writes && lid == 0u) {
-        IDS[slot] = e;
-        WTS[slot] = exp(logit[e] - m) / total;
-    }
-    return e;
-}
 
 var<private> x_row0: u32;                 // the first vec4 of this workgroup's input row
 
@@ -83,8 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (slot >= S.n_tokens * KSEL) { return; }        // uniform per workgroup
     let row = wid.x * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
-    var e: u32;
-    if (ROUTE) { e = routed(slot, lid, wid.x == 0u); } else { e = IDS[slot]; }
+    let e = IDS[slot];
     let here = e >= E0 && e < E0 + NE;
     x_row0 = select(slot / KSEL, slot, XPER > 1u) * (K / 4u);
     sum_x_runs(lid);

@@ -99,8 +99,6 @@ def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkey
     # every add into the residual stream but the last layer's (nothing follows it in the plan)
     assert plain_ops.count(("norm", "add_normed")) - fused_ops.count(("norm", "add_normed")) == adds_into_residual - 1
     assert_logits_agree(fused, plain, atol=2e-2)      # the toy models are chaotic (module docstring)
-    if cfg.n_experts and dev.has_subgroups:           # the Q4_K experts' gate|up routes itself
-        assert plain_ops.count(("moe", "route")) == cfg.n_layers and ("moe", "route") not in fused_ops
     monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 8)
     _, limited_ops = decode(True)
     assert limited_ops == plain_ops

@@ -1076,38 +1076,3 @@ def test_moe_tail(dev, d, ksel, t, scaled):
     got = read_f32(dev, out, (t + 1) * d).reshape(t + 1, d)
     np.testing.assert_allclose(got[:t], want, rtol=1e-4, atol=1e-4)
     assert (got[t] == 7.0).all()                 # past the step's tokens: not written
-
-
-@pytest.mark.parametrize("e,ksel,hidden,parts", [(128, 8, 256, 1), (11, 3, 512, 2)])
-def test_moe_q4k_routes_itself(dev, e, ksel, hidden, parts):
-    """The Q4_K chunk expert matvec given the router's logits (route=): each workgroup picks its
-    slot's expert as moe_route does, writes the ids and weights, and the products match the
-    routed kernel's; W split over buffers of experts."""
-    if not dev.has_subgroups:
-        pytest.skip("device has no subgroups feature")
-    rng = np.random.default_rng(e + ksel)
-    ff = 256
-    logits = rng.standard_normal((1, e)).astype(np.float32)
-    logits[0, 5] = logits[0, 9] = logits.max() + 1.0            # a tie among the chosen: the lower id first
-    raw = random_tensor("q4_k", e * 2 * ff, hidden, rng)
-    x = rng.standard_normal((1, hidden)).astype(np.float32)
-    step = step_buffer(dev, 1)
-    want_ids, want_wts = dev.buffer(4 * ksel), dev.buffer(4 * ksel)
-    want = dev.buffer(4 * ksel * ff)
-    plan = K.moe_route(dev, e, ksel, f32(dev, logits), want_ids, want_wts, step, 1)
-    K.moe_experts(dev, "q4_k", hidden, ff, e, ksel, weight_buffer(dev, raw), f32(dev, x), want, want_ids, step, 1,
-                  plan=plan, geglu=True, chunks=True)
-    ids, wts = dev.buffer(4 * ksel), dev.buffer(4 * ksel)
-    got = dev.buffer(4 * ksel * ff)
-    rb = len(raw) // (e * 2 * ff)
-    bounds = [0, e // 2, e] if parts == 2 else [0, e]
-    for first, end in zip(bounds, bounds[1:]):
-        part = weight_buffer(dev, raw[first * 2 * ff * rb:end * 2 * ff * rb])
-        K.moe_experts(dev, "q4_k", hidden, ff, e, ksel, part, f32(dev, x), got, ids, step, 1, plan=plan, geglu=True,
-                      chunks=True, first_expert=first, experts_here=end - first, route=(f32(dev, logits), wts))
-    dev.submit(plan)
-    got_ids = np.frombuffer(dev.read(ids, 0, 4 * ksel), np.uint32)
-    np.testing.assert_array_equal(got_ids, np.frombuffer(dev.read(want_ids, 0, 4 * ksel), np.uint32))
-    assert list(got_ids[:2]) == [5, 9]
-    np.testing.assert_allclose(read_f32(dev, wts, ksel), read_f32(dev, want_wts, ksel), rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(read_f32(dev, got, ksel * ff), read_f32(dev, want, ksel * ff), rtol=1e-5, atol=1e-5)

@@ -690,11 +690,6 @@ def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buf
     return (plan or dev.plan()).dispatch(p, bg, max_tokens)
 
 
-def expert_routes_itself(dev: Device, qtype) -> bool:
-    """Whether moe_experts on these weights can take route= (the Q4_K chunk kernel: subgroups needed)."""
-    return quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
-
-
 def expert_threads_per_row(k: int) -> int:
     """Threads per row of the 4-weight-group expert matvec: a power of two 8-64, about 16 groups a
     thread (bench/matvec_sweep.py --experts on an H100, 2026-11-26: the 26B-A4B's 704-long Q5_0
@@ -708,30 +703,23 @@ def expert_threads_per_row(k: int) -> int:
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                 y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
                 plan: Plan | None = None, tpr: int | None = None, wg: int | None = None, first_expert: int = 0,
-                experts_here: int | None = None, geglu: bool = False, chunks: bool | None = None,
-                route: tuple[Buffer, Buffer] | None = None) -> Plan:
+                experts_here: int | None = None, geglu: bool = False, chunks: bool | None = None) -> Plan:
     """y[t*k_used + j] = W[ids[t, j]] [n, k] @ x[t or t*k_used + j] for W [n_experts, n, k].
     A W split over buffers: w holds experts first_expert .. first_expert + experts_here - 1, and
     only the slots routed to those are written. geglu: W is [n_experts, 2n, k] (gate rows, then
     up rows) and y = gelu(gate x) * (up x). chunks: Q4_K read in 16-byte chunks (moe_q4k.wgsl;
-    default for Q4_K where the device has subgroups). route = (logits [T, n_experts], weights):
-    the kernel routes itself as moe_route would and writes ids and weights (chunks only)."""
+    default for Q4_K where the device has subgroups)."""
     row_bytes(qtype, k)
     ne = n_experts - first_expert if experts_here is None else experts_here
     if chunks is None:
-        chunks = expert_routes_itself(dev, qtype)
-    if route is not None and not chunks:
-        raise ValueError("only the Q4_K chunk expert matvec routes itself")
+        chunks = quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
     if chunks:
         tpr = tpr or q4k_threads_per_row(k, n)     # an expert's rows (the sweep: 32 for a26b's)
         wg = wg or Q4K_WORKGROUP
         p = _pipeline(dev, "moe_q4k", enables=("subgroups",),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
-                                 "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne,
-                                 "ROUTE": route is not None, "E": n_experts if route is not None else 1})
-        logits, weights = route if route is not None else (dev.dummy, dev.dummy_out)
-        bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids, "LOG": logits,
-                                "WTS": weights})
+                                 "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
+        bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     tpr, wg = tpr or expert_threads_per_row(k), wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),

@@ -18,8 +18,7 @@ pre-norm, or the residual stream itself) build their input from it in every work
 (K.ResidualInput), the first of them writing the new residual into the stream's other buffer
 (state.x and state.x_alt take turns; `residual` says which holds it now). A pending add that
 something else reads is dispatched on its own, as without fusion. finish() leaves the stream in
-state.x, where the head plans read it. The router's top-k waits the same way for the experts' Q4_K
-gate|up kernel, which routes itself.
+state.x, where the head plans read it.
 """
 
 from __future__ import annotations
@@ -71,8 +70,6 @@ class Ops:
         self.residual = state.x              # the buffer holding the residual stream now
         self._pending: _PendingAdd | None = None
         self._stale: set = set()             # pre-norm outputs a fused add never wrote (reading one is a bug)
-        # decode: the router's (logits, ids, weights) the experts' Q4_K gate|up kernel routes itself from
-        self._pending_route = None
 
     # -- the residual stream (module docstring) ---------------------------------------
     def _fits(self, k: int) -> bool:
@@ -142,8 +139,6 @@ class Ops:
 
     def finish(self) -> None:
         """The end of the plan: nothing pending, the residual stream in state.x."""
-        if self._pending_route is not None:
-            self._routed(self._pending_route[1])
         if self._pending is not None:
             self._dispatch_pending()
         if self.residual is not self.s.x:
@@ -390,22 +385,10 @@ class Ops:
 
     # -- mixture of experts ------------------------------------------------------------------
     def route(self, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
-        """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router).
-        In a one-token plan with residual fusion it stays pending: the experts' Q4_K gate|up kernel that
-        reads ids routes itself and writes them (K.moe_experts route=), one dispatch fewer."""
-        self._grouped_ids = None             # new ids: the next chunk's expert products group them again
-        if self.fuse and not self.experts_stream:
-            self._pending_route = (logits, ids, weights)
-            return
+        """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
         K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
                     plan=self.plan)
-
-    def _routed(self, *bufs) -> None:
-        """Before a dispatch reads the router's ids or weights: the pending route dispatched."""
-        r = self._pending_route
-        if r is not None and any(b is r[1] or b is r[2] for b in bufs):
-            self._pending_route = None
-            K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, *r, self.step, self.T, plan=self.plan)
+        self._grouped_ids = None             # new ids: the next chunk's expert products group them again
 
     @contextmanager
     def expert_rounds(self, layer: int, ids: Buffer):
@@ -431,11 +414,6 @@ class Ops:
         geglu (one token): W holds gate then up rows per expert; y = gelu(x @ gate^T) * (x @ up^T)."""
         cfg, k, n, E = self.cfg, w.shape[0], w.shape[1], w.shape[2]     # E: experts W holds (or cache slots)
         x, _ = self._input(x)
-        r = self._pending_route
-        route = None
-        if r is not None and ids is r[1] and geglu and K.expert_routes_itself(self.dev, w.qtype):
-            route, self._pending_route = (r[0], r[2]), None
-        self._routed(ids)
         if self.T > 1 and not self.few:
             s, KS = self.s, cfg.n_experts_used
             if self._grouped_ids is not ids:
@@ -457,7 +435,7 @@ class Ops:
         for p in w.parts:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,
                           p.buffer, x, y, ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
-                          first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu, route=route)
+                          first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu)
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:
@@ -478,7 +456,6 @@ class Ops:
     def combine(self, expert_out: Buffer, ids: Buffer, weights: Buffer, out: Buffer,
                 down_scale: GpuTensor | None) -> None:
         """out[t] = sum_j weights[t, j] * expert_out[t, j] [* down_scale[ids[t, j]]]."""
-        self._routed(ids, weights)
         K.moe_combine(self.dev, self.cfg.hidden, self.cfg.n_experts_used, expert_out, ids, weights, out, self.step,
                       self.T, down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
 
@@ -488,7 +465,6 @@ class Ops:
         out[t] = rms_norm(dense[t]) * dense_norm + rms_norm(sum_j weights[t, j] * expert_out[t, j]
         [* down_scale[ids[t, j]]]) * moe_norm, in one dispatch."""
         self._reads(dense, expert_out)
-        self._routed(ids, weights)
         K.moe_tail(self.dev, self.cfg.hidden, self.cfg.n_experts_used, dense, dense_norm.buffer, expert_out, ids,
                    weights, moe_norm.buffer, out, self.step, self.T, eps=self.eps,
                    down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
