@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--chunk-wg", nargs="*", type=int, default=[64, 128, 256])
     ap.add_argument("--shapes", nargs="*", default=None, help="ROWSxCOLS (default: a decode step's shapes)")
     ap.add_argument("--probe", action="store_true", help="also the chunk kernel's loads alone (PROBE 1)")
+    ap.add_argument("--gpu-time", action="store_true", help="time by GPU timestamps (default: wall clock)")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
@@ -67,10 +68,16 @@ def main() -> int:
                 for _ in range(reps):
                     K.matvec(dev, q, k, n, w, x, y, plan=plan, **v)
                 dev.time_plan(plan, repeat=1)          # warm-up: the first plan after setup runs slow
-                s = dev.time_plan(plan, repeat=5) / reps
+                s = (gpu_seconds(dev, plan) if args.gpu_time else dev.time_plan(plan, repeat=5)) / reps
                 print(json.dumps({"rows": n, "cols": k, "quant": q, **v, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
+
+
+def gpu_seconds(dev, plan, repeat: int = 3) -> float:
+    """Median GPU seconds of a plan, by timestamps at its first pass's start and last pass's end."""
+    t = dev.time_plan_gpu(plan, repeat)
+    return sorted(t["ns"][2 * i + 1] - t["ns"][2 * i] for i in range(repeat))[repeat // 2] / 1e9
 
 
 # (qtype, k, n, geglu): the 26B-A4B's expert gate|up (Q4_K, 2 x 704 rows of 2816) and down (704
@@ -107,9 +114,7 @@ def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30
                 K.moe_experts(dev, q, k, n, n_experts, k_used, w, x, y, ids, step, 1, plan=plan, geglu=geglu,
                               per_slot_input=not geglu, **v)
             dev.time_plan_gpu(plan, 1)
-            t = dev.time_plan_gpu(plan, 3)
-            ns = sorted(t["ns"][2 * i + 1] - t["ns"][2 * i] for i in range(3))[1]
-            us = ns / 1e3 / reps
+            us = gpu_seconds(dev, plan) * 1e6 / reps
             read = ggml.row_bytes(q, k) * k_used * (2 * n if geglu else n)
             print(json.dumps({"experts": f"{q} {k}x{n}{' geglu' if geglu else ''}", **v, "us": round(us, 2),
                               "gb_s": round(read / us / 1e3, 1), "adapter": dev.describe()}), flush=True)
