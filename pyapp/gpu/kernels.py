@@ -208,7 +208,10 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
                                                     "PROBE": probe, **x_consts})
         bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res})
         return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
-    tpr, wg = tpr or 64, wg or 256
+    # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
+    # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
+    # 1536 x 256 9.6); with a residual input 32 (8 rows a workgroup: half the workgroups build the input)
+    tpr, wg = tpr or (32 if residual is not None else 64), wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
