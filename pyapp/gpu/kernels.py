@@ -210,8 +210,11 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
-    # 1536 x 256 9.6); with a residual input 32 (8 rows a workgroup: half the workgroups build the input)
-    tpr, wg = tpr or (32 if residual is not None else 64), wg or 256
+    # 1536 x 256 9.6). With a residual input and many rows 32 (8 rows a workgroup: half the workgroups
+    # build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row PLE gate: 16.2
+    # us at 32, 13.3 at 64)
+    tpr = tpr or (32 if residual is not None and n >= 1024 else 64)
+    wg = wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
