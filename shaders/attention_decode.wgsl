@@ -229,14 +229,7 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         cw[s] = ml.x;
         mx = max(mx, ml.x);
     }
-    workgroupBarrier();
-    part4[lid] = mx;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (lid < st) { part4[lid] = max(part4[lid], part4[lid + st]); }
-        workgroupBarrier();
-    }
-    let big = part4[0];
+    let big = workgroup_max(lid, mx);          // its barriers also publish cw[]
     var l = 0.0;
     for (var s = lid; s < used; s += WG) {
         let e = exp(cw[s] - big);

@@ -20,22 +20,10 @@ override HAS_PSC: bool = false;
 @group(0) @binding(9) var<storage, read> PSC: array<f32>;
 
 var<workgroup> xs: array<vec4<f32>, XS>;
-var<workgroup> pro_red: array<f32, WG>;
+
+//!include workgroup_sum
 
 fn xv(i: u32) -> vec4<f32> { return xs[i]; }
-
-// Sum of v over the workgroup, to every thread (a tree; uniform control flow).
-fn pro_sum(lid: u32, v: f32) -> f32 {
-    pro_red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { pro_red[lid] += pro_red[lid + s]; }
-        workgroupBarrier();
-    }
-    let total = pro_red[0];
-    workgroupBarrier();
-    return total;
-}
 
 // Each thread takes vec4s lid, lid + WG, ... (at most ROUNDS_MAX of them: K <= 4 WG ROUNDS_MAX) in
 // all three passes, each pass's loads issued before its arithmetic (they are in flight together:
@@ -59,7 +47,7 @@ fn input_prologue(lid: u32, first: bool) {
     }
     var ss = 0.0;
     for (var j = 0u; j < ROUNDS_MAX; j++) { ss += dot(ys[j], ys[j]); }
-    let inv = inverseSqrt(pro_sum(lid, ss) / f32(K) + PEPS);
+    let inv = inverseSqrt(workgroup_sum(lid, ss) / f32(K) + PEPS);
     var sc = 1.0;
     if (HAS_PSC) { sc = PSC[0]; }
     var ss2 = 0.0;
@@ -77,7 +65,7 @@ fn input_prologue(lid: u32, first: bool) {
             let i = lid + j * WG;
             if (j < rounds && i < K / 4u) { ws[j] = PNW[i]; }
         }
-        let inv2 = inverseSqrt(pro_sum(lid, ss2) / f32(K) + PEPS);
+        let inv2 = inverseSqrt(workgroup_sum(lid, ss2) / f32(K) + PEPS);
         for (var j = 0u; j < ROUNDS_MAX; j++) { rs[j] *= inv2 * ws[j]; }
     }
     for (var j = 0u; j < ROUNDS_MAX; j++) {

@@ -118,11 +118,18 @@ var<workgroup> red: array<vec2<f32>, WG>;
 
 // Sum the TPR partials of each row with a tree in shared memory; the row's thread 0 writes Y.
 fn reduce_and_finish(lid: u32, t: u32, row: u32, acc: vec2<f32>) {
+    let total = row_tree_sum(lid, t, acc);
+    if (t == 0u && row < N) { Y[row] = finish(row, total.x, total.y); }
+}
+
+// The sum of each row's TPR partials (a tree in shared memory), meaningful in the row's thread 0.
+// Uniform control flow only.
+fn row_tree_sum(lid: u32, t: u32, acc: vec2<f32>) -> vec2<f32> {
     red[lid] = acc;
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (t < s) { red[lid] += red[lid + s]; }
         workgroupBarrier();
     }
-    if (t == 0u && row < N) { Y[row] = finish(row, red[lid].x, red[lid].y); }
+    return red[lid];
 }

@@ -38,13 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc = row_partials_at(((e - E0) * rows_per_expert + min(row, N - 1u)) * row_words(), t);
     }
     if (sg < TPR) {                                    // a subgroup narrower than a row: the tree
-        red[lid] = acc;
-        workgroupBarrier();
-        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-            if (t < s) { red[lid] += red[lid + s]; }
-            workgroupBarrier();
-        }
-        acc = red[lid];
+        acc = row_tree_sum(lid, t, acc);
     } else {
         for (var m = TPR / 2u; m > 0u; m >>= 1u) { acc += subgroupShuffleXor(acc, m); }
     }

@@ -2,28 +2,28 @@
 // workgroup, returned to every thread (a tree in shared memory). The including kernel declares `override WG: u32` (a power
 // of two, the workgroup size) and calls this in uniform control flow (it holds barriers).
 
-var<workgroup> red: array<f32, WG>;
+var<workgroup> wg_red: array<f32, WG>;
 
 fn workgroup_sum(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
+    wg_red[lid] = v;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] += red[lid + s]; }
+        if (lid < s) { wg_red[lid] += wg_red[lid + s]; }
         workgroupBarrier();
     }
-    let total = red[0];
-    workgroupBarrier();                      // everyone has read red[0] before red is reused
+    let total = wg_red[0];
+    workgroupBarrier();                      // everyone has read wg_red[0] before wg_red is reused
     return total;
 }
 
 fn workgroup_max(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
+    wg_red[lid] = v;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+        if (lid < s) { wg_red[lid] = max(wg_red[lid], wg_red[lid + s]); }
         workgroupBarrier();
     }
-    let m = red[0];
+    let m = wg_red[0];
     workgroupBarrier();
     return m;
 }

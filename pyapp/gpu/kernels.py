@@ -156,7 +156,7 @@ RESIDUAL_INPUT_BUFFERS = 9
 
 def fuses_residual_input(dev: Device) -> bool:
     """Whether this device binds enough storage buffers per shader for ResidualInput matvecs
-    (WebGPU guarantees 8; most GPUs offer more)."""
+    (WebGPU guarantees 8; Dawn offered 16 on the H100 of bench/RESULTS.md)."""
     return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
 
 

@@ -75,8 +75,9 @@ class NativeDevice(Device):
             raise GPUError(f"bind group for {pipeline.label}: {e}") from e
 
     def _encode(self, plan: Plan, stamps=None, per_dispatch: bool = False):
-        """A command buffer of the plan; with `stamps` (a timestamp query set) it writes the first
-        pass's start and the last pass's end, or every dispatch in a pass of its own, its start and end."""
+        """A command buffer of the plan; with `stamps` = (timestamp query set, buffer to resolve it into)
+        it writes the first pass's start and the last pass's end, or every dispatch in a pass of its own,
+        its start and end."""
         enc = self.device.create_command_encoder()
         cpass = None
         last = max((i for i, op in enumerate(plan.ops) if op[0] == "d"), default=-1)
@@ -87,7 +88,7 @@ class NativeDevice(Device):
                     tw = None
                     if stamps is not None:
                         reaches_last = all(o[0] == "d" for o in plan.ops[i:last])
-                        tw = {"query_set": stamps}
+                        tw = {"query_set": stamps[0]}
                         if per_dispatch:
                             tw.update(beginning_of_pass_write_index=q, end_of_pass_write_index=q + 1)
                             q += 2
@@ -97,7 +98,9 @@ class NativeDevice(Device):
                             if reaches_last:
                                 tw["end_of_pass_write_index"] = 1
                             q = 2
-                    cpass = enc.begin_compute_pass(timestamp_writes=tw) if tw and len(tw) > 1 else enc.begin_compute_pass()
+                        if len(tw) == 1:     # a pass between the first and the last: no stamp
+                            tw = None
+                    cpass = enc.begin_compute_pass(timestamp_writes=tw) if tw else enc.begin_compute_pass()
                 _, p, bg, x, y, z = op
                 cpass.set_pipeline(p.handle)
                 cpass.set_bind_group(0, bg.handle)
@@ -114,29 +117,25 @@ class NativeDevice(Device):
         if cpass is not None:
             cpass.end()
         if stamps is not None:
-            self._resolve_stamps(enc, stamps)
+            enc.resolve_query_set(stamps[0], 0, stamps[0].count, stamps[1], 0)
         return enc.finish()
-
-    def _resolve_stamps(self, enc, stamps):
-        n = stamps.count
-        res = self.device.create_buffer(size=8 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        enc.resolve_query_set(stamps, 0, n, res, 0)
-        self._stamp_buffers.append(res)
 
     def time_plan_gpu(self, plan, repeat=5, per_dispatch=False):
         if "timestamp-query" not in self.features:
             raise GPUError("this device has no timestamp queries")
         per = 2 * sum(op[0] == "d" for op in plan.ops) if per_dispatch else 2
-        cpu, self._stamp_buffers = [], []
+        cpu, resolved = [], []
         for _ in range(repeat):
-            stamps = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=per)
+            stamps = (self.device.create_query_set(type=wgpu.QueryType.timestamp, count=per),
+                      self.device.create_buffer(size=8 * per,
+                                                usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
             t = time.perf_counter()
             self.queue.submit([self._encode(plan, stamps, per_dispatch)])
             cpu.append((time.perf_counter() - t) * 1e3)
+            resolved.append(stamps[1])
         ns = []
-        for res in self._stamp_buffers:
+        for res in resolved:
             ns += [int(v) for v in memoryview(self.queue.read_buffer(res)).cast("Q")]
-        self._stamp_buffers = []
         return {"cpu_ms": cpu, "ns": ns}
 
     def _submit(self, plan):
