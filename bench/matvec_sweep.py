@@ -2,6 +2,9 @@
 
     python bench/matvec_sweep.py [--quants q4_k q6_k q8_0] [--tpr 8 16 32 64]
     python bench/matvec_sweep.py --experts        the decode expert matvecs (GPU timestamps)
+    python bench/matvec_sweep.py --norm-input --shapes 128x2816 --quants f16 --tpr 32 64 128 256
+                                                  the matvec building its input by norming a row
+                                                  in every workgroup (K.NormInput: the MoE router)
 
 Prints one JSON line per (shape, quant, TPR): microseconds per dispatch (50 per submit) and
 GB/s (matrices under ~40 MB stay in the H100's 50 MB L2 across the 50 repeats: their GB/s are
@@ -38,6 +41,8 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="*", default=None, help="ROWSxCOLS (default: a decode step's shapes)")
     ap.add_argument("--probe", action="store_true", help="also the chunk kernel's loads alone (PROBE 1)")
     ap.add_argument("--gpu-time", action="store_true", help="time by GPU timestamps (default: wall clock)")
+    ap.add_argument("--norm-input", action="store_true",
+                    help="the matvec with its input normed by every workgroup (K.NormInput), by --tpr")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
@@ -50,6 +55,11 @@ def main() -> int:
         x = dev.buffer(4 * k)
         dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
         y = dev.buffer(4 * n)
+        normed = None
+        if args.norm_input:
+            ones = dev.buffer(4 * k)
+            dev.write(ones, np.ones(k, np.float32).tobytes())
+            normed = K.NormInput(x, dev.buffer(4 * k), ones, ones, dev.buffer(4 * k), scale=k ** -0.5)
         for q in args.quants:
             try:
                 nbytes = ggml.row_bytes(q, k) * n
@@ -59,17 +69,22 @@ def main() -> int:
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
             variants = [dict(tpr=t, units=u, chunks=False) for t in args.tpr for u in (False, True)
                         if not u or k % 32 == 0]
-            if q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
+            if normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
+                variants = [dict(tpr=t, chunks=False, residual=normed) for t in args.tpr]
+            elif q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
                 variants += [dict(tpr=t, wg=g, chunks=True, probe=p) for t in args.chunk_tpr for g in args.chunk_wg
                              for p in ((0, 1) if args.probe else (0,)) if t <= g and k // 32 >= t]
             for v in variants:
                 plan = dev.plan()
                 reps = 50 if n < 100000 else 5
                 for _ in range(reps):
-                    K.matvec(dev, q, k, n, w, x, y, plan=plan, **v)
+                    K.matvec(dev, q, k, n, w, None if normed else x, y, plan=plan, **v)
                 dev.time_plan(plan, repeat=1)          # warm-up: the first plan after setup runs slow
                 s = (gpu_seconds(dev, plan) if args.gpu_time else dev.time_plan(plan, repeat=5)) / reps
-                print(json.dumps({"rows": n, "cols": k, "quant": q, **v, "us": round(s * 1e6, 2),
+                shown = {key: val for key, val in v.items() if key != "residual"}
+                if normed is not None:
+                    shown["input"] = "norm"
+                print(json.dumps({"rows": n, "cols": k, "quant": q, **shown, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
 

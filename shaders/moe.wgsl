@@ -1,9 +1,6 @@
-// Mixture of experts: router top-k, expert matvecs gathered by expert id, combine.
+// Mixture of experts: expert matvecs gathered by expert id, combine (the router: moe_route.wgsl).
 //
 // Mirrors reference.forward ReferenceModel.moe (Ollama's gemma4 TextMoE):
-//   route:   probs = softmax(LOG[t, :E]); the KSEL largest (lowest id on ties)
-//            -> IDS[t, k]; WTS[t, k] = their probs renormalized to sum 1.
-//            One workgroup of RWG threads per token, ranks in shared memory. Dispatch (T).
 //   experts: Y[s, n] = sum_k W[IDS[s], n, k] * X[xrow(s), k] for slots s = t*KSEL + j,
 //            W raw GGUF bytes of [E, N, K]; xrow = t (XPER = 1, shared input) or s
 //            (XPER = KSEL, one input row per slot). Like matvec.wgsl, TPR threads per
@@ -14,7 +11,6 @@
 //            (SC: per-expert down scale, 1 when HAS_SC is false). Dispatch ceil(T*D / 64).
 // S.n_tokens = T tokens (S: Step, the per-step uniform).
 
-override E: u32 = 1u;
 override KSEL: u32 = 1u;
 override K: u32 = 4u;
 override N: u32 = 1u;
@@ -33,64 +29,11 @@ override WG: u32 = 256u;
 @group(0) @binding(3) var<uniform> S: Step;
 @group(0) @binding(4) var<storage, read_write> IDS: array<u32>;
 @group(0) @binding(5) var<storage, read_write> WTS: array<f32>;
-@group(0) @binding(6) var<storage, read> LOG: array<f32>;
 @group(0) @binding(8) var<storage, read> YE: array<f32>;
 @group(0) @binding(9) var<storage, read> SC: array<f32>;
 
 //!include quants
 //!include gelu
-
-// route: one workgroup of RWG threads per token, the token's E logits in shared memory.
-// The max logit by a tree, then each thread ranks its experts: the number of experts ahead
-// (a larger logit, or an equal one with a lower id: the reference's stable sort). Ranks below
-// KSEL are the chosen; their softmax sum by a second tree. (A single thread per token took ~290
-// us per layer on an H100 for E = 128, KSEL rounds of a tree argmax ~63 us, every thread
-// walking the E logits for the max and sum ~25 us.)
-override RWG: u32 = 128u;
-var<workgroup> lv: array<f32, E>;
-var<workgroup> rank: array<u32, E>;
-
-var<workgroup> rred: array<f32, RWG>;
-
-// The max (is_max) or the sum of v over route's RWG threads, to every thread (a tree; uniform
-// control flow: it holds barriers, the first one also publishing what the threads wrote before).
-fn route_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    rred[lid] = v;
-    workgroupBarrier();
-    for (var s = RWG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { rred[lid] = select(rred[lid] + rred[lid + s], max(rred[lid], rred[lid + s]), is_max); }
-        workgroupBarrier();
-    }
-    return rred[0];
-}
-
-@compute @workgroup_size(RWG)
-fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wid.x;
-    if (t >= S.n_tokens) { return; }
-    for (var e = lid; e < E; e += RWG) { lv[e] = LOG[t * E + e]; }
-    workgroupBarrier();
-    var mine = -3.4e38;
-    for (var e = lid; e < E; e += RWG) { mine = max(mine, lv[e]); }
-    let m = route_reduce(lid, mine, true);
-    for (var e = lid; e < E; e += RWG) {
-        let v = lv[e];
-        var r = 0u;
-        for (var o = 0u; o < E; o++) { r += select(0u, 1u, lv[o] > v || (lv[o] == v && o < e)); }
-        rank[e] = r;
-    }
-    var part = 0.0;
-    for (var e = lid; e < E; e += RWG) { if (rank[e] < KSEL) { part += exp(lv[e] - m); } }
-    let chosen = route_reduce(lid, part, false);
-    for (var e = lid; e < E; e += RWG) {
-        let r = rank[e];
-        if (r < KSEL) {
-            IDS[t * KSEL + r] = e;
-            WTS[t * KSEL + r] = exp(lv[e] - m) / chosen;
-        }
-    }
-}
 
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red2: array<f32, WG>;

@@ -103,6 +103,22 @@ def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkey
     assert limited_ops == plain_ops
 
 
+def test_decode_router_norms_its_own_input(dev, toy):
+    """A one-token plan's MoE router matvec norms its input itself (K.NormInput: no norm_pair
+    dispatch), with the logits of the chunk path (norm_pair, matmul), which prefill takes."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    eng = Engine.open(read_gguf(toy("tiny-moe", "Q4_K")), device=dev, context_length=64, chunk=1)
+    ops = [op[1].key[:2] for op in eng.runner.layers_plan(1).ops if op[0] == "d"]
+    moe_layers = sum(lc.has_moe for lc in eng.config.layers)
+    assert moe_layers > 0 and ops.count(("moe_route", "route")) == moe_layers
+    assert ("norm", "norm_pair") not in ops
+    decode = engine_logits(eng, TOKENS[:9])
+    chunked = engine_logits(Engine.open(read_gguf(toy("tiny-moe", "Q4_K")), device=dev, context_length=64, chunk=9),
+                            TOKENS[:9])
+    assert_logits_agree(decode, chunked, atol=2e-2)
+
+
 def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
     """A 80 KiB binding limit splits token_embd (the tied head) and the FFN into row blocks."""
     from pyapp.engine import Engine

@@ -679,6 +679,15 @@ def test_sample_follows_the_distribution(dev):
     assert abs(counts[7] / n - p[0]) < 0.03 and abs(counts[999] / n - p[2]) < 0.03
 
 
+def route_reference(logits: np.ndarray, ksel: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, weights): top-k of softmax(logits) per row, lowest id on ties, renormalized (reference moe)."""
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :ksel]
+    want = np.take_along_axis(probs, top, -1)
+    return top, want / want.sum(-1, keepdims=True)
+
+
 @pytest.mark.parametrize("e,ksel,t", [(11, 4, 3), (128, 8, 5), (300, 8, 2)], ids=["small", "26b-a4b", "odd-wide"])
 def test_moe_route(dev, e, ksel, t):
     """Top-k of softmax, renormalized; ties go to the lowest expert id (the reference's stable sort)."""
@@ -687,11 +696,7 @@ def test_moe_route(dev, e, ksel, t):
     logits[0, [3, 7, 9]] = 5.0                              # a three-way tie at the top
     ids, wts = dev.buffer(4 * t * ksel), dev.buffer(4 * t * ksel)
     dev.submit(K.moe_route(dev, e, ksel, f32(dev, logits), ids, wts, step_buffer(dev, t), t))
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    top = np.argsort(-probs, axis=-1, kind="stable")[:, :ksel]
-    want = np.take_along_axis(probs, top, -1)
-    want /= want.sum(-1, keepdims=True)
+    top, want = route_reference(logits, ksel)
     got_ids = np.frombuffer(dev.read(ids, 0, 4 * t * ksel), np.uint32).reshape(t, ksel)
     np.testing.assert_array_equal(got_ids, top)
     assert list(got_ids[0, :3]) == [3, 7, 9]
@@ -722,11 +727,7 @@ def test_moe_route_experts_combine(dev, qtype):
     K.moe_combine(dev, hidden, ksel, ye, ids, wts, out, step, t, down_scale=f32(dev, scale), plan=plan)
     dev.submit(plan)
 
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    top = np.argsort(-probs, axis=-1, kind="stable")[:, :ksel]
-    w = np.take_along_axis(probs, top, -1)
-    w /= w.sum(-1, keepdims=True)
+    top, w = route_reference(logits, ksel)
     assert (np.frombuffer(dev.read(ids, 0, 4 * t * ksel), np.uint32).reshape(t, ksel) == top).all()
     np.testing.assert_allclose(read_f32(dev, wts, t * ksel).reshape(t, ksel), w, rtol=1e-5)
     want = np.zeros((t, hidden))
@@ -1052,6 +1053,30 @@ def test_matvec_residual_input(dev, qtype, k, chunks, mode, subgroups):
         dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), None, y, **opts))
         assert_close_dot(read_f32(dev, y, 2 * n), w, x, w @ x)
     np.testing.assert_allclose(read_f32(dev, res.resid_out, k), r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype,k,n,weighted", [("f16", 2816, 128, True), ("f32", 1100, 37, False),
+                                                ("q8_0", 352, 11, True), ("q4_k", 768, 41, True)])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_norm_input(dev, qtype, k, n, weighted, subgroups):
+    """A row normed by every workgroup into the matvec's input (K.NormInput, a MoE router): x =
+    rms_norm(src) [* w] * scale; workgroup 0 writes x and rms_norm(src) * w2 (norm_pair's outputs)."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(k + n)
+    raw = random_tensor(qtype, n, k, rng)
+    w = dequantize(qtype, raw, n, k)
+    src = rng.standard_normal(k) * 3
+    nw, w2 = rng.uniform(0.5, 1.5, k), rng.standard_normal(k)
+    scale = 1 / math.sqrt(k)
+    x = rms_norm(src[None], nw if weighted else None, 1e-6)[0] * scale
+    normed = K.NormInput(f32(dev, src), dev.buffer(4 * k), f32(dev, nw) if weighted else None, f32(dev, w2),
+                         dev.buffer(4 * k), scale=scale)
+    y = dev.buffer(4 * n)
+    dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, subgroups=subgroups, residual=normed))
+    assert_close_dot(read_f32(dev, y, n), w, x, w @ x)
+    np.testing.assert_allclose(read_f32(dev, normed.x_out, k), x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(read_f32(dev, normed.out2, k), rms_norm(src[None], w2, 1e-6)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("d,ksel,t,scaled", [(2816, 8, 1, True), (300, 3, 5, False), (36, 1, 2, True)])

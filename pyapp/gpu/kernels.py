@@ -150,6 +150,20 @@ class ResidualInput:
     eps: float = 1e-6
 
 
+@dataclass(frozen=True)
+class NormInput:
+    """A row a decode matvec's workgroups norm into their input x (shaders/matvec_input_norm.wgsl):
+    x = rms_norm(src) [* weight] * scale, written to x_out by workgroup 0, which also writes
+    rms_norm(src) * weight2 to out2 (norm.wgsl norm_pair's two outputs, without a dispatch)."""
+    src: Buffer
+    x_out: Buffer
+    weight: Buffer | None
+    weight2: Buffer
+    out2: Buffer
+    scale: float = 1.0
+    eps: float = 1e-6
+
+
 # Storage buffers a matvec with a residual input binds (W, Y, B and the six of ResidualInput).
 RESIDUAL_INPUT_BUFFERS = 9
 
@@ -160,14 +174,20 @@ def fuses_residual_input(dev: Device) -> bool:
     return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
 
 
-def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | None, dev: Device) -> tuple[str, dict, dict]:
-    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput."""
+def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInput | None,
+                  dev: Device) -> tuple[str, dict, dict]:
+    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput or NormInput."""
     if residual is None:
         return "//!include matvec_input\n", {}, {"X": x}
     if k % 4 or k > 4 * RESIDUAL_INPUT_ROUNDS * wg:
-        raise ValueError(f"a residual input of {k} floats needs k % 4 == 0 and k <= {4 * RESIDUAL_INPUT_ROUNDS} x "
-                         f"the workgroup ({wg})")
+        raise ValueError(f"an input built by the workgroups of {k} floats needs k % 4 == 0 and k <= "
+                         f"{4 * RESIDUAL_INPUT_ROUNDS} x the workgroup ({wg})")
     r = residual
+    if isinstance(r, NormInput):
+        consts = {"XS": k // 4, "NEPS": r.eps, "HAS_NW": r.weight is not None, "NSCALE": r.scale}
+        res = {"NX": r.src, "NXO": r.x_out, "NW": r.weight if r.weight is not None else dev.dummy,
+               "NW2": r.weight2, "NYO": r.out2}
+        return "//!include matvec_input_norm\n", consts, res
     consts = {"PRO": 2 if r.next_weight is not None else 1, "XS": k // 4, "PEPS": r.eps,
               "HAS_PSC": r.scale is not None}
     res = {"PY": r.y, "PR": r.resid_in, "RO": r.resid_out, "PW": r.weight,
@@ -179,12 +199,13 @@ def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | None, de
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
-           probe: int = 0, residual: ResidualInput | None = None) -> Plan:
+           probe: int = 0, residual: ResidualInput | NormInput | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
-    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput).
+    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput)
+    or by norming a row (NormInput).
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
@@ -210,10 +231,11 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
-    # 1536 x 256 9.6). With a residual input and many rows 32 (8 rows a workgroup: half the workgroups
-    # build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row PLE gate: 16.2
-    # us at 32, 13.3 at 64)
-    tpr = tpr or (32 if residual is not None and n >= 1024 else 64)
+    # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
+    # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
+    # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
+    # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
+    tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
     wg = wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
@@ -681,17 +703,22 @@ def sample(dev: Device, v: int, logits: Buffer, out: Buffer, params: Buffer, scr
     return plan.dispatch(p, dev.bind_group(p, {"OUT": out, **res}), 1)
 
 
-def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buffer, weights: Buffer,
-              step: Buffer, max_tokens: int, plan: Plan | None = None) -> Plan:
-    """ids/weights [T, k_used] = top-k of softmax(logits [T, n_experts]), renormalized.
-    One workgroup per token (threads: n_experts rounded up to a power of two, 32..256)."""
-    rwg = 32
-    while rwg < 256 and rwg < n_experts:
-        rwg *= 2
+def _route_workgroup(n_experts: int, k_used: int) -> int:
+    """Threads of a routing workgroup: n_experts rounded up to a power of two, 32..256."""
     if n_experts > 4096 or k_used > n_experts:
         raise ValueError(f"routing supports up to 4096 experts, k <= experts; got {n_experts}, {k_used}")
-    p = _pipeline(dev, "moe", entry="route", prelude=quant_prelude(ggml.F32),
-                  constants={"E": n_experts, "KSEL": k_used, "RWG": rwg})
+    wg = 32
+    while wg < 256 and wg < n_experts:
+        wg *= 2
+    return wg
+
+
+def moe_route(dev: Device, n_experts: int, k_used: int, logits: Buffer, ids: Buffer, weights: Buffer,
+              step: Buffer, max_tokens: int, plan: Plan | None = None) -> Plan:
+    """ids/weights [T, k_used] = top-k of softmax(logits [T, n_experts]), renormalized
+    (shaders/moe_route.wgsl route: one workgroup per token)."""
+    p = _pipeline(dev, "moe_route", entry="route",
+                  constants={"E": n_experts, "KSEL": k_used, "WG": _route_workgroup(n_experts, k_used)})
     bg = dev.bind_group(p, {"S": step, "IDS": ids, "WTS": weights, "LOG": logits})
     return (plan or dev.plan()).dispatch(p, bg, max_tokens)
 
@@ -729,7 +756,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     tpr, wg = tpr or expert_threads_per_row(k), wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),
-                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,
+                  constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert, "GEGLU": geglu,
                              "NE": ne})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": step, "IDS": ids})

@@ -105,9 +105,8 @@ class Gemma4:
         s = self.s
         x = s.x if x is None else x
         xe = s.xn if experts_in is None else experts_in
-        ops.rms_norm_pair(x, s.router_in, w.router_scale, xe, w.pre_ffw_norm_2, scale=self.router_scale)
-        ops.linear(w.router, s.router_in, s.router_logits)
-        ops.route(s.router_logits, s.expert_ids, s.expert_weights)
+        ops.router(x, w.router, w.router_scale, self.router_scale, xe, w.pre_ffw_norm_2,
+                   s.router_in, s.router_logits, s.expert_ids, s.expert_weights)
         with ops.expert_rounds(lc.index, s.expert_ids) as slots:
             ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)

@@ -390,6 +390,24 @@ class Ops:
                     plan=self.plan)
         self._grouped_ids = None             # new ids: the next chunk's expert products group them again
 
+    def router(self, x: Buffer, w: GpuTensor, w_scale: GpuTensor | None, scale: float, experts_in: Buffer,
+               experts_norm: GpuTensor, router_in: Buffer, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
+        """Fuses reference moe's router front: experts_in = rms_norm(x) * experts_norm;
+        router_in = rms_norm(x) [* w_scale] * scale; logits = router_in @ w^T; ids, weights = route(logits).
+        One token: the norms built by the router matvec's workgroups (K.NormInput), then the routing."""
+        if self.T == 1 and not w.loras and len(w.parts) == 1:
+            x, _ = self._input(x)
+            self._writes(experts_in)
+            self._writes(router_in)
+            normed = K.NormInput(x, router_in, w_scale.buffer if w_scale is not None else None, experts_norm.buffer,
+                                 experts_in, scale=scale, eps=self.eps)
+            K.matvec(self.dev, w.qtype, w.shape[0], w.shape[1], w.buffer, None, logits, plan=self.plan,
+                     residual=normed)
+        else:
+            self.rms_norm_pair(x, router_in, w_scale, experts_in, experts_norm, scale=scale)
+            self.linear(w, router_in, logits)
+        self.route(logits, ids, weights)
+
     @contextmanager
     def expert_rounds(self, layer: int, ids: Buffer):
         """The expert ops recorded inside run once per round of experts fetched into the GPU's cache
