@@ -11,6 +11,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_size) sg: u32) {
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
+    if (tail_workgroup(wid.x + wid.y * nwg.x, lid)) { return; }
     input_prologue(lid, wid.x + wid.y == 0u);
     sum_x_runs(lid);
     var acc = row_partials(row, t);

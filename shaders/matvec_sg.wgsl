@@ -13,6 +13,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(subgroup_invocation_id) lane: u32) {
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     let t = lid % TPR;
+    if (tail_workgroup(wid.x + wid.y * nwg.x, lid)) { return; }
     input_prologue(lid, wid.x + wid.y == 0u);
     let acc = row_partials(row, t);
     if (sg > TPR) {                          // a subgroup would span rows: the shared-memory tree

@@ -1079,6 +1079,30 @@ def test_matvec_norm_input(dev, qtype, k, n, weighted, subgroups):
     np.testing.assert_allclose(read_f32(dev, normed.out2, k), rms_norm(src[None], w2, 1e-6)[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype,k,n,chunks,e,ksel", [("q5_0", 2112, 2816, False, 128, 8), ("q8_0", 96, 37, False, 11, 4),
+                                                    ("q4_k", 768, 41, True, 300, 8), ("f16", 44, 5, False, 1, 1)])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_route_tail(dev, qtype, k, n, chunks, e, ksel, subgroups):
+    """A one-token matvec with one workgroup more that routes a MoE token (K.RouteTail): y = W x as
+    without it, and the top-k of softmax(logits), renormalized, ties to the lowest id."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(k + e)
+    raw = random_tensor(qtype, n, k, rng)
+    w = dequantize(qtype, raw, n, k)
+    x = rng.standard_normal(k)
+    logits = rng.standard_normal((1, e)).astype(np.float32)
+    logits[0, [min(2, e - 1), e - 1]] = 4.0                # a tie at the top
+    route = K.RouteTail(e, ksel, f32(dev, logits), dev.buffer(4 * ksel), dev.buffer(4 * ksel))
+    y = dev.buffer(4 * n)
+    dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), f32(dev, x), y, subgroups=subgroups,
+                        chunks=chunks, route=route))
+    assert_close_dot(read_f32(dev, y, n), w, x, w @ x)
+    top, want = route_reference(logits, ksel)
+    np.testing.assert_array_equal(np.frombuffer(dev.read(route.ids, 0, 4 * ksel), np.uint32), top[0])
+    np.testing.assert_allclose(read_f32(dev, route.weights, ksel), want[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("d,ksel,t,scaled", [(2816, 8, 1, True), (300, 3, 5, False), (36, 1, 2, True)])
 def test_moe_tail(dev, d, ksel, t, scaled):
     """A MoE layer's output in one dispatch: rms_norm(dense) * w1 + rms_norm(sum_j weights_j y_j [* scale]) * w2."""

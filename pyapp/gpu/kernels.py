@@ -164,6 +164,18 @@ class NormInput:
     eps: float = 1e-6
 
 
+@dataclass(frozen=True)
+class RouteTail:
+    """A MoE router's choice for one token, done by one workgroup more in a decode matvec's dispatch
+    (shaders/matvec_tail_route.wgsl) instead of a dispatch of its own (moe_route): ids, weights
+    [k_used] = the top-k of softmax(logits [n_experts]), renormalized."""
+    n_experts: int
+    k_used: int
+    logits: Buffer
+    ids: Buffer
+    weights: Buffer
+
+
 # Storage buffers a matvec with a residual input binds (W, Y, B and the six of ResidualInput).
 RESIDUAL_INPUT_BUFFERS = 9
 
@@ -196,16 +208,27 @@ def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInpu
     return "//!include matvec_input_residual\n", consts, res
 
 
+def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, dict, int]:
+    """(prelude, constants, bindings, workgroups) of a matvec dispatch of `workgroups` with or without
+    one more that routes a MoE token (RouteTail)."""
+    if route is None:
+        return "//!include matvec_tail_none\n", {}, {}, workgroups
+    _route_workgroup(route.n_experts, route.k_used)
+    return ("//!include matvec_tail_route\n", {"TAIL": workgroups, "E": route.n_experts, "KSEL": route.k_used},
+            {"IDS": route.ids, "WTS": route.weights, "LOG": route.logits}, workgroups + 1)
+
+
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
-           probe: int = 0, residual: ResidualInput | NormInput | None = None) -> Plan:
+           probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
     residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput)
     or by norming a row (NormInput).
+    route: one workgroup more routes a MoE token (RouteTail).
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
@@ -224,11 +247,12 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         # a residual input is built once per workgroup: wider workgroups build it fewer times, faster
         wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None else Q4K_WORKGROUP)
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
+        t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                      prelude=x_prelude, constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
-                                                    "PROBE": probe, **x_consts})
-        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res})
-        return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+                      prelude=x_prelude + t_prelude, constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
+                                                                "PROBE": probe, **x_consts, **t_consts})
+        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+        return plan.dispatch(p, bg, *groups(workgroups))
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
     # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
@@ -246,11 +270,13 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if units is None:
         units = k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES
     x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
-    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype) + x_prelude,
+    t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
+    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype) + x_prelude + t_prelude,
                   enables=("subgroups",) if sg else (),
-                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units, **x_consts})
-    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res})
-    return plan.dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units, **x_consts,
+                             **t_consts})
+    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+    return plan.dispatch(p, bg, *groups(workgroups))
 
 
 # Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md, 2026-11-26): what

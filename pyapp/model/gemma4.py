@@ -59,9 +59,11 @@ class Gemma4:
             ops.rms_norm(s.x, s.xn, w.attn_norm)
         self.attention(ops, lc, w)
         ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x, next_weight=w.ffn_norm, next_out=s.xn)
-        if lc.has_moe:
-            self.mlp(ops, w, s.xn, s.dense_out)
-            self.moe(ops, lc, w, combine=False)
+        if lc.has_moe:           # the router between the dense MLP's matvecs: its top-k rides on the down's dispatch
+            ops.geglu(s.xn, s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
+            self.router(ops, w)
+            ops.linear(w.ffn_down, s.act, s.dense_out)
+            self.experts(ops, lc, w, combine=False)
             ops.moe_output(s.dense_out, w.post_ffw_norm_1, s.experts_out, s.expert_ids, s.expert_weights,
                            w.experts_down_scale, w.post_ffw_norm_2, s.ffn_out)
         else:
@@ -100,13 +102,25 @@ class Gemma4:
     def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None, combine: bool = True) -> None:
         """reference: moe. Router on the raw residual x (default s.x), experts on pre_ffw_norm_2(x), written to
         experts_in (default s.xn; training keeps it apart); result in s.moe_out (combine=False: the chosen
-        experts' outputs left in s.experts_out, for ops.moe_output).
-        With streamed experts the expert kernels index a cache by slot (ops.expert_rounds)."""
+        experts' outputs left in s.experts_out, for ops.moe_output)."""
+        self.router(ops, w, x, experts_in)
+        self.experts(ops, lc, w, experts_in, combine)
+
+    def router(self, ops, w: LayerWeights, x=None, experts_in=None) -> None:
+        """reference: moe's router: s.expert_ids, s.expert_weights from x (default s.x); the experts'
+        input pre_ffw_norm_2(x) into experts_in (default s.xn)."""
         s = self.s
         x = s.x if x is None else x
         xe = s.xn if experts_in is None else experts_in
         ops.router(x, w.router, w.router_scale, self.router_scale, xe, w.pre_ffw_norm_2,
                    s.router_in, s.router_logits, s.expert_ids, s.expert_weights)
+
+    def experts(self, ops, lc: LayerConfig, w: LayerWeights, experts_in=None, combine: bool = True) -> None:
+        """reference: moe's experts on experts_in (default s.xn) for the routed ids, into s.experts_out
+        [and combined into s.moe_out]. With streamed experts the expert kernels index a cache by slot
+        (ops.expert_rounds)."""
+        s = self.s
+        xe = s.xn if experts_in is None else experts_in
         with ops.expert_rounds(lc.index, s.expert_ids) as slots:
             ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)

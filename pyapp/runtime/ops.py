@@ -70,6 +70,9 @@ class Ops:
         self.residual = state.x              # the buffer holding the residual stream now
         self._pending: _PendingAdd | None = None
         self._stale: set = set()             # pre-norm outputs a fused add never wrote (reading one is a bug)
+        # a one-token plan's MoE routing rides on the next plain matvec's dispatch (route)
+        self.fuse_route = fuse_residual and T == 1 and not self.few
+        self._route: K.RouteTail | None = None
 
     # -- the residual stream (module docstring) ---------------------------------------
     def _fits(self, k: int) -> bool:
@@ -83,7 +86,10 @@ class Ops:
         return self.residual if buf is self.s.x else buf
 
     def _reads(self, *bufs) -> None:
-        """Before a dispatch reads bufs: dispatch the pending add if they hold its result."""
+        """Before a dispatch reads bufs: dispatch the pending add (or routing) if they hold its result."""
+        r = self._route
+        if r is not None and any(b is r.ids or b is r.weights for b in bufs):
+            self._dispatch_route()
         for b in bufs:
             if b in self._stale:
                 raise AssertionError(f"{b.label} is read after the add that normed it into it was fused away")
@@ -137,8 +143,20 @@ class Ops:
         self.residual = p.resid_out
         return None, p.input(normed)
 
+    def _dispatch_route(self) -> None:
+        """The pending routing in a dispatch of its own."""
+        r, self._route = self._route, None
+        K.moe_route(self.dev, r.n_experts, r.k_used, r.logits, r.ids, r.weights, self.step, self.T, plan=self.plan)
+
+    def _route_tail(self) -> K.RouteTail | None:
+        """The pending routing, taken by a one-token matvec about to be recorded."""
+        r, self._route = self._route, None
+        return r
+
     def finish(self) -> None:
         """The end of the plan: nothing pending, the residual stream in state.x."""
+        if self._route is not None:
+            self._dispatch_route()
         if self._pending is not None:
             self._dispatch_pending()
         if self.residual is not self.s.x:
@@ -154,7 +172,8 @@ class Ops:
         x, fused = self._input(x, fusable=T == 1 and len(w.parts) == 1 and not w.loras)
         if len(w.parts) == 1:
             if T == 1:
-                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused)
+                route = self._route_tail() if fused is None else None
+                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused, route=route)
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
@@ -385,10 +404,16 @@ class Ops:
 
     # -- mixture of experts ------------------------------------------------------------------
     def route(self, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
-        """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
+        """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router).
+        In a one-token plan it stays pending: one workgroup more in the next plain matvec's dispatch
+        does it (K.RouteTail), or its own dispatch before anything reads ids or weights."""
+        self._grouped_ids = None             # new ids: the next chunk's expert products group them again
+        if self.fuse_route:
+            self._reads(ids, weights)        # an earlier routing still pending into them
+            self._route = K.RouteTail(self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights)
+            return
         K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
                     plan=self.plan)
-        self._grouped_ids = None             # new ids: the next chunk's expert products group them again
 
     def router(self, x: Buffer, w: GpuTensor, w_scale: GpuTensor | None, scale: float, experts_in: Buffer,
                experts_norm: GpuTensor, router_in: Buffer, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
@@ -413,6 +438,7 @@ class Ops:
         """The expert ops recorded inside run once per round of experts fetched into the GPU's cache
         (pyapp.runtime.experts); yields the ids buffer they index the expert tensors by: the router's
         ids when every expert is resident (then this is a no-op), else the ids' cache slots."""
+        self._reads(ids)                     # the expert ops read the ids (and a streamed round's fetch)
         if not self.experts_stream:
             yield ids
             return
@@ -474,6 +500,7 @@ class Ops:
     def combine(self, expert_out: Buffer, ids: Buffer, weights: Buffer, out: Buffer,
                 down_scale: GpuTensor | None) -> None:
         """out[t] = sum_j weights[t, j] * expert_out[t, j] [* down_scale[ids[t, j]]]."""
+        self._reads(ids, weights)
         K.moe_combine(self.dev, self.cfg.hidden, self.cfg.n_experts_used, expert_out, ids, weights, out, self.step,
                       self.T, down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
 
@@ -482,7 +509,7 @@ class Ops:
         """Fuses a MoE layer's tail (reference layer: post_ffw_norm_1(mlp) + post_ffw_norm_2(moe)):
         out[t] = rms_norm(dense[t]) * dense_norm + rms_norm(sum_j weights[t, j] * expert_out[t, j]
         [* down_scale[ids[t, j]]]) * moe_norm, in one dispatch."""
-        self._reads(dense, expert_out)
+        self._reads(dense, expert_out, ids, weights)
         K.moe_tail(self.dev, self.cfg.hidden, self.cfg.n_experts_used, dense, dense_norm.buffer, expert_out, ids,
                    weights, moe_norm.buffer, out, self.step, self.T, eps=self.eps,
                    down_scale=down_scale.buffer if down_scale is not None else None, plan=self.plan)
