@@ -1,8 +1,9 @@
 // Shared by matvec.wgsl and matvec_sg.wgsl: sizes, bindings, each thread's partial dot
 // products, the shared-memory reduction and the epilogue (MODE 0: y = Wx; 1: GeGLU over the
 // gate and up halves of W; 2: gelu(Wx) * B).
-// x is read through xv() after input_prologue() (matvec_input.wgsl: from X; or
-// matvec_input_residual.wgsl: built from a pending residual add), which the prelude supplies;
+// x is read through xv() after input_prologue() (matvec_input.wgsl: from X;
+// matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
+// normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
 // that routes a MoE token).
 

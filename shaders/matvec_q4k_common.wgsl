@@ -10,8 +10,9 @@
 // neighbouring threads read neighbouring 16 bytes and each load moves 32 weights; the block's
 // header is the same 16 bytes for its 8 chunks (one broadcast load). Rows start on a 16-byte
 // boundary (144 = 9 x 16), so every load is aligned.
-// x is read through xv() after input_prologue() (matvec_input.wgsl: from X; or
-// matvec_input_residual.wgsl: built from a pending residual add), which the prelude supplies;
+// x is read through xv() after input_prologue() (matvec_input.wgsl: from X;
+// matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
+// normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
 // that routes a MoE token).
 

@@ -408,12 +408,10 @@ class Ops:
         In a one-token plan it stays pending: one workgroup more in the next plain matvec's dispatch
         does it (K.RouteTail), or its own dispatch before anything reads ids or weights."""
         self._grouped_ids = None             # new ids: the next chunk's expert products group them again
-        if self.fuse_route:
-            self._reads(ids, weights)        # an earlier routing still pending into them
-            self._route = K.RouteTail(self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights)
-            return
-        K.moe_route(self.dev, self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights, self.step, self.T,
-                    plan=self.plan)
+        self._reads(ids, weights)            # an earlier routing still pending into them
+        self._route = K.RouteTail(self.cfg.n_experts, self.cfg.n_experts_used, logits, ids, weights)
+        if not self.fuse_route:
+            self._dispatch_route()
 
     def router(self, x: Buffer, w: GpuTensor, w_scale: GpuTensor | None, scale: float, experts_in: Buffer,
                experts_norm: GpuTensor, router_in: Buffer, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
