@@ -24,7 +24,10 @@
 #   sweep    bench/matvec_sweep.py (Q4_K: the old kernel by threads per row, the chunk kernel by
 #            threads per row and workgroup) -> kernels.jsonl
 #   mmsweep  bench/matmul_sweep.py: the prefill matmul by tile shape, natively and on the browser path
-#            (node bench/node_bench.mjs --sweep) -> kernels.jsonl
+#            (node bench/node_bench.mjs --sweep) -> kernels.jsonl; MMSWEEP_ARGS: matmul_sweep.py's arguments
+#            (native), MMSWEEP_BROWSER=0: native only
+#   overlap  bench/overlap_probe.py natively and on the browser path (node_bench.mjs --overlap): whether two
+#            dispatches that share no written buffer run at the same time -> kernels-overlap.jsonl
 #   profile  bench/profile.py on each model, decode and prefill plans by kernel family -> kernels.jsonl
 #   gpuprof  bench/gpu_profile.py (native) and node_bench.mjs --gpu-profile (browser path) on each model:
 #            the decode step's GPU time by timestamp queries, per kernel family, beside its CPU
@@ -473,15 +476,28 @@ step_mmsweep() {
     busy mmsweep && return 1
     if ! done_already "$res"; then
         log "mmsweep: prefill matmul tiles, native"
-        limited 20 "$PY" bench/matmul_sweep.py > "$res.tmp" && mv "$res.tmp" "$res"
+        # shellcheck disable=SC2086
+        limited 20 "$PY" bench/matmul_sweep.py ${MMSWEEP_ARGS:-} > "$res.tmp" && mv "$res.tmp" "$res"
         cat "$res" 2>/dev/null
     fi
+    [ "${MMSWEEP_BROWSER:-1}" = 1 ] || return 0
     res=$RES/kernels-mmsweep-browser.jsonl
     [ -x "$W/bin/node" ] || { log "mmsweep: no node (carry .carry/node)"; return 1; }
     done_already "$res" && return 0
     log "mmsweep: prefill matmul tiles, browser path"
     PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu limited 20 "$W/bin/node" bench/node_bench.mjs --sweep > "$res.tmp" \
         && mv "$res.tmp" "$res"
+    cat "$res" 2>/dev/null
+}
+
+step_overlap() {
+    local res=$RES/kernels-overlap.jsonl
+    busy overlap && return 1
+    done_already "$res" && return 0
+    log "overlap: do independent dispatches overlap (native, then the browser path)"
+    { limited 5 "$PY" bench/overlap_probe.py
+      [ -x "$W/bin/node" ] && PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu limited 5 "$W/bin/node" bench/node_bench.mjs --overlap
+    } > "$res.tmp" && mv "$res.tmp" "$res"
     cat "$res" 2>/dev/null
 }
 
@@ -598,7 +614,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|profile|gpuprof|diffusion|speculate|train|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

@@ -2,6 +2,7 @@
 the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attention by variant.
 
     python bench/matmul_sweep.py [--quants q4_k] [--tokens 512]          # native (wgpu)
+    python bench/matmul_sweep.py --f16 --quants q4_k q6_k --tokens 64     # the f16 tiles (shader-f16)
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
 
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
@@ -80,8 +81,15 @@ def _q8_tiles():
 Q8_TILES = _q8_tiles()
 
 
+def f16_tiles(tile, dev):
+    """tile in f32, with f16 shared tiles, and with f16 multiply-adds too (where the device has shader-f16)."""
+    from dataclasses import replace
+    return [tile] + ([replace(tile, f16=True), replace(tile, f16=True, f16_math=True)] if dev.has_f16 else [])
+
+
 def tile_name(t) -> str:
-    return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}"
+    f16 = " f16 math" if t.f16_math else " f16" if t.f16 else ""
+    return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}{f16}"
 
 
 async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10,
@@ -212,8 +220,18 @@ def main() -> int:
     ap.add_argument("--quants", nargs="*", default=["q4_k"])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--all-tiles", action="store_true", help="every f32 tile of tiles() and moe_tiles()")
+    ap.add_argument("--f16", action="store_true",
+                    help="the engine's tiles in f32, f16 and f16 math (shader-f16), no attention")
     args = ap.parse_args()
     dev = get_device("native")
+    if args.f16:
+        from pyapp.gpu import kernels as K
+        tile = K.MATMUL if args.tokens > K.MATMUL_SHORT.tokens else K.MATMUL_SHORT
+        rows = asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens, tile_list=f16_tiles(tile, dev)))
+        rows += asyncio.run(moe_sweep_async(dev, n_tokens=args.tokens, tile_list=f16_tiles(K.MOE_MATMUL, dev)))
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        return 0
     rows = asyncio.run(attention_sweep_async(dev))
     rows += asyncio.run(sweep_async(dev, tuple(args.quants), args.tokens, tile_list=args.all_tiles and tiles()))
     rows += asyncio.run(moe_sweep_async(dev, tile_list=args.all_tiles and moe_tiles()))

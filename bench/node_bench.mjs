@@ -6,6 +6,7 @@
 //        measure_async): SEQ_LEN (256), BATCH (4), RANK (8), STEPS (6)
 //   node bench/node_bench.mjs --gpu-profile MODEL.gguf   where a decode step's GPU time goes (bench/gpu_profile.py;
 //        FEW=N: a speculative step of 1 + N tokens)
+//   node bench/node_bench.mjs --overlap                do independent dispatches overlap (bench/overlap_probe.py)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
@@ -58,6 +59,17 @@ rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_token
 if not shapes:
     rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))
     rows = await matmul_sweep.attention_sweep_async(await get_device_async("browser")) + rows
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--overlap")) {
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import overlap_probe
+from pyapp.gpu import get_device_async
+rows = await overlap_probe.probe_async(await get_device_async("browser"))
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

@@ -47,7 +47,7 @@ def _engine(gguf, args):
     return Engine.open(gguf, backend="native", context_length=context, gpu_memory_mib=args.gpu_memory,
                        expert_cache_mib=args.expert_cache, ple_in_file=True if args.ple_in_file else None,
                        on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr), lora=_loras(args),
-                       int8=not getattr(args, "no_int8", False))
+                       int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False))
 
 
 def cmd_info(args) -> int:
@@ -393,6 +393,10 @@ def _memory_args(p) -> None:
                    help="every matmul in f32 (default: steps of more than 64 prompt tokens multiply Q4_K, Q4_0, "
                         "Q5_0 and Q8_0 weights by activations rounded to int8 per 32, as llama.cpp does: faster "
                         "prefill, logits within that rounding)")
+    p.add_argument("--f16", action="store_true",
+                   help="the prefill matmuls that int8 does not take (other weight types, steps of at most 64 "
+                        "tokens) in f16 where the GPU has shader-f16: weights and activations rounded to f16 "
+                        "(at most 65504), sums in f32 every 32 weights; faster there, logits within f16's rounding")
 
 
 def _speculate_arg(p) -> None:

@@ -114,7 +114,7 @@ class Engine:
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
              progress=None, cancelled=None, device: Device | None = None, **memory) -> "Engine":
         """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device.
-        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8 (see _load)."""
+        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16 (see _load)."""
         from .gguf import GGUFFile, read_gguf
         from .gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
@@ -133,7 +133,7 @@ class Engine:
     @classmethod
     def _load(cls, dev: Device, gguf, context_length: int | None, chunk: int, progress, cancelled,
               gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
-              ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True):
+              ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True, f16: bool = False):
         """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
         plans; returns the Engine. gpu_memory_mib: the GPU memory budget (None: everything
         resident); expert_cache_mib: the streamed experts' cache, directly; ple_in_file: keep the
@@ -142,7 +142,10 @@ class Engine:
         scale)], each adapter a path, a synchronous ByteSource or a parsed GGUF of llama.cpp's LoRA format
         (pyapp.model.lora), applied in every projection it targets (Engine.set_lora_scale changes a scale);
         int8: steps of more than 64 tokens multiply Q4_K, Q4_0, Q5_0 and Q8_0 weights by int8 activations,
-        as llama.cpp does (faster prefill, logits within int8's rounding); False keeps every matmul in f32."""
+        as llama.cpp does (faster prefill, logits within int8's rounding); False keeps every matmul in f32.
+        f16: the chunk matmuls int8 does not take (other weight types, steps of at most 64 tokens) in f16
+        tiles where the device has shader-f16 (K.MatmulTile.half: activations rounded to f16, so they must stay
+        within +-65504); False (default): in f32."""
         cfg, bound, mem = cls._plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                     ple_in_file)
         try:
@@ -187,7 +190,8 @@ class Engine:
             if adapters:
                 gpu_adapters = GpuAdapters(dev, adapters)
                 gpu_adapters.attach(layout)        # before the plans are recorded: they include the deltas
-            runner = runner_class(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots, int8=int8)
+            runner = runner_class(dev, cfg, layout, gguf.source, ctx, chunk, expert_slots=mem.slots, int8=int8,
+                                  f16=f16)
             runner.prepare()
         except ModelError as e:
             raise EngineError(str(e)) from e

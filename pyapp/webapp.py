@@ -145,6 +145,13 @@ def _failed_reply(e: Exception) -> dict:
     raise e
 
 
+def _check_gpu(what: str) -> None:
+    """Raise if the GPU rejected a command since the last clear_error(): a rejected buffer or dispatch
+    leaves its output unwritten, so what was computed (a reply's tokens) would be wrong without a word."""
+    if S.device.last_error:
+        raise GPUError(f"the GPU rejected a command during {what}: {S.device.last_error}")
+
+
 def _fail(e: BaseException, file: str | None = None, ollama_name: str | None = None) -> dict:
     """A user-facing error: about `file` (the model's, by default), in plain words with what to do
     next and the technical message as detail (pyapp.explain)."""
@@ -501,8 +508,7 @@ async def train_step() -> dict:
         return {"error": "No training run is in progress."}
     try:
         report = await run.step()
-        if S.device.last_error:
-            raise GPUError(f"the GPU rejected a training step: {S.device.last_error}")
+        _check_gpu("a training step")
         return report
     except Exception as e:
         return _train_failed(e)
@@ -568,8 +574,10 @@ async def chat(messages_json: str, params_json: str) -> dict:
             return {"error": f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
                              "start a new chat or shorten it"}
         S.stop = False
+        S.device.clear_error()
         res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
                                        should_stop=lambda: S.stop)
+        _check_gpu("the reply")
     except Exception as e:
         return _failed_reply(e)
     thought, answer = split_thinking(res.text)
@@ -608,7 +616,9 @@ async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
     S.engine.reset()
     try:
         params = _sampling_params(p)
+        S.device.clear_error()
         res = await S.engine.generate_async(json.loads(tokens_json), params, stop_ids=())
+        _check_gpu("generation")
     except EXPECTED as e:
         return _fail(e)
     return {"tokens": list(res.tokens), "stop_reason": res.stop_reason}

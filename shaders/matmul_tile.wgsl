@@ -10,7 +10,11 @@
 // so their global reads' latency hides behind the multiply-adds.
 //
 // Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN and W_Q4K come from the prelude
-// (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values). The includer declares K,
+// (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values), and two types:
+// MM_S, the shared tiles' scalar, and MM_M, the multiply-adds'. f32 / f32 is the portable tile;
+// with shader-f16, f16 tiles halve the shared memory a step reads (and holds), and f16 multiply-adds
+// run two to an instruction: those sum one step's BK products in f16 and fold them into the f32
+// accumulators at the step's end (MM_FOLD), so rounding never builds up over K. The includer declares K,
 // W, X (array<vec4<f32>>), the quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
@@ -32,13 +36,15 @@ const GNP: u32 = GN + 1u;
 const WU: u32 = TXN * KQ;              // load units per step (<= NT each: MatmulTile checks)
 const XU: u32 = GN * KQ;
 
+const MM_FOLD: bool = MM_F16_MATH;
+
 struct TileAcc {
     lo: mat4x4<f32>,     // tokens j < 4
     hi: mat4x4<f32>,     // tokens 4 <= j < 8 (TN = 8)
 }
 
-var<workgroup> ws: array<vec4<f32>, BK * GMP>;   // [k][rows 4g .. 4g + 3]
-var<workgroup> xs: array<vec4<f32>, BK * GNP>;   // [k][tokens 4h .. 4h + 3]
+var<workgroup> ws: array<vec4<MM_S>, BK * GMP>;   // [k][rows 4g .. 4g + 3]
+var<workgroup> xs: array<vec4<MM_S>, BK * GNP>;   // [k][tokens 4h .. 4h + 3]
 
 fn tile_row(lid: u32, i: u32) -> u32 { return 4u * (lid % TXN) + i; }
 fn tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TXN + (j / 4u) * TYN) + j % 4u; }
@@ -87,10 +93,10 @@ fn store_nibbles(r: u32, k: u32, q: u32, b: SubBlock) {
     let w = b.ab.x * vec4<f32>((bytes4(q) >> vec4<u32>(b.shift)) & vec4<u32>(15u)) - b.ab.y;
     let g = r / 4u;
     let c = r % 4u;
-    ws[k * GMP + g][c] = w.x;
-    ws[(k + 1u) * GMP + g][c] = w.y;
-    ws[(k + 2u) * GMP + g][c] = w.z;
-    ws[(k + 3u) * GMP + g][c] = w.w;
+    ws[k * GMP + g][c] = MM_S(w.x);
+    ws[(k + 1u) * GMP + g][c] = MM_S(w.y);
+    ws[(k + 2u) * GMP + g][c] = MM_S(w.z);
+    ws[(k + 3u) * GMP + g][c] = MM_S(w.w);
 }
 
 // Weights 32 sub .. 32 sub + 31 of the step, tile row r, into ws.
@@ -130,36 +136,48 @@ fn tile_product(lid: u32) -> TileAcc {
     var xn = load_x(has_x, xr, xkq);
     var acc = mat4x4<f32>();
     var acc2 = mat4x4<f32>();
+    var part = mat4x4<MM_M>();         // the sums in MM_M: the whole K's, or (MM_FOLD) this step's
+    var part2 = mat4x4<MM_M>();
     for (var k0 = 0u; k0 < K / 4u; k0 += KQ) {
         if (has_job) { store_sub_block(jr, js, jn); }
         if (has_w) {
             let t = transpose(wn);
-            for (var c = 0u; c < 4u; c++) { ws[(4u * wkq + c) * GMP + wg] = t[c]; }
+            for (var c = 0u; c < 4u; c++) { ws[(4u * wkq + c) * GMP + wg] = vec4<MM_S>(t[c]); }
         }
         if (has_x) {
             let t = transpose(xn);
-            for (var c = 0u; c < 4u; c++) { xs[(4u * xkq + c) * GNP + xh] = t[c]; }
+            for (var c = 0u; c < 4u; c++) { xs[(4u * xkq + c) * GNP + xh] = vec4<MM_S>(t[c]); }
         }
         workgroupBarrier();
         jn = load_sub_block(has_job, jbase, 4u * (k0 + KQ) + 32u * js);
         wn = load_w(has_w, wb, k0 + KQ + wkq);
         xn = load_x(has_x, xr, k0 + KQ + xkq);
         for (var k = 0u; k < BK; k++) {
-            let w = ws[k * GMP + tx];
-            let x = xs[k * GNP + ty];
-            acc[0] = fma(vec4<f32>(w.x), x, acc[0]);
-            acc[1] = fma(vec4<f32>(w.y), x, acc[1]);
-            acc[2] = fma(vec4<f32>(w.z), x, acc[2]);
-            acc[3] = fma(vec4<f32>(w.w), x, acc[3]);
+            let w = vec4<MM_M>(ws[k * GMP + tx]);
+            let x = vec4<MM_M>(xs[k * GNP + ty]);
+            part[0] = fma(vec4<MM_M>(w.x), x, part[0]);
+            part[1] = fma(vec4<MM_M>(w.y), x, part[1]);
+            part[2] = fma(vec4<MM_M>(w.z), x, part[2]);
+            part[3] = fma(vec4<MM_M>(w.w), x, part[3]);
             if (TN == 8u) {
-                let x2 = xs[k * GNP + ty + TYN];
-                acc2[0] = fma(vec4<f32>(w.x), x2, acc2[0]);
-                acc2[1] = fma(vec4<f32>(w.y), x2, acc2[1]);
-                acc2[2] = fma(vec4<f32>(w.z), x2, acc2[2]);
-                acc2[3] = fma(vec4<f32>(w.w), x2, acc2[3]);
+                let x2 = vec4<MM_M>(xs[k * GNP + ty + TYN]);
+                part2[0] = fma(vec4<MM_M>(w.x), x2, part2[0]);
+                part2[1] = fma(vec4<MM_M>(w.y), x2, part2[1]);
+                part2[2] = fma(vec4<MM_M>(w.z), x2, part2[2]);
+                part2[3] = fma(vec4<MM_M>(w.w), x2, part2[3]);
             }
         }
+        if (MM_FOLD) {
+            acc += mat4x4<f32>(part);
+            acc2 += mat4x4<f32>(part2);
+            part = mat4x4<MM_M>();
+            part2 = mat4x4<MM_M>();
+        }
         workgroupBarrier();
+    }
+    if (!MM_FOLD) {
+        acc = mat4x4<f32>(part);
+        acc2 = mat4x4<f32>(part2);
     }
     return TileAcc(acc, acc2);
 }

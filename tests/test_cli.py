@@ -70,6 +70,25 @@ def test_logits_no_int8(tmp_path):
 
 
 @pytest.mark.gpu
+def test_logits_f16(tmp_path):
+    """--f16 reaches the engine: on a device with shader-f16 a 30-token prompt's logits move off the
+    f32 ones by f16's rounding (the f16 tiles ran), and no further."""
+    pytest.importorskip("wgpu")
+    from pyapp.gpu import get_device
+    if not get_device("native").has_f16:
+        pytest.skip("device has no shader-f16")
+    path = FIX / "gemma4-dense-q6_k.gguf"
+    tokens = ",".join(map(str, [2] + np.random.default_rng(6).integers(3, 250, 29).tolist()))
+    got = {}
+    for flag in ("--f16", None):
+        out = tmp_path / f"{flag}.npy"
+        r = pyapp("logits", path, "--tokens", tokens, "--out", out, *([flag] if flag else []), check=False)
+        assert r.returncode == 0, r.stderr
+        got[flag] = np.load(out)
+    assert 1e-5 < np.abs(got["--f16"] - got[None]).mean() < 0.02
+
+
+@pytest.mark.gpu
 def test_generate_and_bench():
     pytest.importorskip("wgpu")
     r = pyapp("generate", FIX / "demo.gguf", "--prompt", "Hi", "--max-tokens", "5", "--temperature", "0", check=False)

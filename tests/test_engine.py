@@ -375,6 +375,41 @@ def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
+@pytest.mark.parametrize("model", ["fixture-dense-q6_k", "toy-moe-1-layer"])
+def test_f16_tiles_within_their_rounding(dev, tmp_path, model):
+    """f16=True where the device has shader-f16: a prefill in 16-token steps (the int8 path's minimum
+    not reached) runs its matmuls (the dense ones and the grouped experts) in f16 tiles, and the logits
+    stay within f16's rounding of the f32 reference, the same pick wherever the top two are 0.2 apart;
+    the default (f16=False) keeps f32 tiles, within float rounding."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    if not dev.has_f16:
+        pytest.skip("device has no shader-f16")
+    if model == "fixture-dense-q6_k":
+        path = FIXTURES / "gemma4-dense-q6_k.gguf"
+    else:
+        tool = load_tool("make_bench_model")
+        path = tmp_path / "moe.gguf"
+        tool.write("tiny-moe", tool.T["Q5_K"], str(path), seed=1, layers=1)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(4).integers(3, 250, 47).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    f16 = Engine.open(g, device=dev, context_length=64, chunk=16, f16=True)
+    f32 = Engine.open(g, device=dev, context_length=64, chunk=16)
+    halves = {op[1].label for program in f16.runner._plans.values() if isinstance(program, list)
+              for plan in program if hasattr(plan, "ops") for op in plan.ops
+              if op[0] == "d" and "alias MM_S = f16" in op[1].key[2]}
+    assert halves >= ({"matmul:main", "moe_grouped:matmul"} if g.metadata.get("gemma4.expert_count") else {"matmul:main"})
+    np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
+    got = engine_logits(f16, tokens)
+    diff = np.abs(got - want)
+    assert 1e-5 < diff.mean() < 0.02 and np.median(diff.max(-1)) < 0.1, (diff.mean(), np.median(diff.max(-1)))
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.2
+    assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
 def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     """Row blocks of a tensor over the binding limit share one quantization of their input and write their
     columns of the output: the same logits as the unsplit tensors on the int8 path."""

@@ -206,6 +206,48 @@ def test_matmul_tile_shapes(dev, qtype, tile):
     assert_close_dot(got, x, w, x @ w.T)
 
 
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q5_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("math", [False, True], ids=["f16-tiles", "f16-math"])
+@pytest.mark.parametrize("tile", [K.MATMUL_SHORT, K.MatmulTile(64, 128, 32, 8)], ids=lambda t: f"{t.rows}x{t.tokens}t{t.thread_tokens}")
+def test_matmul_f16_tiles(dev, qtype, math, tile):
+    """The tile in f16 (shader-f16): weights and activations rounded to f16 in shared memory, then
+    multiplied in f32, or (f16 math) in f16 a step of BK at a time, folded into f32 sums. Against the
+    reference on the f16-rounded operands: f32 rounding for f16 tiles, f16's for f16 math; both differ
+    from the f32 tile. Rows and tokens past a tile, K past a step."""
+    if not dev.has_f16:
+        pytest.skip("device has no shader-f16")
+    tile = K.MatmulTile(tile.rows, tile.tokens, tile.k, tile.thread_tokens, f16=True, f16_math=math)
+    rng = np.random.default_rng(11 + ggml.lookup(qtype).id)
+    rows, t = 150, 70
+    qk = ggml.lookup(qtype).block
+    k = 512 if qk == 256 else 4 * 29 if qk == 1 else 32 * 7
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k)) * 3
+    w16, x16 = (a.astype(np.float16).astype(np.float64) for a in (w, x))
+    wb, xb = weight_buffer(dev, raw), f32(dev, x)
+
+    def run(tl):
+        y = dev.buffer(4 * rows * t)
+        dev.submit(K.matmul(dev, qtype, k, rows, wb, xb, y, step_buffer(dev, t), n_tokens=t, tile=tl))
+        return read_f32(dev, y, rows * t).reshape(t, rows)
+    got = run(tile)
+    assert_close_dot(got, x16, w16, x16 @ w16.T, tol=2e-3 if math else 2e-5)
+    full = run(K.MatmulTile(tile.rows, tile.tokens, tile.k, tile.thread_tokens))
+    assert np.abs(got - full).max() > 0                  # the f16 path ran
+
+
+def test_f16_tiles_only_where_the_device_has_shader_f16(dev):
+    """fit_tile(f16=True): the same shape, in f16 where the device has shader-f16; the f32 tile elsewhere."""
+    class NoF16:
+        limits, has_f16 = dev.limits, False
+    assert K.fit_tile(NoF16, K.MATMUL, f16=True) == K.fit_tile(NoF16, K.MATMUL)
+    half = K.fit_tile(dev, K.MATMUL, f16=True)
+    assert (half.rows, half.tokens, half.k) == (K.MATMUL.rows, K.MATMUL.tokens, K.MATMUL.k)
+    assert half.f16 == dev.has_f16 and half.f16_math == (dev.has_f16 and K.F16_MATH)
+    assert not K.fit_tile(dev, K.MATMUL).f16
+
+
 def test_quantize_q8(dev):
     """Activations to int8 per 32 (an all-zero block and a block of one outlier included) against
     pyapp.reference.quants; the step's 37 tokens of a plan sized for 40: rows past them untouched."""

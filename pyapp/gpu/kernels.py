@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import ggml
 from . import Buffer, Device, Pipeline, Plan
@@ -299,18 +299,22 @@ def q4k_threads_per_row(k: int, n: int) -> int:
 @dataclass(frozen=True)
 class MatmulTile:
     """Shape of the prefill matmul's tile (shaders/matmul_tile.wgsl): W rows x tokens per workgroup,
-    weights of K per shared-memory step, and tokens per thread (4 or 8; each thread has 4 rows)."""
+    weights of K per shared-memory step, and tokens per thread (4 or 8; each thread has 4 rows);
+    f16: the shared tiles in f16, f16_math: their multiply-adds too (both need shader-f16)."""
     rows: int = 64
     tokens: int = 64
     k: int = 32
     thread_tokens: int = 4
     q4k_sub_blocks: bool = True  # Q4_K W read a 32-weight sub-block per thread (where k % 32 == 0)
+    f16: bool = False
+    f16_math: bool = False
 
     def __post_init__(self):
         units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
         if self.rows % 4 or self.tokens % self.thread_tokens or self.thread_tokens not in (4, 8) \
                 or self.k % 4 or units > self.threads or self.threads > 1024 \
-                or self.k % 32 == 0 and self.rows * self.k // 32 > self.threads:     # Q4_K sub-block jobs
+                or self.k % 32 == 0 and self.rows * self.k // 32 > self.threads \
+                or self.f16_math and not self.f16:     # Q4_K sub-block jobs; f16 math on f16 tiles
             raise ValueError(f"bad matmul tile {self}")
 
     @property
@@ -320,15 +324,27 @@ class MatmulTile:
     def fits(self, dev: Device) -> bool:
         """Within the device's workgroup limits (threads, and the shared W and X tiles plus the MoE
         kernel's slot list)."""
-        storage = 16 * self.k * (self.rows // 4 + self.tokens // 4 + 2) + 4 * self.tokens + 4
+        vec4 = 8 if self.f16 else 16
+        storage = vec4 * self.k * (self.rows // 4 + self.tokens // 4 + 2) + 4 * self.tokens + 4
         lim = dev.limits
         return self.threads <= min(lim.get("max_compute_invocations_per_workgroup", 256),
                                    lim.get("max_compute_workgroup_size_x", 256)) \
-            and storage <= lim.get("max_compute_workgroup_storage_size", 16384)
+            and storage <= lim.get("max_compute_workgroup_storage_size", 16384) and (not self.f16 or dev.has_f16)
 
     def prelude(self) -> str:
-        return "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
+        shape = "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
             ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TN", self.thread_tokens)))
+        return shape + (f"alias MM_S = {'f16' if self.f16 else 'f32'};\nalias MM_M = {'f16' if self.f16_math else 'f32'};\n"
+                        f"const MM_F16_MATH: bool = {'true' if self.f16_math else 'false'};\n")
+
+    @property
+    def enables(self) -> tuple:
+        """The WGSL extensions its shader needs."""
+        return ("f16",) if self.f16 else ()
+
+    def half(self) -> "MatmulTile":
+        """This tile with f16 shared tiles and multiply-adds (F16_TILES says which)."""
+        return replace(self, f16=True, f16_math=F16_MATH)
 
 
 # The engine's tiles (bench/matmul_sweep.py on an H100, bench/RESULTS.md). Grouped MoE tiles are
@@ -340,13 +356,16 @@ MOE_MATMUL = MatmulTile(128, 32, 32)
 FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
 # moe_experts_dx (training) reads a grouping in tiles of MATMUL_TILE slots: moe_group(..., tile=MOE_DX_GROUPS)
 MOE_DX_GROUPS = MatmulTile(64, MATMUL_TILE, 16)
+# The f16 tiles' multiply-adds: f16 too (True) or f32 on the f16 tiles (False); bench/matmul_sweep.py --f16
+F16_MATH = True
 
 
-def fit_tile(dev: Device, tile: MatmulTile) -> MatmulTile:
-    """tile, or the first FALLBACK tile within dev's workgroup limits."""
+def fit_tile(dev: Device, tile: MatmulTile, f16: bool = False) -> MatmulTile:
+    """tile, or the first FALLBACK tile within dev's workgroup limits; f16: in its f16 form
+    (MatmulTile.half, the same shape) where the device has shader-f16."""
     for t in (tile, *FALLBACK):
         if t.fits(dev):
-            return t
+            return t.half() if f16 and dev.has_f16 else t
     raise ValueError(f"no prefill matmul tile fits this device's workgroup limits ({dev.limits})")
 
 
@@ -357,15 +376,17 @@ def matmul_prelude(qtype, tile: MatmulTile) -> str:
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
-           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None) -> Plan:
+           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None,
+           f16: bool = False) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
     stride of Y when W is one row block of a wider matrix (y bound at its column).
+    f16: the default tile's f16 form where the device has shader-f16.
     """
     row_bytes(qtype, k)
-    tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT)
-    p = _pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile),
+    tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT, f16)
+    p = _pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
                   constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
@@ -800,7 +821,7 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
     expert's first row and first matmul tile (layout: shaders/moe_grouped.wgsl). tile: the one
     moe_experts_grouped will use (default MOE_MATMUL, or what fits the device)."""
     tile = tile or fit_tile(dev, MOE_MATMUL)
-    p = _pipeline(dev, "moe_grouped", entry="group", prelude=matmul_prelude(ggml.F32, tile),
+    p = _pipeline(dev, "moe_grouped", entry="group", prelude=matmul_prelude(ggml.F32, tile), enables=tile.enables,
                   constants={"E": n_experts, "KSEL": k_used})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, {"S": step, "IDS": ids, "GRP": grp}), 1)
 
@@ -808,12 +829,13 @@ def moe_group(dev: Device, n_experts: int, k_used: int, ids: Buffer, grp: Buffer
 def moe_experts_grouped(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                         y: Buffer, grp: Buffer, max_tokens: int, per_slot_input: bool = False,
                         plan: Plan | None = None, first_expert: int = 0, experts_here: int | None = None,
-                        tile: MatmulTile | None = None) -> Plan:
-    """moe_experts for a chunk, from moe_group's grouping (made with the same tile): a tiled matmul per
-    expert, each expert's weights read once per tile of slots instead of once per slot."""
+                        tile: MatmulTile | None = None, f16: bool = False) -> Plan:
+    """moe_experts for a chunk, from moe_group's grouping (made with the same tile, or its f16 form:
+    f16 where the device has shader-f16): a tiled matmul per expert, each expert's weights read once per
+    tile of slots instead of once per slot."""
     row_bytes(qtype, k)
-    tile = tile or fit_tile(dev, MOE_MATMUL)
-    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=matmul_prelude(qtype, tile),
+    tile = tile or fit_tile(dev, MOE_MATMUL, f16)
+    p = _pipeline(dev, "moe_grouped", entry="matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
                   constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
                              "XPER": k_used if per_slot_input else 1, "E0": first_expert,
                              "NE": n_experts - first_expert if experts_here is None else experts_here})

@@ -25,8 +25,8 @@ class DiffusionRunner(Runner):
     model_class = DiffusionEncoder
 
     def __init__(self, dev, cfg, layout, source, context_length: int, chunk: int = 64,
-                 expert_slots: int | None = None, int8: bool = True):
-        super().__init__(dev, cfg, layout, source, context_length, chunk, expert_slots, int8)
+                 expert_slots: int | None = None, int8: bool = True, f16: bool = False):
+        super().__init__(dev, cfg, layout, source, context_length, chunk, expert_slots, int8, f16=f16)
         self.canvas_length = cfg.canvas_length
         self.decoders = {sc: DiffusionDecoder(cfg, layout, self.state, sc) for sc in (False, True)}
 
@@ -56,7 +56,7 @@ class DiffusionRunner(Runner):
         key = ("canvas", self_conditioned)
         if key not in self._plans:
             ops = Ops(self.dev, self.cfg, self.state, self.dev.plan(), self.canvas_length,
-                      experts_stream=self.experts is not None, int8=self.int8)
+                      experts_stream=self.experts is not None, int8=self.int8, f16=self.f16)
             self.decoders[self_conditioned].canvas(ops)
             self._plans[key] = ops.program
         return self._plans[key]

@@ -53,7 +53,7 @@ class _PendingAdd:
 class Ops:
     def __init__(self, dev, cfg, state, plan: Plan, T: int, step: Buffer | None = None,
                  experts_stream: bool = False, few_tokens: bool = False, int8: bool = True,
-                 fuse_residual: bool = False):
+                 fuse_residual: bool = False, f16: bool = False):
         if few_tokens and T > K.FEW_TOKENS:
             raise ValueError(f"a plan of few tokens holds at most {K.FEW_TOKENS}, not {T}")
         self.dev, self.cfg, self.s, self.plan, self.T = dev, cfg, state, plan, T
@@ -62,6 +62,7 @@ class Ops:
         self.eps = cfg.eps
         self.experts_stream = experts_stream
         self.int8 = int8 and state.xq is not None    # matmuls on int8 activations (K.int8_matmul says where)
+        self.f16 = f16                       # the other chunk matmuls in f16 tiles (where the device has shader-f16)
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
         self._query_prep = None              # decode: what attend's split kernel norms/ropes/stores (K.QueryPrep)
@@ -192,7 +193,8 @@ class Ops:
     def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
         blocks, each writing its columns of y; ldy 0: y is n wide): quantized weights on int8 activations
-        (x quantized here, once for every block) where K.int8_matmul says so, else the f32 tile."""
+        (x quantized here, once for every block) where K.int8_matmul says so, else the tile (in f16 where
+        self.f16 and the device has shader-f16)."""
         dev, s, plan, T = self.dev, self.s, self.plan, self.T
         int8 = self.int8 and K.int8_matmul(qtype, k, T)
         if int8:
@@ -201,7 +203,7 @@ class Ops:
             if int8:
                 K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=plan, ldy=ldy)
             else:
-                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy)
+                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=plan, ldy=ldy, f16=self.f16)
 
     def lora(self, deltas: list, x: Buffer, y: Buffer, ldy: int) -> None:
         """y[t, col0 + i] += scale * B (A x[t]) for each (GpuLora, col0) of an adapted projection whose
@@ -472,7 +474,7 @@ class Ops:
                                              s.expert_groups, self.T, per_slot_input=per_slot_input, **where)
                 else:
                     K.moe_experts_grouped(self.dev, w.qtype, k, n, E, KS, p.buffer, x, y, s.expert_groups, self.T,
-                                          per_slot_input=per_slot_input, **where)
+                                          per_slot_input=per_slot_input, f16=self.f16, **where)
             return
         for p in w.parts:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,

@@ -32,11 +32,12 @@ class Runner:
     model_class = Gemma4          # what layers_program records (DiffusionRunner: the encoder)
 
     def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
-                 expert_slots: int | None = None, int8: bool = True, fuse_residual: bool = True):
+                 expert_slots: int | None = None, int8: bool = True, fuse_residual: bool = True, f16: bool = False):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.ctx, self.chunk = context_length, self.state.chunk
         self.int8 = int8              # long steps' quantized matmuls on int8 activations (Ops.matmul)
+        self.f16 = f16                # the other chunk matmuls in f16 tiles where the device has shader-f16
         self.fuse_residual = fuse_residual   # decode: residual adds fused into their consumers (Ops)
         self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
@@ -56,7 +57,7 @@ class Runner:
             if sampled:
                 plan.copy(self.state.token, 0, self.state.ids, 0, 4)
             ops = Ops(self.dev, self.cfg, self.state, plan, T, experts_stream=self.experts is not None, few_tokens=few,
-                      int8=self.int8, fuse_residual=self.fuse_residual)
+                      int8=self.int8, f16=self.f16, fuse_residual=self.fuse_residual)
             self.model.layers(ops)
             ops.finish()
             self._plans[key] = ops.program
