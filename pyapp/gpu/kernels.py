@@ -878,11 +878,11 @@ def moe_tail(dev: Device, d: int, k_used: int, dense: Buffer, dense_norm: Buffer
              weights: Buffer, moe_norm: Buffer, out: Buffer, step: Buffer, max_tokens: int, eps: float = 1e-6,
              down_scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
     """out[t] = rms_norm(dense[t]) * dense_norm + rms_norm(moe[t]) * moe_norm, moe[t] = sum_j weights[t, j] *
-    expert_out[t*k_used + j] (* down_scale[ids[t, j]]): a MoE layer's output (shaders/moe.wgsl tail)."""
-    if k_used > 16:
-        raise ValueError(f"moe_tail takes at most 16 experts a token, not {k_used}")
-    p = _pipeline(dev, "moe", entry="tail", prelude=quant_prelude(ggml.F32),
-                  constants={"KSEL": k_used, "D": d, "HAS_SC": down_scale is not None, "TEPS": eps})
+    expert_out[t*k_used + j] (* down_scale[ids[t, j]]): a MoE layer's output (shaders/moe_tail.wgsl)."""
+    if k_used > 16 or d % 4 or d > 4 * 256 * 8:
+        raise ValueError(f"moe_tail takes at most 16 experts a token and rows of at most 8192 floats, a multiple "
+                         f"of 4 (shaders/moe_tail.wgsl), not {k_used} experts of {d}")
+    p = _pipeline(dev, "moe_tail", constants={"KSEL": k_used, "D": d, "HAS_SC": down_scale is not None, "TEPS": eps})
     res = {"Y": out, "S": step, "IDS": ids, "WTS": weights, "YE": expert_out, "DN": dense, "W1": dense_norm,
            "W2": moe_norm, "SC": down_scale if down_scale is not None else dev.dummy}
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
