@@ -43,6 +43,11 @@ def main() -> int:
     ap.add_argument("--gpu-time", action="store_true", help="time by GPU timestamps (default: wall clock)")
     ap.add_argument("--norm-input", action="store_true",
                     help="the matvec with its input normed by every workgroup (K.NormInput), by --tpr")
+    ap.add_argument("--residual-input", action="store_true",
+                    help="the matvec with its input built from a pending residual add and the next pre-norm "
+                         "(K.ResidualInput, as a decode step's first matvec after an add), by --tpr / --chunk-tpr "
+                         "and --chunk-wg")
+    ap.add_argument("--geglu", action="store_true", help="ROWS outputs of a gate|up matrix of 2 ROWS rows (GeGLU)")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
@@ -56,20 +61,28 @@ def main() -> int:
         dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
         y = dev.buffer(4 * n)
         normed = None
+        if args.residual_input:
+            ones = dev.buffer(4 * k)
+            dev.write(ones, np.ones(k, np.float32).tobytes())
+            normed = K.ResidualInput(x, dev.buffer(4 * k), dev.buffer(4 * k), ones, next_weight=ones)
         if args.norm_input:
             ones = dev.buffer(4 * k)
             dev.write(ones, np.ones(k, np.float32).tobytes())
             normed = K.NormInput(x, dev.buffer(4 * k), ones, ones, dev.buffer(4 * k), scale=k ** -0.5)
         for q in args.quants:
+            rows = 2 * n if args.geglu else n
             try:
-                nbytes = ggml.row_bytes(q, k) * n
+                nbytes = ggml.row_bytes(q, k) * rows
             except ValueError:          # k not a multiple of the block (2112 for K-quants)
                 continue
             w = dev.buffer(nbytes + 4)
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
             variants = [dict(tpr=t, units=u, chunks=False) for t in args.tpr for u in (False, True)
                         if not u or k % 32 == 0]
-            if normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
+            if normed is not None and q == "q4_k":     # the chunk kernel by threads per row and workgroup
+                variants = [dict(tpr=t, wg=g, chunks=True, residual=normed) for t in args.chunk_tpr
+                            for g in args.chunk_wg if t <= g and k // 32 >= t and k <= 24 * g]
+            elif normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
                 variants = [dict(tpr=t, chunks=False, residual=normed) for t in args.tpr]
             elif q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
                 variants += [dict(tpr=t, wg=g, chunks=True, probe=p) for t in args.chunk_tpr for g in args.chunk_wg
@@ -78,12 +91,14 @@ def main() -> int:
                 plan = dev.plan()
                 reps = 50 if n < 100000 else 5
                 for _ in range(reps):
-                    K.matvec(dev, q, k, n, w, None if normed else x, y, plan=plan, **v)
+                    K.matvec(dev, q, k, n, w, None if normed else x, y, plan=plan, geglu=args.geglu, **v)
                 dev.time_plan(plan, repeat=1)          # warm-up: the first plan after setup runs slow
                 s = (gpu_seconds(dev, plan) if args.gpu_time else dev.time_plan(plan, repeat=5)) / reps
                 shown = {key: val for key, val in v.items() if key != "residual"}
                 if normed is not None:
-                    shown["input"] = "norm"
+                    shown["input"] = "residual" if args.residual_input else "norm"
+                if args.geglu:
+                    shown["geglu"] = True
                 print(json.dumps({"rows": n, "cols": k, "quant": q, **shown, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
