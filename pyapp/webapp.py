@@ -309,8 +309,9 @@ def _unload() -> None:
     S.engine = None
 
 
-async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None) -> dict:
-    """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it)."""
+async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None, f16: bool = False) -> dict:
+    """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it);
+    f16: the prompt matmuls int8 does not take in f16 tiles where the device has shader-f16."""
     if S.gguf is None:
         return {"error": "choose a model first"}
     _unload()
@@ -333,7 +334,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
         t = time.perf_counter()
         S.engine = await Engine.open_async(S.gguf, S.device, context_length=context_length, progress=progress,
                                            cancelled=lambda: S.cancelled_load == load_id,
-                                           gpu_memory_mib=_budget(gpu_memory), lora=_lora())
+                                           gpu_memory_mib=_budget(gpu_memory), lora=_lora(), f16=bool(f16))
         err = S.device.last_error
         if err:
             _unload()

@@ -599,6 +599,39 @@ def test_int8_prefill_matches_native(page, stem):
     assert np.median(np.abs(got - f32).max(-1)) < 0.3
 
 
+def test_f16_prompt_processing_box(page):
+    """The f16 box. Without shader-f16 (SwiftShader, so in CI) it is off, disabled and says why. On a GPU
+    with it, checked and the model reloaded, a prompt's matmuls run in f16 tiles: the logits are nearer
+    the native engine's with f16=True than the f32 ones; the choice is remembered for the GPU; unchecked
+    and reloaded, f32 again."""
+    pytest.importorskip("wgpu")
+    from pyapp.engine import Engine
+    if page.is_disabled("#f16"):
+        assert not page.is_checked("#f16") and "no shader-f16" in page.inner_text("#f16-help")
+        return
+    path = FIXTURES / "gemma4-dense-q6_k.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    page.check("#f16")
+    assert page.is_visible("#reload-model")                    # the loaded model keeps its tiles until reloaded
+    assert page.evaluate("JSON.parse(localStorage.getItem('gemma4.f16.v1'))[window.app.state.adapter]") is True
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded && !window.app.state.busy")
+    tokens = [2] + np.random.default_rng(4).integers(3, 250, 47).tolist()
+    rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+    assert "error" not in rows, rows
+    got = np.array(rows["rows"], dtype=np.float32)
+    f16 = np.asarray(Engine.open(str(path), context_length=64, f16=True).forward(tokens))
+    f32 = np.asarray(Engine.open(str(path), context_length=64).forward(tokens))
+    # both in f16 (SwiftShader, lavapipe): nearer each other than the f32 logits, which are f16's rounding away
+    assert np.abs(got - f16).mean() < 0.5 * np.abs(got - f32).mean() < 0.01
+    page.uncheck("#f16")
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded && !window.app.state.busy")
+    rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+    assert np.abs(np.array(rows["rows"], dtype=np.float32) - f32).max() < 2e-3
+
+
 def test_drop_a_gguf_file(page):
     page.evaluate("""async () => {
         const blob = await (await fetch('models/demo.gguf')).blob();

@@ -8,6 +8,7 @@ const CHATS_KEY = "gemma4.chats.v1";   // every conversation: {current: id, chat
 const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offered again after a reload
 const SETTINGS_KEY = "gemma4.settings.v1";
 const GPU_MEMORY_KEY = "gemma4.gpu_memory.v1";   // {adapter: MiB}: a property of the GPU, not of a model
+const F16_KEY = "gemma4.f16.v1";                 // {adapter: true}: f16 prompt tiles chosen for that GPU
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "speculate", "max_tokens", "context_length",
                 "denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"];   // the last: DiffusionGemma
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
@@ -113,6 +114,11 @@ async function boot() {
   state.adapter = r.adapter;
   state.gpuMemory = loadJSON(GPU_MEMORY_KEY, {})[r.adapter] ?? r.gpu_memory;
   $("gpu_memory").value = state.gpuMemory;
+  // f16 tiles need shader-f16: without it the box stays off and says why
+  state.f16 = !!r.f16 && !!loadJSON(F16_KEY, {})[r.adapter];
+  $("f16").checked = state.f16;
+  $("f16").disabled = !r.f16;
+  if (!r.f16) $("f16-help").textContent = "This GPU has no shader-f16: prompts run in f32 and int8.";
   const mib = (n) => `${Math.round(n / 2 ** 20)} MiB`;
   $("gpu").innerHTML = `<strong>${escapeHtml(r.adapter)}</strong> · f16 ${r.f16 ? "yes" : "no"} · subgroups ` +
     `${r.subgroups ? "yes" : "no"} · max buffer ${mib(r.limits.max_buffer_size)} · max binding ` +
@@ -164,7 +170,7 @@ async function loadModel() {
   $("load-text").textContent = "Uploading weights to the GPU…";
   state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
   const r = await call("load", settingNumber(state.settings.context_length, DEFAULTS.context_length), state.loadId,
-                       state.gpuMemory);
+                       state.gpuMemory, state.f16);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
@@ -402,6 +408,13 @@ function planBar(p) {
   return `<svg class="plan-bar" viewBox="0 0 300 14" width="300" height="14" role="img" aria-label="${label}">` +
     `${rects.join("")}</svg>`;
 }
+$("f16").addEventListener("change", () => {
+  state.f16 = $("f16").checked;
+  const saved = loadJSON(F16_KEY, {});
+  saved[state.adapter] = state.f16;
+  localStorage.setItem(F16_KEY, JSON.stringify(saved));
+  if (state.loaded) $("reload-model").hidden = false;   // the loaded model keeps its tiles until reloaded
+});
 $("gpu_memory").addEventListener("change", async () => {
   state.gpuMemory = settingNumber($("gpu_memory").value, 0);
   const saved = loadJSON(GPU_MEMORY_KEY, {});
