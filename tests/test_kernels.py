@@ -118,11 +118,13 @@ def test_matvec(dev, qtype, subgroups, long):
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
 
 
-@pytest.mark.parametrize("blocks,tpr,wg", [(3, None, None), (17, 32, 64), (1, 4, 64), (6, 64, 128), (11, 8, 256)])
+@pytest.mark.parametrize("blocks,tpr,wg", [(3, None, None), (17, 32, 64), (1, 4, 64), (6, 64, 128), (11, 8, 256),
+                                           (50, 32, 64)])
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
 def test_matvec_q4k_chunks(dev, blocks, tpr, wg, subgroups):
-    """The Q4_K 16-byte-chunk matvec: rows of 1-17 blocks, row splits narrower and wider than a
-    subgroup (its butterfly falls back to the tree below the subgroup width), all three epilogues."""
+    """The Q4_K 16-byte-chunk matvec: rows of 1-50 blocks (50: longer than E2B's 12288-long down rows),
+    row splits narrower and wider than a subgroup (its butterfly falls back to the tree below the
+    subgroup width), all three epilogues."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(blocks)
