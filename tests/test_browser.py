@@ -219,8 +219,17 @@ def test_message_text_never_becomes_control_tokens(page):
     assert want.count(tok.id_of("<|turn>")) == 3
 
 
+def demo_loaded(page) -> None:
+    """The demo model loaded (the earlier tests load it; a test run alone loads it here)."""
+    wait_state(page, "ready", "loaded")
+    if not page.evaluate("window.app.state.loaded"):
+        page.click("#demo")
+        wait_state(page, "loaded")
+
+
 def test_multi_turn_chat_matches_native_greedy(page):
     pytest.importorskip("wgpu")
+    demo_loaded(page)
     set_field(page, "temperature", 0)
     set_field(page, "max_tokens", 10)
     page.click("#new-chat")
