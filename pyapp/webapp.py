@@ -145,11 +145,12 @@ def _failed_reply(e: Exception) -> dict:
     raise e
 
 
-def _check_gpu(what: str) -> None:
-    """Raise if the GPU rejected a command since the last clear_error(): a rejected buffer or dispatch
-    leaves its output unwritten, so what was computed (a reply's tokens) would be wrong without a word."""
-    if S.device.last_error:
-        raise GPUError(f"the GPU rejected a command during {what}: {S.device.last_error}")
+def _gpu_rejected(what: str) -> GPUError | None:
+    """The error to report if the GPU rejected a command since the last clear_error(), else None: a
+    rejected buffer or dispatch leaves its output unwritten, so what was computed (the weights, a
+    reply's tokens) would be wrong without a word."""
+    err = S.device.last_error
+    return GPUError(f"the GPU rejected {what}: {err}") if err else None
 
 
 def _fail(e: BaseException, file: str | None = None, ollama_name: str | None = None) -> dict:
@@ -335,10 +336,9 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
         S.engine = await Engine.open_async(S.gguf, S.device, context_length=context_length, progress=progress,
                                            cancelled=lambda: S.cancelled_load == load_id,
                                            gpu_memory_mib=_budget(gpu_memory), lora=_lora(), f16=bool(f16))
-        err = S.device.last_error
-        if err:
+        if (rejected := _gpu_rejected("the model")):
             _unload()
-            return _fail(GPUError(f"the GPU rejected the model: {err}"))
+            return _fail(rejected)
         return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
                 "model": S.model_info, "plan": S.engine.memory_plan.describe(S.engine.load_bytes_per_s),
                 "adapter": _adapter_info()}
@@ -509,7 +509,8 @@ async def train_step() -> dict:
         return {"error": "No training run is in progress."}
     try:
         report = await run.step()
-        _check_gpu("a training step")
+        if (rejected := _gpu_rejected("a training step")):
+            raise rejected
         return report
     except Exception as e:
         return _train_failed(e)
@@ -578,7 +579,8 @@ async def chat(messages_json: str, params_json: str) -> dict:
         S.device.clear_error()
         res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
                                        should_stop=lambda: S.stop)
-        _check_gpu("the reply")
+        if (rejected := _gpu_rejected("a command during the reply")):
+            raise rejected
     except Exception as e:
         return _failed_reply(e)
     thought, answer = split_thinking(res.text)
@@ -619,7 +621,8 @@ async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
         params = _sampling_params(p)
         S.device.clear_error()
         res = await S.engine.generate_async(json.loads(tokens_json), params, stop_ids=())
-        _check_gpu("generation")
+        if (rejected := _gpu_rejected("a command during generation")):
+            raise rejected
     except EXPECTED as e:
         return _fail(e)
     return {"tokens": list(res.tokens), "stop_reason": res.stop_reason}

@@ -11,9 +11,9 @@ override KSEL: u32 = 1u;
 override D: u32 = 4u;
 override HAS_SC: bool = false;
 override TEPS: f32 = 1e-6;
-const TWG: u32 = 256u;
+const TWG: u32 = MOE_TAIL_WORKGROUP;     // from the prelude (pyapp.gpu.kernels, which checks D against them)
 const TKMAX: u32 = 16u;
-const TR: u32 = 8u;              // vec4s a thread holds of each row
+const TR: u32 = MOE_TAIL_ROUNDS;         // vec4s a thread holds of each row
 
 @group(0) @binding(0) var<storage, read_write> Y: array<vec4<f32>>;
 @group(0) @binding(1) var<uniform> S: Step;

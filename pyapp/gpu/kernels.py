@@ -38,6 +38,8 @@ SAMPLE_PARAM_FIELDS = (("temperature", "f32"), ("top_p", "f32"), ("min_p", "f32"
 MATMUL_TILE = 64             # rows and tokens per workgroup of matmul_dx, moe_backward's dx, soft_embed
 DECODE_KEYS_PER_GROUP = 32   # keys per attention_decode workgroup
 RESIDUAL_INPUT_ROUNDS = 6    # vec4s per thread a residual input holds (matvec_input_residual.wgsl): K <= 24 WG
+MOE_TAIL_WORKGROUP = 256     # threads of moe_tail.wgsl's workgroup (one a token)
+MOE_TAIL_ROUNDS = 8          # vec4s of each row a moe_tail thread holds: rows of at most 4 x 256 x 8 floats
 SAMPLE_SLICE = 4096          # logits per first-stage sampling workgroup
 SAMPLE_MAX_K = 256           # top-k candidates a sampling workgroup keeps
 
@@ -61,7 +63,8 @@ SHARED_WGSL = (
     + _wgsl_struct("SampleParams", SAMPLE_PARAM_FIELDS)
     + "".join(f"const {n}: u32 = {v}u;\n" for n, v in (
         ("MATMUL_TILE", MATMUL_TILE), ("DECODE_KEYS_PER_GROUP", DECODE_KEYS_PER_GROUP),
-        ("SAMPLE_SLICE", SAMPLE_SLICE), ("SAMPLE_MAX_K", SAMPLE_MAX_K), ("RESIDUAL_INPUT_ROUNDS", RESIDUAL_INPUT_ROUNDS)))
+        ("SAMPLE_SLICE", SAMPLE_SLICE), ("SAMPLE_MAX_K", SAMPLE_MAX_K), ("RESIDUAL_INPUT_ROUNDS", RESIDUAL_INPUT_ROUNDS),
+        ("MOE_TAIL_WORKGROUP", MOE_TAIL_WORKGROUP), ("MOE_TAIL_ROUNDS", MOE_TAIL_ROUNDS)))
 )
 
 
@@ -879,8 +882,9 @@ def moe_tail(dev: Device, d: int, k_used: int, dense: Buffer, dense_norm: Buffer
              down_scale: Buffer | None = None, plan: Plan | None = None) -> Plan:
     """out[t] = rms_norm(dense[t]) * dense_norm + rms_norm(moe[t]) * moe_norm, moe[t] = sum_j weights[t, j] *
     expert_out[t*k_used + j] (* down_scale[ids[t, j]]): a MoE layer's output (shaders/moe_tail.wgsl)."""
-    if k_used > 16 or d % 4 or d > 4 * 256 * 8:
-        raise ValueError(f"moe_tail takes at most 16 experts a token and rows of at most 8192 floats, a multiple "
+    most = 4 * MOE_TAIL_WORKGROUP * MOE_TAIL_ROUNDS
+    if k_used > 16 or d % 4 or d > most:
+        raise ValueError(f"moe_tail takes at most 16 experts a token and rows of at most {most} floats, a multiple "
                          f"of 4 (shaders/moe_tail.wgsl), not {k_used} experts of {d}")
     p = _pipeline(dev, "moe_tail", constants={"KSEL": k_used, "D": d, "HAS_SC": down_scale is not None, "TEPS": eps})
     res = {"Y": out, "S": step, "IDS": ids, "WTS": weights, "YE": expert_out, "DN": dense, "W1": dense_norm,
