@@ -18,6 +18,7 @@ gpu_ms means the CPU side is the bound.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -111,7 +112,8 @@ def main() -> int:
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     few = int(sys.argv[sys.argv.index("--few") + 1]) if "--few" in sys.argv else 0
-    eng = Engine.open(read_gguf(sys.argv[1]), backend="native", context_length=2048)
+    eng = Engine.open(read_gguf(sys.argv[1]), backend="native", context_length=2048,
+                      int8=os.environ.get("INT8") != "0")
     for r in asyncio.run(profile_async(eng, few=few, prefill="--prefill" in sys.argv)):
         print(json.dumps(r), flush=True)
     return 0

@@ -70,6 +70,7 @@
 #      TRAIN_STEPS (6), TRAIN_DTYPES ("bfloat16 float32": PyTorch's base weights), A26B_DECODE ("native=69.7 browser=90.4": a26b Q4_K decode tok/s from
 #      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
 #      SPEC_MODELS ("e2b:Q4_K"), SPEC_PROMPTS ("repeat random"), SPEC_N ("0 4 8 16"), SPEC_GEN (GEN).
+#      INT8 (0: our engine on f32 activations throughout, Engine.open(int8=False): browser, gpuprof).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

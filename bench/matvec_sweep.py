@@ -48,13 +48,14 @@ def main() -> int:
                          "(K.ResidualInput, as a decode step's first matvec after an add), by --tpr / --chunk-tpr "
                          "and --chunk-wg")
     ap.add_argument("--geglu", action="store_true", help="ROWS outputs of a gate|up matrix of 2 ROWS rows (GeGLU)")
+    ap.add_argument("--int8", action="store_true", help="the Q4_K chunk kernels also on x rounded to int8 (int8=True)")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
     if args.experts:
-        return expert_sweep(dev, rng)
+        return expert_sweep(dev, rng, int8=args.int8)
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
     for n, k in shapes:
         x = dev.buffer(4 * k)
@@ -79,14 +80,16 @@ def main() -> int:
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
             variants = [dict(tpr=t, units=u, chunks=False) for t in args.tpr for u in (False, True)
                         if not u or k % 32 == 0]
+            int8s = (False, True) if args.int8 else (False,)
             if normed is not None and q == "q4_k":     # the chunk kernel by threads per row and workgroup
-                variants = [dict(tpr=t, wg=g, chunks=True, residual=normed) for t in args.chunk_tpr
-                            for g in args.chunk_wg if t <= g and k // 32 >= t and k <= 24 * g]
+                variants = [dict(tpr=t, wg=g, chunks=True, residual=normed, int8=i) for t in args.chunk_tpr
+                            for g in args.chunk_wg if t <= g and k // 32 >= t and k <= 24 * g for i in int8s]
             elif normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
                 variants = [dict(tpr=t, chunks=False, residual=normed) for t in args.tpr]
             elif q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
-                variants += [dict(tpr=t, wg=g, chunks=True, probe=p) for t in args.chunk_tpr for g in args.chunk_wg
-                             for p in ((0, 1) if args.probe else (0,)) if t <= g and k // 32 >= t]
+                variants += [dict(tpr=t, wg=g, chunks=True, probe=p, int8=i) for t in args.chunk_tpr
+                             for g in args.chunk_wg for p in ((0, 1) if args.probe else (0,)) for i in int8s
+                             if t <= g and k // 32 >= t]
             for v in variants:
                 plan = dev.plan()
                 reps = 50 if n < 100000 else 5
@@ -115,7 +118,7 @@ def gpu_seconds(dev, plan, repeat: int = 3) -> float:
 EXPERT_SHAPES = [("q4_k", 2816, 704, True), ("q5_0", 704, 2816, False), ("q8_0", 704, 2816, False)]
 
 
-def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30) -> int:
+def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30, int8: bool = False) -> int:
     """One token's decode expert matvec (K.moe_experts) by kernel and threads per row: GPU us a
     dispatch from timestamp queries around a plan of `reps`."""
     import numpy as np
@@ -137,7 +140,8 @@ def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30
         y = dev.buffer(4 * n * k_used)
         variants = [dict(chunks=False, tpr=t, wg=g) for t in (8, 16, 32, 64) for g in (64, 128, 256) if t <= g]
         if q == "q4_k" and dev.has_subgroups:
-            variants += [dict(chunks=True, tpr=t, wg=g) for t in (8, 16, 32) for g in (64, 128, 256)]
+            variants += [dict(chunks=True, tpr=t, wg=g, int8=i) for t in (8, 16, 32) for g in (64, 128, 256)
+                         for i in ((False, True) if int8 else (False,))]
         for v in variants:
             plan = dev.plan()
             for _ in range(reps):

@@ -12,7 +12,8 @@
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
-//      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it),
+//      GPU_MEMORY (MiB: the GPU memory budget; experts stream from the file beyond it), INT8 (0: Engine.open(int8=False):
+//      every matmul and matvec on f32 activations),
 //      TEMPERATURE (0: greedy decoding), SPECULATE (0: off; N: speculative decoding, up to N
 //      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
 //      a random block of 16 ids repeated).
@@ -83,7 +84,8 @@ import gpu_profile
 from pyapp.engine import Engine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
-eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"), context_length=2048)
+eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"), context_length=2048,
+                              int8=${process.env.INT8 === "0" ? "False" : "True"})
 rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)})
 "\\n".join(json.dumps(r) for r in rows)
 `));
@@ -108,7 +110,8 @@ for m in ${JSON.stringify(models)}:
     t = time.perf_counter()
     eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
                                   chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
-                                  gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"})
+                                  gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"},
+                                  int8=${process.env.INT8 === "0" ? "False" : "True"})
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
     if ${train ? "True" : "False"}:
@@ -128,6 +131,7 @@ for m in ${JSON.stringify(models)}:
                                   speculate=${Number(process.env.SPECULATE || 0)},
                                   prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
+             int8=${process.env.INT8 === "0" ? "False" : "True"},
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())
     out.append(json.dumps(r))

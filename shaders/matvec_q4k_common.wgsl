@@ -14,7 +14,9 @@
 // matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
 // normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
-// that routes a MoE token).
+// that routes a MoE token), and how a chunk meets x: x_prepare() once per workgroup, then
+// chunk_dot() (matvec_q4k_x32.wgsl: f32 x; matvec_q4k_x8.wgsl: x rounded to int8 per 32 in workgroup
+// memory, integer dot products).
 
 override K: u32;
 override N: u32;
@@ -51,37 +53,14 @@ fn scale_min_pair(h: vec4<u32>, g: u32) -> vec4<f32> {
     return vec4<f32>(f32(sc & 0xffu), f32(m & 0xffu), f32(sc >> 8u), f32(m >> 8u));
 }
 
-// Chunk c of the row whose first block is word `rb`: its 32 weights . X. Nibbles become floats
-// four at a time (unpack4x8unorm gives byte / 255: the 255 goes into the block's scales).
-fn chunk_dot(rb: u32, c: u32) -> f32 {
+// The chunk at word c of the row whose first block is word `rb`: (block b, chunk ci of 8, its group
+// g of 32 quant bytes, its block header, its 16 quant bytes).
+struct Chunk { b: u32, ci: u32, g: u32, hdr: vec4<u32>, q: vec4<u32> }
+
+fn load_chunk(rb: u32, c: u32) -> Chunk {
     let b = c >> 3u;
     let ci = c & 7u;
-    let g = ci >> 1u;
-    let hdr = W[rb + 9u * b];
-    let q = W[rb + 9u * b + 1u + ci];
-    if (PROBE == 1u) { return f32(hdr.x ^ q.x ^ q.y ^ q.z ^ q.w); }
-    let xi = 64u * b + 16u * g + 4u * (ci & 1u);     // X (vec4) of the chunk's first low-nibble weight
-    var lo = 0.0;
-    var hi = 0.0;
-    for (var i = 0u; i < 4u; i++) {
-        lo += dot(unpack4x8unorm(q[i] & 0x0f0f0f0fu), xv(xi + i));
-        hi += dot(unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu), xv(xi + 8u + i));
-    }
-    let dm = unpack2x16float(hdr.x);
-    let sm = scale_min_pair(hdr, g);
-    return 255.0 * dm.x * (sm.x * lo + sm.z * hi) - dm.y * (sm.y * xsum16[xi / 4u] + sm.w * xsum16[xi / 4u + 2u]);
-}
-
-// Sums of X over each run of 16 weights, for the blocks' min terms: computed once per
-// workgroup (K / 16 floats) instead of once per chunk. Call in uniform control flow.
-var<workgroup> xsum16: array<f32, K / 16u>;
-
-fn sum_x_runs(lid: u32) {
-    for (var r = lid; r < K / 16u; r += WG) {
-        let v = xv(4u * r) + xv(4u * r + 1u) + xv(4u * r + 2u) + xv(4u * r + 3u);
-        xsum16[r] = v.x + v.y + v.z + v.w;
-    }
-    workgroupBarrier();
+    return Chunk(b, ci, ci >> 1u, W[rb + 9u * b], W[rb + 9u * b + 1u + ci]);
 }
 
 // Chunk c of the row at rb . X and, MODE 1, of the up row N rows further (else 0).

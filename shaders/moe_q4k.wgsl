@@ -31,7 +31,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let e = IDS[slot];
     let here = e >= E0 && e < E0 + NE;
     x_row0 = select(slot / KSEL, slot, XPER > 1u) * (K / 4u);
-    sum_x_runs(lid);
+    x_prepare(lid);
     let rows_per_expert = select(N, 2u * N, MODE == 1u);
     var acc = vec2<f32>(0.0);
     if (here) {

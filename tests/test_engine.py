@@ -68,7 +68,7 @@ def test_toy_logits_and_greedy_match_reference(dev, toy, shape, quant, chunk):
     from pyapp.reference.forward import ReferenceModel
     g = read_gguf(toy(shape, quant))
     ref = ReferenceModel(g)
-    eng = Engine.open(g, device=dev, context_length=64, chunk=chunk)
+    eng = Engine.open(g, device=dev, context_length=64, chunk=chunk, int8=False)     # f32: float rounding only
     assert_logits_agree(engine_logits(eng, TOKENS), np.asarray(ref.forward(TOKENS)), atol=2e-2)
     res = eng.generate(TOKENS[:6], SamplingParams(temperature=0, max_tokens=16), stop_ids=())
     assert res.tokens == ref.generate_greedy(TOKENS[:6], 16)
@@ -84,7 +84,7 @@ def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkey
     from pyapp.gguf import read_gguf
 
     def decode(fuse: bool):
-        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1)
+        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1, int8=False)
         eng.runner.fuse_residual = fuse
         eng.runner._plans.clear()
         plan = eng.runner.layers_plan(1)
@@ -113,7 +113,8 @@ def test_decode_router_and_routing_ride_on_other_dispatches(dev, toy):
     from pyapp.gguf import read_gguf
 
     def open_engine(chunk: int, fuse: bool = True):
-        eng = Engine.open(read_gguf(toy("tiny-moe", "Q4_K")), device=dev, context_length=64, chunk=chunk)
+        eng = Engine.open(read_gguf(toy("tiny-moe", "Q4_K")), device=dev, context_length=64, chunk=chunk,
+                          int8=False)
         eng.runner.fuse_residual = fuse
         eng.runner._plans.clear()
         return eng
@@ -244,7 +245,8 @@ def test_unsupported_quant_type_is_a_clear_error(dev, toy):
 def golden_engine(request, dev):
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
-    return Engine.open(read_gguf(request.param), device=dev, context_length=128, chunk=16), \
+    # f32 throughout (int8=False): the goldens hold within float rounding; int8 has its own tests
+    return Engine.open(read_gguf(request.param), device=dev, context_length=128, chunk=16, int8=False), \
         np.load(request.param.with_suffix(".golden.npz"))
 
 
@@ -373,6 +375,34 @@ def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
     top2 = np.sort(want, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.5
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
+def test_int8_decode_on_q4_k_within_its_rounding(dev, tmp_path, model):
+    """One-token steps (chunk 1) multiply Q4_K weights by x rounded to int8 per 32 (matvec_q4k_x8.wgsl;
+    the expert matvec too where the device has subgroups): logits within int8's rounding of the f32
+    reference, visibly off the f32 path (int8 ran), and the same pick wherever the top two are 0.5 apart;
+    int8=False within float rounding. The toys' layers as in the prefill test above."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    if model == "fixture-dense":
+        path = FIXTURES / "gemma4-dense-q4_k.gguf"
+    else:
+        path = tmp_path / "moe.gguf"
+        load_tool("make_bench_model").write("tiny-moe", load_tool("make_bench_model").T["Q4_K"], str(path), seed=1,
+                                            layers=1)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(4).integers(3, 250, 39).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    f32 = engine_logits(Engine.open(g, device=dev, context_length=64, chunk=1, int8=False), tokens)
+    np.testing.assert_allclose(f32, want, atol=1e-4)
+    got = engine_logits(Engine.open(g, device=dev, context_length=64, chunk=1), tokens)
+    diff = np.abs(got - want)
+    assert 1e-3 < diff.mean() < 0.06 and np.median(diff.max(-1)) < 0.3, (diff.mean(), np.median(diff.max(-1)))
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.5
+    assert clear.sum() >= 5 and (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
 @pytest.mark.parametrize("model", ["fixture-dense-q6_k", "toy-moe-1-layer"])

@@ -144,6 +144,51 @@ def test_matvec_q4k_chunks(dev, blocks, tpr, wg, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
+def int8_reference(raw, rows, x):
+    """Q4_K rows . x with x rounded to int8 per 32 as the int8 kernels round it (float64 sums)."""
+    from pyapp.reference.quants import matmul_int8, quantize_activations_q8
+    q, d, sums = quantize_activations_q8(np.asarray(x, np.float32)[None])
+    return matmul_int8(raw, "q4_k", rows, q, d, sums)[0]
+
+
+@pytest.mark.parametrize("blocks,tpr,wg", [(3, None, None), (17, 32, 64), (1, 4, 64), (6, 64, 128), (11, 8, 256)])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_q4k_int8(dev, blocks, tpr, wg, subgroups):
+    """The Q4_K chunk matvec on x rounded to int8 per 32 in workgroup memory (matvec_q4k_x8.wgsl): the
+    reference's integer sums on the same codes (float rounding only), and within int8's rounding of the
+    f32 product; an all-zero block of x and one of a single outlier included; all three epilogues."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(100 + blocks)
+    n, k = 37, 256 * blocks
+    raw = random_tensor("q4_k", 2 * n, k, rng)
+    w = dequantize("q4_k", raw, 2 * n, k)
+    x, b = rng.standard_normal(k).astype(np.float32), rng.standard_normal(n)
+    x[32:64] = 0.0
+    x[64:96] = 0.0
+    x[70] = -40.0
+    wb, xb = weight_buffer(dev, raw), f32(dev, x)
+    y = dev.buffer(4 * 2 * n)
+    opts = dict(subgroups=subgroups, tpr=tpr, wg=wg, chunks=True, int8=True)
+    dev.submit(K.matvec(dev, "q4_k", k, 2 * n, wb, xb, y, **opts))
+    got, want = read_f32(dev, y, 2 * n), int8_reference(raw, 2 * n, x)
+    assert_close_dot(got, w, x, want)
+    assert_close_dot(got, w, x, w @ x, tol=1e-2)
+    assert np.abs(got - w @ x).max() > 1e-4 * np.abs(w @ x).max()     # int8 rounding shows: not the f32 path
+    gate, up = want[:n], want[n:]
+    dev.submit(K.matvec(dev, "q4_k", k, n, wb, xb, y, geglu=True, **opts))
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
+    dev.submit(K.matvec(dev, "q4_k", k, n, wb, xb, y, gelu_times=f32(dev, b), **opts))
+    np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+def test_int8_matvec_is_q4k_chunks_only(dev):
+    """int8 x exists for the Q4_K chunk kernels only: asking it of another weight type fails loudly."""
+    raw = random_tensor("q6_k", 4, 256, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="int8"):
+        K.matvec(dev, "q6_k", 256, 4, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(16), int8=True)
+
+
 def u32(dev, *vals, kind="uniform"):
     a = np.array(vals + (0,) * (-len(vals) % 4), dtype=np.uint32)
     b = dev.buffer(a.nbytes, kind)
@@ -1031,12 +1076,14 @@ def test_moe_grouped_experts_q8(dev, qtype, t, e, ksel, per_slot):
         assert_close_dot(got[slot:slot + 1], x[r:r + 1], w[ex], want, tol=2e-5)
 
 
-@pytest.mark.parametrize("qtype,chunks,hidden", [("f32", False, 256), ("q8_0", False, 256), ("q4_k", False, 256),
-                                                 ("q4_k", True, 256), ("q4_k", True, 2816)])
-def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden):
+@pytest.mark.parametrize("qtype,chunks,hidden,int8", [("f32", False, 256, False), ("q8_0", False, 256, False),
+                                                      ("q4_k", False, 256, False), ("q4_k", True, 256, False),
+                                                      ("q4_k", True, 2816, False), ("q4_k", True, 2816, True)])
+def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden, int8):
     """The decode expert matvec with the GeGLU fused (gate rows then up rows per expert), W split
     into two buffers of experts: gelu(gate x) * (up x) per slot; Q4_K also in 16-byte chunks
-    (moe_q4k.wgsl, the default where the device has subgroups)."""
+    (moe_q4k.wgsl, the default where the device has subgroups), there also with x rounded to int8
+    (against the reference's integer sums)."""
     if chunks and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(33)
@@ -1054,22 +1101,26 @@ def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden):
     for first, here in ((0, 2), (2, 3)):
         part = weight_buffer(dev, raw[first * 2 * ff * rb:(first + here) * 2 * ff * rb])
         K.moe_experts(dev, qtype, hidden, ff, e, ksel, part, f32(dev, x), act, ids_buf, step, t, plan=plan,
-                      first_expert=first, experts_here=here, geglu=True, chunks=chunks)
+                      first_expert=first, experts_here=here, geglu=True, chunks=chunks, int8=int8)
     dev.submit(plan)
     got = read_f32(dev, act, t * ksel * ff).reshape(t * ksel, ff)
     for s, ex in enumerate(ids.reshape(-1)):
-        want = gelu_tanh(w[ex, :ff] @ x[s // ksel]) * (w[ex, ff:] @ x[s // ksel])
+        xs = x[s // ksel]
+        ref = int8_reference(raw[ex * 2 * ff * rb:(ex + 1) * 2 * ff * rb], 2 * ff, xs) if int8 else w[ex] @ xs
+        want = gelu_tanh(ref[:ff]) * ref[ff:]
         np.testing.assert_allclose(got[s], want, atol=2e-3 * max(1.0, np.abs(want).max()), err_msg=f"slot {s}")
 
 
-@pytest.mark.parametrize("qtype,k,chunks", [("q4_k", 768, True), ("q4_k", 2816, True), ("q6_k", 512, False),
-                                            ("f16", 1100, False)])
+@pytest.mark.parametrize("qtype,k,chunks,int8", [("q4_k", 768, True, False), ("q4_k", 2816, True, False),
+                                                 ("q4_k", 2816, True, True), ("q6_k", 512, False, False),
+                                                 ("f16", 1100, False, False)])
 @pytest.mark.parametrize("mode", ["next-norm", "raw", "geglu", "gelu-times"])
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
-def test_matvec_residual_input(dev, qtype, k, chunks, mode, subgroups):
+def test_matvec_residual_input(dev, qtype, k, chunks, int8, mode, subgroups):
     """A post-norm's residual add computed by every workgroup into the matvec's input
     (K.ResidualInput): r = (R + rms_norm(Y) * w) [* scale], x = r or rms_norm(r) * w2; workgroup 0
-    writes r (the reference: norm.wgsl's add_normed, then the matvec)."""
+    writes r (the reference: norm.wgsl's add_normed, then the matvec). int8: the built x rounded to
+    int8 (the reference's integer sums on numpy's x)."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(k + len(mode))
@@ -1085,17 +1136,19 @@ def test_matvec_residual_input(dev, qtype, k, chunks, mode, subgroups):
                           scale=f32(dev, [scale]) if scale is not None else None,
                           next_weight=f32(dev, nw) if mode != "raw" else None)
     y = dev.buffer(4 * 2 * n)
-    opts = dict(subgroups=subgroups, chunks=chunks, residual=res)
+    opts = dict(subgroups=subgroups, chunks=chunks, residual=res, int8=int8)
+    ref = int8_reference(raw, 2 * n, x) if int8 else w @ x
+    tol = 1e-3 if int8 else 1e-4          # int8: an x within float rounding of a rounding tie may round either way
+    gate, up = ref[:n], ref[n:]
     if mode == "geglu":
         dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, geglu=True, **opts))
-        gate, up = w[:n] @ x, w[n:] @ x
-        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=1e-4, atol=1e-4 * np.abs(up).max())
+        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * up, rtol=tol, atol=tol * np.abs(up).max())
     elif mode == "gelu-times":
         dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, gelu_times=f32(dev, b), **opts))
-        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(w[:n] @ x) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+        np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=tol, atol=tol * np.abs(b).max())
     else:
         dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), None, y, **opts))
-        assert_close_dot(read_f32(dev, y, 2 * n), w, x, w @ x)
+        assert_close_dot(read_f32(dev, y, 2 * n), w, x, ref, tol=1e-4 if int8 else 2e-5)
     np.testing.assert_allclose(read_f32(dev, res.resid_out, k), r, rtol=1e-5, atol=1e-5)
 
 

@@ -119,7 +119,7 @@ def test_steps_of_few_tokens_give_the_prefill_logits(dev, name):
     import numpy as np
     from pyapp.reference.forward import ReferenceModel
     from pyapp.gguf import read_gguf
-    eng = _open(dev, FIXTURES / f"{name}.gguf", chunk=32)
+    eng = _open(dev, FIXTURES / f"{name}.gguf", chunk=32, int8=False)    # f32: the plans agree within float rounding
     tokens = (REPEATING + RANDOM)[:26]
     want = np.asarray(eng.forward(tokens))
     r, rows = eng.runner, []

@@ -224,7 +224,8 @@ def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, d
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
-           probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None) -> Plan:
+           probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None,
+           int8: bool = False) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
@@ -235,6 +236,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
+    int8: x rounded to int8 per 32 by each workgroup, integer dot products (the chunk kernel only).
     """
     row_bytes(qtype, k)
     sg = dev.has_subgroups if subgroups is None else subgroups
@@ -246,16 +248,19 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
-        tpr = tpr or q4k_threads_per_row(k, n)
-        # a residual input is built once per workgroup: wider workgroups build it fewer times, faster
-        wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None else Q4K_WORKGROUP)
+        tpr = tpr or q4k_threads_per_row(k, n, int8)
+        # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
+        wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None or int8 else Q4K_WORKGROUP)
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
         t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                      prelude=x_prelude + t_prelude, constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
-                                                                "PROBE": probe, **x_consts, **t_consts})
+                      prelude=x_prelude + t_prelude + q4k_x_prelude(int8), constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
+                                                                "PROBE": probe, **q4k_x_consts(k, int8),
+                                                                **x_consts, **t_consts})
         bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
         return plan.dispatch(p, bg, *groups(workgroups))
+    if int8:
+        raise ValueError("int8 x is for the Q4_K chunk matvec only")
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
     # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
@@ -285,16 +290,35 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
 # Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md, 2026-11-26): what
 # counts is the matrix's rows times threads per row: ~32-96 K threads run best (24576 rows: 4
 # threads a row, 22.6 us vs 29.0 at 8 and 105 at 32; 6144 x 2816: 8, 39.0 us vs 88.7 at 32; 1536 x
-# 12288: 32, 49.0 us vs 102.6 at 8); at least two 32-weight chunks a thread.
+# 12288: 32, 49.0 us vs 102.6 at 8); at least two 32-weight chunks a thread. With int8 x each
+# workgroup rounds x first: 256 threads and at most 16 a row, so that more rows share it (2026-11-26,
+# GPU timestamps: 1536 x 6144 7.95 us at 16 x 256 against 44.4 at 32 x 64 and 12.6 for f32 x; 6144 x
+# 2816 9.5 at 8 x 256 against 14.1-14.7 for f32 x).
 Q4K_WORKGROUP = 64
 Q4K_RESIDUAL_WORKGROUP = 256
 Q4K_THREADS = 65536
 
 
-def q4k_threads_per_row(k: int, n: int) -> int:
-    """Threads per row (a power of two, 4-32) for n rows of k weights."""
+def int8_matvec(dev: Device, qtype, experts: bool = False) -> bool:
+    """Whether the decode matvec (experts: moe_experts) for qtype has an int8-x form: the Q4_K chunk
+    kernels (the expert one needs subgroups)."""
+    return quant_type(qtype) == ggml.Q4_K and (dev.has_subgroups or not experts)
+
+
+def q4k_x_prelude(int8: bool) -> str:
+    """How the Q4_K chunk kernels meet x: f32, or rounded to int8 per 32 (dot4I8Packed)."""
+    return "//!include matvec_q4k_x8\n" if int8 else "//!include matvec_q4k_x32\n"
+
+
+def q4k_x_consts(k: int, int8: bool) -> dict:
+    """The sizes of q4k_x_prelude's workgroup arrays for rows of k."""
+    return {"XB": k // 32, "XR": k // 16} if int8 else {"XR": k // 16}
+
+
+def q4k_threads_per_row(k: int, n: int, int8: bool = False) -> int:
+    """Threads per row (a power of two, 4-32; int8 x: at most 16) for n rows of k weights."""
     tpr = 4
-    while tpr < 32 and tpr * 2 * n <= Q4K_THREADS and tpr * 2 <= k // 64:
+    while tpr < (16 if int8 else 32) and tpr * 2 * n <= Q4K_THREADS and tpr * 2 <= k // 64:
         tpr *= 2
     return tpr
 
@@ -786,24 +810,28 @@ def expert_threads_per_row(k: int) -> int:
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                 y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
                 plan: Plan | None = None, tpr: int | None = None, wg: int | None = None, first_expert: int = 0,
-                experts_here: int | None = None, geglu: bool = False, chunks: bool | None = None) -> Plan:
+                experts_here: int | None = None, geglu: bool = False, chunks: bool | None = None,
+                int8: bool = False) -> Plan:
     """y[t*k_used + j] = W[ids[t, j]] [n, k] @ x[t or t*k_used + j] for W [n_experts, n, k].
     A W split over buffers: w holds experts first_expert .. first_expert + experts_here - 1, and
     only the slots routed to those are written. geglu: W is [n_experts, 2n, k] (gate rows, then
     up rows) and y = gelu(gate x) * (up x). chunks: Q4_K read in 16-byte chunks (moe_q4k.wgsl;
-    default for Q4_K where the device has subgroups)."""
+    default for Q4_K where the device has subgroups); int8: their x rounded to int8 per 32."""
     row_bytes(qtype, k)
     ne = n_experts - first_expert if experts_here is None else experts_here
     if chunks is None:
         chunks = quant_type(qtype) == ggml.Q4_K and dev.has_subgroups
     if chunks:
-        tpr = tpr or q4k_threads_per_row(k, n)     # an expert's rows (the sweep: 32 for a26b's)
-        wg = wg or Q4K_WORKGROUP
-        p = _pipeline(dev, "moe_q4k", enables=("subgroups",),
+        tpr = tpr or q4k_threads_per_row(k, n, int8)     # an expert's rows (the sweep: 32 for a26b's)
+        wg = wg or (Q4K_RESIDUAL_WORKGROUP if int8 else Q4K_WORKGROUP)
+        p = _pipeline(dev, "moe_q4k", enables=("subgroups",), prelude=q4k_x_prelude(int8),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
-                                 "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
+                                 "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne,
+                                 **q4k_x_consts(k, int8)})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
+    if int8:
+        raise ValueError("int8 x is for the Q4_K chunk expert matvec only")
     tpr, wg = tpr or expert_threads_per_row(k), wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),
                   constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,

@@ -62,6 +62,7 @@ class Ops:
         self.eps = cfg.eps
         self.experts_stream = experts_stream
         self.int8 = int8 and state.xq is not None    # matmuls on int8 activations (K.int8_matmul says where)
+        self.int8_x = int8                   # one-token matvecs on x rounded to int8 (K.int8_matvec says where)
         self.f16 = f16                       # the other chunk matmuls in f16 tiles (where the device has shader-f16)
         self.program: list = [plan]          # what a step runs, in order: Plans and ExpertRounds
         self._grouped_ids = None             # the ids state.expert_groups holds the grouping of
@@ -174,7 +175,8 @@ class Ops:
         if len(w.parts) == 1:
             if T == 1:
                 route = self._route_tail() if fused is None else None
-                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused, route=route)
+                K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused, route=route,
+                         int8=self._int8_x(w.qtype))
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
@@ -184,11 +186,17 @@ class Ops:
         else:
             for p in w.parts:
                 if T == 1:
-                    K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan)
+                    K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan,
+                             int8=self._int8_x(w.qtype))
                 else:
                     K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
                                     self.step, plan=plan, ldy=n)
         self.lora(w.loras, x, y, n)
+
+    def _int8_x(self, qtype, experts: bool = False) -> bool:
+        """Whether a one-token step's matvec (experts: the expert matvec) over qtype weights takes x rounded
+        to int8. Steps of a few tokens (speculative decoding's checks) stay in f32, as their dense matvecs."""
+        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts)
 
     def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
@@ -222,7 +230,7 @@ class Ops:
         if T == 1 and gate_up is not None and not gate_up.loras:
             x, fused = self._input(x, fusable=True)
             K.matvec(dev, gate_up.qtype, gate_up.shape[0], gate_up.shape[1] // 2, gate_up.buffer, x, out, geglu=True,
-                     plan=self.plan, residual=fused)
+                     plan=self.plan, residual=fused, int8=self._int8_x(gate_up.qtype))
             return
         if gate_up is None:
             ff = gate.shape[1]
@@ -233,7 +241,8 @@ class Ops:
         ff = gate_up.shape[1] // 2
         x, _ = self._input(x)
         if T == 1:            # adapted: the [gate | up] rows, their deltas, then the GeGLU
-            K.matvec(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, plan=self.plan)
+            K.matvec(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, plan=self.plan,
+                     int8=self._int8_x(gate_up.qtype))
         elif self.few:
             K.matvec_tokens(dev, gate_up.qtype, gate_up.shape[0], 2 * ff, gate_up.buffer, x, s.gate_up, self.step,
                             plan=self.plan)
@@ -249,7 +258,7 @@ class Ops:
         if self.T == 1 and not w.loras:
             x, fused = self._input(x, fusable=True)
             K.matvec(self.dev, w.qtype, w.shape[0], n, w.buffer, x, out, gelu_times=times, plan=self.plan,
-                     residual=fused)
+                     residual=fused, int8=self._int8_x(w.qtype))
         else:
             self.linear(w, x, self.s.ple_gate)
             K.elementwise(self.dev, "geglu", n, self.s.ple_gate, self.step, self.T, b=times, out=out, plan=self.plan)
@@ -336,12 +345,13 @@ class Ops:
         g = w.qkv
         if T == 1 and g is not None:
             xq, fused = self._input(x, fusable=not g.loras)
-            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, xq, s.qkv, plan=plan, residual=fused)
+            K.matvec(dev, g.qtype, g.k, g.rows, g.buffer, xq, s.qkv, plan=plan, residual=fused,
+                     int8=self._int8_x(g.qtype))
             if g.v_apart is not None:
                 v = g.v_apart
                 xv, fused = self._input(x, fusable=not g.loras)
                 K.matvec(dev, v.qtype, g.k, v.shape[1], v.bound, xv, (s.qkv, 4 * g.v_row, 4 * v.shape[1]), plan=plan,
-                         residual=fused)
+                         residual=fused, int8=self._int8_x(v.qtype))
             self.lora(g.loras, x, s.qkv, g.out_rows)
             # the decode attention's split kernel norms and ropes q, k and v and stores k, v (attend)
             self._query_prep = K.QueryPrep(2, g.q_row, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base, ff, self.eps,
@@ -479,7 +489,8 @@ class Ops:
         for p in w.parts:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,
                           p.buffer, x, y, ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
-                          first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu)
+                          first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu,
+                          int8=self._int8_x(w.qtype, experts=True))
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:

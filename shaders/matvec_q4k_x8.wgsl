@@ -1,0 +1,63 @@
+// How the Q4_K chunk matvec (matvec_q4k_common.wgsl) meets x rounded to int8, as llama.cpp's MMVQ
+// does with q8_1: each workgroup rounds x (read through xv()) once into workgroup memory, per block
+// of 32 d = max |x| / 127, q = round(x / d) (quantize_q8.wgsl's rule, pyapp.reference.quants.
+// quantize_activations_q8), and a chunk's 32 nibbles meet their 32 codes in 8 dot4I8Packed: no
+// nibble-to-float conversion, a quarter of f32 x's reads. A chunk's 16 low nibbles lie in one
+// block of x (weights 64g + 16h .. of sub-block 2g), its 16 high nibbles in the next (sub-block
+// 2g + 1), so each half takes one scale. The min terms use the blocks' exact sums of x, added by
+// the chunk of the pair that starts its group (h = 0), so they carry no rounding of x.
+
+// (sized by overrides of their own, not expressions of K: this file comes in the prelude, before the
+// other overrides, and naga 29 panics on an array sized by an override expression declared before
+// an override)
+override XB: u32 = 1u;                          // blocks of 32 in x: K / 32
+override XR: u32 = 1u;                          // runs of 16 in x: K / 16
+var<workgroup> xq: array<vec4<u32>, XR>;        // codes, 16 a vec4, byte i of word w = element 4 w + i
+var<workgroup> xd: array<vec2<f32>, XB>;        // per block of 32: (d, sum of its x)
+
+// Once per workgroup, after input_prologue(), in uniform control flow: one thread a block of 32.
+fn x_prepare(lid: u32) {
+    for (var b = lid; b < K / 32u; b += WG) {
+        var v: array<vec4<f32>, 8>;
+        var amax = 0.0;
+        var sum = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = xv(8u * b + i);
+            let a = abs(v[i]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+            sum += v[i].x + v[i].y + v[i].z + v[i].w;
+        }
+        let d = amax / 127.0;
+        let inv = select(0.0, 1.0 / d, d > 0.0);
+        for (var i = 0u; i < 2u; i++) {
+            xq[2u * b + i] = vec4<u32>(pack4xI8(vec4<i32>(round(v[4u * i] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 1u] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 2u] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 3u] * inv))));
+        }
+        xd[b] = vec2<f32>(d, sum);
+    }
+    workgroupBarrier();
+}
+
+// Chunk c of the row whose first block is word `rb`: its 32 weights . x.
+fn chunk_dot(rb: u32, c: u32) -> f32 {
+    let ch = load_chunk(rb, c);
+    let q = ch.q;
+    if (PROBE == 1u) { return f32(ch.hdr.x ^ q.x ^ q.y ^ q.z ^ q.w); }
+    let h = ch.ci & 1u;
+    let blo = 8u * ch.b + 2u * ch.g;            // x's block of the low nibbles; blo + 1 the high ones'
+    let xl = xq[2u * blo + h];
+    let xh = xq[2u * blo + 2u + h];
+    let m = 0x0f0f0f0fu;
+    let lo = dot4I8Packed(q.x & m, xl.x) + dot4I8Packed(q.y & m, xl.y)
+           + dot4I8Packed(q.z & m, xl.z) + dot4I8Packed(q.w & m, xl.w);
+    let hi = dot4I8Packed((q.x >> 4u) & m, xh.x) + dot4I8Packed((q.y >> 4u) & m, xh.y)
+           + dot4I8Packed((q.z >> 4u) & m, xh.z) + dot4I8Packed((q.w >> 4u) & m, xh.w);
+    let dm = unpack2x16float(ch.hdr.x);
+    let sm = scale_min_pair(ch.hdr, ch.g);
+    let s0 = xd[blo];
+    let s1 = xd[blo + 1u];
+    let mins = select(0.0, sm.y * s0.y + sm.w * s1.y, h == 0u);
+    return dm.x * (sm.x * s0.x * f32(lo) + sm.z * s1.x * f32(hi)) - dm.y * mins;
+}
