@@ -573,7 +573,12 @@ def test_golden_logits_and_greedy_through_file_input(page, stem):
     got = np.array(rows["rows"], dtype=np.float32)
     want = golden["logits_0"]
     assert got.shape == want.shape
-    assert np.abs(got - want).max() < 2e-3
+    if stem.endswith("q4_k"):
+        # its one-token matvecs (the head's too) take x rounded to int8, as the app always does: int8's
+        # rounding (the native engine: mean 0.0096, max 0.045, the same picks and greedy tokens)
+        assert np.abs(got - want).max() < 0.1 and np.abs(got - want).mean() < 0.03
+    else:
+        assert np.abs(got - want).max() < 2e-3
     assert (got.argmax(-1) == want.argmax(-1)).all()
     # greedy generation on the GPU (sampler included) against the golden continuation
     want_ids = golden["generate_0"].tolist()[:8]          # 8 of 32: SwiftShader decodes slowly
