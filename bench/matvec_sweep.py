@@ -142,6 +142,8 @@ def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30
         if q == "q4_k" and dev.has_subgroups:
             variants += [dict(chunks=True, tpr=t, wg=g, int8=i) for t in (8, 16, 32) for g in (64, 128, 256)
                          for i in ((False, True) if int8 else (False,))]
+        elif int8 and not geglu:        # moe_x8.wgsl: 32-weight blocks on int8 x
+            variants += [dict(tpr=t, wg=g, int8=True) for t in (2, 4, 8) for g in (64, 128, 256)]
         for v in variants:
             plan = dev.plan()
             for _ in range(reps):

@@ -151,23 +151,25 @@ def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
                          ids=["read-back-first", "decodes-ahead", "moe-decodes-ahead"])
 def test_kv_cache_reuse_across_turns(dev, toy, shape, ple_in_file):
     """With the PLE table in the file each token is read back before its step; otherwise the GPU
-    decodes ahead from its own sampled id."""
+    decodes ahead from its own sampled id. f32 throughout (int8=False): a reused cache runs the new
+    tokens in other steps than a fresh prefill (one-token steps on int8 x vs chunks in f32), and the
+    chaotic toys' greedy tokens would tell the roundings apart, not the caches."""
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf
     g = read_gguf(toy(shape, "Q8_0"))
     greedy = SamplingParams(temperature=0, max_tokens=6)
-    eng = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=ple_in_file)
+    eng = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=ple_in_file, int8=False)
     first = eng.generate(TOKENS[:5], greedy, stop_ids=())
     turn2 = TOKENS[:5] + first.tokens + [40, 41, 42]
     second = eng.generate(turn2, greedy, stop_ids=())
     assert second.cached_tokens == 5 + len(first.tokens) - 1   # the last sampled token was never fed
     assert second.prompt_tokens == len(turn2) - second.cached_tokens
-    fresh = Engine.open(g, device=dev, context_length=64, chunk=4).generate(turn2, greedy, stop_ids=())
+    fresh = Engine.open(g, device=dev, context_length=64, chunk=4, int8=False).generate(turn2, greedy, stop_ids=())
     assert second.tokens == fresh.tokens
     # an edited history (diverging early) recomputes from the divergence, same result as fresh
     edited = TOKENS[:3] + [77, 78]
     assert eng.generate(edited, greedy, stop_ids=()).tokens == \
-        Engine.open(g, device=dev, context_length=64).generate(edited, greedy, stop_ids=()).tokens
+        Engine.open(g, device=dev, context_length=64, int8=False).generate(edited, greedy, stop_ids=()).tokens
 
 
 def test_a_reply_that_retokenizes_differently_keeps_its_cache(dev):

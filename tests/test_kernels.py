@@ -144,11 +144,11 @@ def test_matvec_q4k_chunks(dev, blocks, tpr, wg, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
-def int8_reference(raw, rows, x):
-    """Q4_K rows . x with x rounded to int8 per 32 as the int8 kernels round it (float64 sums)."""
+def int8_reference(raw, rows, x, qtype="q4_k"):
+    """Rows . x with x rounded to int8 per 32 as the int8 kernels round it (float64 sums)."""
     from pyapp.reference.quants import matmul_int8, quantize_activations_q8
     q, d, sums = quantize_activations_q8(np.asarray(x, np.float32)[None])
-    return matmul_int8(raw, "q4_k", rows, q, d, sums)[0]
+    return matmul_int8(raw, qtype, rows, q, d, sums)[0]
 
 
 @pytest.mark.parametrize("blocks,tpr,wg", [(3, None, None), (17, 32, 64), (1, 4, 64), (6, 64, 128), (11, 8, 256)])
@@ -182,11 +182,18 @@ def test_matvec_q4k_int8(dev, blocks, tpr, wg, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
-def test_int8_matvec_is_q4k_chunks_only(dev):
-    """int8 x exists for the Q4_K chunk kernels only: asking it of another weight type fails loudly."""
+def test_int8_matvec_where_it_exists(dev):
+    """int8 x exists for the Q4_K chunk kernels and the expert matvec of 32-weight blocks without GeGLU:
+    asking it of another kernel fails loudly, and K.int8_matvec says so beforehand."""
     raw = random_tensor("q6_k", 4, 256, np.random.default_rng(0))
     with pytest.raises(ValueError, match="int8"):
         K.matvec(dev, "q6_k", 256, 4, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(16), int8=True)
+    raw = random_tensor("q5_0", 8, 64, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="int8"):
+        K.moe_experts(dev, "q5_0", 64, 2, 2, 1, weight_buffer(dev, raw), f32(dev, np.ones(64)), dev.buffer(16),
+                      f32(dev, [0.0]), step_buffer(dev, 1), 1, geglu=True, int8=True)
+    assert K.int8_matvec(dev, "q4_k") and not K.int8_matvec(dev, "q6_k") and not K.int8_matvec(dev, "q5_0")
+    assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_0", experts=True, geglu=True)
 
 
 def u32(dev, *vals, kind="uniform"):
@@ -1074,6 +1081,39 @@ def test_moe_grouped_experts_q8(dev, qtype, t, e, ksel, per_slot):
         r = slot if per_slot else slot // ksel
         want = matmul_int8(raw[ex * blocks:(ex + 1) * blocks], qtype, n, q[r:r + 1], ds[r:r + 1, :, 0], ds[r:r + 1, :, 1])
         assert_close_dot(got[slot:slot + 1], x[r:r + 1], w[ex], want, tol=2e-5)
+
+
+@pytest.mark.parametrize("qtype,k,n,tpr", [("q5_0", 704, 75, None), ("q8_0", 704, 37, None), ("q4_0", 96, 130, None),
+                                          ("q5_0", 704, 75, 8)])
+@pytest.mark.parametrize("per_slot", [False, True], ids=["token-input", "slot-input"])
+def test_moe_experts_int8_blocks(dev, qtype, k, n, tpr, per_slot):
+    """The decode expert matvec for 32-weight blocks on x rounded to int8 (moe_x8.wgsl: the 26B-A4B's
+    704-long down rows), W split into two buffers of experts: each slot against the reference's integer
+    sums on its x (float rounding only) and within int8's rounding of the f32 product."""
+    rng = np.random.default_rng(k + n + per_slot)
+    t, e, ksel = 2, 5, 3
+    raw = random_tensor(qtype, e * n, k, rng)
+    w = dequantize(qtype, raw, e * n, k).reshape(e, n, k)
+    ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
+    x = rng.standard_normal((t * ksel if per_slot else t, k)).astype(np.float32)
+    x[0, 32:64] = 0.0                                  # an all-zero block of x
+    ids_buf = dev.buffer(ids.nbytes)
+    dev.write(ids_buf, ids.tobytes())
+    y = f32(dev, np.full((t * ksel, n), 7.0))
+    step = step_buffer(dev, t)
+    plan = dev.plan()
+    rb = len(raw) // (e * n)
+    for first, here in ((0, 2), (2, 3)):
+        part = weight_buffer(dev, raw[first * n * rb:(first + here) * n * rb])
+        K.moe_experts(dev, qtype, k, n, e, ksel, part, f32(dev, x), y, ids_buf, step, t, plan=plan,
+                      per_slot_input=per_slot, first_expert=first, experts_here=here, int8=True, tpr=tpr)
+    dev.submit(plan)
+    got = read_f32(dev, y, t * ksel * n).reshape(t * ksel, n)
+    for s, ex in enumerate(ids.reshape(-1)):
+        xs = x[s if per_slot else s // ksel]
+        want = int8_reference(raw[ex * n * rb:(ex + 1) * n * rb], n, xs, qtype)
+        assert_close_dot(got[s], w[ex], xs, want)
+        assert_close_dot(got[s], w[ex], xs, w[ex] @ xs, tol=1e-2)
 
 
 @pytest.mark.parametrize("qtype,chunks,hidden,int8", [("f32", False, 256, False), ("q8_0", False, 256, False),

@@ -299,10 +299,14 @@ Q4K_RESIDUAL_WORKGROUP = 256
 Q4K_THREADS = 65536
 
 
-def int8_matvec(dev: Device, qtype, experts: bool = False) -> bool:
+def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False) -> bool:
     """Whether the decode matvec (experts: moe_experts) for qtype has an int8-x form: the Q4_K chunk
-    kernels (the expert one needs subgroups)."""
-    return quant_type(qtype) == ggml.Q4_K and (dev.has_subgroups or not experts)
+    kernels (the expert one needs subgroups) and the expert matvec for 32-weight blocks (moe_x8.wgsl:
+    Q4_0, Q5_0, Q8_0; without GeGLU)."""
+    t = quant_type(qtype)
+    if t == ggml.Q4_K:
+        return dev.has_subgroups or not experts
+    return experts and not geglu and t in _B32_TYPE
 
 
 def q4k_x_prelude(int8: bool) -> str:
@@ -485,7 +489,13 @@ def q8_weights_prelude(qtype, k: int) -> str:
         raise ValueError(f"no int8 matmul for {ggml.name(t)} rows of {k}")
     if t == ggml.Q4_K:
         return "//!include q8_weights_q4k\n"
-    return quant_prelude(t) + f"const B32_TYPE: u32 = {_B32_TYPE[t]}u;\n//!include quants\n//!include q8_weights_b32\n"
+    return q8_b32_prelude(t) + "//!include quants\n//!include q8_weights_b32\n"
+
+
+def q8_b32_prelude(qtype) -> str:
+    """QK, QB and B32_TYPE of a 32-weight block type for b32_codes.wgsl."""
+    t = quant_type(qtype)
+    return quant_prelude(t) + f"const B32_TYPE: u32 = {_B32_TYPE[t]}u;\n"
 
 
 def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
@@ -807,6 +817,12 @@ def expert_threads_per_row(k: int) -> int:
     return tpr
 
 
+# moe_x8.wgsl's threads per row and workgroup: 26B-A4B's 704-long down rows (22 blocks) took 49.7 us a
+# dispatch (8 slots) at 2 x 128 against 59.6 at 4 x 256 and 69.7 at 8 x 256 (Q5_0; the f32 kernel at
+# its best 101.7; Q8_0 53.8 against 58.6): bench/matvec_sweep.py --experts --int8, H100, 2026-11-26
+EXPERT_X8_TPR, EXPERT_X8_WG = 2, 128
+
+
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
                 y: Buffer, ids: Buffer, step: Buffer, max_tokens: int, per_slot_input: bool = False,
                 plan: Plan | None = None, tpr: int | None = None, wg: int | None = None, first_expert: int = 0,
@@ -831,7 +847,14 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     if int8:
-        raise ValueError("int8 x is for the Q4_K chunk expert matvec only")
+        if geglu or quant_type(qtype) not in _B32_TYPE:
+            raise ValueError("int8 x is for the Q4_K chunk expert matvec and Q4_0 / Q5_0 / Q8_0 without GeGLU")
+        tpr, wg = tpr or EXPERT_X8_TPR, wg or EXPERT_X8_WG
+        p = _pipeline(dev, "moe_x8", prelude=q8_b32_prelude(qtype),
+                      constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg, "XB": k // 32,
+                                 "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
+        bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": step, "IDS": ids})
+        return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     tpr, wg = tpr or expert_threads_per_row(k), wg or 256
     p = _pipeline(dev, "moe", entry="experts", prelude=quant_prelude(qtype),
                   constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg,

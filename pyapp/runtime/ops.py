@@ -193,10 +193,10 @@ class Ops:
                                     self.step, plan=plan, ldy=n)
         self.lora(w.loras, x, y, n)
 
-    def _int8_x(self, qtype, experts: bool = False) -> bool:
+    def _int8_x(self, qtype, experts: bool = False, geglu: bool = False) -> bool:
         """Whether a one-token step's matvec (experts: the expert matvec) over qtype weights takes x rounded
         to int8. Steps of a few tokens (speculative decoding's checks) stay in f32, as their dense matvecs."""
-        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts)
+        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, geglu)
 
     def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
@@ -490,7 +490,7 @@ class Ops:
             K.moe_experts(self.dev, w.qtype, w.shape[0], n // 2 if geglu else n, E, cfg.n_experts_used,
                           p.buffer, x, y, ids, self.step, self.T, per_slot_input=per_slot_input, plan=self.plan,
                           first_expert=p.row0 // n, experts_here=p.rows // n, geglu=geglu,
-                          int8=self._int8_x(w.qtype, experts=True))
+                          int8=self._int8_x(w.qtype, experts=True, geglu=geglu))
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:

@@ -1,0 +1,94 @@
+// Decode expert matvec for the 32-weight block types (Q4_0, Q5_0, Q8_0: b32_codes.wgsl) on x rounded
+// to int8, as llama.cpp's MMVQ does with q8_1: same contract as moe.wgsl experts without GEGLU
+// (Y[s, n] = W[IDS[s], n] . x for slots s = t*KSEL + j, x = X row t (XPER 1) or s (XPER KSEL); W holds
+// experts E0 .. E0 + NE - 1, slots routed elsewhere are not written). Each workgroup rounds its slot's
+// x into workgroup memory (per block of 32: d = max |x| / 127, q = round(x / d), as quantize_q8.wgsl),
+// then thread t of a row takes blocks t, t + TPR, ...: a block's 32 codes meet x's in 8 dot4I8Packed,
+// w . x = a d_x sum(q_w q_x) - b sum(x) with the block's exact sum of x. The 26B-A4B's expert down
+// projection (704-long rows: Q5_0 or Q8_0 in llama.cpp's files). Dispatch (ceil(N / (WG / TPR)), T * KSEL).
+
+override XB: u32 = 1u;        // blocks of 32 in a row: K / 32 (sizes the arrays: declared first, see moe_q4k.wgsl)
+override KSEL: u32 = 1u;
+override K: u32 = 32u;
+override N: u32 = 1u;
+override XPER: u32 = 1u;
+override E0: u32 = 0u;
+override NE: u32 = 1u;
+override TPR: u32 = 2u;       // threads per row, power of two, <= WG
+override WG: u32 = 128u;
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> S: Step;
+@group(0) @binding(4) var<storage, read> IDS: array<u32>;
+
+//!include quants
+//!include b32_codes
+
+var<workgroup> xq: array<vec4<u32>, 2u * XB>;   // codes, 16 a vec4, byte i of word w = element 4 w + i
+var<workgroup> xd: array<vec2<f32>, XB>;        // per block: (d, sum of its x)
+var<workgroup> red: array<f32, WG>;
+
+// x row `xrow` rounded to int8 into xq, xd: one thread a block. Uniform control flow.
+fn x_prepare(lid: u32, xrow: u32) {
+    for (var b = lid; b < XB; b += WG) {
+        var v: array<vec4<f32>, 8>;
+        var amax = 0.0;
+        var sum = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = X[xrow * (K / 4u) + 8u * b + i];
+            let a = abs(v[i]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+            sum += v[i].x + v[i].y + v[i].z + v[i].w;
+        }
+        let d = amax / 127.0;
+        let inv = select(0.0, 1.0 / d, d > 0.0);
+        for (var i = 0u; i < 2u; i++) {
+            xq[2u * b + i] = vec4<u32>(pack4xI8(vec4<i32>(round(v[4u * i] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 1u] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 2u] * inv))),
+                                       pack4xI8(vec4<i32>(round(v[4u * i + 3u] * inv))));
+        }
+        xd[b] = vec2<f32>(d, sum);
+    }
+    workgroupBarrier();
+}
+
+// Block b of the row whose first block starts at byte rb . x.
+fn block_dot(rb: u32, b: u32) -> f32 {
+    let c = b32_codes(rb + b * QB);
+    let xl = xq[2u * b];
+    let xh = xq[2u * b + 1u];
+    let s = dot4I8Packed(c.lo.x, xl.x) + dot4I8Packed(c.lo.y, xl.y) + dot4I8Packed(c.lo.z, xl.z)
+          + dot4I8Packed(c.lo.w, xl.w) + dot4I8Packed(c.hi.x, xh.x) + dot4I8Packed(c.hi.y, xh.y)
+          + dot4I8Packed(c.hi.z, xh.z) + dot4I8Packed(c.hi.w, xh.w);
+    let x = xd[b];
+    return c.ab.x * x.x * f32(s) - c.ab.y * x.y;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let slot = wid.y;
+    if (slot >= S.n_tokens * KSEL) { return; }        // uniform per workgroup
+    let row = wid.x * (WG / TPR) + lid / TPR;
+    let t = lid % TPR;
+    let e = IDS[slot];
+    let here = e >= E0 && e < E0 + NE;
+    x_prepare(lid, select(slot / KSEL, slot, XPER > 1u));
+    var acc = 0.0;
+    if (here) {
+        let rb = ((e - E0) * N + min(row, N - 1u)) * XB * QB;
+        // two blocks a round: their loads in flight together
+        var b = t;
+        for (; b + TPR < XB; b += 2u * TPR) { acc += block_dot(rb, b) + block_dot(rb, b + TPR); }
+        if (b < XB) { acc += block_dot(rb, b); }
+    }
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (t < s) { red[lid] += red[lid + s]; }
+        workgroupBarrier();
+    }
+    if (t == 0u && row < N && here) { Y[slot * N + row] = red[lid]; }
+}
