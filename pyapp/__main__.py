@@ -390,9 +390,10 @@ def _memory_args(p) -> None:
                    help="keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
                         "less GPU memory, slower decode")
     p.add_argument("--no-int8", action="store_true",
-                   help="every matmul in f32 (default: steps of more than 64 prompt tokens multiply Q4_K, Q4_0, "
-                        "Q5_0 and Q8_0 weights by activations rounded to int8 per 32, as llama.cpp does: faster "
-                        "prefill, logits within that rounding)")
+                   help="every matmul and matvec in f32 (default: steps of more than 64 prompt tokens multiply "
+                        "Q4_K, Q4_0, Q5_0 and Q8_0 weights, and decoding Q4_K weights and the experts, by "
+                        "activations rounded to int8 per 32, as llama.cpp does: faster prefill and decode, "
+                        "logits within that rounding)")
     p.add_argument("--f16", action="store_true",
                    help="the prefill matmuls that int8 does not take (other weight types, steps of at most 64 "
                         "tokens) in f16 where the GPU has shader-f16: weights and activations rounded to f16 "

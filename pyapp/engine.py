@@ -142,7 +142,8 @@ class Engine:
         scale)], each adapter a path, a synchronous ByteSource or a parsed GGUF of llama.cpp's LoRA format
         (pyapp.model.lora), applied in every projection it targets (Engine.set_lora_scale changes a scale);
         int8: steps of more than 64 tokens multiply Q4_K, Q4_0, Q5_0 and Q8_0 weights by int8 activations,
-        as llama.cpp does (faster prefill, logits within int8's rounding); False keeps every matmul in f32.
+        and one-token steps their Q4_K matvecs and experts (K.int8_matvec), as llama.cpp does (faster prefill
+        and decode, logits within int8's rounding); False keeps every matmul and matvec in f32.
         f16: the chunk matmuls int8 does not take (other weight types, steps of at most 64 tokens) in f16
         tiles where the device has shader-f16 (K.MatmulTile.half: activations rounded to f16, so they must stay
         within +-65504); False (default): in f32."""

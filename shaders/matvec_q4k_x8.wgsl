@@ -1,7 +1,7 @@
 // How the Q4_K chunk matvec (matvec_q4k_common.wgsl) meets x rounded to int8, as llama.cpp's MMVQ
-// does with q8_1: each workgroup rounds x (read through xv()) once into workgroup memory, per block
-// of 32 d = max |x| / 127, q = round(x / d) (quantize_q8.wgsl's rule, pyapp.reference.quants.
-// quantize_activations_q8), and a chunk's 32 nibbles meet their 32 codes in 8 dot4I8Packed: no
+// does with q8_1: each workgroup rounds x (read through xv()) once into workgroup memory
+// (x8_round.wgsl: pyapp.reference.quants.quantize_activations_q8's rule), and a chunk's 32 nibbles
+// meet their 32 codes in 8 dot4I8Packed: no
 // nibble-to-float conversion, a quarter of f32 x's reads. A chunk's 16 low nibbles lie in one
 // block of x (weights 64g + 16h .. of sub-block 2g), its 16 high nibbles in the next (sub-block
 // 2g + 1), so each half takes one scale. The min terms use the blocks' exact sums of x, added by
@@ -15,27 +15,14 @@ override XR: u32 = 1u;                          // runs of 16 in x: K / 16
 var<workgroup> xq: array<vec4<u32>, XR>;        // codes, 16 a vec4, byte i of word w = element 4 w + i
 var<workgroup> xd: array<vec2<f32>, XB>;        // per block of 32: (d, sum of its x)
 
+//!include x8_round
+
 // Once per workgroup, after input_prologue(), in uniform control flow: one thread a block of 32.
 fn x_prepare(lid: u32) {
-    for (var b = lid; b < K / 32u; b += WG) {
+    for (var b = lid; b < XB; b += WG) {
         var v: array<vec4<f32>, 8>;
-        var amax = 0.0;
-        var sum = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            v[i] = xv(8u * b + i);
-            let a = abs(v[i]);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-            sum += v[i].x + v[i].y + v[i].z + v[i].w;
-        }
-        let d = amax / 127.0;
-        let inv = select(0.0, 1.0 / d, d > 0.0);
-        for (var i = 0u; i < 2u; i++) {
-            xq[2u * b + i] = vec4<u32>(pack4xI8(vec4<i32>(round(v[4u * i] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 1u] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 2u] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 3u] * inv))));
-        }
-        xd[b] = vec2<f32>(d, sum);
+        for (var i = 0u; i < 8u; i++) { v[i] = xv(8u * b + i); }
+        x8_round_block(b, v);
     }
     workgroupBarrier();
 }

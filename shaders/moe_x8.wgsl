@@ -2,7 +2,7 @@
 // to int8, as llama.cpp's MMVQ does with q8_1: same contract as moe.wgsl experts without GEGLU
 // (Y[s, n] = W[IDS[s], n] . x for slots s = t*KSEL + j, x = X row t (XPER 1) or s (XPER KSEL); W holds
 // experts E0 .. E0 + NE - 1, slots routed elsewhere are not written). Each workgroup rounds its slot's
-// x into workgroup memory (per block of 32: d = max |x| / 127, q = round(x / d), as quantize_q8.wgsl),
+// x into workgroup memory (x8_round.wgsl),
 // then thread t of a row takes blocks t, t + TPR, ...: a block's 32 codes meet x's in 8 dot4I8Packed,
 // w . x = a d_x sum(q_w q_x) - b sum(x) with the block's exact sum of x. The 26B-A4B's expert down
 // projection (704-long rows: Q5_0 or Q8_0 in llama.cpp's files). Dispatch (ceil(N / (WG / TPR)), T * KSEL).
@@ -28,29 +28,17 @@ override WG: u32 = 128u;
 
 var<workgroup> xq: array<vec4<u32>, 2u * XB>;   // codes, 16 a vec4, byte i of word w = element 4 w + i
 var<workgroup> xd: array<vec2<f32>, XB>;        // per block: (d, sum of its x)
+
 var<workgroup> red: array<f32, WG>;
+
+//!include x8_round
 
 // x row `xrow` rounded to int8 into xq, xd: one thread a block. Uniform control flow.
 fn x_prepare(lid: u32, xrow: u32) {
     for (var b = lid; b < XB; b += WG) {
         var v: array<vec4<f32>, 8>;
-        var amax = 0.0;
-        var sum = 0.0;
-        for (var i = 0u; i < 8u; i++) {
-            v[i] = X[xrow * (K / 4u) + 8u * b + i];
-            let a = abs(v[i]);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-            sum += v[i].x + v[i].y + v[i].z + v[i].w;
-        }
-        let d = amax / 127.0;
-        let inv = select(0.0, 1.0 / d, d > 0.0);
-        for (var i = 0u; i < 2u; i++) {
-            xq[2u * b + i] = vec4<u32>(pack4xI8(vec4<i32>(round(v[4u * i] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 1u] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 2u] * inv))),
-                                       pack4xI8(vec4<i32>(round(v[4u * i + 3u] * inv))));
-        }
-        xd[b] = vec2<f32>(d, sum);
+        for (var i = 0u; i < 8u; i++) { v[i] = X[xrow * (K / 4u) + 8u * b + i]; }
+        x8_round_block(b, v);
     }
     workgroupBarrier();
 }

@@ -36,7 +36,7 @@ class Runner:
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
         self.state = State(dev, cfg, layout, context_length, chunk)
         self.ctx, self.chunk = context_length, self.state.chunk
-        self.int8 = int8              # long steps' quantized matmuls on int8 activations (Ops.matmul)
+        self.int8 = int8              # int8 activations: long steps' matmuls (Ops.matmul), one-token matvecs
         self.f16 = f16                # the other chunk matmuls in f16 tiles where the device has shader-f16
         self.fuse_residual = fuse_residual   # decode: residual adds fused into their consumers (Ops)
         self.model = self.model_class(cfg, layout, self.state)
