@@ -86,6 +86,10 @@ def main() -> int:
                             for g in args.chunk_wg if t <= g and k // 32 >= t and k <= 24 * g for i in int8s]
             elif normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
                 variants = [dict(tpr=t, chunks=False, residual=normed) for t in args.tpr]
+                if args.int8 and q in ("q6_k",):       # its int8 units
+                    variants += [dict(tpr=t, chunks=False, residual=normed, int8=True) for t in args.tpr]
+            elif args.int8 and q in ("q6_k",):
+                variants += [dict(tpr=t, chunks=False, int8=True) for t in args.tpr]
             elif q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
                 variants += [dict(tpr=t, wg=g, chunks=True, probe=p, int8=i) for t in args.chunk_tpr
                              for g in args.chunk_wg for p in ((0, 1) if args.probe else (0,)) for i in int8s

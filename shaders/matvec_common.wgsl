@@ -5,7 +5,8 @@
 // matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
 // normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
-// that routes a MoE token).
+// that routes a MoE token), dot32() and x_prepare() (a no-op for f32 x; x8_round.wgsl's for the int8
+// units of quants_dot_x8.wgsl).
 
 override K: u32;
 override N: u32;

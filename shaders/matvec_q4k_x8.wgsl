@@ -1,31 +1,12 @@
 // How the Q4_K chunk matvec (matvec_q4k_common.wgsl) meets x rounded to int8, as llama.cpp's MMVQ
 // does with q8_1: each workgroup rounds x (read through xv()) once into workgroup memory
-// (x8_round.wgsl: pyapp.reference.quants.quantize_activations_q8's rule), and a chunk's 32 nibbles
-// meet their 32 codes in 8 dot4I8Packed: no
-// nibble-to-float conversion, a quarter of f32 x's reads. A chunk's 16 low nibbles lie in one
+// (x8_round.wgsl), and a chunk's 32 nibbles meet their 32 codes in 8 dot4I8Packed: no nibble-to-float
+// conversion, a quarter of f32 x's reads. A chunk's 16 low nibbles lie in one
 // block of x (weights 64g + 16h .. of sub-block 2g), its 16 high nibbles in the next (sub-block
 // 2g + 1), so each half takes one scale. The min terms use the blocks' exact sums of x, added by
 // the chunk of the pair that starts its group (h = 0), so they carry no rounding of x.
 
-// (sized by overrides of their own, not expressions of K: this file comes in the prelude, before the
-// other overrides, and naga 29 panics on an array sized by an override expression declared before
-// an override)
-override XB: u32 = 1u;                          // blocks of 32 in x: K / 32
-override XR: u32 = 1u;                          // runs of 16 in x: K / 16
-var<workgroup> xq: array<vec4<u32>, XR>;        // codes, 16 a vec4, byte i of word w = element 4 w + i
-var<workgroup> xd: array<vec2<f32>, XB>;        // per block of 32: (d, sum of its x)
-
 //!include x8_round
-
-// Once per workgroup, after input_prologue(), in uniform control flow: one thread a block of 32.
-fn x_prepare(lid: u32) {
-    for (var b = lid; b < XB; b += WG) {
-        var v: array<vec4<f32>, 8>;
-        for (var i = 0u; i < 8u; i++) { v[i] = xv(8u * b + i); }
-        x8_round_block(b, v);
-    }
-    workgroupBarrier();
-}
 
 // Chunk c of the row whose first block is word `rb`: its 32 weights . x.
 fn chunk_dot(rb: u32, c: u32) -> f32 {

@@ -15,6 +15,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = lid % TPR;
     if (tail_workgroup(wid.x + wid.y * nwg.x, lid)) { return; }
     input_prologue(lid, wid.x + wid.y == 0u);
+    x_prepare(lid);
     let acc = row_partials(row, t);
     if (sg > TPR) {                          // a subgroup would span rows: the shared-memory tree
         reduce_and_finish(lid, t, row, acc);

@@ -7,7 +7,8 @@
 // w . x = a d_x sum(q_w q_x) - b sum(x) with the block's exact sum of x. The 26B-A4B's expert down
 // projection (704-long rows: Q5_0 or Q8_0 in llama.cpp's files). Dispatch (ceil(N / (WG / TPR)), T * KSEL).
 
-override XB: u32 = 1u;        // blocks of 32 in a row: K / 32 (sizes the arrays: declared first, see moe_q4k.wgsl)
+// (declared before the include: naga 29 panics on overrides declared after a workgroup array sized by
+// an earlier one)
 override KSEL: u32 = 1u;
 override K: u32 = 32u;
 override N: u32 = 1u;
@@ -26,22 +27,13 @@ override WG: u32 = 128u;
 //!include quants
 //!include b32_codes
 
-var<workgroup> xq: array<vec4<u32>, 2u * XB>;   // codes, 16 a vec4, byte i of word w = element 4 w + i
-var<workgroup> xd: array<vec2<f32>, XB>;        // per block: (d, sum of its x)
-
 var<workgroup> red: array<f32, WG>;
 
 //!include x8_round
 
-// x row `xrow` rounded to int8 into xq, xd: one thread a block. Uniform control flow.
-fn x_prepare(lid: u32, xrow: u32) {
-    for (var b = lid; b < XB; b += WG) {
-        var v: array<vec4<f32>, 8>;
-        for (var i = 0u; i < 8u; i++) { v[i] = X[xrow * (K / 4u) + 8u * b + i]; }
-        x8_round_block(b, v);
-    }
-    workgroupBarrier();
-}
+var<private> x_row0: u32;                 // the first vec4 of this workgroup's input row
+
+fn xv(i: u32) -> vec4<f32> { return X[x_row0 + i]; }
 
 // Block b of the row whose first block starts at byte rb . x.
 fn block_dot(rb: u32, b: u32) -> f32 {
@@ -63,7 +55,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = lid % TPR;
     let e = IDS[slot];
     let here = e >= E0 && e < E0 + NE;
-    x_prepare(lid, select(slot / KSEL, slot, XPER > 1u));
+    x_row0 = select(slot / KSEL, slot, XPER > 1u) * (K / 4u);
+    x_prepare(lid);
     var acc = 0.0;
     if (here) {
         let rb = ((e - E0) * N + min(row, N - 1u)) * XB * QB;

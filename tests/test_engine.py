@@ -379,17 +379,22 @@ def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
-@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
-def test_int8_decode_on_q4_k_within_its_rounding(dev, tmp_path, model):
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "toy-moe-1-layer"])
+def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     """One-token steps (chunk 1) multiply Q4_K weights by x rounded to int8 per 32 (matvec_q4k_x8.wgsl;
-    the expert matvec too where the device has subgroups): logits within int8's rounding of the f32
-    reference, visibly off the f32 path (int8 ran), and the same pick wherever the top two are 0.5 apart;
+    the expert matvec too where the device has subgroups; Q6_K's units on a head's rows, here every
+    Q6_K matrix with the row threshold lowered): logits within int8's rounding of the f32 reference,
+    visibly off the f32 path (int8 ran), and the same pick wherever the top two are 0.5 apart;
     int8=False within float rounding. The toys' layers as in the prefill test above."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
+    from pyapp.gpu import kernels as K
     if model == "fixture-dense":
         path = FIXTURES / "gemma4-dense-q4_k.gguf"
+    elif model == "fixture-dense-q6_k":
+        path = FIXTURES / "gemma4-dense-q6_k.gguf"
+        monkeypatch.setattr(K, "INT8_Q6K_MIN_ROWS", 0)
     else:
         path = tmp_path / "moe.gguf"
         load_tool("make_bench_model").write("tiny-moe", load_tool("make_bench_model").T["Q4_K"], str(path), seed=1,

@@ -25,6 +25,7 @@ KERNEL_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16, ggml.Q8_0, ggml.Q4_0, g
                           ggml.Q5_1, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K, ggml.MXFP4})
 DOT32_TYPES = frozenset({ggml.Q8_0, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})
 UNIT_TYPES = frozenset({ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})    # where matvec's 32-weight units are faster (see matvec)
+INT8_UNIT_TYPES = frozenset({ggml.Q6_K})     # with a dot32_<type>_x8 in quants_dot_x8.wgsl
 
 
 # ---- shared with the shaders -----------------------------------------------------
@@ -116,10 +117,16 @@ def quant_prelude(t) -> str:
             f"fn dq4(bb: u32, i: u32) -> vec4<f32> {{ return dq4_{name}(bb, i); }}\n")
 
 
-def matvec_prelude(t) -> str:
-    """quant_prelude plus matvec's dot32 (32-weight units) for this type."""
-    impl = f"dot32_{_shader_block(t)[0]}" if quant_type(t) in DOT32_TYPES else "dot32_generic"
-    return quant_prelude(t) + f"fn dot32(rb: u32, u: u32) -> f32 {{ return {impl}(rb, u); }}\n"
+def matvec_prelude(t, int8: bool = False) -> str:
+    """quant_prelude plus matvec's dot32 (32-weight units) for this type and its x_prepare: none for f32
+    x; int8: x rounded to int8 by each workgroup (x8_round.wgsl) and the type's int8 unit."""
+    name = _shader_block(t)[0]
+    if int8:
+        return (quant_prelude(t) + "//!include x8_round\n//!include quants_dot_x8\n"
+                f"fn dot32(rb: u32, u: u32) -> f32 {{ return dot32_{name}_x8(rb, u); }}\n")
+    impl = f"dot32_{name}" if quant_type(t) in DOT32_TYPES else "dot32_generic"
+    return (quant_prelude(t) + f"fn dot32(rb: u32, u: u32) -> f32 {{ return {impl}(rb, u); }}\n"
+            "fn x_prepare(lid: u32) {}\n")
 
 
 def row_bytes(t, k: int) -> int:
@@ -254,19 +261,21 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
         t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
         p = _pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                      prelude=x_prelude + t_prelude + q4k_x_prelude(int8), constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode,
-                                                                "PROBE": probe, **q4k_x_consts(k, int8),
-                                                                **x_consts, **t_consts})
+                      prelude=x_prelude + t_prelude + q4k_x_prelude(int8),
+                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "PROBE": probe,
+                                 **x_arrays(k, int8), **x_consts, **t_consts})
         bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
         return plan.dispatch(p, bg, *groups(workgroups))
-    if int8:
-        raise ValueError("int8 x is for the Q4_K chunk matvec only")
+    if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
+        raise ValueError("int8 x is for the Q4_K chunk matvec and the Q6_K units only")
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
     # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
     # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
     # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
     # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
+    if int8:             # units only
+        tpr = tpr or INT8_Q6K_TPR
     tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
     wg = wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
@@ -276,13 +285,15 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # us at 1536 x 6144): a thread reading a whole 34-byte block coalesces worse than neighbours
     # reading neighbouring words.
     if units is None:
-        units = k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES
+        units = int8 or (k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES)
+    if int8 and not units:
+        raise ValueError("int8 x needs the 32-weight units")
     x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
     t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
-    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype) + x_prelude + t_prelude,
+    p = _pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype, int8) + x_prelude + t_prelude,
                   enables=("subgroups",) if sg else (),
-                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units, **x_consts,
-                             **t_consts})
+                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units,
+                             **(x_arrays(k, True) if int8 else {}), **x_consts, **t_consts})
     bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
     return plan.dispatch(p, bg, *groups(workgroups))
 
@@ -299,13 +310,23 @@ Q4K_RESIDUAL_WORKGROUP = 256
 Q4K_THREADS = 65536
 
 
-def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False) -> bool:
-    """Whether the decode matvec (experts: moe_experts) for qtype has an int8-x form: the Q4_K chunk
-    kernels (the expert one needs subgroups) and the expert matvec for 32-weight blocks (moe_x8.wgsl:
-    Q4_0, Q5_0, Q8_0; without GeGLU)."""
+# Q6_K's int8 units (quants_dot_x8.wgsl) pay off on the head only (bench/matvec_sweep.py --int8
+# --gpu-time, H100, 2026-11-26): 262144 x 1536 355 us against 493 for f32 units; on the layers'
+# matrices the rounding of x per workgroup costs more than the integer dots save (2048 x 2816: 14.1 us
+# against 11.0; 1536 x 6144: 19.2 against 15.1; with a residual input 21.5 against 21.1).
+INT8_Q6K_MIN_ROWS = 65536
+INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
+
+
+def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
+    """Whether the decode matvec (experts: moe_experts) of `rows` rows of qtype takes x rounded to int8
+    where it is faster: the Q4_K chunk kernels (the expert one needs subgroups), the expert matvec for
+    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0; without GeGLU) and Q6_K's units on a head's rows."""
     t = quant_type(qtype)
     if t == ggml.Q4_K:
         return dev.has_subgroups or not experts
+    if t in INT8_UNIT_TYPES:
+        return not experts and rows >= INT8_Q6K_MIN_ROWS
     return experts and not geglu and t in _B32_TYPE
 
 
@@ -314,8 +335,8 @@ def q4k_x_prelude(int8: bool) -> str:
     return "//!include matvec_q4k_x8\n" if int8 else "//!include matvec_q4k_x32\n"
 
 
-def q4k_x_consts(k: int, int8: bool) -> dict:
-    """The sizes of q4k_x_prelude's workgroup arrays for rows of k."""
+def x_arrays(k: int, int8: bool) -> dict:
+    """The sizes of the workgroup arrays x8_round.wgsl (int8) or matvec_q4k_x32.wgsl declare for rows of k."""
     return {"XB": k // 32, "XR": k // 16} if int8 else {"XR": k // 16}
 
 
@@ -843,7 +864,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
         p = _pipeline(dev, "moe_q4k", enables=("subgroups",), prelude=q4k_x_prelude(int8),
                       constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": 1 if geglu else 0, "KSEL": k_used,
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne,
-                                 **q4k_x_consts(k, int8)})
+                                 **x_arrays(k, int8)})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     if int8:
@@ -851,7 +872,7 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
             raise ValueError("int8 x is for the Q4_K chunk expert matvec and Q4_0 / Q5_0 / Q8_0 without GeGLU")
         tpr, wg = tpr or EXPERT_X8_TPR, wg or EXPERT_X8_WG
         p = _pipeline(dev, "moe_x8", prelude=q8_b32_prelude(qtype),
-                      constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg, "XB": k // 32,
+                      constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg, **x_arrays(k, True),
                                  "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)

@@ -176,7 +176,7 @@ class Ops:
             if T == 1:
                 route = self._route_tail() if fused is None else None
                 K.matvec(dev, w.qtype, k, n, w.bound, x, y, plan=plan, residual=fused, route=route,
-                         int8=self._int8_x(w.qtype))
+                         int8=self._int8_x(w.qtype, rows=n))
             elif self.few:
                 K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, y, self.step, plan=plan)
             else:
@@ -187,16 +187,17 @@ class Ops:
             for p in w.parts:
                 if T == 1:
                     K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan,
-                             int8=self._int8_x(w.qtype))
+                             int8=self._int8_x(w.qtype, rows=p.rows))
                 else:
                     K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
                                     self.step, plan=plan, ldy=n)
         self.lora(w.loras, x, y, n)
 
-    def _int8_x(self, qtype, experts: bool = False, geglu: bool = False) -> bool:
-        """Whether a one-token step's matvec (experts: the expert matvec) over qtype weights takes x rounded
-        to int8. Steps of a few tokens (speculative decoding's checks) stay in f32, as their dense matvecs."""
-        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, geglu)
+    def _int8_x(self, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
+        """Whether a one-token step's matvec of `rows` rows (experts: the expert matvec) over qtype weights
+        takes x rounded to int8. Steps of a few tokens (speculative decoding's checks) stay in f32, as
+        their dense matvecs."""
+        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, geglu, rows)
 
     def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
