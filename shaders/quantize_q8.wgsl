@@ -15,23 +15,15 @@ override RPT: u32 = 1u;
 @group(0) @binding(2) var<storage, read_write> XS: array<vec2<f32>>;
 @group(0) @binding(3) var<uniform> S: Step;
 
+//!include q8_block
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) ng: vec3<u32>) {
     let b = gid.x + gid.y * ng.x * 64u;          // block: token b / (K / 32), block b % (K / 32)
     if (b >= S.n_tokens * RPT * (K / 32u)) { return; }
     var v: array<vec4<f32>, 8>;
-    var amax = 0.0;
-    var sum = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        v[i] = X[8u * b + i];
-        let a = abs(v[i]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-        sum += v[i].x + v[i].y + v[i].z + v[i].w;
-    }
-    let d = amax / 127.0;
-    let inv = select(0.0, 1.0 / d, d > 0.0);
-    for (var i = 0u; i < 8u; i++) {
-        XQ[8u * b + i] = pack4xI8(vec4<i32>(round(v[i] * inv)));
-    }
-    XS[b] = vec2<f32>(d, sum);
+    for (var i = 0u; i < 8u; i++) { v[i] = X[8u * b + i]; }
+    let r = q8_block(v);
+    for (var i = 0u; i < 8u; i++) { XQ[8u * b + i] = r.q[i]; }
+    XS[b] = r.ds;
 }
