@@ -17,30 +17,24 @@ override NE: u32 = 1u;
 @group(0) @binding(10) var<storage, read> IDS: array<u32>;
 @group(0) @binding(11) var<uniform> S: Step;
 
-var<private> x_row0: u32;                 // the first vec4 of this workgroup's input row
-
-fn xv(i: u32) -> vec4<f32> { return X[x_row0 + i]; }
+//!include moe_slot
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_size) sg: u32) {
     let slot = wid.y;
     if (slot >= S.n_tokens * KSEL) { return; }        // uniform per workgroup
-    let row = wid.x * (WG / TPR) + lid / TPR;
-    let t = lid % TPR;
-    let e = IDS[slot];
-    let here = e >= E0 && e < E0 + NE;
-    x_row0 = select(slot / KSEL, slot, XPER > 1u) * (K / 4u);
+    let r = expert_row(slot, wid, lid);
     x_prepare(lid);
     let rows_per_expert = select(N, 2u * N, MODE == 1u);
     var acc = vec2<f32>(0.0);
-    if (here) {
-        acc = row_partials_at(((e - E0) * rows_per_expert + min(row, N - 1u)) * row_words(), t);
+    if (r.here) {
+        acc = row_partials_at(((r.e - E0) * rows_per_expert + min(r.row, N - 1u)) * row_words(), r.t);
     }
     if (sg < TPR) {                                    // a subgroup narrower than a row: the tree
-        acc = row_tree_sum(lid, t, acc);
+        acc = row_tree_sum(lid, r.t, acc);
     } else {
         for (var m = TPR / 2u; m > 0u; m >>= 1u) { acc += subgroupShuffleXor(acc, m); }
     }
-    if (t == 0u && row < N && here) { Y[slot * N + row] = finish(row, acc.x, acc.y); }
+    if (r.t == 0u && r.row < N && r.here) { Y[slot * N + r.row] = finish(r.row, acc.x, acc.y); }
 }

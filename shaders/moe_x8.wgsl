@@ -31,9 +31,7 @@ var<workgroup> red: array<f32, WG>;
 
 //!include x8_round
 
-var<private> x_row0: u32;                 // the first vec4 of this workgroup's input row
-
-fn xv(i: u32) -> vec4<f32> { return X[x_row0 + i]; }
+//!include moe_slot
 
 // Block b of the row whose first block starts at byte rb . x.
 fn block_dot(rb: u32, b: u32) -> f32 {
@@ -51,25 +49,21 @@ fn block_dot(rb: u32, b: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let slot = wid.y;
     if (slot >= S.n_tokens * KSEL) { return; }        // uniform per workgroup
-    let row = wid.x * (WG / TPR) + lid / TPR;
-    let t = lid % TPR;
-    let e = IDS[slot];
-    let here = e >= E0 && e < E0 + NE;
-    x_row0 = select(slot / KSEL, slot, XPER > 1u) * (K / 4u);
+    let r = expert_row(slot, wid, lid);
     x_prepare(lid);
     var acc = 0.0;
-    if (here) {
-        let rb = ((e - E0) * N + min(row, N - 1u)) * XB * QB;
+    if (r.here) {
+        let rb = ((r.e - E0) * N + min(r.row, N - 1u)) * XB * QB;
         // two blocks a round: their loads in flight together
-        var b = t;
+        var b = r.t;
         for (; b + TPR < XB; b += 2u * TPR) { acc += block_dot(rb, b) + block_dot(rb, b + TPR); }
         if (b < XB) { acc += block_dot(rb, b); }
     }
     red[lid] = acc;
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) { red[lid] += red[lid + s]; }
+        if (r.t < s) { red[lid] += red[lid + s]; }
         workgroupBarrier();
     }
-    if (t == 0u && row < N && here) { Y[slot * N + row] = red[lid]; }
+    if (r.t == 0u && r.row < N && r.here) { Y[slot * N + r.row] = red[lid]; }
 }

@@ -69,25 +69,39 @@ fn dot32_q5_k(rowbase: u32, u: u32) -> f32 {
 }
 
 // Q6_K: unit s = u % 8 is half h = s / 4, quarter t = s % 4 of a 210-byte block; its first
-// 16 weights use scale 8h + 2t, the next 16 scale 8h + 2t + 1
-fn dot32_q6_k(rowbase: u32, u: u32) -> f32 {
+// 16 weights use scale 8h + 2t, the next 16 scale 8h + 2t + 1. Where unit u of the row at rowbase
+// lies (also for quants_dot_x8.wgsl's int8 unit):
+struct Q6kUnit {
+    lo_at: u32,           // its low 4 bits: bytes lo_at .., shifted right by lo_sh
+    lo_sh: u32,
+    hi_at: u32,           // its top 2 bits: bytes hi_at .., shifted right by hi_sh
+    hi_sh: u32,
+    scale: vec2<f32>,     // d times the scales of its two halves of 16
+}
+
+fn q6k_unit(rowbase: u32, u: u32) -> Q6kUnit {
     let bb = rowbase + (u >> 3u) * 210u;
     let s = u & 7u;
     let h = s >> 2u;
     let t = s & 3u;
-    let lo_at = bb + 64u * h + 32u * (t & 1u);
-    let lo_sh = vec4<u32>(4u * (t >> 1u));
-    let hi_at = bb + 128u + 32u * h;
-    let hi_sh = vec4<u32>(2u * t);
-    var a = vec2<f32>(0.0);
-    for (var j = 0u; j < 8u; j++) {
-        let lo = (bytes4(rd32(lo_at + 4u * j)) >> lo_sh) & vec4<u32>(15u);
-        let hb = ((bytes4(rd32(hi_at + 4u * j)) >> hi_sh) & vec4<u32>(3u)) << vec4<u32>(4u);
-        let v = dot(vec4<f32>(lo | hb) - 32.0, xv(u * 8u + j));
-        if (j < 4u) { a.x += v; } else { a.y += v; }
-    }
     let sc = bb + 192u + 8u * h + 2u * t;
     let s0 = f32(extractBits(bitcast<i32>(rd8(sc)), 0u, 8u));
     let s1 = f32(extractBits(bitcast<i32>(rd8(sc + 1u)), 0u, 8u));
-    return f16at(bb + 208u) * (s0 * a.x + s1 * a.y);
+    return Q6kUnit(bb + 64u * h + 32u * (t & 1u), 4u * (t >> 1u), bb + 128u + 32u * h, 2u * t,
+                   f16at(bb + 208u) * vec2<f32>(s0, s1));
+}
+
+// Word j (0..7) of the unit's 6-bit codes q (0..63; w = d scale (q - 32)), four to a word.
+fn q6k_codes(p: Q6kUnit, j: u32) -> u32 {
+    return ((rd32(p.lo_at + 4u * j) >> p.lo_sh) & 0x0f0f0f0fu) | (((rd32(p.hi_at + 4u * j) >> p.hi_sh) & 0x03030303u) << 4u);
+}
+
+fn dot32_q6_k(rowbase: u32, u: u32) -> f32 {
+    let p = q6k_unit(rowbase, u);
+    var a = vec2<f32>(0.0);
+    for (var j = 0u; j < 8u; j++) {
+        let v = dot(vec4<f32>(bytes4(q6k_codes(p, j))) - 32.0, xv(u * 8u + j));
+        if (j < 4u) { a.x += v; } else { a.y += v; }
+    }
+    return dot(p.scale, a);
 }

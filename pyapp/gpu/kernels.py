@@ -243,7 +243,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
-    int8: x rounded to int8 per 32 by each workgroup, integer dot products (the chunk kernel only).
+    int8: x rounded to int8 per 32 by each workgroup, integer dot products (the Q4_K chunk kernel and
+    the Q6_K units; int8_matvec says where it is faster).
     """
     row_bytes(qtype, k)
     sg = dev.has_subgroups if subgroups is None else subgroups
