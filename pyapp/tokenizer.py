@@ -14,6 +14,12 @@ SentencePiece-style BPE (llama.cpp src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GEM
      UTF-8 bytes as <0xXX> tokens.
 Decoding maps U+2581 back to spaces, byte tokens to their byte and drops control tokens and
 the <unusedN> placeholders (Gemma GGUFs type them NORMAL; they never come out of encoding text).
+
+Two converters write this vocabulary, with the same tokens and merges but other labels
+(README, "Supported files"): llama.cpp's (`tokenizer.ggml.model = "gemma4"`) and Ollama's
+(`"llama"` with `tokenizer.ggml.pre = "gemma4"`; every token tokenizer.json flags special
+typed CONTROL, the <0xXX> byte tokens NORMAL). `canonical_types` gives both llama.cpp's
+typing, so channels and tool calls parse and byte fallback decodes whichever wrote the file.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ _CACHE_CHARS = 1 << 22         # characters of runs remembered (repeated prompts
 # user-defined one such as <|tool_response> is hidden in decoding and is not cut out of
 # text when parse_special is off.
 _END_OF_GENERATION = ("<eos>", "<turn|>", "<|tool_response>", "<end_of_turn>")
+# Markup that must come out of decoding so the chat parser can read it: llama.cpp's converter types
+# these USER_DEFINED (convert_hf_to_gguf's Gemma4Model.set_vocab); Ollama's types them CONTROL.
+_VISIBLE = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+            '<|"|>')
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+# (tokenizer.ggml.model, tokenizer.ggml.pre) of the files that hold a Gemma 4 vocabulary
+_MODELS = {("gemma4", None), ("gemma4", "gemma4"), ("llama", "gemma4")}
 
 
 class TokenizerError(ValueError):
@@ -50,13 +63,7 @@ class Tokenizer:
         self.ranks = _merge_ranks(merges)
         self._byte_ids = [self.ids.get(f"<0x{b:02X}>") for b in range(256)]
         eog = [self.ids[t] for t in _END_OF_GENERATION if t in self.ids]
-        self.types = list(types)
-        for i in eog:
-            self.types[i] = CONTROL
-        for i, t in enumerate(tokens):   # placeholders typed NORMAL in Gemma GGUFs: a model that emits one shows nothing
-            if t.startswith("<unused") and _UNUSED.fullmatch(t) and self.types[i] == NORMAL:
-                self.types[i] = UNUSED
-        types = self.types
+        self.types = types = canonical_types(tokens, types, eog)
         specials = [i for i, ty in enumerate(types) if ty in (CONTROL, USER_DEFINED, UNKNOWN)]
         specials.sort(key=lambda i: -len(tokens[i].encode("utf-8")))      # longest (in bytes) cut first
         self._specials = [(tokens[i], i, types[i] == USER_DEFINED) for i in specials if tokens[i]]
@@ -68,9 +75,11 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: dict) -> "Tokenizer":
-        model = meta.get("tokenizer.ggml.model")
-        if model != "gemma4":
-            raise TokenizerError(f"tokenizer.ggml.model is {model!r}; this app reads Gemma 4 ('gemma4') vocabularies")
+        model, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+        if not isinstance(model, str) or not isinstance(pre, (str, type(None))) or (model, pre) not in _MODELS:
+            shown = f"{model!r}" + (f" (pre-tokenizer {pre!r})" if pre is not None else "")
+            raise TokenizerError(f"tokenizer.ggml.model is {shown[:120]}; this app reads Gemma 4 vocabularies "
+                                 "('gemma4', or Ollama's 'llama' with pre-tokenizer 'gemma4')")
         try:
             tokens = meta["tokenizer.ggml.tokens"]
             types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
@@ -239,6 +248,23 @@ class Tokenizer:
 
     def id_of(self, piece: str) -> int | None:
         return self.ids.get(piece)
+
+
+def canonical_types(tokens: list[str], types, end_of_generation=()) -> list[int]:
+    """Token types as llama.cpp's converter writes them, whichever converter wrote `types`, plus the
+    labels our decoding adds: end-of-generation tokens CONTROL (hidden, as llama.cpp makes them),
+    <unusedN> placeholders UNUSED (Gemma GGUFs type them NORMAL; a model that emits one shows nothing)."""
+    out = list(types)
+    for i, t in enumerate(tokens):
+        if t in _VISIBLE:
+            out[i] = USER_DEFINED
+        elif len(t) == 6 and _BYTE_TOKEN.fullmatch(t):      # byte fallback: a byte, whatever the file says
+            out[i] = BYTE
+        elif out[i] == NORMAL and t.startswith("<unused") and _UNUSED.fullmatch(t):
+            out[i] = UNUSED
+    for i in end_of_generation:
+        out[i] = CONTROL
+    return out
 
 
 def _valid(text: str) -> str:

@@ -18,6 +18,15 @@ the upload planner read fields.
 A new feature's tensors are a few more declared fields: DiffusionGemma's extras
 (the self-conditioning MLP, the encoder's layer scales) are, under the flag
 `is_diffusion`; LoRA pairs will be.
+
+Every spelling a converter writes is declared here too (README, "Supported files"):
+`alt=` names the other names of one tensor (Ollama's published blobs keep the
+per-expert scale as `ffn_gate_inp.per_expert_scale`, llama.cpp's files as
+`ffn_down_exps.scale`; the other alternatives are those Ollama's Go engine accepted,
+model/models/gemma4/model_text.go), and `FUSED` the tensors one converter stores as one
+(llama.cpp's `--fuse-qkv` writes q, k and v as `attn_qkv`: `bind` cuts it into row
+views). A tensor in the file that no field reads is an error, never skipped, except
+the image and audio encoders' (`ENCODER_PREFIXES`), which the text model does not use.
 """
 
 from __future__ import annotations
@@ -40,10 +49,18 @@ class WeightsError(ValueError):
     """The GGUF lacks tensors this model needs, or has them in a shape or type it cannot use."""
 
 
-def tensor(name: str, shape: str, when: str | None = ALWAYS):
+# Tensors of the image and audio encoders and their projectors (Ollama's blobs hold them inline):
+# recognised, reported by `info`, not read by the text model.
+ENCODER_PREFIXES = {"v.": "vision", "mm.a.": "audio", "a.": "audio", "mm.": "vision",
+                    "model.vision_tower.": "vision"}     # some published blobs keep HF's names (CMP L987-996)
+# One file tensor holding several fields' rows, in this order (llama.cpp's `--fuse-qkv`).
+FUSED = {"attn_qkv.weight": ("attn_q", "attn_k", "attn_v")}
+
+
+def tensor(name: str, shape: str, when: str | None = ALWAYS, alt: tuple[str, ...] = ()):
     """A field bound to the GGUF tensor `name` of `shape` (names of sizes, ggml order, space-separated),
-    required when the config flag `when` is true."""
-    return field(default=None, metadata={"gguf": name, "shape": tuple(shape.split()), "when": when})
+    required when the config flag `when` is true; `alt` are other converters' names for it."""
+    return field(default=None, metadata={"gguf": name, "alt": alt, "shape": tuple(shape.split()), "when": when})
 
 
 def runtime(doc: str):
@@ -61,29 +78,33 @@ class LayerWeights:
     attn_v: object = tensor("attn_v.weight", "hidden kv_heads*hd", when="has_v")     # absent: V is the raw K (k_eq_v)
     attn_k_norm: object = tensor("attn_k_norm.weight", "hd", when="owns_kv")
     attn_output: object = tensor("attn_output.weight", "heads*hd hidden")
-    post_attention_norm: object = tensor("post_attention_norm.weight", "hidden")
+    post_attention_norm: object = tensor("post_attention_norm.weight", "hidden", alt=("attn_post_norm.weight",))
     # dense MLP (every layer; on MoE layers it runs beside the experts)
-    ffn_norm: object = tensor("ffn_norm.weight", "hidden")
+    ffn_norm: object = tensor("ffn_norm.weight", "hidden", alt=("ffn_pre_norm.weight",))
     ffn_gate: object = tensor("ffn_gate.weight", "hidden ff")
     ffn_up: object = tensor("ffn_up.weight", "hidden ff")
     ffn_down: object = tensor("ffn_down.weight", "ff hidden")
-    post_ffw_norm: object = tensor("post_ffw_norm.weight", "hidden")
+    post_ffw_norm: object = tensor("post_ffw_norm.weight", "hidden", alt=("ffn_post_norm.weight",))
     # mixture of experts
     router: object = tensor("ffn_gate_inp.weight", "hidden experts", when="has_moe")   # a layer has experts iff this
-    post_ffw_norm_1: object = tensor("post_ffw_norm_1.weight", "hidden", when="has_moe")
+    post_ffw_norm_1: object = tensor("post_ffw_norm_1.weight", "hidden", when="has_moe",
+                                   alt=("ffn_post_norm_1.weight",))
     router_scale: object = tensor("ffn_gate_inp.scale", "hidden", when=OPTIONAL)
-    pre_ffw_norm_2: object = tensor("pre_ffw_norm_2.weight", "hidden", when="has_moe")
+    pre_ffw_norm_2: object = tensor("pre_ffw_norm_2.weight", "hidden", when="has_moe",
+                                  alt=("ffn_pre_norm_2.weight",))
     experts_gate_up: object = tensor("ffn_gate_up_exps.weight", "hidden 2*expert_ff experts", when="experts_fused")
     experts_gate: object = tensor("ffn_gate_exps.weight", "hidden expert_ff experts", when="experts_split")
     experts_up: object = tensor("ffn_up_exps.weight", "hidden expert_ff experts", when="experts_split")
     experts_down: object = tensor("ffn_down_exps.weight", "expert_ff hidden experts", when="has_moe")
-    experts_down_scale: object = tensor("ffn_down_exps.scale", "experts", when=OPTIONAL)
-    post_ffw_norm_2: object = tensor("post_ffw_norm_2.weight", "hidden", when="has_moe")
+    experts_down_scale: object = tensor("ffn_down_exps.scale", "experts", when=OPTIONAL,
+                                        alt=("ffn_gate_inp.per_expert_scale",))      # Ollama's blobs
+    post_ffw_norm_2: object = tensor("post_ffw_norm_2.weight", "hidden", when="has_moe",
+                                   alt=("ffn_post_norm_2.weight",))
     # per-layer embeddings (PLE)
     ple_gate: object = tensor("inp_gate.weight", "hidden ple", when="has_ple")
     ple_proj: object = tensor("proj.weight", "ple hidden", when="has_ple")
     ple_post_norm: object = tensor("post_norm.weight", "hidden", when="has_ple")
-    output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL)   # DiffusionGemma: the decoder's
+    output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL, alt=("layer_scalar",))
     # DiffusionGemma: the encoder's layer scale (the only weight its two passes do not share)
     enc_output_scale: object = tensor("enc_layer_output_scale.weight", "1", when="is_diffusion")
     # filled by the GPU upload planner (pyapp.runtime.upload), absent in the GGUF
@@ -145,17 +166,35 @@ def declared_shape(cls, field_name: str) -> tuple[str, ...]:
     return _field(cls, field_name).metadata["shape"]
 
 
+def spellings(f) -> tuple[str, ...]:
+    """Every name a converter gives the tensor of field f (relative to `blk.N.` for layer fields)."""
+    return (f.metadata["gguf"], *f.metadata["alt"])
+
+
+def _fused_into(field_name: str) -> str | None:
+    return next((name for name, parts in FUSED.items() if field_name in parts), None)
+
+
 def present(tensors, field_name: str, layer: int | None = None) -> bool:
-    """Whether the GGUF has the tensor of this field (config flags are resolved from this)."""
+    """Whether the GGUF has the tensor of this field under any spelling, alone or fused (config flags
+    are resolved from this)."""
     cls = ModelWeights if layer is None else LayerWeights
-    return gguf_name(cls, field_name, layer) in tensors
+    prefix = "" if layer is None else layer_prefix(layer)
+    fused = _fused_into(field_name) if layer is not None else None
+    return (any(prefix + name in tensors for name in spellings(_field(cls, field_name)))
+            or (fused is not None and prefix + fused in tensors))
+
+
+def encoder_part(name: str) -> str | None:
+    """'vision' or 'audio' for a tensor of an image or audio encoder (or its projector), else None."""
+    return next((part for prefix, part in ENCODER_PREFIXES.items() if name.startswith(prefix)), None)
 
 
 def moe_tensor(tensors, layer: int) -> str | None:
     """The name of a tensor only MoE layers have that this layer has in the GGUF, else None."""
     for f in _bound(LayerWeights):
         if f.metadata["when"] in MOE_FLAGS and present(tensors, f.name, layer):
-            return gguf_name(LayerWeights, f.name, layer)
+            return next(layer_prefix(layer) + n for n in spellings(f) if layer_prefix(layer) + n in tensors)
     return None
 
 
@@ -197,23 +236,55 @@ def _listing(items: list, sep: str = ", ") -> str:
     return sep.join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
 
 
+def _rows(shape: tuple[str, ...], sizes: dict) -> int | None:
+    """The row count a declared 2-D shape gives (its second dimension)."""
+    return sizes.get(shape[1]) if len(shape) == 2 else None
+
+
+def _cut_fused(t, prefix: str, parts: tuple[str, ...], sizes: dict) -> tuple[dict, str | None]:
+    """Row views of the fused tensor t, one per field in `parts` (in that order), or why it does not
+    split into them. A row is whole blocks, so a view is a byte range of the file."""
+    rows = [_rows(declared_shape(LayerWeights, p), sizes) for p in parts]
+    if len(t.shape) != 2 or None in rows or sum(rows) != t.shape[1]:
+        return {}, f"has shape {list(t.shape)}, expected [hidden, {' + '.join(map(str, rows))}]"
+    views, row0 = {}, 0
+    for part, n in zip(parts, rows):
+        views[part] = replace(t, name=prefix + gguf_name(LayerWeights, part), shape=(t.shape[0], n),
+                              offset=t.offset + row0 * t.row_bytes, nbytes=n * t.row_bytes)
+        row0 += n
+    return views, None
+
+
 def bind(cfg, tensors: dict) -> ModelWeights:
     """ModelWeights whose fields are tensors[name] (None when absent), checked against the config
-    before anything uses them: missing required tensors, and present ones of the wrong shape or
-    type, raise WeightsError naming each.
+    before anything uses them: missing required tensors, present ones of the wrong shape or
+    type, and tensors no field reads raise WeightsError naming each.
 
-    `tensors` maps GGUF names to TensorInfo (or anything with its `shape`, ggml order, and `type`)."""
-    missing, misfits = [], []
+    `tensors` maps GGUF names to TensorInfo (or anything with its `shape`, ggml order, and `type`;
+    fused tensors are cut with dataclasses.replace, so a TensorInfo for those)."""
+    missing, misfits, read = [], [], set()
 
     def take(cls, flags, prefix, sizes):
         values = {}
+        if cls is LayerWeights:
+            for fused, parts in FUSED.items():
+                if (t := tensors.get(prefix + fused)) is not None:
+                    read.add(prefix + fused)
+                    views, why = _cut_fused(t, prefix, parts, sizes)
+                    values.update(views)
+                    if why:
+                        misfits.append(f"{prefix + fused} {why}")
         for f in _bound(cls):
-            name = prefix + f.metadata["gguf"]
+            if f.name in values:
+                continue
+            name = next((prefix + n for n in spellings(f) if prefix + n in tensors), prefix + f.metadata["gguf"])
             t = values[f.name] = tensors.get(name)
             if t is None:
                 if _required(f.metadata["when"], flags):
                     missing.append(name)
-            elif why := _misfit(t, f.metadata["shape"], sizes):
+                continue
+            read.add(name)
+            if why := _misfit(t, f.metadata["shape"], sizes):
                 misfits.append(f"{name} {why}")
         return cls(**values)
 
@@ -225,6 +296,11 @@ def bind(cfg, tensors: dict) -> ModelWeights:
     if misfits:
         raise WeightsError("tensors that do not fit the model's hyperparameters (shapes in ggml order, row "
                            f"length first): {_listing(misfits, '; ')}")
+    unread = sorted(n for n in tensors if n not in read and encoder_part(n) is None)
+    if unread:
+        raise WeightsError(f"the GGUF has tensors this app does not know how to use: {_listing(unread)}. "
+                           "Running without them would give wrong answers; the file may come from a newer "
+                           "converter or another model family")
     return w
 
 

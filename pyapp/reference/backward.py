@@ -211,7 +211,7 @@ class LoraGradients(ReferenceModel):
         {(layer, field): LoraPair} directly (a trainer's own parameters)."""
         self.cfg = config or Gemma4Config.from_gguf(gguf)
         bound = bind(self.cfg, gguf.tensors)
-        self.w = bound.map(lambda t: load_tensor(gguf, t.name).astype(np.float64))
+        self.w = bound.map(lambda t: load_tensor(gguf, t).astype(np.float64))
         self.pairs: dict = dict(pairs or {})
         for src, user_scale in lora:
             adapter = load_lora(src, self.cfg, bound, user_scale, gguf.architecture)

@@ -112,7 +112,7 @@ class ReferenceModel:
         self.cfg = config or Gemma4Config.from_gguf(gguf)
         # every tensor dequantized to float32, bound to its field once
         bound = bind(self.cfg, gguf.tensors)
-        self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t.name))
+        self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t))
         self.adapters = [load_lora(src, self.cfg, bound, scale, gguf.architecture) for src, scale in lora]
         for adapter in self.adapters:
             apply_lora(self.w, adapter)

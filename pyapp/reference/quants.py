@@ -154,10 +154,11 @@ def dequantize(raw, qtype, shape) -> np.ndarray:
     return out.reshape(shape)
 
 
-def load_tensor(gguf, name: str) -> np.ndarray:
-    """A GGUF tensor as float32 in numpy order (rows = ggml's last dimension)."""
-    t = gguf.tensor(name)
-    return dequantize(gguf.read_tensor(name), t.type, tuple(reversed(t.shape)))
+def load_tensor(gguf, name_or_info) -> np.ndarray:
+    """A GGUF tensor (by name, or its TensorInfo: a bound field may be a view of a fused tensor) as
+    float32 in numpy order (rows = ggml's last dimension)."""
+    t = gguf.tensor(name_or_info) if isinstance(name_or_info, str) else name_or_info
+    return dequantize(gguf.source.read(t.offset, t.nbytes), t.type, tuple(reversed(t.shape)))
 
 
 # ---------------------------------------------------------------- quantizers
