@@ -325,7 +325,9 @@ class Engine:
         stops = self._stop_ids() if stop_ids is None else set(stop_ids)
         decoder = self._decoder()
         history = list(prompt)
-        lookup = PromptLookup(prompt) if params.speculates else None
+        # the speculative check picks argmax over every token; a model with suppressed tokens decodes
+        # one token a step, through the sampler that leaves them out
+        lookup = PromptLookup(prompt) if params.speculates and not self.config.suppress_tokens else None
 
         def emit(tok: int) -> bool:
             """Hand out the next token; True when generation ends with it (result.stop_reason says why)."""

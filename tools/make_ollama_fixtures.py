@@ -122,6 +122,12 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
         if a["content"] in VISIBLE:
             a["special"] = True
     (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    # Google ships the chat template as chat_template.jinja, which Ollama's converter does not read
+    # (CV L145-147): its files carry no tokenizer.chat_template
+    tc = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if "chat_template" in tc:
+        (out / "chat_template.jinja").write_text(tc.pop("chat_template"), encoding="utf-8")
+        (out / "tokenizer_config.json").write_text(json.dumps(tc, ensure_ascii=False, indent=1), encoding="utf-8")
     # config.json as Google's checkpoints spell it: transformers 5.23 folds the global layers'
     # head size and KV heads into per_layer_config, the released files (and Ollama's converter,
     # which reads only these keys) have global_head_dim / num_global_key_value_heads

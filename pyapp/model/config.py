@@ -161,6 +161,8 @@ class Gemma4Config:
     n_experts_used: int
     expert_ffn_dim: int
     layers: tuple[LayerConfig, ...] = field(repr=False)
+    # ids never sampled (tokenizer.ggml.suppress_tokens: the 12B's generation_config.json lists them)
+    suppress_tokens: tuple[int, ...] = ()
 
     is_diffusion: ClassVar[bool] = False     # DiffusionGemmaConfig: the self-conditioning tensors too
 
@@ -260,6 +262,7 @@ class Gemma4Config:
             vocab_size = len(tokens) if isinstance(tokens, ARRAYS) else 0
         if not 1 <= vocab_size <= MAX_VOCAB:
             raise ConfigError(f"a vocabulary of {vocab_size} tokens: expected 1 to {MAX_VOCAB}")
+        suppress = _suppress_tokens(meta, vocab_size)
 
         def kv_source(i: int) -> int:
             # A shared layer reuses the K/V of the last non-shared layer of its own kind.
@@ -305,6 +308,7 @@ class Gemma4Config:
             n_experts_used=n_used,
             expert_ffn_dim=expert_ffn,
             layers=layers,
+            suppress_tokens=suppress,
         )
 
     @classmethod
@@ -322,6 +326,20 @@ class Gemma4Config:
         if self.is_moe:
             parts.append(f"MoE {self.n_experts_used}/{self.n_experts} experts x {self.expert_ffn_dim}")
         return ", ".join(parts)
+
+
+SUPPRESS_KEY = "tokenizer.ggml.suppress_tokens"
+
+
+def _suppress_tokens(meta: dict, vocab_size: int) -> tuple[int, ...]:
+    """The token ids never to sample, each checked against the vocabulary."""
+    ids = meta.get(SUPPRESS_KEY, ())
+    if not isinstance(ids, ARRAYS):
+        raise ConfigError(f"{SUPPRESS_KEY} = {_show(ids)}: must be a list of token ids")
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size:
+            raise ConfigError(f"{SUPPRESS_KEY} holds {_show(i)}: token ids are integers from 0 to {vocab_size - 1}")
+    return tuple(sorted(set(ids)))
 
 
 # ---- DiffusionGemma (issue 12) -------------------------------------------------------------------------

@@ -137,6 +137,8 @@ class Gemma4:
         if cfg.final_softcap:
             ops.softcap(s.logits, cfg.vocab_size, cfg.final_softcap)
         if sample:
+            if s.logit_bias is not None:          # tokens the model's generation config never samples
+                ops.bias(s.logits, s.logit_bias, cfg.vocab_size)
             ops.sample(s.logits, cfg.vocab_size, s.token)
 
     def head_argmax(self, ops, first: int) -> None:

@@ -271,7 +271,7 @@ def bind(cfg, tensors: dict) -> ModelWeights:
                 if (t := tensors.get(prefix + fused)) is not None:
                     read.add(prefix + fused)
                     views, why = _cut_fused(t, prefix, parts, sizes)
-                    values.update(views)
+                    values.update(views or dict.fromkeys(parts))     # present, even when it does not fit
                     if why:
                         misfits.append(f"{prefix + fused} {why}")
         for f in _bound(cls):

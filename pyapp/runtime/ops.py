@@ -536,6 +536,10 @@ class Ops:
         """x = tanh(x / cap) * cap for rows of n floats."""
         K.elementwise(self.dev, "softcap", n, x, self.step, self.T, cap=cap, plan=self.plan)
 
+    def bias(self, x: Buffer, b: Buffer, n: int) -> None:
+        """x += b for rows of n floats (a constant bias, e.g. the logits' suppressed tokens)."""
+        K.elementwise(self.dev, "add", n, x, self.step, self.T, b=b, plan=self.plan)
+
     def add(self, a: Buffer, b: Buffer, dim: int | None = None) -> None:
         """a += b over rows of `dim` (default hidden) floats."""
         self._reads(b)

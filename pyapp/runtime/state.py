@@ -14,6 +14,8 @@ from ..gpu import Buffer, Device, GPUError
 from ..gpu import kernels as K
 from .upload import WEIGHT_PAD, FileTensor, GpuTensor, Part, binding_limit
 
+SUPPRESSED = -1e30       # a suppressed token's logit bias: finite (no inf - inf), never drawn after softcap
+
 
 @dataclass
 class KVCache:
@@ -107,6 +109,13 @@ class State:
         self.x_last = f32(d, "x_last")                  # [d] the row whose logits are wanted
         self.x_last_norm = f32(d, "x_last_norm")        # [d]
         self.logits = f32(V, "logits")                  # [V] softcapped
+        self.logit_bias = None                          # [V] -1e30 at cfg.suppress_tokens, else 0 (sampling only)
+        if cfg.suppress_tokens:
+            bias = array("f", bytes(4 * V))
+            for i in cfg.suppress_tokens:
+                bias[i] = SUPPRESSED
+            self.logit_bias = f32(V, "logit bias")
+            dev.write(self.logit_bias, bias.tobytes())
         self.token = dev.buffer(16, label="token")      # u32 sampled id
         self.token_readback = dev.buffer(16, "readback", "token readback")   # its copy for the CPU
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
