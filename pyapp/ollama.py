@@ -9,8 +9,11 @@ Layout (as Ollama writes it; the folder is ~/.ollama/models by default):
 
 `gemma4:e2b` lives at manifests/registry.ollama.ai/library/gemma4/e2b. The
 layer with media type application/vnd.ollama.image.model is the GGUF file; the
-others are small text/JSON blobs (template, params, system, license) and the
-config blob (JSON: model_family, model_type, file_type, ...).
+others are small text/JSON blobs (template, params, system, license), the config
+blob (JSON: model_family, model_type, file_type, ...) and, in newer tags, a
+projector (application/vnd.ollama.image.projector: the image/audio encoders in
+llama.cpp's mmproj format; Ollama's original Gemma 4 tags hold them inline in the
+model blob instead). `parts` says what a model can take, from both.
 
 All I/O goes through a tiny `Directory` protocol (paths are "/"-joined and
 relative to the folder the user picked) so the browser can back it with File
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from .gguf import read_gguf, read_gguf_async
+from .model.forms import PARTS, file_form, projector_parts
 from .source import ByteSource, FileSource, SourceError
 from .steps import drive, drive_async
 
@@ -237,6 +241,7 @@ class OllamaModel:
     layers: list[Layer] = field(default_factory=list)
     config_layer: Layer | None = None
     model: Layer | None = None  # the GGUF blob
+    projector: Layer | None = None  # the image/audio encoders' GGUF, when the tag ships them apart
     template: str | None = None
     system: str | None = None
     license: str | None = None
@@ -248,6 +253,8 @@ class OllamaModel:
     parameter_count: int | None = None
     context_length: int | None = None
     general_name: str | None = None
+    converter: str | None = None  # who wrote the model blob, as far as its metadata tells (pyapp.model.forms)
+    parts: tuple[str, ...] = ()  # what it can take: "text", "vision", "audio" (blob and projector together)
     header_read: bool = False
     error: str | None = None  # why this model cannot be used
     warnings: list[str] = field(default_factory=list)
@@ -327,8 +334,10 @@ def parse_manifest(data: bytes, root: str = "") -> tuple[Layer | None, list[Laye
         digest, size = d.get("digest"), d.get("size")
         if not isinstance(digest, str) or not _DIGEST.match(digest):
             raise ValueError(f"manifest layer has an invalid digest {digest!r} (want sha256:<64 hex>)")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"manifest layer {digest!r} has a bad size {size!r}")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63:
+            shown = repr(size)
+            raise ValueError(f"manifest layer {digest!r} has a bad size "
+                             f"{shown if len(shown) <= 40 else shown[:30] + f'... ({len(shown)} characters)'}")
         return Layer(str(d.get("mediaType", "")), digest, size, blob_path(digest, root), str(d.get("name", "")))
 
     cfg = doc.get("config")
@@ -347,6 +356,9 @@ def apply_header(model: OllamaModel, gguf) -> None:
     model.context_length = int(ctx) if ctx is not None else None
     count = sum(_n_elements(t) for t in gguf.tensors.values())
     model.parameter_count = count or meta.get("general.parameter_count") or None
+    form = file_form(meta, gguf.tensors)
+    model.converter = form.converter
+    model.parts = tuple(p for p in PARTS if p in form.parts or p in model.parts)
     model.header_read = True
 
 
@@ -372,6 +384,9 @@ def _read_json(data: bytes, what: str):
         raise ValueError(f"{what} is not valid JSON ({e})") from None
     except RecursionError:      # [[[[...]]]]: json recurses once per level
         raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
+    except ValueError:          # an integer of more than 4300 digits: Python's limit, in Python's words
+        raise ValueError(f"{what} holds a number too long to read (thousands of digits): the file is damaged; "
+                         "pull the model again") from None
 
 
 # ---------------------------------------------------------------- I/O requests
@@ -498,6 +513,8 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
     for layer in m.layers:
         if layer.kind == "model" and m.model is None:
             m.model = layer
+        elif layer.kind == "projector" and m.projector is None:
+            m.projector = layer
         elif layer.kind in _ONE_OF:
             texts[_ONE_OF[layer.kind]] = layer
         elif layer.kind == "license":
@@ -571,6 +588,14 @@ def _read_license(m: OllamaModel, layer: Layer):
 
 
 def _header(m: OllamaModel):
+    if m.projector is not None:       # first: apply_header merges the blob's parts into the projector's
+        try:
+            found = projector_parts((yield ReadHeader(m.projector.path)).metadata)
+            m.parts = tuple(p for p in PARTS if p in found)
+        except ImportError:
+            raise
+        except Exception as e:        # the text model still works without its encoders
+            m.warnings.append(f"projector blob {m.projector.path} is not a readable GGUF file: {_why(e)}")
     try:
         apply_header(m, (yield ReadHeader(m.model.path)))
     except ImportError:  # our bug, not the file's

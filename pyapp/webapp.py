@@ -29,6 +29,7 @@ from .explain import explain
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
 from .model.config import DIFFUSION_ARCH, ConfigError, Gemma4Config, model_config
+from .model.forms import file_form
 from .model.lora import LoraError, bind_lora
 from .model.weights import bind
 from .sampling import DENOISE_SETTINGS, check_temperature_range, denoise_settings, page_rules
@@ -230,7 +231,9 @@ def _describe(g, source_name: str) -> dict:
     s = summarize(g)
     main_type = max(s["by_type"].items(), key=lambda kv: kv[1]["bytes"])[0] if s["by_type"] else "?"
     ft = g.metadata.get("general.file_type")
+    form = file_form(g.metadata, g.tensors)
     return {"name": g.metadata.get("general.name") or source_name, "file": source_name,
+            "parts": list(form.parts), "converter": form.converter,
             "architecture": g.architecture, "quantization": ollama.file_type_name(ft) or main_type,
             "parameters": s["n_elements"], "parameter_size": ollama.human_number(s["n_elements"]),
             "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": _config_line(cfg),
@@ -272,7 +275,7 @@ async def open_folder(handle) -> dict:
         why = m.error or ("" if usable else f"architecture {m.architecture or '?'}: not a Gemma 4 model "
                                             "or DiffusionGemma")
         rows.append({"name": m.name, "size": m.size, "quantization": m.file_type, "parameters": m.parameter_size,
-                     "architecture": m.architecture, "usable": usable, "why": why})
+                     "architecture": m.architecture, "usable": usable, "why": why, "parts": list(m.parts)})
     return {"models": rows, "folder": str(getattr(handle, "name", ""))}
 
 
@@ -295,8 +298,11 @@ async def open_folder_model(name: str) -> dict:
         return _fail(e, name, ollama_name=name)
     _unload()
     info["digest"] = m.model.digest     # the model blob's: names the base model an adapter belongs to
+    info["name"] = m.name               # as Ollama names it (name:tag), not the file's internal name
+    info["parts"] = list(m.parts or info["parts"])      # with a projector layer's encoders
     S.gguf, S.model_info, S.params, S.adapter = g, info, dict(m.params or {}), None
-    return {"model": info, "params": params}
+    # the manifest's system prompt: the page applies it to a conversation that has none (as Ollama does)
+    return {"model": info, "params": params, "system": m.system or ""}
 
 
 def _unload() -> None:

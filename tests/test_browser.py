@@ -791,6 +791,98 @@ def test_model_from_an_ollama_folder_in_opfs(page):
     assert page.inner_text("#model-error") == ""
 
 
+def write_opfs_folder(page, dirname: str, files: dict[str, bytes]) -> None:
+    """An Ollama models folder in OPFS (files: path -> bytes), offered to the page's folder picker."""
+    import base64
+    page.evaluate("""async ([dirname, files]) => {
+        const root = await navigator.storage.getDirectory();
+        const base = await root.getDirectoryHandle(dirname, {create: true});
+        for (const [path, b64] of Object.entries(files)) {
+            const parts = path.split('/');
+            let dir = base;
+            for (const p of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(p, {create: true});
+            const fh = await dir.getFileHandle(parts[parts.length - 1], {create: true});
+            const w = await fh.createWritable();
+            await w.write(Uint8Array.from(atob(b64), c => c.charCodeAt(0)));
+            await w.close();
+        }
+        window.__pickDirectory = async () => base;
+    }""", [dirname, {k: base64.b64encode(v).decode() for k, v in files.items()}])
+
+
+def ollama_folder(models: dict[str, list[tuple[str, bytes]]]) -> dict[str, bytes]:
+    """Blobs and manifests as Ollama writes them: name:tag -> [(layer media kind, bytes)]."""
+    sha = lambda b: hashlib.sha256(b).hexdigest()   # noqa: E731
+    config = json.dumps({"model_format": "gguf", "model_family": "gemma4"}).encode()
+    files = {f"blobs/sha256-{sha(config)}": config}
+    for name, layers in models.items():
+        model, tag = name.split(":")
+        files.update({f"blobs/sha256-{sha(b)}": b for _, b in layers})
+        files[f"manifests/registry.ollama.ai/library/{model}/{tag}"] = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                       "digest": f"sha256:{sha(config)}", "size": len(config)},
+            "layers": [{"mediaType": f"application/vnd.ollama.image.{kind}", "digest": f"sha256:{sha(b)}",
+                        "size": len(b)} for kind, b in layers]}).encode()
+    return files
+
+
+def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
+    """Files as Ollama's converter writes them (tools/ollama_convert.py): its tokenizer typing, no chat
+    template, inline encoders; the original tags' split experts and per_expert_scale. Each lists with
+    what it holds, loads under its Ollama name with the manifest's system prompt, and gives
+    transformers' logits and greedy tokens; a chat reply equals the native engine's."""
+    forms = FIXTURES / "forms"
+    system = "You answer in one short sentence."
+    files = ollama_folder({
+        "gemma4:e2b": [("model", (forms / "ollama-dense.gguf").read_bytes()), ("system", system.encode()),
+                       ("params", json.dumps({"temperature": 0, "stop": ["<turn|>"]}).encode())],
+        "gemma4:26b": [("model", (forms / "ollama-moe-published.gguf").read_bytes())]})
+    write_opfs_folder(page, "ollama-forms", files)
+    page.evaluate("window.app.state.chat.system = ''")
+    page.click("#open-folder")
+    page.wait_for_selector("#model-list li:has-text('gemma4:26b') button.model")
+    listing = page.inner_text("#model-list")
+    assert "gemma4:e2b" in listing and "text, image, audio in the file" in listing
+    assert "text, image in the file" in listing          # the 26B-style blob: vision only
+    for name, stem in (("gemma4:26b", "ollama-moe-published"), ("gemma4:e2b", "ollama-dense")):
+        page.click(f"#model-list li:has-text('{name}') button")
+        page.wait_for_function(f"window.app.state.model && window.app.state.model.name === {json.dumps(name)}")
+        wait_state(page, "loaded")
+        page.wait_for_function("document.getElementById('model-info').textContent.includes('Loaded in')")
+        assert name in page.inner_text("#model-info") and "this app reads text only so far" in \
+            page.inner_text("#model-info")
+        golden = np.load(forms / f"{stem}.golden.npz")
+        tokens = golden["tokens_0"].tolist()
+        rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
+        assert "error" not in rows, rows
+        got, want = np.array(rows["rows"], dtype=np.float32), golden["logits_0"]
+        assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+        want_ids = golden["generate_0"].tolist()[:4]          # SwiftShader decodes slowly
+        gen = page.evaluate("([t, p]) => window.app.call('generate_tokens', t, p)",
+                            [json.dumps(tokens), json.dumps({"temperature": 0, "max_tokens": len(want_ids)})])
+        assert gen.get("tokens") == want_ids, gen
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-ollama-folder.png"), full_page=True)
+    # gemma4:e2b is loaded: its manifest's system prompt went into the conversation without one, and a
+    # new conversation keeps it; a reply (no template in the file: Ollama's Gemma 4 format for its size)
+    # equals the native engine's greedy reply on the same file
+    assert page.input_value("#system") == system
+    page.click("#new-chat")
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", 12)
+    text = "Say hello in French, and ꙮ."
+    reply = send(page, text)
+    from pyapp.chat import render_ids, style_for
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf, summarize
+    g = read_gguf(forms / "ollama-dense.gguf")
+    eng = Engine.open(g, context_length=1024)
+    conv = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    ids = render_ids(eng.tokenizer, conv, style=style_for(g.metadata, summarize(g)["n_elements"]))
+    assert reply["content"] == eng.generate(ids, SamplingParams(temperature=0, max_tokens=12)).text
+
+
 def test_reload_keeps_the_conversation(page):
     before = [m["content"] for m in messages(page)]
     assert len(before) >= 4

@@ -558,3 +558,48 @@ def test_symlinks_out_of_the_folder_are_refused_by_default(tmp_path):
 
     followed = {m.name: m for m in list_models(LocalDirectory(f.root, follow_links_outside=True))}
     assert followed["stray:latest"].usable and followed["away:latest"].usable
+
+
+# ---- what each model can take: inline encoders (Ollama's Gemma 4 tags) or a projector layer ----------
+
+FORMS = Path(__file__).resolve().parent / "fixtures" / "forms"
+
+
+def write_projector(path, vision: bool, audio: bool) -> bytes:
+    """A llama.cpp mmproj GGUF header (what an application/vnd.ollama.image.projector layer holds)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), arch="clip")
+    if vision:
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_string("clip.vision.projector_type", "gemma4v")
+    if audio:
+        w.add_bool("clip.has_audio_encoder", True)
+        w.add_string("clip.audio.projector_type", "gemma4a")
+    w.add_tensor("mm.input_projection.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path.read_bytes()
+
+
+def test_parts_from_inline_encoders_and_projector_layers(tmp_path):
+    f = Folder(tmp_path / "models")
+    ollama_blob = f.blob((FORMS / "ollama-dense.gguf").read_bytes(), M + "model")
+    llama_blob = f.blob((FORMS / "llamacpp-dense-fused-qkv.gguf").read_bytes(), M + "model")
+    f.manifest("gemma4:e2b", [ollama_blob, f.blob(b"You are a pirate.", M + "system")], {"model_family": "gemma4"})
+    f.manifest("gemma4:e2b-qat", [llama_blob, f.blob(write_projector(tmp_path / "p.gguf", True, True),
+                                                      M + "projector")], {"model_family": "gemma4"})
+    f.manifest("gemma4:12b", [llama_blob, f.blob(write_projector(tmp_path / "q.gguf", True, False),
+                                                  M + "projector")], {"model_family": "gemma4"})
+    f.manifest("gemma4:bad-proj", [llama_blob, f.blob(b"not a gguf at all" * 8, M + "projector")], {})
+    models = {m.name: m for m in list_models(f.root)}
+    m = models["gemma4:e2b"]
+    assert m.usable and m.parts == ("text", "vision", "audio") and m.projector is None
+    assert m.converter.startswith("Ollama's converter") and m.system == "You are a pirate."
+    m = models["gemma4:e2b-qat"]
+    assert m.usable and m.parts == ("text", "vision", "audio") and m.projector is not None
+    assert m.converter.startswith("llama.cpp's converter")
+    assert models["gemma4:12b"].parts == ("text", "vision")
+    m = models["gemma4:bad-proj"]
+    assert m.usable and m.parts == ("text",) and "projector blob" in m.warnings[0]

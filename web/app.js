@@ -129,12 +129,18 @@ async function boot() {
 }
 
 // ---------------------------------------------------------------- choosing a model
+// What a model can take, in words: its file may hold image and audio encoders this app does not run yet.
+function takes(parts) {
+  const extra = (parts || []).filter((p) => p !== "text").map((p) => (p === "vision" ? "images" : p));
+  return extra.length ? `Takes text here (its ${extra.join(" and ")} encoder${extra.length > 1 ? "s are" : " is"} in ` +
+    "the file; this app reads text only so far)" : "Takes text";
+}
 function describe(m) {
   const gib = (m.bytes / 2 ** 30).toFixed(m.bytes < 2 ** 30 ? 3 : 2);
   const tag = m.test_model ? ' <span class="badge">test model: random weights, it talks nonsense</span>' : "";
   return `<div class="info"><strong>${escapeHtml(m.name)}</strong>${tag}<br>` +
     `${escapeHtml(m.quantization)} · ${escapeHtml(m.parameter_size)} parameters · ${gib} GiB<br>` +
-    `<small>${escapeHtml(m.config)}</small></div>`;
+    `<small>${escapeHtml(m.config)}</small><br><small class="parts">${escapeHtml(takes(m.parts))}</small></div>`;
 }
 
 async function afterOpen(r, source) {
@@ -148,6 +154,11 @@ async function afterOpen(r, source) {
   showDiffusionSettings(r.model);
   if (r.params) applyModelDefaults(r.params);
   if (r.suggested) suggestSettings(r.suggested);
+  if (r.system && !state.chat.system) {   // the Ollama manifest's system prompt, for a conversation without one
+    state.chat.system = r.system;
+    showSettings();
+    saveChat();
+  }
   await showPlan();
   await loadModel();
 }
@@ -335,8 +346,10 @@ async function openFolder(handle) {
     b.className = "model";
     b.disabled = !m.usable;
     b.dataset.usable = m.usable ? "yes" : "";   // updateButtons keeps an unusable model's button disabled
+    const media = (m.parts || []).filter((p) => p !== "text").map((p) => (p === "vision" ? "image" : p));
     b.innerHTML = `<strong>${escapeHtml(m.name)}</strong> <small>${escapeHtml(m.parameters || "")} ` +
-      `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB</small>` +
+      `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB` +
+      `${media.length ? ` · text, ${escapeHtml(media.join(", "))} in the file` : ""}</small>` +
       (m.usable ? "" : `<br><small class="why">${escapeHtml(m.why)}</small>`);
     b.onclick = () => openFolderModel(m.name);
     li.append(b);
