@@ -329,3 +329,34 @@ def test_info_names_the_converter_parts_and_layout():
     out = info("llamacpp-dense-fused-qkv")
     assert "llama.cpp's converter" in out and "attn_qkv" in out and "parts:         text\n" in out
     assert "never sampled" in info("gemma4-12b")
+
+
+def test_the_command_line_on_ollamas_files(tmp_path):
+    """logits, tokenize and generate on Ollama's own blobs, as on llama.cpp's."""
+    import subprocess
+    import sys
+
+    def pyapp(*args):
+        return subprocess.run([sys.executable, "-m", "pyapp", *map(str, args)], cwd=ROOT, capture_output=True,
+                              text=True, check=True, timeout=300).stdout
+    path = FORMS / "ollama-moe-published.gguf"
+    golden = np.load(path.with_suffix(".golden.npz"))
+    out = tmp_path / "l.npy"
+    pyapp("logits", path, "--tokens", ",".join(map(str, golden["tokens_1"].tolist())), "--out", out,
+          "--backend", "reference")
+    assert np.abs(np.load(out) - golden["logits_1"]).max() < 1e-3
+    text = "Hello <|channel> ꙮ"
+    ollama_ids = pyapp("tokenize", FORMS / "ollama-dense.gguf", "--text", text).split()
+    assert ollama_ids == pyapp("tokenize", FORMS / "llamacpp-dense-fused-qkv.gguf", "--text", text).split()
+    # generate: the chat format without a template in the file, the reference's greedy tokens
+    from pyapp.chat import render_ids, style_for
+    from pyapp.gguf import read_gguf, summarize
+    from pyapp.reference.forward import ReferenceModel
+    from pyapp.tokenizer import Tokenizer
+    g = read_gguf(FORMS / "ollama-dense.gguf")
+    tok = Tokenizer.from_metadata(g.metadata)
+    ids = render_ids(tok, [{"role": "user", "content": "Hi"}], style=style_for(g.metadata, summarize(g)["n_elements"]))
+    want = tok.decode(ReferenceModel(g).generate_greedy(ids, 4))
+    got = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "Hi", "--max-tokens", "4", "--temperature", "0",
+                "--backend", "reference")
+    assert want and want in got
