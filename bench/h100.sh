@@ -156,13 +156,22 @@ step_setup() {
         xz -dc .carry/base/vocab.gguf.xz > "$W/vocab.gguf" || return 1
         touch "$W/.base"
     fi
-    if [ -d .carry/node ] && [ ! -f "$W/.node" ]; then
-        log "setup: node, Pyodide, Dawn"
+    # .carry/node's three parts may come in separate calls (the working tree and both carries exceed one
+    # call's 64 MiB): node.xz in .carry/node or .carry/nodebin; each part is unpacked once, when it comes
+    if [ ! -f "$W/.node" ]; then
         mkdir -p "$W/bin" "$W/pyodide" "$W/webgpu"
-        xz -dc .carry/node/node.xz > "$W/bin/node" && chmod +x "$W/bin/node" || return 1
-        tar -xJf .carry/node/pyodide.tar.xz -C "$W/pyodide" || return 1
-        tar -xJf .carry/node/webgpu.tar.xz -C "$W/webgpu" || return 1
-        touch "$W/.node"
+        for f in .carry/node/node.xz .carry/nodebin/node.xz; do
+            if [ -f "$f" ] && [ ! -x "$W/bin/node" ]; then
+                log "setup: node"
+                xz -dc "$f" > "$W/bin/node.part" && chmod +x "$W/bin/node.part" && mv "$W/bin/node.part" "$W/bin/node" || return 1
+            fi
+        done
+        if [ -f .carry/node/pyodide.tar.xz ] && [ ! -f "$W/.pyodide" ]; then
+            log "setup: Pyodide, Dawn"
+            tar -xJf .carry/node/pyodide.tar.xz -C "$W/pyodide" && touch "$W/.pyodide" || return 1
+            tar -xJf .carry/node/webgpu.tar.xz -C "$W/webgpu" || return 1
+        fi
+        [ -x "$W/bin/node" ] && [ -f "$W/.pyodide" ] && touch "$W/.node"
     fi
     [ -f "$W/.base" ] || { log "setup: .carry/base was not carried (bash bench/carry.sh, then carry it)"; return 1; }
     if [ ! -f "$W/.versions" ]; then

@@ -48,7 +48,8 @@ def main() -> int:
                          "(K.ResidualInput, as a decode step's first matvec after an add), by --tpr / --chunk-tpr "
                          "and --chunk-wg")
     ap.add_argument("--geglu", action="store_true", help="ROWS outputs of a gate|up matrix of 2 ROWS rows (GeGLU)")
-    ap.add_argument("--int8", action="store_true", help="the Q4_K chunk kernels also on x rounded to int8 (int8=True)")
+    ap.add_argument("--int8", action="store_true",
+                    help="the Q4_K chunk kernels and the int8 units (Q6_K, Q4_0, Q5_0, Q8_0) also on x rounded to int8")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     args = ap.parse_args()
@@ -86,9 +87,9 @@ def main() -> int:
                             for g in args.chunk_wg if t <= g and k // 32 >= t and k <= 24 * g for i in int8s]
             elif normed is not None:     # the generic kernel, a workgroup of 256 (the engine's)
                 variants = [dict(tpr=t, chunks=False, residual=normed) for t in args.tpr]
-                if args.int8 and q in ("q6_k",):       # its int8 units
+                if args.int8 and ggml.lookup(q).id in K.INT8_UNIT_TYPES:       # its int8 units
                     variants += [dict(tpr=t, chunks=False, residual=normed, int8=True) for t in args.tpr]
-            elif args.int8 and q in ("q6_k",):
+            elif args.int8 and ggml.lookup(q).id in K.INT8_UNIT_TYPES:
                 variants += [dict(tpr=t, chunks=False, int8=True) for t in args.tpr]
             elif q == "q4_k":            # the 16-byte chunk kernel (matvec_q4k*.wgsl) by threads per row and workgroup
                 variants += [dict(tpr=t, wg=g, chunks=True, probe=p, int8=i) for t in args.chunk_tpr

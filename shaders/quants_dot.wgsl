@@ -29,6 +29,31 @@ fn dot32_q8_0(rowbase: u32, u: u32) -> f32 {
     return f16at(bb) * acc;
 }
 
+// Q4_0 / Q5_0: a unit is a whole block (18 / 22 bytes); low nibbles of word j are weights 4j .. 4j + 3,
+// high nibbles 16 + 4j .. (nib4's order)
+fn dot32_q4_0(rowbase: u32, u: u32) -> f32 {
+    let bb = rowbase + u * 18u;
+    var acc = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        let q = bytes4(rd32(bb + 2u + 4u * j));
+        acc += (vec4<f32>(q & vec4<u32>(15u)) - 8.0) * xv(u * 8u + j);
+        acc += (vec4<f32>(q >> vec4<u32>(4u)) - 8.0) * xv(u * 8u + 4u + j);
+    }
+    return f16at(bb) * xsum(acc);
+}
+
+fn dot32_q5_0(rowbase: u32, u: u32) -> f32 {
+    let bb = rowbase + u * 22u;
+    let qh = rd32(bb + 2u);
+    var acc = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        let q = bytes4(rd32(bb + 6u + 4u * j));
+        acc += (vec4<f32>((q & vec4<u32>(15u)) | hi4(qh, j)) - 16.0) * xv(u * 8u + j);
+        acc += (vec4<f32>((q >> vec4<u32>(4u)) | hi4(qh, 4u + j)) - 16.0) * xv(u * 8u + 4u + j);
+    }
+    return f16at(bb) * xsum(acc);
+}
+
 // Q4_K: sub-block s = u % 8 of a 144-byte block: w = d * sc * q - dmin * m
 fn dot32_q4_k(rowbase: u32, u: u32) -> f32 {
     let bb = rowbase + (u >> 3u) * 144u;

@@ -379,7 +379,8 @@ def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
     assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
-@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "toy-moe-1-layer"])
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "fixture-dense-q8_0", "toy-dense-q4_0",
+                                   "toy-moe-1-layer"])
 def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     """One-token steps (chunk 1) multiply Q4_K weights by x rounded to int8 per 32 (matvec_q4k_x8.wgsl;
     the expert matvec too where the device has subgroups; Q6_K's units on a head's rows, here every
@@ -394,7 +395,13 @@ def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
         path = FIXTURES / "gemma4-dense-q4_k.gguf"
     elif model == "fixture-dense-q6_k":
         path = FIXTURES / "gemma4-dense-q6_k.gguf"
-        monkeypatch.setattr(K, "INT8_Q6K_MIN_ROWS", 0)
+        monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q6_K, 0)
+    elif model == "fixture-dense-q8_0":             # Q8_0's int8 units, every matrix
+        path = FIXTURES / "gemma4-dense-q8_0.gguf"
+    elif model == "toy-dense-q4_0":                 # Q4_0's (QAT files)
+        path = tmp_path / "q4_0.gguf"
+        load_tool("make_bench_model").write("tiny", load_tool("make_bench_model").T["Q4_0"], str(path), seed=1,
+                                            layers=1)
     else:
         path = tmp_path / "moe.gguf"
         load_tool("make_bench_model").write("tiny-moe", load_tool("make_bench_model").T["Q4_K"], str(path), seed=1,

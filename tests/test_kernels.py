@@ -182,19 +182,24 @@ def test_matvec_q4k_int8(dev, blocks, tpr, wg, subgroups):
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(gate) * b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
-@pytest.mark.parametrize("blocks,tpr", [(1, None), (3, 8), (11, None), (11, 64)])
+@pytest.mark.parametrize("qtype,blocks,tpr", [("q6_k", 1, None), ("q6_k", 3, 8), ("q6_k", 11, None), ("q6_k", 11, 64),
+                                               ("q4_0", 1, None), ("q4_0", 7, 16), ("q5_0", 3, None), ("q5_0", 11, 64),
+                                               ("q8_0", 1, 4), ("q8_0", 7, None)])
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
-def test_matvec_q6k_int8(dev, blocks, tpr, subgroups):
-    """The Q6_K 32-weight units on x rounded to int8 (quants_dot_x8.wgsl): W dequantized times x as
-    rounded to int8 (float rounding only: Q6_K has no min term), within int8's rounding of the f32
-    product; GeGLU; and with the input built from a pending residual add (K.ResidualInput)."""
+def test_matvec_int8_units(dev, qtype, blocks, tpr, subgroups):
+    """The 32-weight units on x rounded to int8 (quants_dot_x8.wgsl: Q6_K, and Q4_0 / Q5_0 / Q8_0 a block a
+    unit): W dequantized times x as rounded to int8 (float rounding only: these types have no min term),
+    within int8's rounding of the f32 product; GeGLU; and with the input built from a pending residual
+    add (K.ResidualInput). Rows of 256 x blocks weights (odd counts of 32-weight blocks: 8 x blocks)."""
     from pyapp.reference.quants import quantize_activations_q8
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
     rng = np.random.default_rng(300 + blocks)
     n, k = 37, 256 * blocks
-    raw = random_tensor("q6_k", 2 * n, k, rng)
-    w = dequantize("q6_k", raw, 2 * n, k)
+    if qtype != "q6_k":
+        k -= 32 * (blocks % 2)                  # an odd number of blocks of 32
+    raw = random_tensor(qtype, 2 * n, k, rng)
+    w = dequantize(qtype, raw, 2 * n, k)
 
     def rounded(v):
         q, d, _ = quantize_activations_q8(np.asarray(v, np.float32)[None])
@@ -203,20 +208,20 @@ def test_matvec_q6k_int8(dev, blocks, tpr, subgroups):
     x[:32] = 0.0
     y = dev.buffer(4 * 2 * n)
     opts = dict(subgroups=subgroups, tpr=tpr, int8=True)
-    dev.submit(K.matvec(dev, "q6_k", k, 2 * n, weight_buffer(dev, raw), f32(dev, x), y, **opts))
+    dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), f32(dev, x), y, **opts))
     got = read_f32(dev, y, 2 * n)
     assert_close_dot(got, w, x, w @ rounded(x))
     assert_close_dot(got, w, x, w @ x, tol=1e-2)
     assert np.abs(got - w @ x).max() > 1e-4 * np.abs(w @ x).max()
     want = w @ rounded(x)
-    dev.submit(K.matvec(dev, "q6_k", k, n, weight_buffer(dev, raw), f32(dev, x), y, geglu=True, **opts))
+    dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), f32(dev, x), y, geglu=True, **opts))
     np.testing.assert_allclose(read_f32(dev, y, n), gelu_tanh(want[:n]) * want[n:], rtol=1e-4,
                                atol=1e-4 * np.abs(want[n:]).max())
     if k <= 24 * 256:
         ysub, resid, pw = (rng.standard_normal(k).astype(np.float32) for _ in range(3))
         r = resid + rms_norm(ysub[None], pw, 1e-6)[0]
         res = K.ResidualInput(f32(dev, ysub), f32(dev, resid), dev.buffer(4 * k), f32(dev, pw))
-        dev.submit(K.matvec(dev, "q6_k", k, 2 * n, weight_buffer(dev, raw), None, y, residual=res, **opts))
+        dev.submit(K.matvec(dev, qtype, k, 2 * n, weight_buffer(dev, raw), None, y, residual=res, **opts))
         assert_close_dot(read_f32(dev, y, 2 * n), w, r, w @ rounded(r), tol=1e-4)
 
 
@@ -226,11 +231,12 @@ def test_int8_matvec_where_it_exists(dev):
     raw = random_tensor("q5_k", 4, 256, np.random.default_rng(0))
     with pytest.raises(ValueError, match="int8"):
         K.matvec(dev, "q5_k", 256, 4, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(16), int8=True)
+    assert not K.int8_matvec(dev, "q5_k") and not K.int8_matvec(dev, "f16")
     raw = random_tensor("q5_0", 8, 64, np.random.default_rng(0))
     with pytest.raises(ValueError, match="int8"):
         K.moe_experts(dev, "q5_0", 64, 2, 2, 1, weight_buffer(dev, raw), f32(dev, np.ones(64)), dev.buffer(16),
                       f32(dev, [0.0]), step_buffer(dev, 1), 1, geglu=True, int8=True)
-    assert K.int8_matvec(dev, "q4_k") and not K.int8_matvec(dev, "q6_k") and not K.int8_matvec(dev, "q5_0")
+    assert K.int8_matvec(dev, "q4_k") and not K.int8_matvec(dev, "q6_k") and K.int8_matvec(dev, "q5_0")
     assert K.int8_matvec(dev, "q6_k", rows=262144) and not K.int8_matvec(dev, "q6_k", experts=True, rows=262144)
     assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_0", experts=True, geglu=True)
 

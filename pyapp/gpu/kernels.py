@@ -23,9 +23,9 @@ MAX_GROUPS = 65535
 # ggml types with a dq4_<name> in shaders/quants.wgsl, and those with a dot32_<name> in quants_dot.wgsl
 KERNEL_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16, ggml.Q8_0, ggml.Q4_0, ggml.Q4_1, ggml.Q5_0,
                           ggml.Q5_1, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K, ggml.MXFP4})
-DOT32_TYPES = frozenset({ggml.Q8_0, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})
+DOT32_TYPES = frozenset({ggml.Q4_0, ggml.Q5_0, ggml.Q8_0, ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})
 UNIT_TYPES = frozenset({ggml.Q4_K, ggml.Q5_K, ggml.Q6_K})    # where matvec's 32-weight units are faster (see matvec)
-INT8_UNIT_TYPES = frozenset({ggml.Q6_K})     # with a dot32_<type>_x8 in quants_dot_x8.wgsl
+INT8_UNIT_TYPES = frozenset({ggml.Q4_0, ggml.Q5_0, ggml.Q8_0, ggml.Q6_K})   # a dot32_<type>_x8 in quants_dot_x8.wgsl
 
 
 # ---- shared with the shaders -----------------------------------------------------
@@ -268,7 +268,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
         return plan.dispatch(p, bg, *groups(workgroups))
     if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
-        raise ValueError("int8 x is for the Q4_K chunk matvec and the Q6_K units only")
+        raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
     # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
     # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
     # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
@@ -315,8 +315,10 @@ Q4K_THREADS = 65536
 # --gpu-time, H100, 2026-11-26): 262144 x 1536 355 us against 493 for f32 units; on the layers'
 # matrices the rounding of x per workgroup costs more than the integer dots save (2048 x 2816: 14.1 us
 # against 11.0; 1536 x 6144: 19.2 against 15.1; with a residual input 21.5 against 21.1).
-INT8_Q6K_MIN_ROWS = 65536
 INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
+# The matrices (by rows) where the int8 units beat f32 x, per type (Q4_0, Q5_0, Q8_0: every dense one,
+# bench/RESULTS.md, eleventh session).
+INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0, ggml.Q5_0: 0, ggml.Q8_0: 0}
 
 
 def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
@@ -326,9 +328,9 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
     t = quant_type(qtype)
     if t == ggml.Q4_K:
         return dev.has_subgroups or not experts
-    if t in INT8_UNIT_TYPES:
-        return not experts and rows >= INT8_Q6K_MIN_ROWS
-    return experts and not geglu and t in _B32_TYPE
+    if experts:
+        return not geglu and t in _B32_TYPE
+    return t in INT8_UNIT_TYPES and rows >= INT8_UNIT_MIN_ROWS[t]
 
 
 def q4k_x_prelude(int8: bool) -> str:
