@@ -7,7 +7,8 @@ transformers' (tests/fixtures/diffusion-tiny.golden.npz: step 0, self-conditione
 a committed block); a generation with transformers' random draws injected reproduces its every decision
 (tests/fixtures/diffusion-tiny.generate.npz, as tests/test_diffusion_generate.py replays it); a reply is shown
 denoising step by step and committed block by block, the same text as the native engine's for the seed; Stop ends
-a reply between steps. A screenshot of a reply being denoised goes to test-artifacts/.
+a reply between steps; the undamped tiny model (issue 25), opened after it, matches transformers on a self-
+conditioned step. A screenshot of a reply being denoised goes to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -95,13 +96,13 @@ def test_loads_with_its_own_sampler_settings(page):
     page.click("#new-chat")
 
 
-def page_logits(page, i):
-    prev, block = GOLDEN[f"prev_{i}"], GOLDEN[f"block_{i}"]
-    r = call(page, "diffusion_logits", json.dumps(GOLDEN[f"prompt_{i}"].tolist()),
-             json.dumps(GOLDEN[f"canvas_{i}"].tolist()), json.dumps(prev.tolist() if len(prev) else None),
+def page_logits(page, i, golden=GOLDEN):
+    prev, block = golden[f"prev_{i}"], golden[f"block_{i}"]
+    r = call(page, "diffusion_logits", json.dumps(golden[f"prompt_{i}"].tolist()),
+             json.dumps(golden[f"canvas_{i}"].tolist()), json.dumps(prev.tolist() if len(prev) else None),
              json.dumps([block.tolist()] if len(block) else []))
     assert "error" not in r, r
-    got, want = np.array(r["rows"], dtype=np.float32), GOLDEN[f"logits_{i}"]
+    got, want = np.array(r["rows"], dtype=np.float32), golden[f"logits_{i}"]
     assert got.shape == want.shape == (16, 512)
     return got, want
 
@@ -199,6 +200,20 @@ def test_stop_ends_a_reply_between_steps(page):
     assert seen <= stats["denoise"]["steps"] <= seen + 2 < 400
     assert "stopped" in page.inner_text(".msg.assistant:last-child .meta")
     page.click("#reset-settings")
+
+
+def test_self_conditioned_step_of_the_undamped_model(page, tmp_path):
+    """The undamped tiny DiffusionGemma (issue 25: tools/make_diffusion_fixture.py --undamped, its self-conditioning
+    signal as large as the embedding), opened in the same page: one self-conditioned step after a prompt past the
+    window and a committed block matches transformers (tests/fixtures/diffusion-undamped.golden.npz, case 3)."""
+    path = tmp_path / "diffusion-undamped.gguf"
+    load_tool("convert_diffusion_gemma").convert(FIXTURES / "diffusion-undamped-hf", path, "f32", vocab=VOCAB,
+                                                 log=lambda _msg: None)
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    got, want = page_logits(page, 3, np.load(FIXTURES / "diffusion-undamped.golden.npz"))
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(got - want).max() <= 1e-3
 
 
 def test_no_page_errors_or_policy_violations(page):

@@ -2,6 +2,7 @@
 """Golden decoder-step logits of the tiny DiffusionGemma fixture, from transformers.
 
     /tmp/tfenv/bin/python tools/make_diffusion_golden.py [HF_DIR] [OUT.npz]
+    /tmp/tfenv/bin/python tools/make_diffusion_golden.py --undamped      # the undamped fixture's
 
 Loads tests/fixtures/diffusion-tiny-hf (made by tools/make_diffusion_fixture.py) in float32 (its bf16
 weights widen exactly, as tools/convert_diffusion_gemma.py --outtype f32 writes them) with eager
@@ -18,7 +19,10 @@ DynamicCache), then one decoder step over the canvas:
 Cases: 0 step 0 (no self-conditioning), prompt shorter than the window; 1 the same prompt and another
 canvas, self-conditioned on case 0's logits / t_max (as generate's second step is); 2 a prompt longer
 than the sliding window, step 0; 3 a prompt longer than the window and a committed block, self-
-conditioned. Output: tests/fixtures/diffusion-tiny.golden.npz. Needs torch and transformers (see
+conditioned. Output: tests/fixtures/diffusion-tiny.golden.npz. With --undamped, the same cases of
+tests/fixtures/diffusion-undamped-hf (tools/make_diffusion_fixture.py --undamped: nothing damped, so
+the self-conditioning signal is as large as the embedding and cases 1 and 3 check it) into
+tests/fixtures/diffusion-undamped.golden.npz. Needs torch and transformers (see
 tools/make_diffusion_fixture.py).
 """
 
@@ -33,6 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
 DEFAULT_OUT = ROOT / "tests" / "fixtures" / "diffusion-tiny.golden.npz"
+UNDAMPED_HF = ROOT / "tests" / "fixtures" / "diffusion-undamped-hf"
+UNDAMPED_OUT = ROOT / "tests" / "fixtures" / "diffusion-undamped.golden.npz"
 
 
 def step(model, prompt, canvas, prev=None, block=()):
@@ -55,10 +61,14 @@ def step(model, prompt, canvas, prev=None, block=()):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("hf_dir", nargs="?", default=str(DEFAULT_HF))
-    ap.add_argument("out", nargs="?", default=str(DEFAULT_OUT))
+    ap.add_argument("hf_dir", nargs="?", default=None)
+    ap.add_argument("out", nargs="?", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--undamped", action="store_true",
+                    help=f"defaults {UNDAMPED_HF.relative_to(ROOT)} and {UNDAMPED_OUT.relative_to(ROOT)}")
     args = ap.parse_args()
+    args.hf_dir = args.hf_dir or str(UNDAMPED_HF if args.undamped else DEFAULT_HF)
+    args.out = args.out or str(UNDAMPED_OUT if args.undamped else DEFAULT_OUT)
     import torch
     from transformers.models.diffusion_gemma import DiffusionGemmaForBlockDiffusion
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.hf_dir, dtype=torch.float32,

@@ -72,18 +72,21 @@ class DiffusionReference(ReferenceModel):
         cache.length += len(tokens)
         return cache
 
+    def self_conditioning_signal(self, prev_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(soft, s) of the previous logits [C, vocab]: the soft embeddings softmax(L) @ embed * sqrt(hidden)
+        and the MLP's signal s added to the canvas embedding (the GPU's state.soft and state.self_cond)."""
+        cfg, w = self.cfg, self.w
+        z = np.asarray(prev_logits, dtype=np.float32)
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)                      # over the full vocabulary, f32
+        soft = (p @ w.token_embd) * self.embed_scale
+        n = rms_norm(soft, w.self_cond_pre_norm, cfg.eps)
+        return soft, (gelu_tanh(n @ w.self_cond_gate.T) * (n @ w.self_cond_up.T)) @ w.self_cond_down.T
+
     def self_conditioning(self, embedded: np.ndarray, prev_logits: np.ndarray | None) -> np.ndarray:
         """The decoder's input: rms(embedded + self-conditioning signal of the previous logits)."""
-        cfg, w = self.cfg, self.w
-        s = np.zeros_like(embedded)
-        if prev_logits is not None:
-            z = np.asarray(prev_logits, dtype=np.float32)
-            p = np.exp(z - z.max(axis=-1, keepdims=True))
-            p /= p.sum(axis=-1, keepdims=True)                  # over the full vocabulary, f32
-            soft = (p @ w.token_embd) * self.embed_scale
-            n = rms_norm(soft, w.self_cond_pre_norm, cfg.eps)
-            s = (gelu_tanh(n @ w.self_cond_gate.T) * (n @ w.self_cond_up.T)) @ w.self_cond_down.T
-        return rms_norm(embedded + s, None, cfg.eps)
+        s = np.zeros_like(embedded) if prev_logits is None else self.self_conditioning_signal(prev_logits)[1]
+        return rms_norm(embedded + s, None, self.cfg.eps)
 
     def decode(self, canvas, cache: KVCache, prev_logits: np.ndarray | None = None) -> np.ndarray:
         """One denoising step's logits [len(canvas), vocab] float32 (softcap applied); the cache is only read."""
