@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 
@@ -106,16 +107,9 @@ def cmd_tokenize(args) -> int:
 
 
 def _token_ids(text: str, vocab: int, what: str = "token") -> list[int]:
-    """Comma-separated ids, each checked against the vocabulary (ConfigError names the bad one)."""
-    from .model.config import ConfigError
-    try:
-        ids = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError as e:
-        raise ConfigError(f"{what} ids must be comma-separated integers: {e}") from e
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise ConfigError(f"{what} id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-    return ids
+    """Comma-separated ids in ASCII digits, each inside the vocabulary (InputError names the bad one)."""
+    from .inputs import token_ids
+    return token_ids(text, vocab, what)
 
 
 def cmd_logits(args) -> int:
@@ -136,16 +130,15 @@ def cmd_logits(args) -> int:
 def cmd_diffusion_logits(args) -> int:
     """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
     import numpy as np
-    from .model.config import ConfigError, DiffusionGemmaConfig
+    from .model.config import DiffusionGemmaConfig
     gguf = _open(args.model)
     cfg = DiffusionGemmaConfig.from_gguf(gguf)
     prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
     canvas = _token_ids(args.canvas_tokens, cfg.vocab_size, "canvas token")
     prev = None
-    if args.prev_logits:
-        prev = np.load(args.prev_logits).astype(np.float32)
-        if prev.shape != (len(canvas), cfg.vocab_size):
-            raise ConfigError(f"--prev-logits holds {prev.shape}; this canvas needs ({len(canvas)}, {cfg.vocab_size})")
+    if args.prev_logits:                # a regular .npy of finite floats, its header checked before its data
+        from .inputs import load_logits
+        prev = load_logits(args.prev_logits, len(canvas), cfg.vocab_size)
     if args.backend == "reference":
         from .reference.diffusion import DiffusionReference
         logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
@@ -341,8 +334,10 @@ def cmd_finetune(args) -> int:
     config.check()
     g = _open(args.model)
     tok = _tokenizer(g)
-    with open(args.data, "rb") as f:
-        data = f.read()
+    from .inputs import read_file
+    from .train.data import MAX_DATA_BYTES
+    data = read_file(args.data, MAX_DATA_BYTES, "--data", "split the examples over smaller runs, or keep the most "
+                     "useful ones")
     ds = load_dataset(data, args.data, tok, config.seq_len, style=_chat_style(g), val_fraction=config.val_fraction,
                       seed=config.seed)
     st = ds.stats
@@ -381,10 +376,10 @@ def cmd_finetune(args) -> int:
 
 
 def _memory_args(p) -> None:
-    p.add_argument("--gpu-memory", type=float, metavar="MIB",
+    p.add_argument("--gpu-memory", type=_number, metavar="MIB",
                    help="GPU memory budget: what does not fit stays in the file (the per-layer embedding "
                         "table, then experts, streamed into a cache); default: everything on the GPU")
-    p.add_argument("--expert-cache", type=float, metavar="MIB",
+    p.add_argument("--expert-cache", type=_number, metavar="MIB",
                    help="GPU memory for cached experts of a mixture-of-experts model (the rest stream from the file)")
     p.add_argument("--ple-in-file", action="store_true",
                    help="keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
@@ -402,7 +397,7 @@ def _memory_args(p) -> None:
 
 def _speculate_arg(p) -> None:
     from .sampling import MAX_SPECULATE
-    p.add_argument("--speculate", type=int, default=0, metavar="N",
+    p.add_argument("--speculate", type=_integer, default=0, metavar="N",
                    help=f"speculative decoding: draft up to N tokens (0-{MAX_SPECULATE}) by prompt lookup (the "
                         "tokens that followed the latest earlier occurrence of the last 3, 2 or 1 tokens) and check "
                         "them in one step: the greedy tokens (up to float rounding), faster where text repeats "
@@ -410,20 +405,51 @@ def _speculate_arg(p) -> None:
                         "--repeat-penalty != 1 (default 0: off)")
 
 
+def _number(text: str) -> float:
+    """A float option's value written in ASCII digits (pyapp.inputs.number: float() would take "1_0" and "٤").
+    nan, inf and 1e400 pass as floats: the option's own rule refuses them, naming its range (every float option
+    has one: sampling.RULES, trainer.RULES, DenoiseParams.validate, lora.check_user_scale, engine._mib)."""
+    from .inputs import InputError, number
+    try:
+        return number(text, finite=False)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _integer(text: str) -> int:
+    """An integer option's value in ASCII digits (pyapp.inputs.integer: int() would take "1_0" and "٤")."""
+    from .inputs import InputError, integer
+    try:
+        return integer(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that takes "-1e30", "-5e-3", "-.5" and "-inf" after an option as its value: stock argparse
+    sees only "-1" and "-1.5" as numbers and says "expected one argument" to the rest, so a negative scale in
+    exponent form never reached the check that says what is wrong with it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$",
+                                                   re.IGNORECASE)
+
+
 def _lora_args(p) -> None:
     p.add_argument("--lora", action="append", metavar="ADAPTER.gguf",
                    help="apply a LoRA adapter in llama.cpp's GGUF format (repeatable: adapters add up)")
-    p.add_argument("--lora-scale", action="append", type=float, metavar="S",
+    p.add_argument("--lora-scale", action="append", type=_number, metavar="S",
                    help="user scale of the adapter(s): delta = S * alpha / rank * B A (default 1; 0: off)")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
+    ap = _Parser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("info", help="architecture, hyperparameters, tensor/quant summary")
     p.add_argument("model")
-    p.add_argument("--context", type=int, default=None, help="context length the memory plan assumes")
+    p.add_argument("--context", type=_integer, default=None, help="context length the memory plan assumes")
     _memory_args(p)
     _lora_args(p)
     p.set_defaults(fn=cmd_info)
@@ -450,7 +476,7 @@ def main(argv=None) -> int:
     p.add_argument("--prev-logits", default=None, help=".npy of the previous step's processed logits [canvas, vocab]")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
-    p.add_argument("--context", type=int, default=None, help="context length (KV cache size)")
+    p.add_argument("--context", type=_integer, default=None, help="context length (KV cache size)")
     _memory_args(p)
     p.set_defaults(fn=cmd_diffusion_logits)
 
@@ -464,27 +490,27 @@ def main(argv=None) -> int:
             p.add_argument("--raw", action="store_true", help="no chat template")
         else:
             p.add_argument("--system", default=None)
-        p.add_argument("--max-tokens", type=int, default=256, help="-1: until a stop token or the context is full")
-        p.add_argument("--temperature", type=float, default=0.0)
-        p.add_argument("--top-k", type=int, default=base.top_k)
-        p.add_argument("--top-p", type=float, default=base.top_p)
-        p.add_argument("--min-p", type=float, default=base.min_p)
-        p.add_argument("--repeat-penalty", type=float, default=base.repeat_penalty)
-        p.add_argument("--repeat-last-n", type=int, default=base.repeat_last_n)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--max-tokens", type=_integer, default=256, help="-1: until a stop token or the context is full")
+        p.add_argument("--temperature", type=_number, default=0.0)
+        p.add_argument("--top-k", type=_integer, default=base.top_k)
+        p.add_argument("--top-p", type=_number, default=base.top_p)
+        p.add_argument("--min-p", type=_number, default=base.min_p)
+        p.add_argument("--repeat-penalty", type=_number, default=base.repeat_penalty)
+        p.add_argument("--repeat-last-n", type=_integer, default=base.repeat_last_n)
+        p.add_argument("--seed", type=_integer, default=0)
         _speculate_arg(p)
-        p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
+        p.add_argument("--context", type=_integer, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
         d = p.add_argument_group("DiffusionGemma (default: the model's settings)")
-        d.add_argument("--steps", type=int, default=None, help="most denoising steps per block")
-        d.add_argument("--t-min", type=float, default=None, help="temperature of the last step")
-        d.add_argument("--t-max", type=float, default=None, help="temperature of the first step")
-        d.add_argument("--entropy-bound", type=float, default=None,
+        d.add_argument("--steps", type=_integer, default=None, help="most denoising steps per block")
+        d.add_argument("--t-min", type=_number, default=None, help="temperature of the last step")
+        d.add_argument("--t-max", type=_number, default=None, help="temperature of the first step")
+        d.add_argument("--entropy-bound", type=_number, default=None,
                        help="accept the lowest-entropy positions while their summed entropy stays under this")
-        d.add_argument("--stability", type=int, default=None,
+        d.add_argument("--stability", type=_integer, default=None,
                        help="stop a block once its argmax has not changed for this many steps (and is confident)")
-        d.add_argument("--confidence", type=float, default=None,
+        d.add_argument("--confidence", type=_number, default=None,
                        help="stop a block once the mean entropy is below this (and it is stable)")
         _lora_args(p)
         p.set_defaults(fn=fn)
@@ -492,13 +518,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="prefill and decode tokens/s")
     p.add_argument("model")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--repeat", type=int, default=3, help="timed runs after the warm-up (medians are reported)")
+    p.add_argument("--prompt-tokens", type=_integer, default=128)
+    p.add_argument("--decode-tokens", type=_integer, default=64)
+    p.add_argument("--repeat", type=_integer, default=3, help="timed runs after the warm-up (medians are reported)")
     p.add_argument("--prompt-kind", choices=["random", "repeat"], default="random",
                    help="the prompt: random token ids, or a random block of 16 ids repeated (text that repeats)")
     _speculate_arg(p)
-    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--context", type=_integer, default=2048)
     p.add_argument("--backend", choices=["native"], default="native")
     _memory_args(p)
     _lora_args(p)
@@ -512,24 +538,24 @@ def main(argv=None) -> int:
     p.add_argument("--preset", choices=["quick", "thorough"], default="quick",
                    help="starting settings (quick: rank 8, 1 epoch, lr 2e-4, batch 4; thorough: rank 16, 3 "
                         "epochs, lr 1e-4, batch 8); the options below override them")
-    p.add_argument("--rank", type=int)
-    p.add_argument("--alpha", type=float)
+    p.add_argument("--rank", type=_integer)
+    p.add_argument("--alpha", type=_number)
     p.add_argument("--targets", help="projections to adapt: q,k,v,o,gate,up,down,ple_gate,ple_proj,router "
                                      "(router: a MoE model's; default q,k,v,o,gate,up,down)")
-    p.add_argument("--steps", type=int, help="updates (default: --epochs passes over the data)")
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--lr", type=float, help="peak learning rate (warmup, then cosine decay)")
-    p.add_argument("--batch", type=int, help="sequences per update")
-    p.add_argument("--seq-len", dest="seq_len", type=int, help="longest sequence in tokens (longer examples are cut)")
-    p.add_argument("--warmup", type=int, help="warmup updates (default: a tenth)")
-    p.add_argument("--weight-decay", dest="weight_decay", type=float)
-    p.add_argument("--max-grad-norm", dest="max_grad_norm", type=float, help="gradient clipping (0: off)")
-    p.add_argument("--val-fraction", dest="val_fraction", type=float, help="held-out share of the examples")
-    p.add_argument("--val-every", dest="val_every", type=int, help="updates between validation losses and checkpoints")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=_integer, help="updates (default: --epochs passes over the data)")
+    p.add_argument("--epochs", type=_number)
+    p.add_argument("--lr", type=_number, help="peak learning rate (warmup, then cosine decay)")
+    p.add_argument("--batch", type=_integer, help="sequences per update")
+    p.add_argument("--seq-len", dest="seq_len", type=_integer, help="longest sequence in tokens (longer examples are cut)")
+    p.add_argument("--warmup", type=_integer, help="warmup updates (default: a tenth)")
+    p.add_argument("--weight-decay", dest="weight_decay", type=_number)
+    p.add_argument("--max-grad-norm", dest="max_grad_norm", type=_number, help="gradient clipping (0: off)")
+    p.add_argument("--val-fraction", dest="val_fraction", type=_number, help="held-out share of the examples")
+    p.add_argument("--val-every", dest="val_every", type=_integer, help="updates between validation losses and checkpoints")
+    p.add_argument("--seed", type=_integer)
     p.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (default: OUT.ckpt)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint")
-    p.add_argument("--context", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--context", type=_integer, default=None, help=argparse.SUPPRESS)
     p.add_argument("--backend", choices=["native"], default="native")
     _memory_args(p)
     p.set_defaults(fn=cmd_finetune)
@@ -542,6 +568,7 @@ def main(argv=None) -> int:
         from .engine import EngineError
         from .gguf import GGUFError
         from .gpu import GPUError
+        from .inputs import InputError
         from .model.config import ConfigError
         from .model.lora import LoraError
         from .sampling import ParamError
@@ -550,7 +577,7 @@ def main(argv=None) -> int:
         from .train.data import DataError
         from .train.trainer import TrainError
         if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, LoraError, ParamError, SourceError,
-                          OSError, DenoiseError, TrainError, DataError, CheckpointError)):
+                          OSError, DenoiseError, TrainError, DataError, CheckpointError, InputError)):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

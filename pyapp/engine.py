@@ -46,8 +46,13 @@ DEFAULT_CHUNK = 512
 
 
 def _mib(n: float | None) -> int | None:
-    """MiB (fractions allowed: tests give tiny models tiny caches) -> bytes."""
-    return None if n is None else int(float(n) * 2**20)
+    """MiB (fractions allowed: tests give tiny models tiny caches) -> bytes; EngineError for a size that is
+    not a finite number of at least 0 (the CLI's --gpu-memory / --expert-cache and the page's field alike)."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n <= 1 << 40:   # NaN fails here too
+        raise EngineError(f"a GPU memory size must be a number of MiB from 0 to {1 << 40}, got {n!r}")
+    return int(n * 2**20)
 
 
 class EngineError(Exception):

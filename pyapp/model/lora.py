@@ -7,8 +7,12 @@ loads for a Gemma 4 model, and it computes the same thing:
 
 - metadata: general.type = "adapter", adapter.type = "lora", general.architecture = the
   base model's; adapter.lora.alpha, when present, a FLOAT32 (llama.cpp aborts on any other
-  type); r is read per pair, from lora_b.
-- tensors: `<base tensor name>.lora_a` (ggml ne [n_in, r]: numpy [r, n_in], PEFT's lora_A)
+  type) within +-MAX_ALPHA; r is read per pair, from lora_b.
+- numbers: every value of every pair finite and within +-MAX_VALUE, the user scale finite and
+  within +-MAX_USER_SCALE (check_user_scale: the CLI's --lora-scale and the page's slider alike).
+  llama.cpp takes anything here; a NaN or an overflow there turns every logit into NaN (here:
+  every logit the softcap's -30), so such a file or scale is refused with a message instead.
+- tensors: at least one pair; `<base tensor name>.lora_a` (ggml ne [n_in, r]: numpy [r, n_in], PEFT's lora_A)
   and `.lora_b` (ne [r, n_out]: numpy [n_out, r], PEFT's lora_B). Tensors named
   `*_norm.weight` are skipped (llama.cpp ignores them too); any other name, a half pair,
   a base tensor the model lacks or a shape that does not fit is an error naming the tensor.
@@ -26,6 +30,7 @@ Standard library only: the browser reads adapters with it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .. import ggml
@@ -35,6 +40,11 @@ from .weights import names
 
 F32_VALUE = 6             # GGUF metadata value type of a FLOAT32 (VALUE_TYPE_NAMES)
 ALPHA_KEY = "adapter.lora.alpha"
+# Bounds far beyond any trained adapter (alpha: our trainer's own limit; the scale: the page's slider), so
+# that what passes them stays finite in f32 rather than turning the logits into NaN
+MAX_ALPHA = 4096.0
+MAX_USER_SCALE = 100.0
+MAX_VALUE = 131072.0      # 2**17: |A| and |B| entries (f16's largest finite value, 65504, is below it)
 
 # LayerWeights fields llama.cpp's gemma4 graph multiplies through build_lora_mm: an adapter may target these
 ADAPTED = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "router",
@@ -55,6 +65,38 @@ PAIR_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16})
 
 class LoraError(ValueError):
     """The adapter is not a llama.cpp LoRA for this model; the message names the key or tensor."""
+
+
+def check_user_scale(value, what: str = "the LoRA scale") -> float:
+    """A user scale as a float: a finite number within +-MAX_USER_SCALE, else LoraError (1 applies the
+    adapter as trained, 0 turns it off)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and abs(value) <= MAX_USER_SCALE
+    if not ok:
+        raise LoraError(f"{what} must be a number from {-MAX_USER_SCALE:g} to {MAX_USER_SCALE:g}, got {value!r} "
+                        "(1 applies the adapter as trained, 0 turns it off)")
+    return value
+
+
+# the high byte of each value (its sign and top exponent bits) with the sign cleared
+_ABS_HIGH = bytes(b & 0x7F for b in range(256))
+
+
+def check_values(raw: bytes, ggml_type: int, name: str) -> None:
+    """LoraError unless every value of a stored F32, F16 or BF16 tensor is finite and within +-MAX_VALUE.
+    Read from each value's top byte (C-speed bytes operations, no numpy: this runs in the browser):
+    f32 and bf16 keep sign + 7 exponent bits there, and 0x47 or below means |v| < 2**17; f16 keeps sign,
+    5 exponent bits and 2 mantissa bits, and 0x7C or more is an all-ones exponent (inf, NaN)."""
+    step = 4 if ggml_type == ggml.F32 else 2
+    high = raw[step - 1::step].translate(_ABS_HIGH)
+    limit = 0x7B if ggml_type == ggml.F16 else 0x47
+    if high and max(high) > limit:
+        at = next(i for i, b in enumerate(high) if b > limit)
+        raise LoraError(f"LoRA tensor {name!r} holds a value that is NaN, infinite or beyond +-{MAX_VALUE:g} (at "
+                        f"index {at}); a trained adapter's values are small: the file is damaged, train or convert "
+                        "it again")
 
 
 @dataclass
@@ -148,7 +190,11 @@ def check_metadata(g: GGUFFile, arch: str = ARCH) -> float:
     if types.get(ALPHA_KEY) != F32_VALUE:
         raise LoraError(f"{ALPHA_KEY} is stored as {VALUE_TYPE_NAMES.get(types.get(ALPHA_KEY), '?')}; llama.cpp "
                         "requires FLOAT32 (it aborts on any other type): rewrite the adapter with an f32 alpha")
-    return float(meta[ALPHA_KEY])
+    alpha = float(meta[ALPHA_KEY])
+    if not (math.isfinite(alpha) and abs(alpha) <= MAX_ALPHA):
+        raise LoraError(f"{ALPHA_KEY} is {alpha!r}: it must be a finite number from {-MAX_ALPHA:g} to {MAX_ALPHA:g} "
+                        "(PEFT's lora_alpha, often twice the rank): the file is damaged, convert it again")
+    return alpha
 
 
 def _pairs(g: GGUFFile) -> tuple[dict, list]:
@@ -176,7 +222,12 @@ def bind_lora(g: GGUFFile, cfg, bound, user_scale: float = 1.0, arch: str = ARCH
     """The adapter in `g` checked against the model (cfg, bound = weights.bind(cfg, tensors)) and bound
     to its weight fields."""
     alpha = check_metadata(g, arch)
+    user_scale = check_user_scale(user_scale)
     pairs, skipped = _pairs(g)
+    if not pairs:
+        what = f"only {len(skipped)} norm tensor(s), which llama.cpp ignores" if skipped else "no tensors"
+        raise LoraError(f"the adapter holds {what}: no .lora_a/.lora_b pair to apply (an empty or unfinished "
+                        "adapter file?)")
     layer_of = {id(lw): lc.index for lc, lw in zip(cfg.layers, bound.layers)}
     where = {name: (layer_of.get(id(owner)), f_name, getattr(owner, f_name))
              for name, owner, f_name in names(cfg, bound)}
@@ -205,7 +256,10 @@ def bind_lora(g: GGUFFile, cfg, bound, user_scale: float = 1.0, arch: str = ARCH
                 raise LoraError(f"{t.name} is stored as {t.type_name}; adapters must be F32, F16 or BF16 "
                                 "(convert_lora_to_gguf.py --outtype f32)")
         targets.append(LoraTarget(base, layer, f_name, a, b))
-    return LoraAdapter(g, alpha, float(user_scale), targets, skipped, label)
+    for t in targets:                     # the values, once the names and shapes are right: before any upload
+        for info in (t.a, t.b):
+            check_values(g.source.read(info.offset, info.nbytes), info.type, info.name)
+    return LoraAdapter(g, alpha, user_scale, targets, skipped, label)
 
 
 def _missing_hint(cfg, name: str) -> str:

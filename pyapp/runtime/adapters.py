@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer, Device
 from ..gpu import kernels as K
+from ..model.lora import check_user_scale
 
 QKV_ROWS = {"attn_q": "q_row", "attn_k": "k_row", "attn_v": "v_row"}
 
@@ -71,9 +72,10 @@ class GpuAdapters:
         return sum(g.a.size + g.b.size for mine in self.slots for g in mine) + self.scales.size + self.grouped_bytes
 
     def set_scale(self, i: int, user_scale: float) -> None:
-        """Adapter i's user scale (0: off) for every later step; plans need no rebuild."""
+        """Adapter i's user scale (0: off) for every later step; plans need no rebuild. A scale that is not
+        finite or beyond +-MAX_USER_SCALE is a LoraError (pyapp.model.lora.check_user_scale)."""
         adapter = self.adapters[i]
-        adapter.user_scale = float(user_scale)
+        adapter.user_scale = check_user_scale(user_scale)
         for t, g in zip(adapter.targets, self.slots[i]):
             self.dev.write(g.scale[0], struct.pack("<f", adapter.scale(t)), g.scale[1])
 

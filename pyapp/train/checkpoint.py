@@ -114,8 +114,8 @@ def checkpoint_from_bytes(buf: bytes, name: str = "checkpoint") -> Checkpoint:
     try:
         header = json.loads(buf[_HEAD.size:_HEAD.size + n_header].decode("utf-8"))
         tensors = [(str(n), int(c)) for n, c in header["tensors"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{name} has a damaged header ({e})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise CheckpointError(f"{name} has a damaged header ({str(e)[:200]})") from None
     start = _HEAD.size + n_header
     need = start + 12 * sum(c for _, c in tensors)
     if len(buf) != need:
@@ -148,6 +148,10 @@ def checkpoint_from_bytes(buf: bytes, name: str = "checkpoint") -> Checkpoint:
                       header.get("log", []))
 
 
+MAX_CHECKPOINT_BYTES = 16 << 30      # rank 16 on every projection of a 31B model stays well below this
+
+
 def load_checkpoint(path) -> Checkpoint:
-    with open(path, "rb") as f:
-        return checkpoint_from_bytes(f.read(), str(path))
+    """A checkpoint file: a regular file (not a FIFO or a device) of at most MAX_CHECKPOINT_BYTES."""
+    from ..inputs import read_file
+    return checkpoint_from_bytes(read_file(path, MAX_CHECKPOINT_BYTES, "checkpoint"), str(path))

@@ -29,6 +29,12 @@ two or more) gives the validation loss.
     ds.stats.as_dict()          # counts for the app: examples, tokens, targets, cut, dropped
     order = epoch_order(len(ds.train), seed, epoch)
 
+Checked where it enters, the same for the CLI's --data and the page's file (issue 25): at most
+MAX_DATA_BYTES; each example (a JSONL line, a paragraph) at most MAX_EXAMPLE_CHARS characters; JSON
+nested at most MAX_DEPTH deep, integers of at most MAX_INT_DIGITS digits, no NaN or Infinity; every
+message's content text: a non-empty string, or text parts only (this app trains on text: an image
+or audio part is refused, not dropped). Anything else is a DataError naming the file and line.
+
 Standard library only (runs in Pyodide).
 """
 
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass, field
 
 from ..chat import END_TURN, TEMPLATE_STYLE, ChatStyle, content_parts, prompt_pieces, reply_ids, strip_thinking
@@ -44,6 +51,10 @@ ROLES = ("system", "user", "assistant")
 CHAT_EXTENSIONS = (".jsonl", ".json", ".ndjson")
 TEXT_EXTENSIONS = (".txt", ".text", ".md")
 DEFAULT_VAL_FRACTION = 0.1
+MAX_DATA_BYTES = 64 << 20         # tokens held as Python lists: a few hundred MB of heap past this
+MAX_EXAMPLE_CHARS = 1 << 20       # one example; training sees only its first seq_len (<= 32768) tokens
+MAX_DEPTH = 64                    # JSON nesting: a chat line needs 4 ({messages: [{content: [{...}]}]})
+MAX_INT_DIGITS = 100              # a JSON integer (Python refuses past 4300 digits, in its own words)
 
 
 class DataError(ValueError):
@@ -155,6 +166,68 @@ def read_paragraphs(text: str) -> list[tuple[int, str]]:
     return out
 
 
+def _check_size(text: str, where: str, what: str) -> None:
+    if len(text) > MAX_EXAMPLE_CHARS:
+        raise DataError(f"{where}: {what} of {len(text):,} characters; an example may have at most "
+                        f"{MAX_EXAMPLE_CHARS:,} (training uses only its first seq_len tokens): split it into "
+                        "several examples")
+
+
+class _Refused(ValueError):
+    """A JSON value parsed but refused (a huge integer, NaN): its message goes to the user as it is."""
+
+
+def _json_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {len(s.lstrip('-')):,} digits (at most {MAX_INT_DIGITS} are read)")
+    return int(s)
+
+
+def _json_float(s: str) -> float:
+    if len(s) > MAX_INT_DIGITS * 2:
+        raise _Refused(f"a number written with {len(s):,} characters (at most {MAX_INT_DIGITS * 2} are read)")
+    v = float(s)
+    if v in (float("inf"), float("-inf")):
+        raise _Refused(f"the number {s[:40]} is beyond a float's range")
+    return v
+
+
+def _json_constant(s: str):
+    raise _Refused(f"{s} is not a JSON number (JSON has no NaN or Infinity)")
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _too_deep(line: str) -> bool:
+    """Whether the line's arrays and objects nest more than MAX_DEPTH deep (brackets inside strings do not
+    count): json.loads recurses once per level, and deep enough it runs out of stack (RecursionError; in the
+    browser, possibly worse), so such a line is refused before it is parsed."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for ch in _BRACKET.findall(_JSON_STRING.sub("", line)):
+        depth += 1 if ch in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
+
+
+def parse_json_line(line: str, where: str):
+    """One JSONL line's value, or a DataError saying what is wrong with it."""
+    if _too_deep(line):
+        raise DataError(f"{where}: JSON nested more than {MAX_DEPTH} levels deep (a chat line needs 4)")
+    try:
+        return json.loads(line, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except _Refused as e:
+        raise DataError(f"{where}: {e}") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply (a chat line needs 4 levels)") from None
+
+
 def read_jsonl(text: str, name: str = "data") -> list[tuple[int, object]]:
     """(line, messages list or plain-text str) for each non-blank line, checked; DataError otherwise."""
     out = []
@@ -162,19 +235,24 @@ def read_jsonl(text: str, name: str = "data") -> list[tuple[int, object]]:
         if not line.strip():
             continue
         where = f"{name} line {n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        _check_size(line, where, "a line")
+        obj = parse_json_line(line, where)
         if not isinstance(obj, dict):
             raise DataError(f"{where}: expected an object like {{\"messages\": [...]}}, got {type(obj).__name__}")
         if "messages" in obj:
             out.append((n, _checked_messages(obj["messages"], where)))
         elif isinstance(obj.get("text"), str):
+            if not obj["text"].strip():
+                raise DataError(f"{where}: \"text\" is empty: give the example's text, or remove the line")
             out.append((n, obj["text"]))
         else:
             raise DataError(f"{where}: no \"messages\" list (or \"text\" string); keys are {sorted(obj)[:5]}")
     return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _checked_messages(messages, where: str) -> list[dict]:
@@ -186,13 +264,27 @@ def _checked_messages(messages, where: str) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             hint = " (use \"assistant\" for the model's replies)" if role == "model" else ""
-            raise DataError(f"{where}: message {i + 1} has role {role!r}; roles are "
+            raise DataError(f"{where}: message {i + 1} has role {_short(role)}; roles are "
                             f"{', '.join(ROLES)}{hint}")
         content = m.get("content")
         if not (isinstance(content, str) or (isinstance(content, list) and all(isinstance(p, dict)
                                                                                 for p in content))):
             raise DataError(f"{where}: message {i + 1} ({role}) has no text content: \"content\" must be a "
                             "string or a list of {\"type\": \"text\", \"text\": ...} parts")
+        if isinstance(content, list):
+            for j, p in enumerate(content):
+                if p.get("type") != "text":
+                    raise DataError(f"{where}: message {i + 1} ({role}), part {j + 1} is of type "
+                                    f"{str(p.get('type'))[:40]!r}: fine-tuning here trains on text only (remove "
+                                    "image and audio parts, or the example)")
+                if not isinstance(p.get("text"), str):
+                    raise DataError(f"{where}: message {i + 1} ({role}), part {j + 1} has no text: a text part is "
+                                    "{\"type\": \"text\", \"text\": \"...\"} with a string")
+        text = "".join(content_parts(content))
+        if not (strip_thinking(text) if role == "assistant" else text).strip():
+            raise DataError(f"{where}: message {i + 1} ({role}) is empty: give it text, or remove it"
+                            + (" (a reply of only a thought channel trains nothing)" if role == "assistant"
+                               and text.strip() else ""))
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where}: no assistant turn: a chat example trains on the assistant's replies")
     return messages
@@ -237,6 +329,8 @@ def tokenize_text(tokenizer, text: str) -> tuple[list, list]:
 def read_examples(data, name: str, tokenizer, style: ChatStyle = TEMPLATE_STYLE, fmt: str = "auto",
                   thinking: bool = False) -> tuple[str, list[Example]]:
     """(format, [Example]) of a training file's bytes or text."""
+    if len(data) > MAX_DATA_BYTES:
+        raise DataError(f"{name} is {len(data) / 2**20:,.0f} MiB: training files are at most {MAX_DATA_BYTES >> 20} MiB")
     text = decode_text(data, name)
     if not text.strip():
         raise DataError(f"{name} is empty: no training examples")
@@ -244,6 +338,9 @@ def read_examples(data, name: str, tokenizer, style: ChatStyle = TEMPLATE_STYLE,
     if fmt not in ("chat", "text"):
         raise ValueError(f"format {fmt!r}: expected 'chat', 'text' or 'auto'")
     items = read_jsonl(text, name) if fmt == "chat" else read_paragraphs(text)
+    if fmt == "text":
+        for line, paragraph in items:
+            _check_size(paragraph, f"{name} line {line}", "a paragraph")
     if not items:
         raise DataError(f"{name} has no training examples")
     out = []

@@ -20,25 +20,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..sampling import ParamError, Rule
+from ..inputs import number
+from ..sampling import ParamError
 from .adapter_out import DEFAULT_TARGETS, TARGETS, parse_targets
-from .data import load_dataset
-from .trainer import MAX_LOSS_SLOTS, PRESETS, TrainConfig, Trainer, TrainError
+from .data import MAX_DATA_BYTES, load_dataset
+from .trainer import PRESETS, RULES, TrainConfig, Trainer, TrainError
 
-MAX_DATA_BYTES = 64 << 20       # tokens held as Python lists: a few hundred MB of heap past this
-MAX_RANK = 16                   # what TrainConfig.check takes
+MAX_RANK = RULES["rank"].hi
 
-# the panel's number fields: (TrainConfig field, label, rule); the page's ids are "ft_" + the key
-FIELDS = {
-    "rank": ("rank", "Rank", Rule(1, MAX_RANK, integer=True, note="the adapter's size: 8 or 16 is usual")),
-    "alpha": ("alpha", "Alpha", Rule(0, 4096, above_lo=True, note="scale = alpha / rank; often twice the rank")),
-    "lr": ("lr", "Learning rate", Rule(0, 0.1, above_lo=True, note="2e-4 is usual for LoRA")),
-    "steps": ("steps", "Steps", Rule(1, 1_000_000, integer=True, note="empty: as many as the epochs take")),
-    "epochs": ("epochs", "Epochs", Rule(0, 1000, above_lo=True, note="passes over the training examples")),
-    "batch": ("batch", "Batch", Rule(1, MAX_LOSS_SLOTS, integer=True, note="examples per update")),
-    "seq_len": ("seq_len", "Sequence length", Rule(8, 32768, integer=True,
-                                                   note="tokens per example; longer ones are cut")),
-}
+# the panel's number fields: (TrainConfig field, label, rule); the page's ids are "ft_" + the key. The rules
+# are TrainConfig.check's own (pyapp.train.trainer.RULES): the CLI's options and the page take the same values.
+FIELDS = {key: (key, label, RULES[key]) for key, label in (
+    ("rank", "Rank"), ("alpha", "Alpha"), ("lr", "Learning rate"), ("steps", "Steps"), ("epochs", "Epochs"),
+    ("batch", "Batch"), ("seq_len", "Sequence length"))}
 TARGET_LABELS = {"q": "attention query", "k": "attention key", "v": "attention value", "o": "attention output",
                  "gate": "MLP gate", "up": "MLP up", "down": "MLP down", "ple_gate": "per-layer input gate",
                  "ple_proj": "per-layer input projection", "router": "MoE router"}
@@ -74,8 +68,9 @@ def config_from_fields(fields: dict, context_length: int | None = None) -> Train
     """The TrainConfig the panel's fields ask for: {"preset", number fields (None or "" = the preset's),
     "targets": [names]}; FieldError names the first bad one."""
     preset = fields.get("preset") or "quick"
-    if preset not in PRESETS:
-        raise FieldError("preset", f"Unknown preset {preset!r}: choose {' or '.join(PRESETS)}.")
+    if not isinstance(preset, str) or preset not in PRESETS:
+        shown = repr(preset) if len(repr(preset)) <= 40 else repr(preset)[:37] + "..."
+        raise FieldError("preset", f"Unknown preset {shown}: choose {' or '.join(PRESETS)}.")
     changes = {}
     for key, (attr, label, rule) in FIELDS.items():
         value = fields.get(key)
@@ -84,13 +79,15 @@ def config_from_fields(fields: dict, context_length: int | None = None) -> Train
                 changes[attr] = None
             continue
         try:
-            value = float(value) if isinstance(value, str) else value
+            value = number(value, label) if isinstance(value, str) else value      # the CLI's rule for typed text
             changes[attr] = rule.check(label, value)
         except (ValueError, ParamError):
             raise FieldError(key, f"{label} must be {rule.describe()}.") from None
     targets = fields.get("targets")
     if targets is not None:
         try:
+            if not isinstance(targets, (list, tuple)) or not all(isinstance(t, str) for t in targets):
+                raise ValueError(targets)
             parse_targets(targets)
         except ValueError:
             raise FieldError("targets", "Choose at least one projection to adapt.") from None

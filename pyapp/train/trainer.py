@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..gpu import GPUError
 from ..model.weights import bind
+from ..sampling import ParamError, Rule
 from ..runtime.requests import ReadGpu, handler
 from ..steps import drive, drive_async
 from .adapter_out import DEFAULT_TARGETS, adapter_gguf, lora_targets
@@ -45,6 +46,29 @@ MAX_LOSS_SLOTS = 64         # sequences whose losses one readback collects
 
 class TrainError(Exception):
     """Training cannot start or go on; the message says why in plain words."""
+
+
+# Each setting's range, defined once: TrainConfig.check applies them (the CLI's options, the page's run),
+# and the page's Fine-tune fields (pyapp.train.session.FIELDS) show and check the same Rule objects.
+# NaN and inf fail every rule; warmup and steps may also be None (a tenth of the updates; by epochs).
+RULES = {
+    "rank": Rule(1, 16, integer=True, note="the adapter's size: 8 or 16 is usual"),
+    "alpha": Rule(0, 4096, above_lo=True, note="scale = alpha / rank; often twice the rank"),
+    "lr": Rule(0, 0.1, above_lo=True, note="2e-4 is usual for LoRA"),
+    "steps": Rule(1, 1_000_000, integer=True, note="empty: as many as the epochs take"),
+    "epochs": Rule(0, 1000, above_lo=True, note="passes over the training examples"),
+    "batch": Rule(1, MAX_LOSS_SLOTS, integer=True, note="examples per update"),
+    "seq_len": Rule(8, 32768, integer=True, note="tokens per example; longer ones are cut"),
+    "warmup": Rule(0, 1_000_000, integer=True, note="updates of rising learning rate"),
+    "weight_decay": Rule(0, 1, note="AdamW's decoupled decay; 0: none"),
+    "max_grad_norm": Rule(0, 1_000_000, note="gradient clipping; 0: off"),
+    "val_fraction": Rule(0, 0.9, note="the share of examples held out for the validation loss"),
+    "val_every": Rule(1, 1_000_000, integer=True, note="updates between validation losses and checkpoints"),
+    "seed": Rule(-2**63, 2**63 - 1, integer=True),
+}
+LABELS = {"lr": "learning rate", "seq_len": "sequence length", "weight_decay": "weight decay",
+          "max_grad_norm": "gradient norm limit", "val_fraction": "validation fraction",
+          "val_every": "validation interval"}
 
 
 @dataclass
@@ -65,29 +89,18 @@ class TrainConfig:
     seed: int = 0
 
     def check(self) -> None:
+        """TrainError naming every setting outside its RULES range (NaN and inf included), and the reason."""
         problems = []
-        if not 1 <= self.rank <= 16:
-            problems.append(f"rank {self.rank} must be 1 to 16")
-        if not self.alpha > 0:
-            problems.append(f"alpha {self.alpha} must be above 0")
-        if self.steps is not None and self.steps < 1:
-            problems.append(f"steps {self.steps} must be at least 1")
-        if not self.epochs > 0:
-            problems.append(f"epochs {self.epochs} must be above 0")
-        if not 0 < self.lr < 1:
-            problems.append(f"learning rate {self.lr} must be between 0 and 1")
-        if not 1 <= self.batch <= MAX_LOSS_SLOTS:
-            problems.append(f"batch {self.batch} must be 1 to {MAX_LOSS_SLOTS}")
-        if self.seq_len < 2:
-            problems.append(f"sequence length {self.seq_len} must be at least 2")
-        if self.warmup is not None and self.warmup < 0:
-            problems.append(f"warmup {self.warmup} cannot be negative")
-        if self.weight_decay < 0 or self.max_grad_norm < 0:
-            problems.append("weight decay and the gradient norm limit cannot be negative")
-        if not 0 <= self.val_fraction < 1:
-            problems.append(f"validation fraction {self.val_fraction} must be at least 0 and below 1")
-        if self.val_every < 1:
-            problems.append(f"validation interval {self.val_every} must be at least 1")
+        for name, rule in RULES.items():
+            value = getattr(self, name)
+            if value is None and name in ("steps", "warmup"):
+                continue
+            try:
+                rule.check(LABELS.get(name, name), value)
+            except ParamError as e:
+                problems.append(str(e))
+        if not isinstance(self.targets, str):
+            problems.append(f"targets must be a comma-separated string of projections, got {self.targets!r}")
         if problems:
             raise TrainError("; ".join(problems))
 
