@@ -396,9 +396,12 @@ def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     elif model == "fixture-dense-q6_k":
         path = FIXTURES / "gemma4-dense-q6_k.gguf"
         monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q6_K, 0)
-    elif model == "fixture-dense-q8_0":             # Q8_0's int8 units, every matrix
+    elif model == "fixture-dense-q8_0":             # Q8_0's int8 units, every matrix (as the browser path runs them)
         path = FIXTURES / "gemma4-dense-q8_0.gguf"
+        monkeypatch.setattr(dev, "int8_block_units", True)
+        monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q8_0, 0)
     elif model == "toy-dense-q4_0":                 # Q4_0's (QAT files)
+        monkeypatch.setattr(dev, "int8_block_units", True)
         path = tmp_path / "q4_0.gguf"
         load_tool("make_bench_model").write("tiny", load_tool("make_bench_model").T["Q4_0"], str(path), seed=1,
                                             layers=1)

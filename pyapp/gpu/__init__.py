@@ -127,6 +127,10 @@ class Device:
     """Backend-independent device. Subclasses implement the `_`-prefixed hooks."""
 
     backend = "?"
+    # Whether the 32-weight-block int8 units (quants_dot_x8.wgsl: Q4_0, Q5_0, Q8_0) beat f32 x here: on the
+    # H100, Dawn's compiler (the browser path) runs E2B Q4_0's decode 1.47x faster with them, naga (native
+    # wgpu) 1.42x slower (bench/RESULTS.md, eleventh session)
+    int8_block_units = False
 
     def __init__(self):
         self.info: dict = {}

@@ -30,6 +30,7 @@ def _constants(d: dict):
 
 class BrowserDevice(Device):
     backend = "browser"
+    int8_block_units = True
 
     @classmethod
     async def create(cls) -> "BrowserDevice":

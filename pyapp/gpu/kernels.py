@@ -276,7 +276,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
     # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
     if int8:             # units only
-        tpr = tpr or INT8_Q6K_TPR
+        tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
     tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
     wg = wg or 256
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
@@ -316,21 +316,39 @@ Q4K_THREADS = 65536
 # matrices the rounding of x per workgroup costs more than the integer dots save (2048 x 2816: 14.1 us
 # against 11.0; 1536 x 6144: 19.2 against 15.1; with a residual input 21.5 against 21.1).
 INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
-# The matrices (by rows) where the int8 units beat f32 x, per type (Q4_0, Q5_0, Q8_0: every dense one,
-# bench/RESULTS.md, eleventh session).
-INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0, ggml.Q5_0: 0, ggml.Q8_0: 0}
+# The matrices (by rows) where the int8 units beat f32 x, per type: Q4_0 every dense one on the browser
+# path (E2B's QAT-form decode 219 -> 323 tok/s on the H100, bench/RESULTS.md, eleventh session; natively
+# none: Device.int8_block_units). Q5_0 and Q8_0 have units too (tests, bench/matvec_sweep.py --int8),
+# not used until a decode measures them faster.
+INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0}
+
+
+def int8_unit_threads_per_row(k: int, n: int) -> int:
+    """Threads per row of the 32-weight-block int8 units (4-16, a power of two): enough threads in all
+    for the GPU (a 1536 x 12288 matrix at 8 a row had 48 workgroups: 42.8 us on the H100's browser
+    path, eleventh session), at most 16 so that a workgroup's rounding of x serves 16 rows or more."""
+    tpr = 4
+    while tpr < 16 and tpr * 2 * n <= INT8_UNIT_THREADS and tpr * 2 <= k // 32:
+        tpr *= 2
+    return tpr
+
+
+INT8_UNIT_THREADS = 131072     # e2b's 24576-row gate|up (1536 x 12288 x 2): 25.3 us at 8 a row, 31.4 at 4
 
 
 def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
     """Whether the decode matvec (experts: moe_experts) of `rows` rows of qtype takes x rounded to int8
     where it is faster: the Q4_K chunk kernels (the expert one needs subgroups), the expert matvec for
-    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0; without GeGLU) and Q6_K's units on a head's rows."""
+    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0; without GeGLU), Q6_K's units on a head's rows, and
+    the dense 32-weight blocks' units where the backend runs them faster (dev.int8_block_units)."""
     t = quant_type(qtype)
     if t == ggml.Q4_K:
         return dev.has_subgroups or not experts
     if experts:
         return not geglu and t in _B32_TYPE
-    return t in INT8_UNIT_TYPES and rows >= INT8_UNIT_MIN_ROWS[t]
+    if t in _B32_TYPE and not dev.int8_block_units:
+        return False
+    return t in INT8_UNIT_MIN_ROWS and rows >= INT8_UNIT_MIN_ROWS[t]
 
 
 def q4k_x_prelude(int8: bool) -> str:
