@@ -65,6 +65,9 @@ def cmd_info(args) -> int:
             print(f"{key + ':':<15}{g.metadata[key]}")
     if summary := diffusion_summary(g.metadata):
         print(f"model:         {summary}")
+    from .model.forms import file_form
+    for line in file_form(g.metadata, g.tensors).describe():
+        print(line)
     try:
         cfg = model_config(g)
         print(f"config:        {cfg.describe()}")

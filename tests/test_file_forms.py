@@ -321,13 +321,15 @@ def test_info_names_the_converter_parts_and_layout():
                               capture_output=True, text=True, check=True, timeout=300).stdout
     out = info("ollama-moe-published")
     assert "Ollama's converter" in out and "parts:         text, vision" in out
-    assert "ffn_gate_exps + ffn_up_exps" in out and "ffn_gate_inp.per_expert_scale" in out
+    assert "experts' gate and up stored apart" in out
+    assert "ffn_gate_inp.per_expert_scale where llama.cpp writes ffn_down_exps.scale" in out
     assert "v.clamp_data" in out and "no chat template in the file" in out
     assert "MoE 2/4 experts" in out             # and it runs: the config line, not "not runnable"
     out = info("ollama-dense")
     assert "parts:         text, vision, audio" in out
     out = info("llamacpp-dense-fused-qkv")
-    assert "llama.cpp's converter" in out and "attn_qkv" in out and "parts:         text\n" in out
+    assert "llama.cpp's converter" in out and "parts:         text\n" in out
+    assert "attn_qkv.weight where llama.cpp writes attn_q.weight + attn_k.weight + attn_v.weight" in out
     assert "never sampled" in info("gemma4-12b")
 
 

@@ -50,12 +50,10 @@ def file_form(meta: dict, tensor_names) -> FileForm:
         converter = LLAMA_CPP
     else:
         converter = "unknown"
-    if any(n.endswith("ffn_gate_exps.weight") for n in names):
-        layout.append("experts' gate and up stored apart (ffn_gate_exps + ffn_up_exps)")
-    if any(n.endswith("ffn_gate_inp.per_expert_scale") for n in names):
-        layout.append("per-expert scale as ffn_gate_inp.per_expert_scale (Ollama's original tags)")
-    if any(n.endswith("attn_qkv.weight") for n in names):
-        layout.append("q, k and v in one tensor (attn_qkv: llama.cpp's --fuse-qkv)")
+    if weights.stores_split_experts(names):
+        layout.append("experts' gate and up stored apart (as Ollama's original tags do)")
+    for spelling, canonical in weights.other_spellings(names):
+        layout.append(f"{spelling} where llama.cpp writes {canonical}")
     if "v.clamp_data" in names:
         layout.append("vision clamp bounds packed in v.clamp_data (Ollama's original tags)")
     if not isinstance(meta.get("tokenizer.chat_template"), str):

@@ -185,6 +185,23 @@ def present(tensors, field_name: str, layer: int | None = None) -> bool:
             or (fused is not None and prefix + fused in tensors))
 
 
+def other_spellings(tensor_names) -> list[tuple[str, str]]:
+    """(the file's name, llama.cpp's) for each tensor a file spells another way than llama.cpp's own
+    files (an alternative name, or a fused tensor: `blk.N.` left out), once each: for `info`."""
+    rel = {n.split(".", 2)[2] if n.startswith("blk.") and n.count(".") >= 2 else n for n in tensor_names}
+    found = [(alt, f.metadata["gguf"]) for cls in (ModelWeights, LayerWeights) for f in _bound(cls)
+             for alt in f.metadata["alt"] if alt in rel]
+    found += [(name, " + ".join(gguf_name(LayerWeights, p) for p in parts)) for name, parts in FUSED.items()
+              if name in rel]
+    return sorted(found)
+
+
+def stores_split_experts(tensor_names) -> bool:
+    """Whether a file keeps its experts' gate and up apart (llama.cpp's files fuse them)."""
+    split = "." + gguf_name(LayerWeights, "experts_gate")
+    return any(n.endswith(split) for n in tensor_names)
+
+
 def encoder_part(name: str) -> str | None:
     """'vision' or 'audio' for a tensor of an image or audio encoder (or its projector), else None."""
     return next((part for prefix, part in ENCODER_PREFIXES.items() if name.startswith(prefix)), None)
