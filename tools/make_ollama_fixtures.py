@@ -60,7 +60,7 @@ VISIBLE = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_r
 
 def randomize(model, seed: int) -> None:
     """make_fixtures' initialization (fan-in scaled matrices, norms near 1), and clamp bounds
-    that bite: |bound| in [2, 4]."""
+    that bite: |bound| in [1, 2] (the bounds and the text layers' scalars are buffers)."""
     import torch
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -68,18 +68,19 @@ def randomize(model, seed: int) -> None:
             leaf = name.rsplit(".", 1)[-1]
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-            elif leaf in ("input_min", "output_min", "input_max", "output_max"):
-                sign = -1.0 if leaf.endswith("min") else 1.0
-                p.copy_(sign * (2.0 + 2.0 * torch.rand(p.shape, generator=gen)))
             elif "q_norm" in name or "k_norm" in name:
                 p.copy_(0.35 + 0.05 * torch.randn(p.shape, generator=gen))
             elif "layer_scalar" in name:
                 p.copy_(0.8 + 0.1 * torch.rand(p.shape, generator=gen))
             else:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-        for name, b in model.named_buffers():       # the text layers' layer_scalar is a buffer
+        for name, b in model.named_buffers():       # the text layers' layer_scalar is a buffer, so are the bounds
+            leaf = name.rsplit(".", 1)[-1]
             if name.endswith("layer_scalar"):
                 b.copy_(0.8 + 0.1 * torch.rand(b.shape, generator=gen))
+            elif leaf in ("input_min", "output_min", "input_max", "output_max"):
+                sign = -1.0 if leaf.endswith("min") else 1.0     # inside the activations' range: they bite
+                b.copy_(sign * (1.0 + 1.0 * torch.rand(b.shape, generator=gen)))
 
 
 def multimodal(text: dict, vision: dict | None, audio: dict | None, seed: int):

@@ -1,0 +1,172 @@
+"""Gemma 4's image encoder in numpy: the oracle the GPU encoder will be checked against (issue 28).
+
+Mirrors transformers' models/gemma4 (Gemma4VisionModel + Gemma4MultimodalEmbedder), one op per line,
+reading the encoder's tensors where Ollama's original blobs keep them inline (`v.*`, `mm.*`,
+`gemma4.vision.*` keys) and where llama.cpp's projector files (mmproj, `clip.vision.*`) keep them: the
+tensor names are the same in both (Ollama's compat layer renames none, llama/compat handle_gemma4_clip);
+the clamp bounds come as per-linear scalars or packed in `v.clamp_data` (Ollama's original tags).
+
+    enc = VisionEncoder(gguf)
+    feats = enc.features(patches, positions)    # [soft tokens, text hidden]
+
+`patches` are the image's 16x16 patches as the processor writes them (rows of p * p * 3 values in
+[0, 1], pixel (y, x) then channel), `positions` their (x, y) patch coordinates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .quants import load_tensor
+
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
+BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+
+
+class VisionError(ValueError):
+    """The GGUF has no Gemma 4 image encoder this code can read."""
+
+
+def _key(meta: dict, name: str, default=None):
+    """A vision hyperparameter from Ollama's `gemma4.vision.*` or llama.cpp's `clip.vision.*` keys."""
+    for prefix in ("gemma4.vision.", "clip.vision."):
+        if prefix + name in meta:
+            return meta[prefix + name]
+    if default is None:
+        raise VisionError(f"GGUF metadata lacks gemma4.vision.{name} (or clip.vision.{name})")
+    return default
+
+
+def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.ndarray:
+    y = x * (np.mean(x * x, axis=-1, keepdims=True) + eps) ** -0.5
+    return y if weight is None else y * weight
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rope_2d(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """x [T, heads, hd]: the first half of each head rotated by the x coordinate, the second by y, each
+    half as NeoX pairs (i, i + hd / 4) at frequencies theta^(-2j / (hd / 2))."""
+    hd = x.shape[-1]
+    half = hd // 2
+    inv_freq = 1.0 / theta ** (np.arange(0, half, 2, dtype=np.float64) / half)
+    out = np.empty_like(x)
+    for axis in range(2):
+        part = x[..., axis * half:(axis + 1) * half]
+        angles = positions[:, axis, None] * inv_freq[None, :]           # [T, hd / 4]
+        cos = np.concatenate([np.cos(angles)] * 2, -1)[:, None, :]
+        sin = np.concatenate([np.sin(angles)] * 2, -1)[:, None, :]
+        rotated = np.concatenate([-part[..., half // 2:], part[..., :half // 2]], -1)
+        out[..., axis * half:(axis + 1) * half] = part * cos + rotated * sin
+    return out
+
+
+class VisionEncoder:
+    def __init__(self, gguf):
+        self.g = gguf
+        meta, names = gguf.metadata, gguf.tensors
+        if "v.patch_embd.weight" not in names:
+            raise VisionError("this GGUF holds no image encoder (no v.patch_embd.weight)")
+        self.n_layers = int(_key(meta, "block_count"))
+        self.hidden = int(_key(meta, "embedding_length"))
+        self.n_heads = int(_key(meta, "attention.head_count"))
+        self.eps = float(_key(meta, "attention.layer_norm_epsilon", 1e-6))
+        self.patch = int(_key(meta, "patch_size", 16))
+        self.pool = int(meta.get("gemma4.vision.projector.scale_factor", 3))
+        self.theta = 100.0              # Ollama's runtime and transformers' default (rope_theta 100)
+        t = self.tensor
+        embd = t("v.patch_embd.weight")                      # [n, 3, p, p] (c, h, w) or [n, p * p * 3]
+        if embd.ndim == 4:                                   # back to the processor's (h, w, c) order
+            embd = embd.transpose(0, 2, 3, 1).reshape(embd.shape[0], -1)
+        self.patch_embd = embd
+        self.position_embd = t("v.position_embd.weight")     # [2, positions, n]
+        self.std_bias = t("v.std_bias") if "v.std_bias" in names else None
+        self.std_scale = t("v.std_scale") if "v.std_scale" in names else None
+        self.projection = t("mm.input_projection.weight")    # [text hidden, n]
+        packed = t("v.clamp_data").reshape(-1, 4) if "v.clamp_data" in names else None
+        self.layers = []
+        for i in range(self.n_layers):
+            p = f"v.blk.{i}."
+            layer = {k: t(p + k + ".weight") for k in ("ln1", "attn_q", "attn_k", "attn_v", "attn_q_norm",
+                                                       "attn_k_norm", "attn_out", "attn_post_norm", "ln2",
+                                                       "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm")}
+            layer["clamps"] = {lin: self._bounds(p + lin + ".", packed, i * len(LINEARS) + j)
+                               for j, lin in enumerate(LINEARS)}
+            self.layers.append(layer)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return load_tensor(self.g, name).astype(np.float64)
+
+    def _bounds(self, prefix: str, packed, row: int) -> tuple[float, float, float, float]:
+        """A clippable linear's (in_min, in_max, out_min, out_max): its scalars, else its v.clamp_data row."""
+        if prefix + BOUNDS[0] in self.g.tensors:
+            return tuple(float(self.tensor(prefix + b).reshape(-1)[0]) for b in BOUNDS)
+        if packed is not None:
+            return tuple(float(v) for v in packed[row])
+        return (-np.inf, np.inf, -np.inf, np.inf)
+
+    @staticmethod
+    def linear(x: np.ndarray, w: np.ndarray, bounds) -> np.ndarray:
+        """Gemma4ClippableLinear: input clamped, x @ W^T, output clamped."""
+        lo, hi, out_lo, out_hi = bounds
+        return np.clip(np.clip(x, lo, hi) @ w.T, out_lo, out_hi)
+
+    def embed(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        x = (2.0 * (patches.astype(np.float64) - 0.5)) @ self.patch_embd.T
+        return x + self.position_embd[0][positions[:, 0]] + self.position_embd[1][positions[:, 1]]
+
+    def attention(self, layer: dict, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        T, heads = h.shape[0], self.n_heads
+        c = layer["clamps"]
+        q = self.linear(h, layer["attn_q"], c["attn_q"]).reshape(T, heads, -1)
+        k = self.linear(h, layer["attn_k"], c["attn_k"]).reshape(T, -1, q.shape[-1])
+        v = self.linear(h, layer["attn_v"], c["attn_v"]).reshape(T, k.shape[1], -1)
+        q = rope_2d(rms_norm(q, self.eps, layer["attn_q_norm"]), positions, self.theta)
+        k = rope_2d(rms_norm(k, self.eps, layer["attn_k_norm"]), positions, self.theta)
+        v = rms_norm(v, self.eps)                                        # no scale
+        group = heads // k.shape[1]
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k)                        # scaling 1.0, every patch sees every patch
+        scores -= scores.max(-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(-1, keepdims=True)
+        out = np.einsum("hts,shd->thd", p, v).reshape(T, -1)
+        return self.linear(out, layer["attn_out"], c["attn_out"])
+
+    def mlp(self, layer: dict, h: np.ndarray) -> np.ndarray:
+        c = layer["clamps"]
+        gate = self.linear(h, layer["ffn_gate"], c["ffn_gate"])
+        up = self.linear(h, layer["ffn_up"], c["ffn_up"])
+        return self.linear(gelu_tanh(gate) * up, layer["ffn_down"], c["ffn_down"])
+
+    def encode(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The encoder's pooled output: [patches / pool^2, hidden] (before the projector)."""
+        positions = np.asarray(positions, np.int64)
+        x = self.embed(patches, positions)
+        for layer in self.layers:
+            h = rms_norm(x, self.eps, layer["ln1"])
+            x = x + rms_norm(self.attention(layer, h, positions), self.eps, layer["attn_post_norm"])
+            h = rms_norm(x, self.eps, layer["ln2"])
+            x = x + rms_norm(self.mlp(layer, h), self.eps, layer["ffn_post_norm"])
+        pooled = self.pool_patches(x, positions) * math.sqrt(self.hidden)
+        if self.std_bias is not None:
+            pooled = (pooled - self.std_bias) * self.std_scale
+        return pooled
+
+    def pool_patches(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Average over pool x pool squares of patches, in row-major order of the squares."""
+        k = self.pool
+        columns = (positions[:, 0].max() + 1) // k
+        square = positions[:, 0] // k + columns * (positions[:, 1] // k)
+        n = len(x) // (k * k)
+        out = np.zeros((n, x.shape[1]))
+        np.add.at(out, square, x)
+        return out / (k * k)
+
+    def features(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Soft tokens in the text model's width: the projector's unscaled RMSNorm, then its linear."""
+        return rms_norm(self.encode(patches, positions), self.eps) @ self.projection.T
