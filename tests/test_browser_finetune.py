@@ -267,13 +267,25 @@ def test_chat_with_the_tuned_model(page):
                            " && !window.app.state.busy")
     assert page.inner_text("#adapter-info").startswith("counting-adapter.gguf: 24 adapted tensors, rank 8")
     assert page.is_checked("#adapter-on")
+    # a conversation of its own, no system prompt, no thinking: what the page sends is then exactly the one
+    # message the native engine gets below (an earlier conversation's turns or settings would change the reply)
+    page.click("#new-chat")
+    page.evaluate("""() => {
+        document.getElementById('system').value = '';
+        document.getElementById('thinking').checked = false;
+        window.app.state.chat.system = '';
+        window.app.state.chat.thinking = false;
+    }""")
     set_field(page, "temperature", 0)
     set_field(page, "max_tokens", 8)
     page.fill("#prompt", "Say 3.")
     page.click("#send")
     page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
     wait_state(page, "loaded")
-    reply = messages(page)[-1]
+    sent = messages(page)
+    assert [m["role"] for m in sent] == ["user", "assistant"] and sent[0]["content"] == "Say 3."
+    assert not page.evaluate("window.app.state.chat.system || window.app.state.chat.thinking")
+    reply = sent[-1]
     assert reply["role"] == "assistant" and reply["stats"]["tokens"] > 0
     pytest.importorskip("wgpu")
     from pyapp.chat import render_ids, style_for
