@@ -84,30 +84,29 @@ def randomize(model, seed: int) -> None:
 
 
 def multimodal(text: dict, vision: dict | None, audio: dict | None, seed: int):
-    import torch
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
     cfg = Gemma4Config(text_config=dict(vocab_size=VOCAB_SIZE, vocab_size_per_layer_input=VOCAB_SIZE,
                                         max_position_embeddings=4096, **text),
                        vision_config=vision, audio_config=audio)
-    cfg._attn_implementation = "eager"
-    cfg.text_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(cfg).float().eval()
-    randomize(model, seed)
-    return model
+    return randomized(Gemma4ForConditionalGeneration, cfg, seed)
 
 
 def unified(seed: int):
-    import torch
     from transformers import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
     cfg = Gemma4UnifiedConfig(text_config=dict(vocab_size=VOCAB_SIZE, max_position_embeddings=4096, **UNIFIED_TEXT),
                               vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32,
                                                  mm_posemb_size=16, output_proj_dims=32),
                               audio_config=dict(audio_embed_dim=32))
+    return randomized(Gemma4UnifiedForConditionalGeneration, cfg, seed)
+
+
+def randomized(model_class, cfg, seed: int):
+    """model_class(cfg) in float32 with eager attention, its weights set by randomize."""
+    import torch
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = Gemma4UnifiedForConditionalGeneration(cfg).float().eval()
+    model = model_class(cfg).float().eval()
     randomize(model, seed)
     return model
 
