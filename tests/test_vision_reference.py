@@ -49,3 +49,25 @@ def test_a_text_only_file_says_so():
     from pyapp.reference.vision import VisionEncoder, VisionError
     with pytest.raises(VisionError, match="no image encoder"):
         VisionEncoder(read_gguf(FORMS / "llamacpp-dense-fused-qkv.gguf"))
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-moe-published"])
+def test_logits_with_an_image_match_transformers(stem):
+    """A prompt holding the image's placeholder run (<|image>, a soft token per pooled square, <image|>):
+    the reference with the encoder's features in those positions gives transformers' logits (the
+    E2B-like fixture's per-layer inputs included: the pad id's embedding, the projection of the
+    feature); without them it does not."""
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    from pyapp.reference.vision import VisionEncoder
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    g = read_gguf(FORMS / f"{stem}.gguf")
+    image_token = g.metadata["tokenizer.ggml.tokens"].index("<|image|>")
+    tokens, want = golden["image_tokens"], golden["image_logits"]
+    at = np.nonzero(tokens == image_token)[0]
+    features = VisionEncoder(g).features(golden["patches_1"], golden["positions_1"])
+    assert len(at) == len(features) == 3
+    model = ReferenceModel(g)
+    got = np.asarray(model.forward(tokens, soft=(at, features)))
+    assert np.abs(got - want).max() < 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(np.asarray(model.forward(tokens)) - want).max() > 0.1

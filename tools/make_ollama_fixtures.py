@@ -53,6 +53,7 @@ AUDIO = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, subsamp
 UNIFIED_TEXT = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, global_head_dim=64, sliding_window=4,
                     layer_types=[S, G, S, G], final_logit_softcapping=30.0)
+IMAGE_MARKERS = {"<|image>": 6, "<|image|>": 7, "<image|>": 8}     # begin, soft token, end
 SUPPRESS = [3, 4, 5]     # <unk>, <mask>, [multimodal]: ids the tiny vocabulary has
 # Tokens Google's tokenizer.json flags special though llama.cpp types them USER_DEFINED.
 VISIBLE = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>')
@@ -115,19 +116,29 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     from hf_tokenizer import reduce_vocab, write_tokenizer
     from pyapp.gguf import read_gguf
     model.config.architectures = [architecture]
+    model.config.boi_token_id, model.config.image_token_id, model.config.eoi_token_id = IMAGE_MARKERS.values()
     model.save_pretrained(out, safe_serialization=True)
     write_tokenizer(reduce_vocab(read_gguf(VOCAB).metadata, VOCAB_SIZE), out)
     tj = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
     for a in tj["added_tokens"]:        # as Google's tokenizer.json flags them
         if a["content"] in VISIBLE:
             a["special"] = True
+    # the image markers (ids 255999, 258880, 258882 in the real vocabulary) in place of three <unusedN>
+    # of the cut vocabulary, special like the real ones: prompts with an image can be written
+    vocab = tj["model"]["vocab"]
+    for old, (new, tid) in zip(("<unused0>", "<unused1>", "<unused2>"), IMAGE_MARKERS.items()):
+        assert vocab.pop(old) == tid
+        vocab[new] = tid
+        tj["added_tokens"].append({"id": tid, "content": new, "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": True})
     (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
     # Google ships the chat template as chat_template.jinja, which Ollama's converter does not read
     # (CV L145-147): its files carry no tokenizer.chat_template
     tc = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tc["extra_special_tokens"] = tc.get("extra_special_tokens", []) + list(IMAGE_MARKERS)
     if "chat_template" in tc:
         (out / "chat_template.jinja").write_text(tc.pop("chat_template"), encoding="utf-8")
-        (out / "tokenizer_config.json").write_text(json.dumps(tc, ensure_ascii=False, indent=1), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps(tc, ensure_ascii=False, indent=1), encoding="utf-8")
     # config.json as Google's checkpoints spell it: transformers 5.23 folds the global layers'
     # head size and KV heads into per_layer_config, the released files (and Ollama's converter,
     # which reads only these keys) have global_head_dim / num_global_key_value_heads

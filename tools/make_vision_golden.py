@@ -54,7 +54,9 @@ def main() -> int:
     args = p.parse_args()
     for stem, text, audio in (("dense", mof.DENSE, mof.AUDIO), ("moe", mof.MOE, None)):
         model = mof.multimodal(text, mof.VISION, audio, args.seed)
+        model.config.boi_token_id, model.config.image_token_id, model.config.eoi_token_id = mof.IMAGE_MARKERS.values()
         round_vision(model)
+        mof.round_as_stored(model)       # the text weights too: the logits are the file's
         g = read_gguf(args.out / f"ollama-{stem}.gguf")
         got = load_tensor(g, "v.blk.0.attn_q.weight")
         want = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.linear.weight.detach().numpy()
@@ -71,6 +73,15 @@ def main() -> int:
             out[f"positions_{i}"] = positions
             out[f"encoded_{i}"] = res.last_hidden_state.float().numpy()
             out[f"features_{i}"] = res.pooler_output[0].float().numpy()
+        # a prompt with the second image: <|image>, a soft token per pooled square, <image|> amid text
+        begin, soft, end = mof.IMAGE_MARKERS.values()
+        n = len(out["features_1"])
+        tokens = [2, 300, 301, begin] + [soft] * n + [end, 302, 303, 304]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(out["patches_1"])[None],
+                           image_position_ids=torch.from_numpy(out["positions_1"])[None]).logits[0]
+        out["image_tokens"] = np.array(tokens, np.int32)
+        out["image_logits"] = logits.float().numpy()
         np.savez_compressed(args.out / f"ollama-{stem}.vision.npz", **out)
         print(f"ollama-{stem}.vision.npz: {[out[f'features_{i}'].shape for i in range(len(SHAPES))]}")
     return 0

@@ -113,6 +113,7 @@ class ReferenceModel:
         # every tensor dequantized to float32, bound to its field once
         bound = bind(self.cfg, gguf.tensors)
         self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t))
+        self.pad_id = int(gguf.metadata.get("tokenizer.ggml.padding_token_id", 0))
         self.adapters = [load_lora(src, self.cfg, bound, scale, gguf.architecture) for src, scale in lora]
         for adapter in self.adapters:
             apply_lora(self.w, adapter)
@@ -218,14 +219,24 @@ class ReferenceModel:
 
     # -- whole model -------------------------------------------------------------
 
-    def forward(self, tokens, cache: KVCache | None = None) -> Logits:
-        """Logits [len(tokens), vocab] (softcap applied), appending to `cache`."""
+    def forward(self, tokens, cache: KVCache | None = None, soft=None) -> Logits:
+        """Logits [len(tokens), vocab] (softcap applied), appending to `cache`.
+
+        soft: (indices into tokens, rows [n, hidden]): an encoder's soft tokens (an image's projected
+        features) in place of those positions' embeddings; there the per-layer embedding is the pad
+        id's (transformers' Gemma4Model), its projection part made from the soft token."""
         cfg, w = self.cfg, self.w
         cache = cache if cache is not None else KVCache()
         tokens = np.asarray(tokens, dtype=np.int64)
         positions = cache.length + np.arange(len(tokens))
 
+        if soft is not None:
+            at, rows = np.asarray(soft[0], np.int64), np.asarray(soft[1], np.float32)
+            tokens = tokens.copy()
+            tokens[at] = self.pad_id
         x = w.token_embd[tokens] * np.float32(math.sqrt(cfg.hidden))
+        if soft is not None:
+            x[at] = rows
         ple = self.per_layer_inputs(tokens, x) if cfg.has_ple else None
         for lc in cfg.layers:
             x = self.layer(lc, x, positions, ple, cache)
