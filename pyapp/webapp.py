@@ -125,6 +125,7 @@ class State:
     adapter_on = True
     adapter_scale = 1.0
     training = None             # the Fine-tune panel's pyapp.train.session.TrainingSession, once used
+    prefill_rate: dict = {}     # id(engine) -> prompt tokens/s of its last reply (the next reply's estimate)
 
 
 S = State()
@@ -183,10 +184,22 @@ DEFAULT_GPU_MEMORY_MIB = 6144
 CPU_ADAPTER_GPU_MEMORY_MIB = 2048
 
 
+SOFTWARE_ADAPTERS = {"swiftshader": "SwiftShader", "llvmpipe": "llvmpipe", "lavapipe": "lavapipe",
+                     "warp": "Microsoft WARP", "basic render": "Microsoft Basic Render Driver"}
+
+
+def software_adapter(info: dict) -> str | None:
+    """The name of a software (CPU) adapter, or None for a GPU: the browser's fallback adapter, or one whose
+    name says it renders on the CPU (SwiftShader, llvmpipe, ...)."""
+    described = " ".join(str(info.get(k, "")) for k in ("vendor", "architecture", "description", "device")).lower()
+    for key, name in SOFTWARE_ADAPTERS.items():
+        if key in described:
+            return name
+    return "the browser's fallback adapter" if info.get("fallback") else None
+
+
 def default_gpu_memory(info: dict) -> int:
-    described = " ".join(str(info.get(k, "")) for k in ("architecture", "description", "device")).lower()
-    cpu = info.get("fallback") or any(name in described for name in ("swiftshader", "llvmpipe", "lavapipe"))
-    return CPU_ADAPTER_GPU_MEMORY_MIB if cpu else DEFAULT_GPU_MEMORY_MIB
+    return CPU_ADAPTER_GPU_MEMORY_MIB if software_adapter(info) else DEFAULT_GPU_MEMORY_MIB
 
 
 async def boot() -> dict:
@@ -201,7 +214,7 @@ async def boot() -> dict:
     d = S.device
     return {"adapter": d.describe(), "info": d.info, "f16": d.has_f16, "subgroups": d.has_subgroups,
             "limits": d.limits, "webgpu": True, "defaults": defaults, "rules": page_rules(),
-            "gpu_memory": default_gpu_memory(d.info)}
+            "gpu_memory": default_gpu_memory(d.info), "software": software_adapter(d.info)}
 
 
 def _budget(gpu_memory) -> float | None:
@@ -217,10 +230,21 @@ def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
         plan = Engine.plan(S.gguf, S.device.limits if S.device else {}, int(context_length), _budget(gpu_memory))
     except EXPECTED as e:
         return {"error": str(e)}
-    return {"lines": plan.describe(), "total": plan.total, "budget": plan.budget, "streams": plan.streams,
-            "minimum": plan.minimum, "expert_each": plan.expert_each,
-            "resident": plan.total - plan.expert_cache, "expert_cache": plan.expert_cache,
-            "in_file": plan.experts - plan.expert_cache + (plan.ple_table if plan.ple_in_file else 0)}
+    return {"lines": plan.describe(), **_plan_figures(plan)}
+
+
+def _plan_figures(plan) -> dict:
+    """A plan's figures for the page's bar: the parts on the GPU (weights, experts or their cache, activations
+    and KV cache) and what stays in the file (experts that stream, the per-layer embeddings when they stay there).
+    Experts all resident are on the GPU, never in the file."""
+    ple_resident = 0 if plan.ple_in_file else plan.ple_table
+    return {"total": plan.total, "budget": plan.budget, "streams": plan.streams, "minimum": plan.minimum,
+            "expert_each": plan.expert_each, "n_experts": plan.n_experts, "slots": plan.slots,
+            "weights": plan.weights + ple_resident, "experts": 0 if plan.streams else plan.experts,
+            "expert_cache": plan.expert_cache, "state": plan.state,
+            "resident": plan.total - plan.expert_cache,
+            "in_file": (plan.experts - plan.expert_cache if plan.streams else 0)
+                       + (plan.ple_table if plan.ple_in_file else 0)}
 
 
 TEST_MODEL_MAX_TOKENS = 64      # the default max tokens of a test model (random weights)
@@ -238,12 +262,16 @@ def _describe(g, source_name: str) -> dict:
             "parameters": s["n_elements"], "parameter_size": ollama.human_number(s["n_elements"]),
             "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": _config_line(cfg),
             "test_model": "test model" in str(g.metadata.get("general.name", "")) or "demo" in source_name.lower(),
+            "moe": cfg.is_moe, "ple": cfg.has_ple,       # which fine-tuning targets it has (router, ple_*)
             # a DiffusionGemma model: its sampler settings' defaults (the page shows its own panel); else None
             "denoise": _denoise_defaults(DenoiseParams.from_config(cfg)) if cfg.is_diffusion else None}
 
 
 def open_file(blob, name: str = "") -> dict:
     """Parse a GGUF's header from a File; check it is a Gemma 4 model we can run."""
+    if int(getattr(blob, "size", 1)) == 0:
+        shown = name or getattr(blob, "name", "") or "the file"
+        return {"error": f"\u201c{shown}\u201d is empty (0 bytes): it holds no model. Download or copy it again."}
     try:
         src = BlobSource(blob, name)
         g = read_gguf(src)
@@ -274,9 +302,36 @@ async def open_folder(handle) -> dict:
         usable = m.usable and (ollama.is_gemma4(m) or m.architecture == DIFFUSION_ARCH)
         why = m.error or ("" if usable else f"architecture {m.architecture or '?'}: not a Gemma 4 model "
                                             "or DiffusionGemma")
+        words, detail = _folder_reason(m, why) if why else ("", "")
         rows.append({"name": m.name, "size": m.size, "quantization": m.file_type, "parameters": m.parameter_size,
-                     "architecture": m.architecture, "usable": usable, "why": why, "parts": list(m.parts)})
+                     "architecture": m.architecture, "usable": usable, "why": words, "detail": detail,
+                     "parts": list(m.parts), "digest": m.model.digest if m.model else ""})
     return {"models": rows, "folder": str(getattr(handle, "name", ""))}
+
+
+def _folder_reason(m, why: str) -> tuple[str, str]:
+    """Why a model of the folder cannot be chosen, in words (and the reader's exact message, folded as detail)."""
+    pull = f"re-pull it with \u201collama pull {m.name}\u201d"
+    if not m.error:
+        arch = m.architecture or "unknown"
+        return (f"It is not a Gemma 4 model (its architecture is {arch}): this app runs Gemma 4 and "
+                "DiffusionGemma.", "")
+    e = m.error
+    if m.manifest_path and e.startswith(f"{m.manifest_path}:"):    # the manifest itself (ollama._load)
+        words = f"Its manifest (Ollama's list of the model's files) is damaged or unreadable: {pull}."
+    elif "is missing" in e:
+        words = f"Its model file is missing from the folder: {pull}."
+    elif "bytes, the manifest says" in e:
+        words = f"Its model file is incomplete (an interrupted download?): {pull}."
+    elif "safetensors" in e:
+        words = "It is stored as safetensors layers, not one GGUF file: this app reads GGUF models."
+    elif "no model layer" in e:
+        words = "Its manifest lists no model file: it may be an embedding or adapter-only entry."
+    elif "not a readable GGUF" in e or "unreadable" in e:
+        words = f"Its model file cannot be read as a GGUF model: {pull}."
+    else:
+        words = f"It cannot be opened: {pull}."
+    return words, e
 
 
 async def open_folder_model(name: str) -> dict:
@@ -314,6 +369,7 @@ def _unload() -> None:
         except Exception:   # a lost device: its buffers are gone anyway
             pass
     S.engine = None
+    S.prefill_rate = {}
 
 
 async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None, f16: bool = False) -> dict:
@@ -326,7 +382,9 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
         try:   # after a device loss (driver reset, GPU process crash) a fresh device usually works
             S.device = await get_device_async("browser")
         except GPUError as e:
-            return {"error": f"no WebGPU device: {e}"}
+            return {"error": "This browser gives the page no WebGPU device, so the model cannot run here: use a "
+                             "recent Chrome or Edge with WebGPU on (see the message at the top of the page).",
+                    "detail": str(e), "no_webgpu": True}
     S.device.clear_error()
     last = [0.0]
 
@@ -347,7 +405,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
             return _fail(rejected)
         return {"ready": True, "seconds": time.perf_counter() - t, "context_length": S.engine.context_length,
                 "model": S.model_info, "plan": S.engine.memory_plan.describe(S.engine.load_bytes_per_s),
-                "adapter": _adapter_info()}
+                "plan_figures": _plan_figures(S.engine.memory_plan), "adapter": _adapter_info()}
     except Exception as e:
         S.engine = None
         if isinstance(e, EXPECTED) or _device_lost():
@@ -548,6 +606,16 @@ def _style():
     return style_for(S.gguf.metadata, S.model_info.get("parameters")) if S.gguf is not None else style_for({})
 
 
+def _prefill_event(eng, ids: list) -> None:
+    """Before a reply: the prompt tokens the model must read first (those the KV cache does not hold) and the
+    time that should take at the rate measured on this model's earlier replies (eta -1: none yet; the first
+    reply also prepares the GPU's programs). The page shows it until the first token."""
+    new = len(ids) - eng.reusable(ids)
+    rate = S.prefill_rate.get(id(eng))
+    emit("prefill", tokens=new, prompt_tokens=len(ids), eta=new / rate if rate else -1, measured=bool(rate),
+         context_used=len(ids), context_length=eng.context_length)
+
+
 def _token_events(prompt_tokens: int, context_length: int):
     """on_token for a reply: each piece of text goes to the page with the figures so far (tokens,
     decode tokens/s, context used), so the page shows them moving while the reply streams."""
@@ -583,12 +651,15 @@ async def chat(messages_json: str, params_json: str) -> dict:
                              "start a new chat or shorten it"}
         S.stop = False
         S.device.clear_error()
+        _prefill_event(eng, ids)
         res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
                                        should_stop=lambda: S.stop)
         if (rejected := _gpu_rejected("a command during the reply")):
             raise rejected
     except Exception as e:
         return _failed_reply(e)
+    if res.prompt_tokens and res.prefill_s > 0 and res.tokens:
+        S.prefill_rate[id(eng)] = res.prompt_tokens / res.prefill_s
     thought, answer = split_thinking(res.text)
     # the page keeps ids + vocab with the reply and sends them back: the next prompt then extends the cache
     return {"text": res.text, "answer": answer, "thought": thought, "stop_reason": res.stop_reason,
@@ -728,6 +799,8 @@ async def _chat_diffusion(eng: DiffusionEngine, messages: list, p: dict, thinkin
         params = _denoise_params(eng.config, p, room)
         reused = eng.reusable(ids)            # what the denoiser keeps of the cache (a chat's earlier turns)
         live = _DenoiseEvents(eng.tokenizer, params, len(ids), eng.context_length)
+        emit("prefill", tokens=len(ids) - reused, prompt_tokens=len(ids), eta=-1, measured=False, denoise=True,
+             context_used=len(ids), context_length=eng.context_length)
         S.stop = False
         res = await eng.denoise_async(ids, params, on_step=live.on_step, on_block=live.on_block,
                                       should_stop=lambda: S.stop)
