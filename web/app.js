@@ -18,7 +18,7 @@ let DEFAULTS = {};
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 const pending = new Map();
 let nextId = 1;
-const listeners = { token: [], progress: [], status: [], denoise: [] };
+const listeners = { token: [], progress: [], status: [], denoise: [], prefill: [] };
 
 function call(cmd, ...args) {
   const id = nextId++;
@@ -48,15 +48,31 @@ const state = {
   streamedTokens: 0,   // tokens of the reply being streamed
   adapterLoaded: false, // the loaded model has a LoRA adapter applied
   training: false,     // a fine-tuning run is going (finetune.js): the engine is the trainer's
+  everLoaded: false,   // the chosen model loaded at least once (its button says Reload, else Load)
+  loadedWith: null,    // {gpuMemory, f16}: the settings the loaded model was loaded with
+  loadFailed: false,   // the last load of the chosen model failed (the error is about it)
+  webgpu: true,        // false: the browser gives the page no WebGPU device
 };
 let finetune = null;   // the Fine-tune panel (finetune.js)
 state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
 window.app = { call, state, loadModel };   // for tests and the curious
 
+// "1 token", "2 tokens": every count the page shows goes through here.
+function plural(n, one, many = `${one}s`) { return `${n} ${n === 1 ? one : many}`; }
+// Bytes for people: 16.9 GiB, 812 MiB, 0.38 MiB, 12 KiB (never "0.00 GiB").
+function formatBytes(n) {
+  if (n >= 2 ** 30) return `${(n / 2 ** 30).toFixed(n >= 10 * 2 ** 30 ? 1 : 2)} GiB`;
+  if (n >= 2 ** 20) return `${(n / 2 ** 20).toFixed(n >= 10 * 2 ** 20 ? 0 : 1)} MiB`;
+  if (n >= 1024) return `${Math.round(n / 1024)} KiB`;
+  return plural(Math.round(n), "byte");
+}
+Object.assign(window.app, { plural, formatBytes });
+
 function loadJSON(key, fallback) {
   try { return JSON.parse(localStorage.getItem(key)) ?? fallback; } catch { return fallback; }
 }
-function saveChat() { state.chat.updated = Date.now(); saveChats(); }
+// touched: what the conversation says changed (its messages, its system prompt): it moves to the top of the list
+function saveChat(touched = true) { if (touched) state.chat.updated = Date.now(); saveChats(); }
 function saveSettings() { localStorage.setItem(SETTINGS_KEY, JSON.stringify(state.settings)); }
 function setState(s) { document.body.dataset.state = s; updateButtons(); }
 
@@ -87,11 +103,82 @@ function showError(where, what) {
 // above the model's info, never under its green "Loaded" line).
 function openFailed(r) {
   showError("model-error", { ...r, note: state.loaded && state.model ? `${state.model.name} is still loaded.` : "" });
-  setState(state.loaded ? "loaded" : "ready");
+  state.loadFailed = false;          // the error is about the file, not the chosen model
+  setState(state.loaded ? "loaded" : state.webgpu ? "ready" : "no-webgpu");
 }
 
+// ---------------------------------------------------------------- layout: the menu and the settings panel
+// Wide screens show the sidebar (conversations, models) and the settings beside the chat; narrower ones
+// open them over it: the menu button and the Settings button toggle them, Escape or a click outside closes.
+const WIDE = window.matchMedia("(min-width: 1101px)");
+const NARROW = window.matchMedia("(max-width: 760px)");
+function overlayOpen() {
+  return (NARROW.matches && document.body.classList.contains("sidebar-open")) ||
+    (!WIDE.matches && document.body.classList.contains("settings-open"));
+}
+function showScrim() { $("scrim").hidden = !overlayOpen(); }
+function openSidebar(open) {
+  document.body.classList.toggle("sidebar-open", open);
+  $("menu-toggle").setAttribute("aria-expanded", String(open));
+  if (open && !WIDE.matches) openSettings(false);
+  showScrim();
+}
+function openSettings(open, focus = false) {
+  document.body.classList.toggle("settings-open", open);
+  $("settings-toggle").setAttribute("aria-expanded", String(open));
+  if (open && NARROW.matches) openSidebar(false);
+  showScrim();
+  if (open && focus) $("settings-h").focus();
+}
+function closeOverlays() {
+  if (NARROW.matches) openSidebar(false);
+  if (!WIDE.matches) openSettings(false);
+}
+openSettings(WIDE.matches);
+WIDE.addEventListener("change", () => openSettings(WIDE.matches));
+NARROW.addEventListener("change", () => openSidebar(false));
+$("menu-toggle").onclick = () => openSidebar(!document.body.classList.contains("sidebar-open"));
+$("settings-toggle").onclick = () => openSettings(!document.body.classList.contains("settings-open"), true);
+$("settings-close").onclick = () => { openSettings(false); $("settings-toggle").focus(); };
+$("sidebar-close").onclick = () => { openSidebar(false); $("menu-toggle").focus(); };
+$("scrim").onclick = closeOverlays;
+document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Escape" && overlayOpen()) { ev.preventDefault(); closeOverlays(); }
+});
+// The model button (what is loaded, in the header): shows the model picker, a menu on a phone.
+$("model-button").onclick = () => {
+  if (NARROW.matches) openSidebar(true);
+  $("models").scrollIntoView({ block: "start" });
+  $("models-h").focus();
+};
+// The skip link: straight to the message box (the Chat tab, the menus closed).
+$("skip-link").onclick = (ev) => {
+  ev.preventDefault();
+  closeOverlays();
+  if (finetune) finetune.showTab("chat");
+  $("prompt").focus();
+};
+
+// What the header says about the model: its name (name:tag for an Ollama model, else the file's name)
+// and where it stands.
+function showModelStatus() {
+  const m = state.model;
+  const loading = document.body.dataset.state === "loading";
+  const status = !m ? "none" : loading ? "loading" : state.loaded ? "loaded" : state.loadFailed ? "failed" : "chosen";
+  document.body.dataset.model = status;
+  $("model-name").textContent = m ? modelLabel(m) : "No model loaded";
+  $("model-status").textContent = { none: state.webgpu ? "choose one" : "needs WebGPU", loading: "loading…",
+                                    loaded: "loaded", failed: "not loaded", chosen: "not loaded" }[status];
+  $("model-button").title = m ? `${m.name} (${m.file})` : "Choose a model";
+}
+function modelLabel(m) { return m.digest ? m.name : m.test_model ? "Built-in test model" : m.file || m.name; }
+
 // ---------------------------------------------------------------- boot
-on("status", (m) => { if (!state.loaded) $("gpu").textContent = m.text; });
+on("status", (m) => {
+  if (state.loaded) return;
+  $("gpu").textContent = m.text;
+  if (!state.model) $("model-status").textContent = m.text;
+});
 
 async function boot() {
   if (!("gpu" in navigator)) {
@@ -102,12 +189,13 @@ async function boot() {
   DEFAULTS = { ...r.defaults, seed: r.defaults.seed ?? "" };
   state.settings = { ...DEFAULTS, ...state.settings };
   state.modelDefaults = { ...DEFAULTS };
-  applyRules(r.rules || {});
+  applyRules({ ...(r.rules || {}), ...GPU_MEMORY_RULE });
   showSettings();
   if (r.error) {
     $("gpu").textContent = "No WebGPU";
     $("webgpu-reason").textContent = r.error;
     $("webgpu-help").hidden = false;
+    state.webgpu = false;
     setState("no-webgpu");
     return;
   }
@@ -120,10 +208,20 @@ async function boot() {
   $("f16").disabled = !r.f16;
   if (!r.f16) $("f16-help").textContent = "This GPU has no shader-f16: prompts run in f32 and int8.";
   const mib = (n) => `${Math.round(n / 2 ** 20)} MiB`;
-  $("gpu").innerHTML = `<strong>${escapeHtml(r.adapter)}</strong> · f16 ${r.f16 ? "yes" : "no"} · subgroups ` +
+  // a software adapter is named as what it is: the CPU, many times slower than a GPU
+  const cpu = r.software ? `<span class="cpu">CPU, no GPU (${escapeHtml(r.software)})</span> · ` : "";
+  $("gpu").innerHTML = `${cpu}<strong>${escapeHtml(r.adapter)}</strong> · f16 ${r.f16 ? "yes" : "no"} · subgroups ` +
     `${r.subgroups ? "yes" : "no"} · max buffer ${mib(r.limits.max_buffer_size)} · max binding ` +
     `${mib(r.limits.max_storage_buffer_binding_size)}`;
   $("gpu").title = JSON.stringify(r.limits, null, 1);
+  state.software = r.software || null;
+  $("cpu-adapter").textContent = r.software || "";
+  $("cpu-notice").hidden = !r.software || sessionStorage.getItem("gemma4.cpu_notice_hidden") === "1";
+  $("cpu-notice-hide").onclick = () => {
+    $("cpu-notice").hidden = true;
+    sessionStorage.setItem("gemma4.cpu_notice_hidden", "1");   // the header still says CPU
+    $("prompt").focus();
+  };
   setState("ready");
   await offerReopen();
 }
@@ -135,12 +233,18 @@ function takes(parts) {
   return extra.length ? `Takes text here (its ${extra.join(" and ")} encoder${extra.length > 1 ? "s are" : " is"} in ` +
     "the file; this app reads text only so far)" : "Takes text";
 }
-function describe(m) {
-  const gib = (m.bytes / 2 ** 30).toFixed(m.bytes < 2 ** 30 ? 3 : 2);
+// The chosen model's card; status: its line under it (loaded, or why not).
+function describe(m, status = "") {
   const tag = m.test_model ? ' <span class="badge">test model: random weights, it talks nonsense</span>' : "";
-  return `<div class="info"><strong>${escapeHtml(m.name)}</strong>${tag}<br>` +
-    `${escapeHtml(m.quantization)} · ${escapeHtml(m.parameter_size)} parameters · ${gib} GiB<br>` +
-    `<small>${escapeHtml(m.config)}</small><br><small class="parts">${escapeHtml(takes(m.parts))}</small></div>`;
+  const file = m.digest || m.file === m.name ? "" : `<br><small>${escapeHtml(m.file)}</small>`;
+  return `<div class="info"><strong>${escapeHtml(m.name)}</strong>${tag}${file}<br>` +
+    `${escapeHtml(m.quantization)} · ${escapeHtml(m.parameter_size)} parameters · ${formatBytes(m.bytes)}<br>` +
+    `<small>${escapeHtml(m.config)}</small><br><small class="parts">${escapeHtml(takes(m.parts))}</small>${status}</div>`;
+}
+// The card with the truth under it: not loaded, and what to do (the error itself sits above the card).
+function showNotLoaded(why) {
+  if (!state.model) return;
+  $("model-info").innerHTML = describe(state.model, `<div class="not-loaded">Not loaded${why ? `: ${escapeHtml(why)}` : ""}</div>`);
 }
 
 async function afterOpen(r, source) {
@@ -148,16 +252,21 @@ async function afterOpen(r, source) {
   if (r.error) { openFailed(r); return; }
   showAdapter(null);          // a new model: the adapter, made for the old one, is forgotten
   if (source) rememberModel(source);
+  state.modelSource = source || null;
   showError("model-error", "");
   state.model = r.model;
+  state.loaded = false;        // the worker dropped the model loaded before
+  state.everLoaded = false;
+  state.loadFailed = false;
   $("model-info").innerHTML = describe(r.model);
   showDiffusionSettings(r.model);
+  state.modelDefaults = { ...DEFAULTS, context_length: Math.min(DEFAULTS.context_length, r.model.context_length || Infinity) };
   if (r.params) applyModelDefaults(r.params);
   if (r.suggested) suggestSettings(r.suggested);
   if (r.system && !state.chat.system) {   // the Ollama manifest's system prompt, for a conversation without one
     state.chat.system = r.system;
     showSettings();
-    saveChat();
+    saveChat(false);
   }
   await showPlan();
   await loadModel();
@@ -166,6 +275,11 @@ async function afterOpen(r, source) {
 // source: {kind: "file" | "demo", handle}: a file's FileSystemFileHandle, when there is one, is remembered
 async function openFile(file, source = { kind: "file" }) {
   if (!file || state.busy) return;
+  if (!state.webgpu) {
+    showError("model-error", `\u201c${file.name}\u201d cannot be opened here: this browser gives the page no ` +
+      "WebGPU device, which the models need (see the message at the top of the page).");
+    return;
+  }
   setState("opening");
   await afterOpen(await call("open_file", file, file.name), { ...source, name: file.name, size: file.size });
 }
@@ -173,9 +287,10 @@ async function openFile(file, source = { kind: "file" }) {
 async function loadModel() {
   state.loaded = false;
   state.busy = true;
+  state.loadFailed = false;
   setState("loading");
   showError("model-error", "");
-  $("reload-model").hidden = true;
+  showNotLoaded("loading…");
   $("load-box").hidden = false;
   $("load-progress").value = 0;
   $("load-text").textContent = "Uploading weights to the GPU…";
@@ -185,20 +300,30 @@ async function loadModel() {
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
+    // the model is not loaded: the card says so, the error above it says why, and Load tries again
+    state.loadFailed = true;
     showError("model-error", r);
-    $("reload-model").hidden = !r.device_lost;
-    setState("ready");
+    showNotLoaded(r.error.includes("cancelled") ? "loading was cancelled" :
+      "see the message above; change the settings if it says so, then load it again");
+    setState(state.webgpu ? "ready" : "no-webgpu");
+    markLoaded();
+    finetune.modelLoaded();
     return;
   }
   state.loaded = true;
+  state.everLoaded = true;
+  state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16 };
   contextLoaded(r.context_length);
   showError("chat-error", "");
-  $("model-info").innerHTML = describe(r.model) +
-    `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${r.context_length} tokens</div>`;
-  $("memory-plan").innerHTML = planHtml(r.plan);
+  $("model-info").innerHTML = describe(r.model,
+    `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${plural(r.context_length, "token")}</div>`);
+  state.loadedPlan = planHtml(r.plan, r.plan_figures, "On the GPU now");
+  $("memory-plan").innerHTML = state.loadedPlan;
   showAdapter(r.adapter);
   state.adapterLoaded = !!r.adapter;
   setState("loaded");
+  renderChat();                // the empty conversation's words
+  markLoaded();
   finetune.modelLoaded();
   const n = await call("count_tokens", JSON.stringify(templateMessages()));   // a kept conversation counts
   updateMeter({ context_used: n.tokens || 0, context_length: r.context_length });
@@ -297,7 +422,7 @@ let savedFolder = null;
 async function offerReopen() {
   try { savedFolder = await idbDo("readonly", (s) => s.get("ollama")); } catch (e) { /* no IndexedDB (private mode) */ }
   if (savedFolder) {
-    $("reopen-folder").textContent = `Reopen "${savedFolder.name}"`;
+    $("reopen-folder").textContent = `Reopen the Ollama folder \u201c${savedFolder.name}\u201d`;
     $("reopen-folder").hidden = false;
     $("reopen-folder").onclick = reopenFolder;
   }
@@ -336,10 +461,21 @@ async function openFolder(handle) {
   setState(state.loaded ? "loaded" : "ready");
   if (r.error) { showError("model-error", r); return; }
   showError("model-error", "");
+  state.folderModels = r.models;
+  state.folderName = r.folder;
+  renderFolder();
+}
+// The folder's models: each a button (Gemma 4 ones), with what it is; one that cannot be used says why in
+// plain words beside it (the reader's message folded), never inside a faded button; the loaded one is marked.
+function renderFolder() {
+  // the models this app runs first, then those it cannot (each with its reason), by name within each
+  const models = [...(state.folderModels || [])].sort((a, b) => (b.usable - a.usable) || a.name.localeCompare(b.name));
+  $("folder-models").hidden = !state.folderModels;
+  $("folder-h").textContent = state.folderName ? `In the Ollama folder \u201c${state.folderName}\u201d` : "In the Ollama folder";
   const list = $("model-list");
-  list.innerHTML = "";
-  if (!r.models.length) list.innerHTML = "<li>No models in this folder.</li>";
-  for (const m of r.models) {
+  list.replaceChildren();
+  if (!models.length) list.innerHTML = "<li>No models in this folder.</li>";
+  for (const m of models) {
     const li = document.createElement("li");
     const b = document.createElement("button");
     b.type = "button";
@@ -347,14 +483,45 @@ async function openFolder(handle) {
     b.disabled = !m.usable;
     b.dataset.usable = m.usable ? "yes" : "";   // updateButtons keeps an unusable model's button disabled
     const media = (m.parts || []).filter((p) => p !== "text").map((p) => (p === "vision" ? "image" : p));
-    b.innerHTML = `<strong>${escapeHtml(m.name)}</strong> <small>${escapeHtml(m.parameters || "")} ` +
-      `${escapeHtml(m.quantization || "")} · ${(m.size / 2 ** 30).toFixed(2)} GiB` +
-      `${media.length ? ` · text, ${escapeHtml(media.join(", "))} in the file` : ""}</small>` +
-      (m.usable ? "" : `<br><small class="why">${escapeHtml(m.why)}</small>`);
+    const loaded = isLoaded({ digest: m.digest, name: m.name });
+    b.innerHTML = `<strong>${escapeHtml(m.name)}</strong>${loaded ? '<span class="loaded-badge">loaded</span>' : ""} ` +
+      `<small>${escapeHtml(m.parameters || "")} ${escapeHtml(m.quantization || "")}${m.size ? ` · ${formatBytes(m.size)}` : ""}` +
+      `${media.length ? ` · text, ${escapeHtml(media.join(", "))} in the file` : ""}</small>`;
+    if (loaded) b.setAttribute("aria-current", "true");
     b.onclick = () => openFolderModel(m.name);
     li.append(b);
+    if (!m.usable) {
+      const why = document.createElement("div");
+      why.className = "why";
+      why.id = `why-${list.children.length}`;
+      why.textContent = m.why;
+      if (m.detail) {
+        const details = document.createElement("details");
+        const summary = document.createElement("summary");
+        summary.textContent = "Technical details";
+        const pre = document.createElement("div");
+        pre.textContent = m.detail;
+        details.append(summary, pre);
+        why.append(details);
+      }
+      b.setAttribute("aria-describedby", why.id);
+      li.append(why);
+    }
     list.append(li);
   }
+  updateButtons();
+}
+// The lists mark the model loaded now (or no longer).
+function markLoaded() {
+  if (state.folderModels) renderFolder();
+  renderRecent();
+}
+// Is this the model loaded now? (an Ollama model by its blob's digest and name, a file by its name and size)
+function isLoaded(x) {
+  const m = state.model;
+  if (!state.loaded || !m) return false;
+  if (x.digest || m.digest) return !!x.digest && x.digest === m.digest && (!x.name || x.name === m.name);
+  return x.file === m.file && (x.size === undefined || !state.modelSource || state.modelSource.size === x.size);
 }
 
 async function openFolderModel(name) {
@@ -366,20 +533,25 @@ async function openFolderModel(name) {
 // ---------------------------------------------------------------- settings
 function readSettings() {
   for (const k of PARAMS) if (checkSetting(k)) state.settings[k] = $(k).value;   // a bad value is not used
+  const touched = state.chat.system !== $("system").value && state.chat.messages.length > 0;
   state.chat.system = $("system").value;
   state.chat.thinking = $("thinking").checked;
   saveSettings();
-  saveChat();
+  saveChat(touched);
 }
 function showSettings() {
   for (const k of PARAMS) $(k).value = state.settings[k] ?? "";
   PARAMS.forEach(checkSetting);   // the values shown are good ones: clear any message
   $("system").value = state.chat.system || "";
   $("thinking").checked = !!state.chat.thinking;
+  contextNote();                  // the note follows the field
 }
 function applyModelDefaults(p) {
   state.modelDefaults = { ...DEFAULTS, ...Object.fromEntries(Object.entries(p).filter(([, v]) => v !== null)) };
   if (p.num_ctx) state.modelDefaults.context_length = Math.min(p.num_ctx, 32768);
+  if (state.model && state.model.context_length) {     // never more than the model takes
+    state.modelDefaults.context_length = Math.min(state.modelDefaults.context_length, state.model.context_length);
+  }
   state.settings = { ...state.modelDefaults };
   showSettings();
   saveSettings();
@@ -392,51 +564,86 @@ function suggestSettings(suggested) {
   saveSettings();
 }
 for (const k of [...PARAMS, "system", "thinking"]) $(k).addEventListener("change", readSettings);
-$("reset-settings").onclick = () => { state.settings = { ...state.modelDefaults }; showSettings(); saveSettings(); };
+// Model defaults: every field good again, so Send is free and the notes follow the fields.
+$("reset-settings").onclick = () => {
+  state.settings = { ...state.modelDefaults };
+  showSettings();
+  saveSettings();
+  settingsChanged();
+};
 
 // ---------------------------------------------------------------- the memory plan
-// What loading puts on the GPU and what stays in the file, shown before loading (pyapp.runtime.memory).
+// What loading puts on the GPU and what stays in the file (pyapp.runtime.memory): before loading, for the
+// settings as they are; after loading, what the GPU holds.
 async function showPlan() {
   const ctx = settingNumber(state.settings.context_length, DEFAULTS.context_length);
   const p = await call("memory_plan", ctx, state.gpuMemory);
-  $("memory-plan").innerHTML = p.error ? `<div class="error">${escapeHtml(p.error)}</div>` : planHtml(p.lines, p);
+  const title = state.loaded ? "After a reload with these settings" : "Loading it would take";
+  $("memory-plan").innerHTML = p.error ? `<div class="error">${escapeHtml(p.error)}</div>` : planHtml(p.lines, p, title);
 }
-function planHtml(lines, p) {
-  return (p ? planBar(p) : "") + `<ul class="plan">${(lines || []).map((l) => `<li>${escapeHtml(l.trim())}</li>`).join("")}</ul>`;
+// The plan: a title, the bar and its legend, and its lines folded under the first (the total and the budget).
+function planHtml(lines, p, title) {
+  const [first, ...rest] = (lines || []).map((l) => escapeHtml(l.trim()));
+  return `<p class="plan-head">${escapeHtml(title)}</p>` + (p ? planBar(p) : "") +
+    `<details class="plan-details"><summary>${first || "Details"}</summary>` +
+    `<ul class="plan">${rest.map((l) => `<li>${l}</li>`).join("")}</ul></details>`;
 }
-// One bar: resident on the GPU | expert cache on the GPU | left in the file (to scale).
+// One bar, to scale, with its legend: the weights, the experts (all, or their cache), the activations and KV
+// cache (all on the GPU), and what stays in the file and is read as needed.
 function planBar(p) {
-  const parts = [["resident on the GPU", p.resident, "#1a73e8"], ["expert cache", p.expert_cache, "#7baaf7"],
-                 ["read from the file", p.in_file, "#dadce0"]].filter(([, n]) => n > 0);
-  const total = parts.reduce((a, [, n]) => a + n, 0) || 1;
+  const experts = p.n_experts ? `experts (all ${p.n_experts} per layer)` : "experts";
+  const parts = [["resident", "weights on the GPU", p.weights], ["experts", `${experts} on the GPU`, p.experts],
+                 ["cache", `expert cache on the GPU (${p.slots} of ${p.n_experts} per layer)`, p.expert_cache],
+                 ["state", "activations and KV cache", p.state],
+                 ["file", "left in the file, read as needed", p.in_file]].filter(([, , n]) => n > 0);
+  const total = parts.reduce((a, [, , n]) => a + n, 0) || 1;
   let x = 0;
-  const rects = parts.map(([name, n, color]) => {
-    const w = (300 * n) / total;
-    const r = `<rect x="${x.toFixed(1)}" y="0" width="${w.toFixed(1)}" height="14" fill="${color}">` +
-      `<title>${name}: ${(n / 2 ** 30).toFixed(2)} GiB</title></rect>`;
+  const rects = parts.map(([cls, name, n]) => {
+    const w = Math.max(1, (300 * n) / total);
+    const r = `<rect class="${cls}" x="${x.toFixed(1)}" y="0" width="${w.toFixed(1)}" height="14">` +
+      `<title>${name}: ${formatBytes(n)}</title></rect>`;
     x += w;
     return r;
   });
-  const label = parts.map(([name, n]) => `${name} ${(n / 2 ** 30).toFixed(2)} GiB`).join(", ");
-  return `<svg class="plan-bar" viewBox="0 0 300 14" width="300" height="14" role="img" aria-label="${label}">` +
-    `${rects.join("")}</svg>`;
+  const label = parts.map(([, name, n]) => `${name} ${formatBytes(n)}`).join(", ");
+  const legend = parts.map(([cls, name, n]) =>
+    `<li><span class="swatch ${cls}" aria-hidden="true"></span>${escapeHtml(name)}: ${formatBytes(n)}</li>`).join("");
+  return `<svg class="plan-bar" viewBox="0 0 ${Math.ceil(x)} 14" width="300" height="14" role="img" ` +
+    `aria-label="${escapeHtml(label)}">${rects.join("")}</svg><ul class="plan-legend" aria-hidden="true">${legend}</ul>`;
+}
+// A setting that sizes the loaded model (GPU memory, f16 tiles, context) changed: the plan for it, a stale
+// load error gone (it was about the old settings), and Load / Reload offered.
+async function settingsChanged() {
+  contextNote();
+  if (state.loadFailed && !state.busy) {
+    state.loadFailed = false;
+    showError("model-error", "");
+    showNotLoaded("the settings changed since it failed: load it to try them");
+  }
+  updateButtons();
+  if (!state.model || state.busy) return;
+  if (!state.loaded || reloadWanted()) await showPlan();
+  else if (state.loadedPlan) $("memory-plan").innerHTML = state.loadedPlan;   // as loaded again
 }
 $("f16").addEventListener("change", () => {
   state.f16 = $("f16").checked;
   const saved = loadJSON(F16_KEY, {});
   saved[state.adapter] = state.f16;
   localStorage.setItem(F16_KEY, JSON.stringify(saved));
-  if (state.loaded) $("reload-model").hidden = false;   // the loaded model keeps its tiles until reloaded
+  settingsChanged();                      // the loaded model keeps its tiles until reloaded
 });
 $("gpu_memory").addEventListener("change", async () => {
+  if (!checkSetting("gpu_memory")) return;   // a bad value is not used (its message says why)
   state.gpuMemory = settingNumber($("gpu_memory").value, 0);
   const saved = loadJSON(GPU_MEMORY_KEY, {});
   saved[state.adapter] = state.gpuMemory;
   localStorage.setItem(GPU_MEMORY_KEY, JSON.stringify(saved));
-  if (!state.model) return;
-  await showPlan();
-  if (state.loaded) $("reload-model").hidden = false;   // the loaded model keeps its old plan until reloaded
+  await settingsChanged();                // the loaded model keeps its old plan until reloaded
 });
+$("gpu_memory").addEventListener("input", () => checkSetting("gpu_memory"));
+// GPU memory is the page's own setting (not the sampler's): its rule is here.
+const GPU_MEMORY_RULE = { gpu_memory: { min: 0, max: null, lo: 0, above_lo: false, integer: false, special: null,
+  rule: "a number, 0 or more (0 puts the whole model on the GPU)" } };
 
 // Each setting's bounds come from Python (pyapp.sampling.RULES), which also checks what is sent:
 // a value out of range comes back as an error naming the setting, never silently changed here.
@@ -510,11 +717,21 @@ function contextNote() {
   const wanted = max ? Math.min(asked, max) : asked;
   const notes = [];
   if (max && asked > max) notes.push(`This model takes at most ${max} tokens of context.`);
-  if (state.loaded && state.loadedContext && wanted !== state.loadedContext) {
-    notes.push(`The model is loaded with ${state.loadedContext} tokens of context: reload it to use ${wanted}.`);
-    $("reload-model").hidden = false;
+  if (contextDiffers()) {
+    notes.push(`The model is loaded with ${plural(state.loadedContext, "token")} of context: reload it to use ${wanted}.`);
   }
   showContextNote(notes.join(" "));
+}
+// A setting the loaded model was loaded with (GPU memory, f16 tiles, context) differs now: a reload applies it.
+function reloadWanted() {
+  const w = state.loadedWith;
+  return !!(state.loaded && w && (w.gpuMemory !== state.gpuMemory || w.f16 !== state.f16 || contextDiffers()));
+}
+// The context field asks for another size than the loaded model's KV cache holds.
+function contextDiffers() {
+  const asked = settingNumber(state.settings.context_length, DEFAULTS.context_length);
+  const max = state.model ? state.model.context_length : 0;
+  return !!(state.loaded && state.loadedContext && (max ? Math.min(asked, max) : asked) !== state.loadedContext);
 }
 // After a load: the field shows the context the model got (a model caps it at its own).
 function contextLoaded(n) {
@@ -523,13 +740,13 @@ function contextLoaded(n) {
   state.settings.context_length = n;
   $("context_length").value = n;
   saveSettings();
-  showContextNote(`Context set to ${n} tokens, the most this model takes.`);
+  showContextNote(`Context set to ${plural(n, "token")}, the most this model takes.`);
 }
 function showContextNote(text) {
   $("context-note").textContent = text;
   $("context-note").hidden = !text;
 }
-$("context_length").addEventListener("change", contextNote);
+$("context_length").addEventListener("change", () => settingsChanged());
 
 function samplingParams() {
   const s = state.settings;
@@ -538,7 +755,8 @@ function samplingParams() {
     temperature: num(s.temperature, DEFAULTS.temperature), top_k: num(s.top_k, DEFAULTS.top_k),
     top_p: num(s.top_p, DEFAULTS.top_p), min_p: num(s.min_p, DEFAULTS.min_p),
     repeat_penalty: num(s.repeat_penalty, DEFAULTS.repeat_penalty),
-    seed: num(s.seed, null), max_tokens: num(s.max_tokens, DEFAULTS.max_tokens), thinking: !!state.chat.thinking,
+    seed: num(s.seed, null), max_tokens: num(s.max_tokens, DEFAULTS.max_tokens),
+    thinking: !!state.chat.thinking && !(state.model && state.model.denoise),   // DiffusionGemma: no thinking mode
     speculate: num(s.speculate, DEFAULTS.speculate),
     ...denoiseSettings(),
   };
@@ -555,14 +773,23 @@ function sentMessage(m) {
   return m.ids ? { role: m.role, content: m.content, ids: m.ids, vocab: m.vocab } : { role: m.role, content: m.content };
 }
 
+// A message: an article headed by its author ("You" or the model), so a screen reader tells them apart.
 function messageEl(m, i) {
-  const div = document.createElement("div");
+  const div = document.createElement("article");
   div.className = `msg ${m.role}`;
   div.dataset.index = i;
+  const author = document.createElement("h3");
+  author.className = "author";
+  author.id = `msg-${i}-author`;
+  author.textContent = m.role === "assistant" ? "Gemma" : "You";
+  div.setAttribute("aria-labelledby", author.id);
   const body = document.createElement("div");
   body.className = "body";
   if (m.role === "assistant") {
     body.innerHTML = renderReply(m.content || "");
+    if (!body.textContent.trim() && !state.streaming) {   // only markers, or nothing: say so, never a blank bubble
+      body.innerHTML = '<p class="empty">(no text: the reply held only control markers)</p>';
+    }
   } else {
     body.textContent = m.content;
   }
@@ -572,8 +799,8 @@ function messageEl(m, i) {
     meta.textContent = denoiseStatsText(m.stats);
   } else if (m.stats) {
     const s = m.stats;
-    meta.textContent = `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
-      ` (${s.evaluated} new prompt tokens)${s.drafted ? ` · ${s.accepted} of ${s.drafted} drafts accepted` : ""}` +
+    meta.textContent = `${plural(s.tokens, "token")} · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
+      ` (${plural(s.evaluated, "new prompt token")})${s.drafted ? ` · ${s.accepted} of ${plural(s.drafted, "draft")} accepted` : ""}` +
       `${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
       `${s.stop_reason === "length" ? " · max tokens reached" : ""}${s.stop_reason === "context" ? " · context full" : ""}`;
   }
@@ -582,12 +809,37 @@ function messageEl(m, i) {
   copy.className = "copy";
   copy.textContent = "Copy";
   copy.setAttribute("aria-label", m.role === "assistant" ? "Copy this reply" : "Copy this message");
-  copy.onclick = () => navigator.clipboard &&
-    navigator.clipboard.writeText(m.role === "assistant" ? replyAnswer(m.content) : m.content);
+  copy.onclick = () => copyText(m.role === "assistant" ? replyAnswer(m.content) : m.content, copy);
   meta.append(copy);
   if (m.role === "user") meta.append(editButton(i));
-  div.append(body, meta);
+  div.append(author, body, meta);
   return div;
+}
+// Copy, and say so: the clipboard API where the page has it, else the browser's copy command on a hidden
+// field; where both fail, the words say how to copy by hand.
+async function copyText(text, btn) {
+  let ok = false;
+  try {
+    if (navigator.clipboard && navigator.clipboard.writeText) { await navigator.clipboard.writeText(text); ok = true; }
+  } catch (e) { /* denied: try the other way */ }
+  if (!ok) {
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.append(area);
+    area.select();
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    area.remove();
+    btn.focus();
+  }
+  const said = btn.parentElement.querySelector(".copied") || document.createElement("span");
+  said.className = "copied";
+  said.setAttribute("role", "status");
+  said.textContent = ok ? "Copied" : "Could not copy: select the text and press Ctrl+C (⌘C)";
+  btn.after(said);
+  clearTimeout(btn.copiedTimer);
+  btn.copiedTimer = setTimeout(() => said.remove(), ok ? 2500 : 8000);
 }
 
 // ---------------------------------------------------------------- reply channels
@@ -635,14 +887,19 @@ function renderReply(text) {
       `${name ? `: ${escapeHtml(name)}` : ""}</summary><pre><code>${escapeHtml(p.text)}</code></pre></details>`;
   }).join("");
 }
-Object.assign(window.app, { renderReply });   // tests render crafted replies
+Object.assign(window.app, { renderReply, renderChat });   // tests render crafted replies, changed lists
 
 function renderChat() {
   const box = $("messages");
   box.innerHTML = "";
   state.chat.messages.forEach((m, i) => box.append(messageEl(m, i)));
   if (!state.chat.messages.length) {
-    box.innerHTML = '<p class="empty">Load a model, then say hello. Conversations are kept in this browser only.</p>';
+    const p = document.createElement("p");
+    p.className = "empty";
+    p.textContent = state.loaded ? `${modelLabel(state.model)} is loaded: say hello. ` +
+      "Conversations are kept in this browser only."
+      : "Choose a model (the model button at the top), then say hello. Conversations are kept in this browser only.";
+    box.append(p);
   }
   box.scrollTop = box.scrollHeight;
   renderChatList();
@@ -654,19 +911,50 @@ function updateButtons() {
   const gen = state.streaming !== null;
   const busy = state.busy || state.training;   // a fine-tuning run has the model until it ends
   const msgs = state.chat.messages;
-  $("send").disabled = !state.loaded || gen || busy || !settingsValid();
+  const valid = settingsValid();
+  $("send").disabled = !state.loaded || gen || busy || !valid;
   $("stop").disabled = !gen;
-  $("regen").disabled = !state.loaded || gen || busy || !msgs.length;   // also answers an unanswered message
+  $("regen").disabled = !state.loaded || gen || busy || !msgs.length || !valid;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
   $("new-chat").disabled = gen;
-  for (const id of ["demo", "open-folder", "open-file", "file-input", "open-adapter", "adapter-on", "adapter-scale",
-                    "remove-adapter", "reload-model"]) $(id).disabled = gen || busy;
+  const noGpu = !state.webgpu;                 // no WebGPU: no model can run, so none can be chosen
+  for (const id of ["demo", "open-folder", "open-file", "file-input"]) $(id).disabled = gen || busy || noGpu;
+  for (const id of ["open-adapter", "adapter-on", "adapter-scale", "remove-adapter", "reload-model"]) {
+    $(id).disabled = gen || busy;
+  }
+  $("needs-webgpu").hidden = !noGpu;
+  $("drop").hidden = noGpu;
+  // Load / Reload: whenever the chosen model is not loaded (a failure, a cancel, a lost device), or a
+  // setting it was loaded with changed
+  const offer = !!state.model && !state.busy && state.webgpu &&
+    (!state.loaded || reloadWanted());
+  $("reload-model").hidden = !offer;
+  $("reload-model").textContent = state.loaded || state.everLoaded ? "Reload the model" : "Load the model";
   for (const b of document.querySelectorAll("#chat-list button, .msg .edit-msg")) b.disabled = gen;
-  for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || busy;
+  for (const b of document.querySelectorAll("#recent-list button")) b.disabled = gen || busy || noGpu;
   for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || busy;
   $("messages").setAttribute("aria-busy", String(gen));   // screen readers read the reply once, when it is done
+  composerHint(valid);
+  showModelStatus();
   updateReopenNotice();
   if (finetune) finetune.update();
+}
+// Why Send waits, where it would not be obvious: a setting out of range (maybe in a closed panel).
+function composerHint(valid) {
+  const hint = $("composer-hint");
+  const bad = valid ? null : PARAMS.find((k) => settingProblem(k));
+  const text = bad ? `Send waits: ${$(`${bad}-problem`) ? $(`${bad}-problem`).textContent : "a setting is not valid."}` : "";
+  if (hint.dataset.text === text) return;      // unchanged: leave the live region quiet
+  hint.dataset.text = text;
+  hint.textContent = text;
+  if (!bad) return;
+  const fix = button("Show the setting", "fix-setting", () => {
+    openSettings(true);
+    const section = $(bad).closest("details");
+    if (section) section.open = true;
+    $(bad).focus();
+  });
+  hint.append(" ", fix);
 }
 
 function updateMeter(r) {
@@ -679,6 +967,7 @@ function updateMeter(r) {
 let pendingRender = false;
 on("token", (m) => {
   if (state.streaming === null) return;
+  if (prefill.timer) endPrefill();
   state.streaming.content += m.text;
   state.streamedTokens += 1;
   if (!pendingRender) {
@@ -708,10 +997,58 @@ function showLiveStats(m) {
     line.className = "live-stats";
     meta.prepend(line);
   }
-  line.textContent = `${m.tokens} tokens` + (m.tps ? ` · ${m.tps.toFixed(1)} tok/s` : "");
+  line.textContent = plural(m.tokens, "token") + (m.tps ? ` · ${m.tps.toFixed(1)} tok/s` : "");
+}
+
+// Before the first token: the prompt the model reads first (the worker's "prefill" event: its new tokens, and
+// the time that takes at this model's measured rate), with the seconds so far; the context meter moves to it.
+const prefill = { timer: null, t0: 0, m: null };
+on("prefill", (m) => {
+  if (state.streaming === null) return;
+  prefill.m = m;
+  prefill.t0 = performance.now();
+  updateMeter(m);
+  drawPrefill();
+  clearInterval(prefill.timer);
+  prefill.timer = setInterval(drawPrefill, 500);
+});
+function drawPrefill() {
+  const msg = document.querySelector(".msg.streaming");
+  const m = prefill.m;
+  if (!msg || !m || state.streamedTokens > 0 || state.denoiseSteps > 0) { endPrefill(); return; }
+  let box = msg.querySelector(".prefill");
+  if (!box) {
+    box = document.createElement("div");
+    box.className = "prefill";
+    box.innerHTML = '<span class="prefill-text"></span><progress max="1" aria-label="Reading the prompt"></progress>';
+    msg.querySelector(".body").before(box);
+  }
+  const secs = (performance.now() - prefill.t0) / 1000;
+  const bar = box.querySelector("progress");
+  let left;
+  if (m.eta >= 0) {
+    const fraction = Math.min(0.99, secs / Math.max(m.eta, 0.1));
+    bar.value = fraction;
+    left = secs < m.eta ? `about ${Math.ceil(m.eta - secs)} s left` : "taking longer than the last reply's rate";
+  } else {
+    bar.removeAttribute("value");              // no estimate yet: the bar shows work without a figure
+    left = m.denoise ? "then each block is written in steps" :
+      state.software ? "the first reply also prepares the GPU programs, which on the CPU can take a minute or two"
+                     : "the first reply also prepares the GPU programs";
+  }
+  box.querySelector(".prefill-text").textContent = `Reading the prompt: ${plural(m.tokens, "token")}` +
+    `${m.tokens !== m.prompt_tokens ? ` (${m.prompt_tokens - m.tokens} already read)` : ""} · ${Math.floor(secs)} s so far · ${left}`;
+  box.dataset.tokens = m.tokens;
+}
+function endPrefill() {
+  clearInterval(prefill.timer);
+  prefill.timer = null;
+  const box = document.querySelector(".msg .prefill");
+  if (box) box.remove();
 }
 
 async function generate() {
+  if (!settingsValid()) { updateButtons(); return; }   // a setting marked invalid is never silently replaced
   readSettings();
   const msgs = templateMessages();
   const reply = { role: "assistant", content: "" };
@@ -723,17 +1060,20 @@ async function generate() {
   last.classList.add("streaming");
   setState("generating");
   showError("chat-error", "");
+  state.denoiseSteps = 0;
   const r = await call("chat", JSON.stringify(msgs), JSON.stringify(samplingParams()));
   state.streaming = null;
+  endPrefill();
   if (r.error) {
     state.chat.messages.pop();   // keep the user's message; drop the empty reply
     showError("chat-error", r);
     if (r.device_lost) {         // the model is gone with the device: offer to load it again
       state.loaded = false;
-      $("reload-model").hidden = false;
+      showNotLoaded("the GPU device was lost: reload it");
       saveChat();
       renderChat();
       setState("ready");
+      markLoaded();
       return;
     }
   } else {
@@ -762,18 +1102,16 @@ $("prompt").addEventListener("keydown", (ev) => {
 });
 $("stop").onclick = () => call("stop");
 $("regen").onclick = async () => {
+  if ($("regen").disabled) return;
   const msgs = state.chat.messages;
   if (msgs.length && msgs[msgs.length - 1].role === "assistant") msgs.pop();
   await generate();
 };
+// Edit last: the last message of yours, edited in place like Edit on it (Cancel keeps everything).
 $("edit").onclick = () => {
   const msgs = state.chat.messages;
-  while (msgs.length && msgs[msgs.length - 1].role !== "user") msgs.pop();
-  const last = msgs.pop();
-  if (last) $("prompt").value = last.content;
-  saveChat();
-  renderChat();
-  $("prompt").focus();
+  const i = msgs.map((m) => m.role).lastIndexOf("user");
+  if (i >= 0 && state.streaming === null) startEdit(i);
 };
 
 // ---------------------------------------------------------------- conversations
@@ -826,14 +1164,17 @@ function button(text, className, onclick) {
   return b;
 }
 
+// The conversations, the one changed last first; one with nothing said yet is not listed.
 function renderChatList() {
-  $("chat-list").replaceChildren(...state.chats.chats.map((chat) => {
+  const shown = state.chats.chats.filter((c) => c.messages.length).sort((a, b) => b.updated - a.updated);
+  $("chat-list-empty").hidden = shown.length > 0;
+  $("chat-list").replaceChildren(...shown.map((chat) => {
     const li = document.createElement("li");
     const title = document.createElement("span");
     title.className = "title";
     title.textContent = chatTitle(chat);
     const date = document.createElement("small");
-    date.textContent = shortDate(chat.updated);
+    date.textContent = `${shortDate(chat.updated)} · ${plural(chat.messages.length, "message")}`;
     const open = button("", "chat-open", () => selectChat(chat));
     open.append(title, date);
     if (chat === state.chat) open.setAttribute("aria-current", "true");
@@ -857,6 +1198,7 @@ async function showChat(chat) {
 }
 function selectChat(chat) {
   if (chat === state.chat || state.streaming !== null) return;
+  if (NARROW.matches) openSidebar(false);   // the menu closes on the conversation chosen
   $("undo-delete").hidden = true;
   // an empty conversation left behind is dropped: New chat and undo never pile them up
   if (!state.chat.messages.length) state.chats.chats = state.chats.chats.filter((c) => c !== state.chat);
@@ -864,6 +1206,7 @@ function selectChat(chat) {
 }
 $("new-chat").onclick = () => {
   if (state.streaming !== null) return;
+  if (NARROW.matches) openSidebar(false);
   if (state.chat.messages.length) {
     const chat = makeChat({ system: state.chat.system, thinking: state.chat.thinking });   // settings carry over
     state.chats.chats.unshift(chat);
@@ -879,9 +1222,10 @@ function deleteChat(chat) {
   const index = list.indexOf(chat);
   list.splice(index, 1);
   deleted = { chat, index, wasCurrent: chat === state.chat };
-  if (deleted.wasCurrent) {
-    if (!list.length) list.push(makeChat({ system: chat.system, thinking: chat.thinking }));
-    showChat(list[Math.min(index, list.length - 1)]);
+  if (deleted.wasCurrent) {   // the conversation changed last takes its place (a new one if none is left)
+    const next = list.filter((c) => c.messages.length).sort((a, b) => b.updated - a.updated)[0];
+    if (!next) list.unshift(makeChat({ system: chat.system, thinking: chat.thinking }));
+    showChat(next || list[0]);
   } else {
     saveChats();
     renderChatList();
@@ -939,7 +1283,7 @@ async function saveEdit(i, text) {
   if (!text || state.streaming !== null) return;
   state.chat.messages.splice(i);   // the edited message and everything after it are replaced
   state.chat.messages.push({ role: "user", content: text });
-  if (state.loaded && !state.busy) {
+  if (state.loaded && !state.busy && settingsValid()) {
     await generate();
   } else {                         // kept unanswered: Regenerate answers it once a model is loaded
     saveChat();
@@ -981,8 +1325,16 @@ function renderRecent() {
     const name = document.createElement("strong");
     name.textContent = r.name;
     const about = document.createElement("small");
-    about.textContent = ` ${(r.size / 2 ** 30).toFixed(r.size < 2 ** 30 ? 3 : 2)} GiB · ${shortDate(r.opened)}`;
-    open.append(name, about);
+    about.textContent = ` ${formatBytes(r.size)} · ${shortDate(r.opened)}`;
+    open.append(name);
+    if (isLoaded({ file: r.name, size: r.size }) && state.modelSource && state.modelSource.kind === "file") {
+      const badge = document.createElement("span");
+      badge.className = "loaded-badge";
+      badge.textContent = "loaded";
+      open.append(badge);
+      open.setAttribute("aria-current", "true");
+    }
+    open.append(about);
     open.setAttribute("aria-label", `Open ${r.name} again`);
     const forget = button("×", "forget", () => { recent = recent.filter((x) => x !== r); storeRecent(); });
     forget.title = "Remove from this list";
@@ -1089,8 +1441,8 @@ function drawSpeed() {
   const last = shown[shown.length - 1];
   $("speed-text").textContent = `${last.tps.toFixed(1)} tok/s ${last.live ? "now" : "last reply"}` +
     (shown.length > 1 ? ` · best ${top.toFixed(1)}` : "");
-  $("speed-chart").setAttribute("aria-label", `Tokens per second of the last ${shown.length} ` +
-    `replies, oldest first: ${shown.map((b) => b.tps.toFixed(1)).join(", ")}`);
+  $("speed-chart").setAttribute("aria-label", (shown.length === 1 ? "Tokens per second of the last reply: "
+    : `Tokens per second of the last ${shown.length} replies, oldest first: `) + shown.map((b) => b.tps.toFixed(1)).join(", "));
 }
 
 // ---------------------------------------------------------------- DiffusionGemma: replies shown denoising
@@ -1113,14 +1465,20 @@ function denoiseSettings() {
 function denoiseStatsText(s) {
   const d = s.denoise;
   const stop = { cancelled: " · stopped", length: " · max tokens reached", context: " · context full" };
-  return `${s.tokens} tokens · ${s.decode_tps.toFixed(1)} tok/s · ${d.steps} denoising steps in ${d.blocks} ` +
-    `block${d.blocks === 1 ? "" : "s"} · ${d.tokens_per_forward.toFixed(2)} tokens per forward pass` +
+  return `${plural(s.tokens, "token")} · ${s.decode_tps.toFixed(1)} tok/s · ${plural(d.steps, "denoising step")} in ` +
+    `${plural(d.blocks, "block")} · ${d.tokens_per_forward.toFixed(2)} tokens per forward pass` +
     (stop[s.stop_reason] || "");
 }
+// The figures while denoising; speed and tokens per pass only once a block is committed (before that they
+// would read 0: nothing is committed until the block settles).
 function denoiseFigures(m) {
-  return `Block ${m.block + 1}, step ${m.step} · ${m.steps} steps · ${m.tps.toFixed(1)} tok/s · ` +
-    `${m.tpf.toFixed(2)} tokens per forward pass`;
+  const committed = state.denoise && state.denoise.committed > 0;
+  return `Block ${m.block + 1}, step ${m.step} · ${plural(m.steps, "step")} so far · ` +
+    (committed ? `${m.tps.toFixed(1)} tok/s · ${m.tpf.toFixed(2)} tokens per forward pass`
+               : "tok/s and tokens per forward pass once the first block is written");
 }
+// A draft piece as shown: Gemma 4's channel and tool markers (random weights draft them) never appear.
+const draftPiece = (text) => text.replace(MARKERS, "");
 on("denoise", (m) => {
   if (state.streaming === null) return;
   if (denoiseLive.reply !== state.streaming) {     // a new reply
@@ -1128,8 +1486,10 @@ on("denoise", (m) => {
     state.denoise = null;
   }
   denoiseLive.last = m;
+  state.denoiseSteps = (state.denoiseSteps || 0) + 1;
+  if (prefill.timer) endPrefill();
   state.denoise = { block: m.block, step: m.step, steps: m.steps, accepted: m.accepted.reduce((a, b) => a + b, 0),
-                    draft: m.pieces.join(""), committed: state.denoise ? state.denoise.committed : 0 };
+                    draft: m.pieces.map(draftPiece).join(""), committed: state.denoise ? state.denoise.committed : 0 };
   if (!denoiseLive.drawn) return;                 // one redraw per frame: the latest step wins
   denoiseLive.drawn = false;
   requestAnimationFrame(drawDraft);
@@ -1148,7 +1508,7 @@ function drawDraft() {
   }
   draft.replaceChildren(...m.pieces.map((text, i) => {
     const span = document.createElement("span");
-    span.textContent = text;
+    span.textContent = draftPiece(text);
     if (m.accepted[i]) span.className = "accepted";
     return span;
   }));

@@ -5,6 +5,7 @@
 import { escapeHtml } from "./markdown.js";
 
 const $ = (id) => document.getElementById(id);
+const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 const FIELDS = ["rank", "alpha", "lr", "batch", "steps", "epochs", "seq_len"];   // the inputs are "ft_" + name
 const STORE_DIR = "adapters";          // in OPFS: <id>.gguf (the adapter) and <id>.json (what it is, its log)
 const DATA_FILE = /\.(jsonl|ndjson|json|txt|text|md)$/i;
@@ -72,6 +73,7 @@ export function setupFinetune(app) {
       return l;
     }));
     applyPreset("quick");
+    showTargets();
     return r;
   }
   const targetBoxes = () => [...$("ft-target-list").querySelectorAll("input")];
@@ -94,7 +96,7 @@ export function setupFinetune(app) {
     ft.base = name;
     $("ft_preset").value = name;
     for (const k of FIELDS) $(`ft_${k}`).value = p[k] ?? "";
-    for (const box of targetBoxes()) box.checked = p.targets.includes(box.value);
+    for (const box of targetBoxes()) box.checked = p.targets.includes(box.value) && !box.closest("label").hidden;
     FIELDS.forEach((k) => app.checkSetting(`ft_${k}`));
     checkTargets();
     showPresetHelp();
@@ -106,7 +108,7 @@ export function setupFinetune(app) {
     const same = FIELDS.every((k) => {
       const v = $(`ft_${k}`).value;
       return p[k] == null ? v === "" : v !== "" && Number(v) === Number(p[k]);
-    }) && targetBoxes().every((b) => b.checked === p.targets.includes(b.value));
+    }) && targetBoxes().every((b) => b.checked === (p.targets.includes(b.value) && !b.closest("label").hidden));
     if (!same) { $("ft_preset").value = "custom"; showPresetHelp(); }
   }
   function fields() {
@@ -154,6 +156,15 @@ export function setupFinetune(app) {
     await ensureOptions();
     ft.file = file;
     ft.data = null;                               // Start waits for this file's figures
+    if (!gemmaLoaded()) {                         // kept: read with the model's tokenizer once one is loaded
+      ft.waiting = file;
+      showError("ft-data-error", "");
+      $("ft-data-info").textContent = `${file.name} is kept: it will be read as soon as a Gemma 4 model is loaded ` +
+        "(its tokenizer counts the tokens).";
+      update();
+      return;
+    }
+    ft.waiting = null;
     await preview(file);
   }
   // The chosen file read again with changed settings. Nothing is disabled meanwhile: a field's change event
@@ -199,10 +210,10 @@ export function setupFinetune(app) {
     const rows = [
       ["File", `${r.name}: ${kind}`],
       ["Examples", `${s.n_examples}`],
-      ["Training", `${s.n_train} examples · ${s.train_tokens} tokens, ${s.train_targets} of them learned`],
-      ["Held out", s.n_val ? `${s.n_val} example${s.n_val === 1 ? "" : "s"} · ${s.val_tokens} tokens (validation loss)`
+      ["Training", `${plural(s.n_train, "example")} · ${plural(s.train_tokens, "token")}, ${s.train_targets} of them learned`],
+      ["Held out", s.n_val ? `${plural(s.n_val, "example")} · ${plural(s.val_tokens, "token")} (validation loss)`
                            : "none"],
-      ["Longest", `${s.longest} tokens (sequences of ${s.seq_len})`],
+      ["Longest", `${plural(s.longest, "token")} (sequences of ${s.seq_len})`],
     ];
     const dl = document.createElement("dl");
     dl.className = "ft-stats";
@@ -402,6 +413,7 @@ export function setupFinetune(app) {
         `${r.stats.n_val ? " (stopped before the first validation loss)" : " (no held-out examples)"}.`;
     const kept = r.saved ? " It is kept in this browser (below)." : " It could not be kept in this browser: download it.";
     $("ft-result-text").textContent = `Trained ${r.steps} update${r.steps === 1 ? "" : "s"}${how}. ${best}${kept}`;
+    $("ft-download").textContent = `Download ${adapterName(r)}`;
     $("ft-result").hidden = false;
   }
   function download(bytes, name) {
@@ -485,8 +497,10 @@ export function setupFinetune(app) {
     return new File([await (await dir.getFileHandle(entry.file)).getFile()], entry.name);
   }
   function sameModel(m) {
-    const now = state.model;
-    return !!(now && m && (m.digest && now.digest ? m.digest === now.digest : m.file === now.file && m.name === now.name));
+    const now = state.loaded ? state.model : null;
+    if (!now || !m) return false;
+    if (m.digest || now.digest) return m.digest === now.digest;
+    return m.file === now.file && m.name === now.name && (m.bytes === undefined || m.bytes === now.bytes);
   }
   function entryAction(entry, what, f) {
     return async () => {
@@ -568,8 +582,27 @@ export function setupFinetune(app) {
 
   // after a model (re)loads: the data is read again with its tokenizer
   function modelLoaded() {
-    update();
-    if (ft.data && gemmaLoaded()) refreshPreview();
+    showTargets();
+    renderSaved();                              // "the loaded model" follows what is loaded
+    if (ft.waiting && gemmaLoaded()) {          // a file chosen before any model: read it now
+      const file = ft.waiting;
+      ft.waiting = null;
+      preview(file);
+    } else if (ft.data && gemmaLoaded()) {
+      refreshPreview();
+    }
+  }
+  // Only the projections the loaded model has: the router for a mixture-of-experts model, the per-layer
+  // input ones for a model with per-layer embeddings.
+  function showTargets() {
+    const m = state.model;
+    for (const box of targetBoxes()) {
+      const absent = !!m && ((box.value === "router" && m.moe === false) ||
+                             (box.value.startsWith("ple_") && m.ple === false));
+      box.closest("label").hidden = absent;
+      if (absent) box.checked = false;
+    }
+    if (ft.options) { checkTargets(); fieldsChanged(); }
   }
 
   ensureOptions().then(() => update());
