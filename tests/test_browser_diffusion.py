@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import VOCAB, load_tool
-from test_browser import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, _under_csp, messages, server,  # noqa: F401
-                          set_field, wait_loaded_file, wait_state)
+from browser_support import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, messages, server,  # noqa: F401
+                             set_field, wait_loaded_file, wait_state)
+from browser_support import under_csp as _under_csp
 
 pytestmark = pytest.mark.browser
 

@@ -22,8 +22,9 @@ import json
 import numpy as np
 import pytest
 
-from test_browser import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, _under_csp, messages, server,  # noqa: F401
-                          set_field, wait_loaded_file, wait_state)
+from browser_support import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, messages, server,  # noqa: F401
+                             set_field, wait_loaded_file, wait_state)
+from browser_support import under_csp as _under_csp
 
 pytestmark = pytest.mark.browser
 
@@ -431,7 +432,7 @@ def test_a_model_streaming_its_experts_is_refused_in_plain_words(page):
     page.click("#reload-model")
     page.wait_for_function("window.app.state.loaded === false")
     wait_state(page, "loaded")
-    assert "2 of 4 per layer cached" in page.inner_text("#memory-plan")
+    assert "2 of 4 per layer cached" in page.text_content("#memory-plan")
     page.click("#tab-finetune")
     drop(page, "#ft-drop", "counting.jsonl", DATA)
     page.wait_for_function("window.app.state.finetune.data !== null && !window.app.state.finetune.reading")

@@ -13,9 +13,12 @@ import json
 
 import pytest
 
-from test_browser import (CHROMIUM, FIXTURES, FLAGS, TIMEOUT, _under_csp, native_greedy, send,  # noqa: F401
-                          server, set_field, wait_loaded_file, wait_state)
-from test_speculative import RANDOM, REPEATING
+from browser_support import (CHROMIUM, FIXTURES, FLAGS, TIMEOUT, native_greedy, send,  # noqa: F401
+                             server, set_field, wait_loaded_file, wait_state)
+from browser_support import under_csp as _under_csp
+
+REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
+RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
 
 pytestmark = pytest.mark.browser
 
