@@ -668,6 +668,19 @@ def test_model_from_an_ollama_folder_in_opfs(page):
     assert page.inner_text("#model-error") == ""
 
 
+def test_reload_keeps_the_conversation(page):
+    before = [m["content"] for m in messages(page)]
+    assert len(before) >= 4
+    page.reload()
+    wait_state(page, "ready")
+    assert [m["content"] for m in messages(page)] == before
+    assert "Hello there!" in page.inner_text("#messages")
+    assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
+    page.click("#reopen-folder")                                # one click (permission is asked again)
+    page.wait_for_selector("#model-list li:has-text('gemma4:tiny') button")
+    assert not page.errors, page.errors
+
+
 def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
     """Files as Ollama's converter writes them (tools/ollama_convert.py): its tokenizer typing, no chat
     template, inline encoders; the original tags' split experts and per_expert_scale. Each lists with
@@ -680,6 +693,7 @@ def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
                        ("params", json.dumps({"temperature": 0, "stop": ["<turn|>"]}).encode())],
         "gemma4:26b": [("model", (forms / "ollama-moe-published.gguf").read_bytes())]})
     write_opfs_folder(page, "ollama-forms", files)
+    previous_system = page.evaluate("window.app.state.chat.system")
     page.evaluate("window.app.state.chat.system = ''")
     page.click("#open-folder")
     page.wait_for_selector("#model-list li:has-text('gemma4:26b') button.model")
@@ -705,36 +719,24 @@ def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
         assert gen.get("tokens") == want_ids, gen
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-ollama-folder.png"), full_page=True)
-    # gemma4:e2b is loaded: its manifest's system prompt went into the conversation without one, and a
-    # new conversation keeps it; a reply (no template in the file: Ollama's Gemma 4 format for its size)
+    # gemma4:e2b is loaded: its manifest's system prompt went into the conversation without one; a reply
+    # through the worker's chat command (no template in the file: Ollama's Gemma 4 format for its size)
     # equals the native engine's greedy reply on the same file
     assert page.input_value("#system") == system
-    page.click("#new-chat")
-    set_field(page, "temperature", 0)
-    set_field(page, "max_tokens", 12)
     text = "Say hello in French, and ꙮ."
-    reply = send(page, text)
+    conv = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+    r = page.evaluate("([m, p]) => window.app.call('chat', m, p)",
+                      [json.dumps(conv), json.dumps({"temperature": 0, "max_tokens": 12, "thinking": False})])
+    assert "error" not in r, r
     from pyapp.chat import render_ids, style_for
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf, summarize
     g = read_gguf(forms / "ollama-dense.gguf")
     eng = Engine.open(g, context_length=1024)
-    conv = [{"role": "system", "content": system}, {"role": "user", "content": text}]
     ids = render_ids(eng.tokenizer, conv, style=style_for(g.metadata, summarize(g)["n_elements"]))
-    assert reply["content"] == eng.generate(ids, SamplingParams(temperature=0, max_tokens=12)).text
-
-
-def test_reload_keeps_the_conversation(page):
-    before = [m["content"] for m in messages(page)]
-    assert len(before) >= 4
-    page.reload()
-    wait_state(page, "ready")
-    assert [m["content"] for m in messages(page)] == before
-    assert "Hello there!" in page.inner_text("#messages")
-    assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
-    page.click("#reopen-folder")                                # one click (permission is asked again)
-    page.wait_for_selector("#model-list li:has-text('gemma4:tiny') button")
-    assert not page.errors, page.errors
+    assert r["text"] == eng.generate(ids, SamplingParams(temperature=0, max_tokens=12)).text
+    page.evaluate("(s) => { window.app.state.chat.system = s; document.getElementById('system').value = s; }",
+                  previous_system)
 
 
 def recent_names(page) -> list[str]:
