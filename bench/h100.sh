@@ -3,7 +3,8 @@
 # and the browser code path: Pyodide + Dawn in Node) against llama.cpp CUDA's llama-bench, on the
 # same random-weight GGUF files.
 #
-#   bash bench/h100.sh STEP [STEP ...]        (run in the repository root; carried: .carry/base, .carry/node)
+#   bash bench/h100.sh STEP [STEP ...]        (run in the repository root; carried: .carry/base and .carry/node
+#                                             in one call, .carry/nodebin (node itself) in another: see carry.sh)
 #
 # Steps (each skips what is already done; REDO=1 redoes result steps):
 #   setup    unpack .carry/base (wheels -> $W/site, Vulkan loader if the machine lacks one, llama.cpp
