@@ -602,32 +602,9 @@ def test_model_from_an_ollama_folder_in_opfs(page):
     demo = (FIXTURES / "demo.gguf").read_bytes()
     other = _non_gemma_gguf()
     params = json.dumps({"temperature": 0.25, "top_k": 7, "top_p": 0.5, "num_ctx": 2048}).encode()
-    config = json.dumps({"model_format": "gguf", "model_family": "gemma4"}).encode()
     sha = lambda b: hashlib.sha256(b).hexdigest()   # noqa: E731
-    layer = lambda mt, b: {"mediaType": f"application/vnd.ollama.image.{mt}", "digest": f"sha256:{sha(b)}",  # noqa: E731
-                           "size": len(b)}
-    manifest = lambda model: json.dumps({  # noqa: E731
-        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                   "digest": f"sha256:{sha(config)}", "size": len(config)},
-        "layers": [layer("model", model), layer("params", params)]})
-    files = {f"blobs/sha256-{sha(b)}": b for b in (demo, other, params, config)}
-    files["manifests/registry.ollama.ai/library/gemma4/tiny"] = manifest(demo).encode()
-    files["manifests/registry.ollama.ai/library/llama3/latest"] = manifest(other).encode()
-    page.evaluate("""async (files) => {
-        const root = await navigator.storage.getDirectory();
-        const base = await root.getDirectoryHandle('ollama-models', {create: true});
-        for (const [path, b64] of Object.entries(files)) {
-            const parts = path.split('/');
-            let dir = base;
-            for (const p of parts.slice(0, -1)) dir = await dir.getDirectoryHandle(p, {create: true});
-            const fh = await dir.getFileHandle(parts[parts.length - 1], {create: true});
-            const w = await fh.createWritable();
-            await w.write(Uint8Array.from(atob(b64), c => c.charCodeAt(0)));
-            await w.close();
-        }
-        window.__pickDirectory = async () => base;
-    }""", {k: __import__("base64").b64encode(v).decode() for k, v in files.items()})
+    write_opfs_folder(page, "ollama-models", ollama_folder({"gemma4:tiny": [("model", demo), ("params", params)],
+                                                            "llama3:latest": [("model", other), ("params", params)]}))
     page.click("#open-folder")
     page.wait_for_selector("#model-list button.model")
     listing = page.inner_text("#model-list")
