@@ -61,12 +61,13 @@ def file_form(meta: dict, tensor_names) -> FileForm:
                       "\"Chat format\")")
     if suppressed := meta.get("tokenizer.ggml.suppress_tokens"):
         layout.append(f"{len(suppressed)} token(s) never sampled (tokenizer.ggml.suppress_tokens)")
-    found = {weights.encoder_part(n) for n in names} - {None}
+    encoder = [part for part in map(weights.encoder_part, names) if part is not None]
+    found = set(encoder)
     for part, key in (("vision", "vision.block_count"), ("audio", "audio.block_count")):
         if f"{arch}.{key}" in meta:
             found.add(part)
     parts = tuple(p for p in PARTS if p == "text" or p in found)
-    return FileForm(converter, parts, tuple(layout), sum(weights.encoder_part(n) is not None for n in names))
+    return FileForm(converter, parts, tuple(layout), len(encoder))
 
 
 def projector_parts(meta: dict) -> tuple[str, ...]:

@@ -104,6 +104,7 @@ class LayerWeights:
     ple_gate: object = tensor("inp_gate.weight", "hidden ple", when="has_ple")
     ple_proj: object = tensor("proj.weight", "ple hidden", when="has_ple")
     ple_post_norm: object = tensor("post_norm.weight", "hidden", when="has_ple")
+    # the layer's output scale (Gemma 4's layer_scalar; DiffusionGemma: the decoder's)
     output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL, alt=("layer_scalar",))
     # DiffusionGemma: the encoder's layer scale (the only weight its two passes do not share)
     enc_output_scale: object = tensor("enc_layer_output_scale.weight", "1", when="is_diffusion")
