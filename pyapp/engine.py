@@ -295,16 +295,31 @@ class Engine:
                 yield from after_each(n)
         return n
 
-    def _prefill(self, tokens: list[int], pos: int):
-        """Steps: tokens through the layers; returns the row of the last token in its step."""
-        return (yield from self._layer_steps(tokens, pos)) - 1
+    def _prefill(self, tokens: list[int], pos: int, on_prefill=None):
+        """Steps: tokens through the layers; returns the row of the last token in its step.
+        on_prefill(done, total): after each chunk's GPU work but the last (whose end the first token
+        shows), read one chunk late: chunk i's mark is awaited once chunk i + 1 is submitted, so the
+        GPU never waits for the CPU."""
+        if on_prefill is None or len(tokens) <= self.runner.chunk:
+            return (yield from self._layer_steps(tokens, pos)) - 1
+        r, marked = self.runner, []
+
+        def mark(n: int):
+            k = len(marked) % 2
+            self.dev.submit(r.mark_plan(k))
+            marked.append(len(marked) * r.chunk + n)
+            if len(marked) > 1:
+                yield ReadMapped(r.state.chunk_marks[1 - k], 0, 4)
+                on_prefill(marked[-2], len(tokens))
+        return (yield from self._layer_steps(tokens, pos, after_each=mark)) - 1
 
     def _read_token(self):
         """Step: the id the sampler wrote on the GPU."""
         data = yield ReadMapped(self.runner.state.token_readback, 0, 4)
         return int.from_bytes(data, "little")
 
-    def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None):
+    def _generate(self, prompt: list[int], params: SamplingParams, on_token, should_stop, stop_ids=None,
+                  on_prefill=None):
         """Steps of one generation; returns its GenerationResult.
 
         Each token is drawn on the GPU from the last step's row and read back, the step that feeds
@@ -357,7 +372,7 @@ class Engine:
 
         self._count_experts(result)
         t0 = time.perf_counter()
-        row = yield from self._prefill(prompt[reuse:], reuse)
+        row = yield from self._prefill(prompt[reuse:], reuse, on_prefill)
         self.cached = list(prompt)
         tok, fed = None, False      # the newest token once read; fed: its step ran (decoded ahead)
         while True:
@@ -479,15 +494,17 @@ class Engine:
             return {eos} if eos is not None else set()
 
     def generate(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
-                 should_stop=None, stop_ids=None) -> GenerationResult:
+                 should_stop=None, stop_ids=None, on_prefill=None) -> GenerationResult:
         """Sample until a stop token (default: the tokenizer's end-of-turn ids), max_tokens,
-        should_stop() or the context end. on_token(id, text) streams decoded text."""
-        return self._drive(self._generate(prompt, params or SamplingParams(), on_token, should_stop, stop_ids))
+        should_stop() or the context end. on_token(id, text) streams decoded text; on_prefill(done,
+        total): the prompt tokens the GPU has read, after each of its chunks but the last."""
+        return self._drive(self._generate(prompt, params or SamplingParams(), on_token, should_stop, stop_ids,
+                                          on_prefill))
 
     async def generate_async(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
-                             should_stop=None, stop_ids=None) -> GenerationResult:
+                             should_stop=None, stop_ids=None, on_prefill=None) -> GenerationResult:
         return await self._drive_async(self._generate(prompt, params or SamplingParams(), on_token, should_stop,
-                                                      stop_ids))
+                                                      stop_ids, on_prefill))
 
     # -- logits (tests, CLI) --------------------------------------------------------
     def _forward(self, tokens: list[int]):

@@ -653,7 +653,8 @@ async def chat(messages_json: str, params_json: str) -> dict:
         S.device.clear_error()
         _prefill_event(eng, ids)
         res = await eng.generate_async(ids, params, on_token=_token_events(len(ids), eng.context_length),
-                                       should_stop=lambda: S.stop)
+                                       should_stop=lambda: S.stop,
+                                       on_prefill=lambda done, total: emit("prefill_done", done=done, total=total))
         if (rejected := _gpu_rejected("a command during the reply")):
             raise rejected
     except Exception as e:
@@ -666,7 +667,15 @@ async def chat(messages_json: str, params_json: str) -> dict:
             **reply_ids(eng.tokenizer, ids, res.tokens), "cached": res.cached_tokens,
             "tokens": len(res.tokens), "prompt_tokens": len(ids), "evaluated": res.prompt_tokens,
             "prefill_s": res.prefill_s, "decode_tps": res.decode_tps, "context_used": eng.n_past + 1,
-            "context_length": eng.context_length, "drafted": res.drafted, "accepted": res.accepted}
+            "context_length": eng.context_length, "drafted": res.drafted, "accepted": res.accepted,
+            "adapter": _reply_adapter(eng)}
+
+
+def _reply_adapter(eng) -> dict | None:
+    """The adapter a reply was generated with (kept with the reply: a conversation can outlive a switch)."""
+    if eng.adapters is None or not S.adapter_on or S.adapter_scale == 0:
+        return None
+    return {"name": eng.adapters.adapters[0].label, "scale": S.adapter_scale}
 
 
 def count_tokens(messages_json: str) -> dict:

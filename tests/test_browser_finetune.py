@@ -288,6 +288,9 @@ def test_chat_with_the_tuned_model(page):
     assert not page.evaluate("window.app.state.chat.system || window.app.state.chat.thinking")
     reply = sent[-1]
     assert reply["role"] == "assistant" and reply["stats"]["tokens"] > 0
+    # the worker says which adapter the reply ran with, and the reply's line shows it
+    assert reply["stats"]["adapter"] == {"name": "counting-adapter.gguf", "scale": 1}, reply["stats"]
+    assert "· adapter counting-adapter.gguf" in page.locator(".msg.assistant .meta").last.inner_text()
     pytest.importorskip("wgpu")
     from pyapp.chat import render_ids, style_for
     from pyapp.engine import Engine, SamplingParams

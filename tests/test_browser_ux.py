@@ -182,6 +182,30 @@ def test_a_cpu_adapter_is_named_and_the_prompt_shows_progress(page):
     assert page.query_selector(".prefill") is None                              # gone with the first token
 
 
+def test_a_long_prompt_shows_the_tokens_read(page):
+    """A prompt longer than one chunk (512 tokens): after its first chunk's GPU work the line says how many
+    of its tokens are read, the bar stands there, and the time left comes from this prompt's own rate."""
+    ensure_model(page)
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", 1)
+    page.evaluate("""() => { window.__read = [];
+        window.__obs = new MutationObserver(() => { const p = document.querySelector('.msg.streaming .prefill');
+            if (p) window.__read.push([p.textContent, +p.dataset.done, +p.dataset.tokens,
+                                       +p.querySelector('progress').value]); });
+        window.__obs.observe(document.getElementById('messages'), {subtree: true, childList: true,
+                                                                   characterData: true, attributes: true}); }""")
+    page.click("#new-chat")
+    send(page, " ".join(f"item {i}" for i in range(60)))     # 733 tokens of the demo model's tiny vocabulary
+    seen = page.evaluate("window.__obs.disconnect(), window.__read")
+    evaluated = page.evaluate("window.app.state.chat.messages.at(-1).stats.evaluated")
+    assert evaluated > 512
+    read = [(t, bar) for t, done, tokens, bar in seen if done == 512 and tokens == evaluated]
+    assert read, seen
+    text, bar = read[-1]
+    assert f"512 of {evaluated} read" in text and " s left" in text, text
+    assert bar == pytest.approx(512 / evaluated, abs=1e-6)
+
+
 # ------------------------------------------------------------------ 8. screen readers; counts; the skip link
 def test_screen_readers_hear_who_said_what_and_counts_read_right(page):
     reply = ensure_reply(page)

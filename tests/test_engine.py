@@ -220,6 +220,30 @@ def test_stop_cancel_and_context_limits(dev, toy):
         eng.forward([2, -1])
 
 
+def test_prefill_reports_the_tokens_read_after_each_chunk(dev, toy):
+    """on_prefill(done, total) once a chunk's GPU work is done (read one chunk late), for every chunk but
+    the last; a prompt of one chunk reports nothing; the tokens are those of a generation without it."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    eng = Engine.open(read_gguf(toy("tiny", "Q8_0")), device=dev, context_length=64, chunk=4)
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    prompt = (TOKENS * 4)[:15]
+    quiet = eng.generate(prompt, greedy, stop_ids=()).tokens
+    eng.reset()
+    seen = []
+    res = eng.generate(prompt, greedy, stop_ids=(), on_prefill=lambda done, total: seen.append((done, total)))
+    assert seen == [(4, 15), (8, 15), (12, 15)] and res.tokens == quiet
+    eng.reset()
+    seen.clear()
+    assert eng.generate(prompt[:4], greedy, stop_ids=(), on_prefill=lambda *a: seen.append(a)).tokens and not seen
+    # again, twice: the two mark buffers are used in turn, each unmapped after its read
+    eng.reset()
+    for _ in range(2):
+        eng.generate(prompt, greedy, stop_ids=(), on_prefill=lambda *a: seen.append(a))
+        eng.reset()
+    assert seen == [(4, 15), (8, 15), (12, 15)] * 2
+
+
 def test_seeded_sampling_is_reproducible(dev, toy):
     from pyapp.engine import Engine, SamplingParams
     from pyapp.gguf import read_gguf

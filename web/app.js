@@ -18,7 +18,7 @@ let DEFAULTS = {};
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 const pending = new Map();
 let nextId = 1;
-const listeners = { token: [], progress: [], status: [], denoise: [], prefill: [] };
+const listeners = { token: [], progress: [], status: [], denoise: [], prefill: [], prefill_done: [] };
 
 function call(cmd, ...args) {
   const id = nextId++;
@@ -802,7 +802,8 @@ function messageEl(m, i) {
     meta.textContent = `${plural(s.tokens, "token")} · ${s.decode_tps.toFixed(1)} tok/s · prefill ${s.prefill_s.toFixed(2)} s` +
       ` (${plural(s.evaluated, "new prompt token")})${s.drafted ? ` · ${s.accepted} of ${plural(s.drafted, "draft")} accepted` : ""}` +
       `${s.stop_reason === "cancelled" ? " · stopped" : ""}` +
-      `${s.stop_reason === "length" ? " · max tokens reached" : ""}${s.stop_reason === "context" ? " · context full" : ""}`;
+      `${s.stop_reason === "length" ? " · max tokens reached" : ""}${s.stop_reason === "context" ? " · context full" : ""}` +
+      `${s.adapter ? ` · adapter ${s.adapter.name}${s.adapter.scale !== 1 ? ` at ${s.adapter.scale}` : ""}` : ""}`;
   }
   const copy = document.createElement("button");
   copy.type = "button";
@@ -1002,15 +1003,22 @@ function showLiveStats(m) {
 
 // Before the first token: the prompt the model reads first (the worker's "prefill" event: its new tokens, and
 // the time that takes at this model's measured rate), with the seconds so far; the context meter moves to it.
-const prefill = { timer: null, t0: 0, m: null };
+// A prompt longer than one chunk (512 tokens) also reports the tokens read after each chunk ("prefill_done").
+const prefill = { timer: null, t0: 0, m: null, done: 0 };
 on("prefill", (m) => {
   if (state.streaming === null) return;
   prefill.m = m;
   prefill.t0 = performance.now();
+  prefill.done = 0;
   updateMeter(m);
   drawPrefill();
   clearInterval(prefill.timer);
   prefill.timer = setInterval(drawPrefill, 500);
+});
+on("prefill_done", (m) => {
+  if (state.streaming === null || !prefill.m) return;
+  prefill.done = m.done;
+  drawPrefill();
 });
 function drawPrefill() {
   const msg = document.querySelector(".msg.streaming");
@@ -1026,7 +1034,11 @@ function drawPrefill() {
   const secs = (performance.now() - prefill.t0) / 1000;
   const bar = box.querySelector("progress");
   let left;
-  if (m.eta >= 0) {
+  if (prefill.done > 0) {                      // tokens read so far: the rate of this very prompt
+    bar.value = prefill.done / m.tokens;
+    const rest = (secs / prefill.done) * (m.tokens - prefill.done);
+    left = `${prefill.done} of ${m.tokens} read · about ${Math.max(1, Math.ceil(rest))} s left`;
+  } else if (m.eta >= 0) {
     const fraction = Math.min(0.99, secs / Math.max(m.eta, 0.1));
     bar.value = fraction;
     left = secs < m.eta ? `about ${Math.ceil(m.eta - secs)} s left` : "taking longer than the last reply's rate";
@@ -1039,6 +1051,7 @@ function drawPrefill() {
   box.querySelector(".prefill-text").textContent = `Reading the prompt: ${plural(m.tokens, "token")}` +
     `${m.tokens !== m.prompt_tokens ? ` (${m.prompt_tokens - m.tokens} already read)` : ""} · ${Math.floor(secs)} s so far · ${left}`;
   box.dataset.tokens = m.tokens;
+  box.dataset.done = prefill.done;
 }
 function endPrefill() {
   clearInterval(prefill.timer);
@@ -1080,7 +1093,8 @@ async function generate() {
     reply.content = r.text;
     Object.assign(reply, { ids: r.ids, vocab: r.vocab });
     reply.stats = { tokens: r.tokens, decode_tps: r.decode_tps, prefill_s: r.prefill_s, evaluated: r.evaluated,
-                    stop_reason: r.stop_reason, drafted: r.drafted || 0, accepted: r.accepted || 0 };
+                    stop_reason: r.stop_reason, drafted: r.drafted || 0, accepted: r.accepted || 0,
+                    adapter: r.adapter || null };
     if (r.denoise) reply.stats.denoise = r.denoise;   // a DiffusionGemma reply: its steps and blocks
     updateMeter(r);
   }

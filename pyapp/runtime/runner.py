@@ -109,6 +109,15 @@ class Runner:
             self._plans[key] = plan
         return self._plans[key]
 
+    def mark_plan(self, k: int) -> Plan:
+        """A copy into state.chunk_marks[k], done when every plan submitted before it is."""
+        key = ("mark", k)
+        if key not in self._plans:
+            plan = self.dev.plan()
+            plan.copy(self.state.token, 0, self.state.chunk_marks[k], 0, 4)
+            self._plans[key] = plan
+        return self._plans[key]
+
     # Speculative decoding's plans (layers_program(few=True), greedy_plan) are built on the first step
     # that uses them, not at load: a generation speculates only when asked to.
     def greedy_plan(self, first: int) -> Plan:

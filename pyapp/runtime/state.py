@@ -118,6 +118,9 @@ class State:
             dev.write(self.logit_bias, bias.tobytes())
         self.token = dev.buffer(16, label="token")      # u32 sampled id
         self.token_readback = dev.buffer(16, "readback", "token readback")   # its copy for the CPU
+        # a prompt's chunks, each marked done by a copy into one of these (in turn: the CPU waits for one
+        # chunk's mark while the next chunk runs); what is copied does not matter, only when
+        self.chunk_marks = [dev.buffer(16, "readback", f"chunk mark {i}") for i in range(2)]
         self.sample_params = dev.buffer(K.SAMPLE_PARAMS_BYTES, label="sample params")
         self.sample_scratch = dev.buffer(max(16, K.sample_scratch_bytes(V)), label="sample scratch")
         # greedy verification of a speculative step (Gemma4.head_argmax): every row of the step, up to
