@@ -170,7 +170,7 @@ def moe_experts_dx(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: i
     row_bytes(qtype, k)
     p = pipeline(dev, "moe_backward", entry="dx", prelude=quant_prelude(qtype),
                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n, "LDD": ldd, "COL0": col0,
-                            "YPER": k_used if per_slot_dy else 1, "SCALED": weights is not None,
+                            "XPER": k_used if per_slot_dy else 1, "SCALED": weights is not None,
                             "HAS_SC": down_scale is not None, "ACC": accumulate, "E0": first_expert,
                             "NE": n_experts - first_expert if experts_here is None else experts_here})
     res = {"W": w, "DY": dy, "DX": dx, "GRP": grp, "WTS": weights if weights is not None else dev.dummy,
