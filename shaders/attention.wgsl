@@ -13,12 +13,8 @@
 //           with an online softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG).
 //           Dispatch (H / GH, T).
 
-override H: u32;
-override HKV: u32;
-override HD: u32;
-override CTX: u32;
+//!include attention_shape
 override WINDOW: u32 = 0u;
-override SCALE: f32 = 1.0;
 override WG: u32 = 128u;
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
@@ -42,7 +38,6 @@ fn store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     VC[dst] = Vn[id];
 }
 
-const NEG: f32 = -3.0e38;
 const MAX_GH: u32 = 8u;                      // query heads a workgroup may serve (GH <= MAX_GH)
 override GH: u32 = 1u;                       // attend: query heads per workgroup, all of one KV head
 

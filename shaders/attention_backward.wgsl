@@ -19,12 +19,8 @@
 //   dkv_sum: thread per (g, j, dim): dK, dV = the sums of DKVP over g's query heads (ACC: added).
 //          Dispatch: ceil(HKV * T * HD / WG) workgroups (split above 65535).
 
-override H: u32;
-override HKV: u32;
-override HD: u32;
-override CTX: u32;
+//!include attention_shape
 override WINDOW: u32 = 0u;
-override SCALE: f32 = 1.0;
 override ACC: bool = false;
 override WG: u32 = 64u;
 
@@ -70,7 +66,7 @@ fn stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let g = h / (H / HKV);
     let qa = (i * H + h) * HD;
     let j0 = first_key(i);
-    var m = -3.0e38;
+    var m = NEG;
     for (var j = j0 + lid; j <= i; j += WG) { m = max(m, score(qa, (g * CTX + j) * HD)); }
     m = workgroup_max(lid, m);
     var l = 0.0;

@@ -12,12 +12,8 @@
 // attend_canvas: one workgroup per (head, canvas token); keys in chunks of WG, one a thread, with an
 // online softmax; each thread owns output dims lid, lid + WG, ... (HD <= 4 WG). Dispatch (H, T).
 
-override H: u32;
-override HKV: u32;
-override HD: u32;
-override CTX: u32;
+//!include attention_shape
 override KEEP: u32 = 0u;
-override SCALE: f32 = 1.0;
 override WG: u32 = 128u;
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
@@ -28,7 +24,6 @@ override WG: u32 = 128u;
 @group(0) @binding(5) var<storage, read> Kn: array<f32>;
 @group(0) @binding(6) var<storage, read> Vn: array<f32>;
 
-const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<f32, HD>;
 var<workgroup> p: array<f32, WG>;

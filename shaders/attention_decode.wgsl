@@ -16,15 +16,10 @@
 // loop over keys or splits keeps four independent vec4 loads in flight, and no thread walks a
 // serial chain of global loads (a chain of 32 costs ~10 us on an H100).
 
-override H: u32;
-override HKV: u32;
-override HD: u32;
-override CTX: u32;
+//!include attention_shape
 override WINDOW: u32 = 0u;
-override SCALE: f32 = 1.0;
 override NSPLIT: u32 = 1u;
 
-const NEG: f32 = -3.0e38;
 const WG: u32 = 128u;
 const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
 

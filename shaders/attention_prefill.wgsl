@@ -15,12 +15,8 @@
 // R = 32 rows for HD <= 256, 16 for HD <= 512 (the queries, R * HD floats, stay in shared memory);
 // R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (R / GH))).
 
-override H: u32;
-override HKV: u32;
-override HD: u32;
-override CTX: u32;
+//!include attention_shape
 override WINDOW: u32 = 0u;
-override SCALE: f32 = 1.0;
 override GH: u32 = 1u;         // query heads per KV head (H / HKV)
 override R: u32 = 32u;         // query rows per workgroup: 32 or 16
 
@@ -33,7 +29,6 @@ override R: u32 = 32u;         // query rows per workgroup: 32 or 16
 const NT: u32 = 256u;
 const BKV: u32 = 32u;          // keys per tile
 const DCQ: u32 = 8u;           // vec4 of K per shared chunk (NT / BKV: one load a thread)
-const NEG: f32 = -3.0e38;
 
 var<workgroup> qt: array<vec4<f32>, R * HD / 4u>;     // [row][HD / 4] queries, times SCALE
 var<workgroup> kt: array<vec4<f32>, DCQ * (BKV + 1u)>; // [vec4 of the chunk][key]

@@ -2,7 +2,7 @@
 // weight read once a step and dequantized once, then multiplied into every token's sum.
 //
 // Same contract as matvec_tokens.wgsl (speculative decoding's steps of a token and its drafts), with
-// matvec_q4k_common.wgsl's reading of Q4_K: thread t of a row takes 16-byte chunks t, t + TPR, ...
+// q4k_chunk.wgsl's reading of Q4_K: thread t of a row takes 16-byte chunks t, t + TPR, ...
 // (32 weights each: 16 low nibbles of sub-block 2g, 16 high nibbles of sub-block 2g + 1); a chunk's
 // weights become 8 vec4 (d * scale * q - dmin * min) once, then each token's 8 matching X vec4 are
 // dotted with them. matvec_tokens.wgsl's generic path decodes every 4 weights' scales from the block
@@ -21,20 +21,8 @@ override WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> S: Step;
 
-var<workgroup> sums: array<f32, MAXM * WG>;    // [m][lid]: the threads' partial dot products
-
-// (scale, min) of sub-blocks 2g and 2g + 1 (as matvec_q4k_common.wgsl's scale_min_pair)
-fn scale_min_pair(h: vec4<u32>, g: u32) -> vec4<f32> {
-    let s = 16u * (g & 1u);
-    let low = (h.y >> s) & 0x3f3fu;
-    let lowm = (h.z >> s) & 0x3f3fu;
-    let q = h.w >> s;
-    let high = (q & 0x0f0fu) | (((h.y >> s) >> 2u) & 0x3030u);
-    let highm = ((q >> 4u) & 0x0f0fu) | (((h.z >> s) >> 2u) & 0x3030u);
-    let sc = select(low, high, g >= 2u);
-    let m = select(lowm, highm, g >= 2u);
-    return vec4<f32>(f32(sc & 0xffu), f32(m & 0xffu), f32(sc >> 8u), f32(m >> 8u));
-}
+//!include q4k_chunk
+//!include row_sums
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -47,13 +35,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (row < N) {
         let rb = row * (K / 256u) * 9u;
         for (var c = t; c < K / 32u; c += TPR) {
-            let b = c >> 3u;
-            let ci = c & 7u;
-            let g = ci >> 1u;
-            let hdr = W[rb + 9u * b];
-            let q = W[rb + 9u * b + 1u + ci];
-            let dm = unpack2x16float(hdr.x);
-            let sm = scale_min_pair(hdr, g);
+            let ch = load_chunk(rb, c);
+            let q = ch.q;
+            let dm = unpack2x16float(ch.hdr.x);
+            let sm = scale_min_pair(ch.hdr, ch.g);
             let a0 = 255.0 * dm.x * sm.x;        // unpack4x8unorm gives nibble / 255
             let m0 = dm.y * sm.y;
             let a1 = 255.0 * dm.x * sm.z;
@@ -63,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 w[i] = unpack4x8unorm(q[i] & 0x0f0f0f0fu) * a0 - vec4<f32>(m0);
                 w[4u + i] = unpack4x8unorm((q[i] >> 4u) & 0x0f0f0f0fu) * a1 - vec4<f32>(m1);
             }
-            let xi = 64u * b + 16u * g + 4u * (ci & 1u);   // X (vec4) of the chunk's first low-nibble weight
+            let xi = 64u * ch.b + 16u * ch.g + 4u * (ch.ci & 1u);   // X (vec4) of the chunk's first low-nibble weight
             for (var m = 0u; m < MAXM; m++) {
                 if (m >= m_rows) { break; }                 // uniform: every thread has the same m_rows
                 let xm = m * kg + xi;
@@ -73,20 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    for (var m = 0u; m < MAXM; m++) {
-        if (m >= m_rows) { break; }
-        sums[m * WG + lid] = acc[m];
-    }
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (var m = 0u; m < MAXM; m++) {
-                if (m >= m_rows) { break; }
-                sums[m * WG + lid] += sums[m * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    sum_row_shares(lid, acc, m_rows);
     if (row < N) {
         let ldy = select(LDY, N, LDY == 0u);
         for (var m = t; m < m_rows; m += TPR) { Y[m * ldy + row] = sums[m * WG + lid - t]; }

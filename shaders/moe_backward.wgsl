@@ -11,14 +11,15 @@
 //             The top-k choice is piecewise constant: no gradient through it. One workgroup of WG
 //             threads per token. Dispatch (T).
 //   dx:       a grouped matmul_dx: DX[s, k] (+)= c(s) * sum_n DY[yrow(s), COL0 + n] * W[e, n, k] for W
-//             [E, N, K] (rows of K), DY rows of LDD floats (0: N), yrow = t (YPER = 1: one row a token,
-//             the down projection's dout) or s (YPER = KSEL: one a slot, the gate/up gradients), c(s) =
+//             [E, N, K] (rows of K), DY rows of LDD floats (0: N), yrow = t (XPER = 1: one row a token,
+//             the down projection's dout) or s (XPER = KSEL: one a slot, the gate/up gradients; DY is
+//             this product's input, so it takes moe_tiles.wgsl's name), c(s) =
 //             WTS[s] * SC[e] with SCALED (dmid = down_e^T (w * scale * dout)), else 1; DX [T*KSEL, K], one
 //             row a slot (a token's slots are summed by slot_sum). The slots come grouped by expert
 //             (moe_grouped.wgsl's `group`: GRP, the forward's grouping of the same ids), and the tiles
-//             are matmul_dx.wgsl's (64 outputs x 64 grouped slots a workgroup, NS rows of W a step), so
-//             each expert's weights are read once per 64 of its slots. A tile finds its expert as
-//             moe_grouped's matmul does; W holds experts E0 .. E0 + NE - 1 (a split tensor: one
+//             are matmul_dx.wgsl's (dx_tile.wgsl: 64 outputs x 64 grouped slots a workgroup), so
+//             each expert's weights are read once per 64 of its slots. A tile finds its expert and
+//             slots as moe_grouped's matmul does (moe_tiles.wgsl); W holds experts E0 .. E0 + NE - 1 (a split tensor: one
 //             dispatch per buffer, each writing its experts' slots). Dispatch (ceil(K / 64),
 //             ceil(T*KSEL / 64) + min(E, T*KSEL)); tiles past the last return at once.
 //   slot_sum: OUT[t, d] = sum_j YS[t*KSEL + j, d]: the per-slot input gradients summed per token.
@@ -31,7 +32,7 @@ override N: u32 = 1u;
 override D: u32 = 1u;
 override LDD: u32 = 0u;
 override COL0: u32 = 0u;
-override YPER: u32 = 1u;
+override XPER: u32 = 1u;
 override SCALED: bool = false;
 override HAS_SC: bool = false;
 override ACC: bool = false;
@@ -111,84 +112,30 @@ fn router(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 
 // -- dx: grouped matmul_dx -------------------------------------------------------------------------------
 
-const TILE: u32 = MATMUL_TILE;   // 16 threads x 4 each way: the loops below are written for 64
-const NS: u32 = 16u;             // rows of W (and of dY's columns) per step
-var<workgroup> ws: array<vec4<f32>, 256>;   // [NS rows][16 vec4 of outputs]
-var<workgroup> ys: array<vec4<f32>, 256>;   // [TILE grouped slots][NS / 4 vec4 of rows]
-var<workgroup> slot_at: array<u32, TILE>;    // the slot of each grouped row of the tile
-var<workgroup> tile_expert: u32;
+//!include dx_tile
+const BN: u32 = TILE;            // moe_tiles.wgsl's grouped slots a tile
+const NT: u32 = 256u;            // and threads a workgroup
+//!include moe_tiles
 
 @compute @workgroup_size(256)
 fn dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tile = wid.y;
-    if (lid == 0u) {          // the last expert whose first tile is <= tile (as moe_grouped's matmul)
-        var lo = 0u;
-        var hi = E - 1u;
-        while (lo < hi) {
-            let mid = (lo + hi + 1u) / 2u;
-            if (GRP[E + 1u + mid] <= tile) { lo = mid; } else { hi = mid - 1u; }
-        }
-        tile_expert = select(lo, E, tile >= GRP[2u * E + 1u]);
-    }
-    let e = workgroupUniformLoad(&tile_expert);
+    let e = tile_slots(wid.y, lid);
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
-    let row0 = GRP[e] + (tile - GRP[E + 1u + e]) * TILE;
-    let rows = min(TILE, GRP[e + 1u] - row0);
-    if (lid < TILE) { slot_at[lid] = select(0u, GRP[2u * E + 2u + row0 + lid], lid < rows); }
-    workgroupBarrier();
-
-    let kg = K / 4u;                 // vec4 groups of outputs
-    let gpb = QK / 4u;
-    let rb = (K / QK) * QB;          // bytes of a W row
-    let ebase = (e - E0) * N * rb;   // the expert's first row
-    let ldd = select(LDD, N, LDD == 0u);
-    let g0 = wid.x * 16u;            // the tile's first output group
-    let wgrp = g0 + lid % 16u;       // this thread's W load: row n0 + lid / 16, output group wgrp
-    let yi = lid / 4u;               // this thread's dY load: grouped row yi, rows n0 + 4 (lid % 4) ..+3
-    let y_ok = yi < rows;
-    let ys_slot = slot_at[yi];
-    let yrow = select(ys_slot / KSEL, ys_slot, YPER > 1u);
+    let yi = lid / 4u;               // the grouped row whose dY row this thread loads
+    let y_ok = yi < slot_rows;
     var c = 1.0;
     if (SCALED && y_ok) {
-        c = WTS[ys_slot];
+        c = WTS[slot_at[yi]];
         if (HAS_SC) { c *= SC[e]; }
     }
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var n0 = 0u; n0 < N; n0 += NS) {
-        let n = n0 + lid / 16u;
-        var wv = vec4<f32>(0.0);
-        if (n < N && wgrp < kg) { wv = dq4(ebase + n * rb + (wgrp / gpb) * QB, wgrp % gpb); }
-        ws[lid] = wv;
-        var yv = vec4<f32>(0.0);
-        if (y_ok) {
-            let col = n0 + 4u * (lid % 4u);
-            let base = yrow * ldd + COL0 + col;
-            if (col < N) { yv.x = DY[base]; }
-            if (col + 1u < N) { yv.y = DY[base + 1u]; }
-            if (col + 2u < N) { yv.z = DY[base + 2u]; }
-            if (col + 3u < N) { yv.w = DY[base + 3u]; }
-        }
-        ys[lid] = yv * c;
-        workgroupBarrier();
-        for (var s = 0u; s < NS / 4u; s++) {
-            let w0 = ws[(4u * s) * 16u + tx];
-            let w1 = ws[(4u * s + 1u) * 16u + tx];
-            let w2 = ws[(4u * s + 2u) * 16u + tx];
-            let w3 = ws[(4u * s + 3u) * 16u + tx];
-            for (var j = 0u; j < 4u; j++) {
-                let y = ys[(ty + 16u * j) * 4u + s];
-                acc[j] += y.x * w0 + y.y * w1 + y.z * w2 + y.w * w3;
-            }
-        }
-        workgroupBarrier();
-    }
-    let g = g0 + tx;
+    let g0 = wid.x * 16u;            // the tile's first output group
+    let acc = dx_tile(lid, g0, (e - E0) * N * (K / QK) * QB, slot_x_row(yi), y_ok, c);
+    let kg = K / 4u;
+    let g = g0 + lid % 16u;
     if (g < kg) {
         for (var j = 0u; j < 4u; j++) {
-            let i = ty + 16u * j;
-            if (i < rows) {
+            let i = lid / 16u + 16u * j;
+            if (i < slot_rows) {
                 let o = slot_at[i] * kg + g;
                 if (ACC) { DX[o] = DX[o] + acc[j]; } else { DX[o] = acc[j]; }
             }

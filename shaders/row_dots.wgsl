@@ -5,7 +5,7 @@
 // holds barriers). The per-X-row accumulators are a private array of constant size MAXM, looped
 // over with constant bounds, so they can live in registers.
 
-var<workgroup> sums: array<f32, MAXM * WG>;    // [m][lid]: the threads' partial dot products
+//!include row_sums
 
 // Thread lid, one of the TPR threads of its row, adds up its share of W row `rowbase` (bytes; when
 // row_ok) . X[m] for m < m_rows, striding over 4-weight groups; the shares are then summed in shared
@@ -24,18 +24,5 @@ fn row_dots(lid: u32, rowbase: u32, row_ok: bool, m_rows: u32) {
             }
         }
     }
-    for (var m = 0u; m < MAXM; m++) {
-        if (m >= m_rows) { break; }
-        sums[m * WG + lid] = acc[m];
-    }
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            for (var m = 0u; m < MAXM; m++) {
-                if (m >= m_rows) { break; }
-                sums[m * WG + lid] += sums[m * WG + lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    sum_row_shares(lid, acc, m_rows);
 }

@@ -1,0 +1,127 @@
+"""Causal attention over the KV cache: the cache store, prefill (tiled, or a token a workgroup) and decode
+split over the keys (shaders/attention.wgsl, attention_prefill.wgsl, attention_decode.wgsl)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import Buffer, Device, Plan
+from .shared import DECODE_KEYS_PER_GROUP, pipeline, thread_groups
+
+
+def attention_constants(heads, kv_heads, head_dim, ctx, window=0, scale=1.0):
+    """The constants every attention shader takes, once the shape is checked (GQA, a head of at most 512)."""
+    if heads % kv_heads or head_dim > 4 * 128:
+        raise ValueError(f"attention: {heads} heads over {kv_heads} kv heads, head_dim {head_dim} unsupported")
+    return {"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx, "WINDOW": window, "SCALE": scale}
+
+
+def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Buffer, kv_heads: int,
+             head_dim: int, ctx: int, max_tokens: int, plan: Plan | None = None) -> Plan:
+    """Write k, v [T, kv_heads, head_dim] into the caches [kv_heads, ctx, head_dim] at slots (pos0 + t) % ctx."""
+    p = pipeline(dev, "attention", entry="store", constants={"HKV": kv_heads, "HD": head_dim, "CTX": ctx})
+    bg = dev.bind_group(p, {"KC": kc, "VC": vc, "S": step, "Kn": k, "Vn": v})
+    return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_tokens * kv_heads * head_dim))
+
+
+def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
+              kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
+              plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
+              tile_rows: int | None = None) -> Plan:
+    """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t.
+
+    tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
+    query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
+    attention_heads_per_group) query heads of one KV head."""
+    c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
+    group = heads // kv_heads
+    rows = tile_rows or attention_tile_rows(dev, group, head_dim)
+    if tiled is None:
+        tiled = rows > 0
+    if tiled:
+        if not rows:
+            raise ValueError(f"tiled attention: no tile for {group} heads a KV head of head_dim {head_dim}")
+        p = pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
+    gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
+    p = pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
+    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
+
+
+def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
+    """Query rows a tiled prefill attention workgroup takes: 32 (head_dim <= 256) or 16 (head_dim <= 512),
+    whichever fits the device's workgroup storage (the queries, rows x head_dim floats, stay there); 0
+    where none does, or the GQA group does not divide the rows, or head_dim is not a multiple of 4."""
+    limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
+    for rows in (32, 16):
+        storage = 4 * (rows * head_dim + 8 * 4 * 33 + rows * 33 + 32 * rows + 3 * rows)
+        if (rows == 16 or head_dim <= 256) and head_dim <= 512 and head_dim % 4 == 0 and rows % group == 0 \
+                and storage <= limit:
+            return rows
+    return 0
+
+
+ATTEND_WG = 128
+
+
+def attention_heads_per_group(dev: Device, group: int, head_dim: int) -> int:
+    """Query heads per prefill attention workgroup: a power of two dividing the GQA group, at most 4
+    (each key row is read once for all of them; more would leave too few workgroups for the GPU),
+    within the device's workgroup storage (their queries and softmax state)."""
+    limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
+    gh = 4
+    while gh > 1 and (group % gh or 4 * gh * (head_dim + 2 * ATTEND_WG) > limit):
+        gh //= 2
+    return gh
+
+
+def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
+    """Floats of scratch attention_decode needs."""
+    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 4)    # (m, l, 0, 0) + acc per split
+
+
+@dataclass
+class QueryPrep:
+    """What attention_decode's split kernel norms and ropes itself (shaders/attention.wgsl PREP): q holds raw
+    projections; mode 1: the query heads at q_off; mode 2: also the KV head's raw k and v at k_off, v_off,
+    written into the caches."""
+    mode: int
+    q_off: int
+    q_weight: Buffer
+    rope_dims: int
+    rope_base: float
+    freq_factors: Buffer | None = None
+    eps: float = 1e-6
+    k_off: int = 0
+    v_off: int = 0
+    k_weight: Buffer | None = None
+
+
+def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
+                     heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
+                     scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
+                     max_tokens: int = 1) -> Plan:
+    """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
+    workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees.
+    prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
+    max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
+    already normed and roped; partials: decode_partials(...) * max_tokens floats."""
+    if head_dim % 4 or head_dim > 512:
+        raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
+    if max_tokens > 1 and prep is not None:
+        raise ValueError("decode attention over several tokens takes q normed and roped (no prep)")
+    nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
+    c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit)
+    res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
+    if prep is not None:
+        c.update(PREP=prep.mode, QOFF=prep.q_off, KOFF=prep.k_off, VOFF=prep.v_off, NROT=prep.rope_dims,
+                 BASE=prep.rope_base, HAS_FF=prep.freq_factors is not None, EPS=prep.eps)
+        res.update(QW=prep.q_weight, KW=prep.k_weight if prep.k_weight is not None else dev.dummy,
+                   FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
+    plan = plan or dev.plan()
+    p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
+    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
+    p = pipeline(dev, "attention_decode", entry="attend_combine", constants=c)
+    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, 1, max_tokens)

@@ -1,0 +1,205 @@
+"""The prefill matmul: Y = X W^T for a chunk of tokens, in shared-memory tiles (shaders/matmul*.wgsl).
+
+Two paths: W dequantized into f32 (or f16) tiles (MatmulTile, any kernel type), and for the int8 weight
+types, X rounded to int8 per 32 and multiplied by W's int8 codes as they stand (quantize_q8 + matmul_q8,
+as llama.cpp's MMQ). The tile shapes come from bench/matmul_sweep.py; MoE's grouped experts use the same
+tiles (moe.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ... import ggml
+from .. import Buffer, Device, Plan
+from .quants import q8_b32_prelude, quant_prelude, quant_type, row_bytes
+from .shared import groups, pipeline
+
+
+@dataclass(frozen=True)
+class MatmulTile:
+    """Shape of the prefill matmul's tile (shaders/matmul_tile.wgsl): W rows x tokens per workgroup,
+    weights of K per shared-memory step, and tokens per thread (4 or 8; each thread has 4 rows);
+    f16: the shared tiles in f16, f16_math: their multiply-adds too (both need shader-f16)."""
+    rows: int = 64
+    tokens: int = 64
+    k: int = 32
+    thread_tokens: int = 4
+    q4k_sub_blocks: bool = True  # Q4_K W read a 32-weight sub-block per thread (where k % 32 == 0)
+    f16: bool = False
+    f16_math: bool = False
+
+    def __post_init__(self):
+        units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
+        if self.rows % 4 or self.tokens % self.thread_tokens or self.thread_tokens not in (4, 8) \
+                or self.k % 4 or units > self.threads or self.threads > 1024 \
+                or self.k % 32 == 0 and self.rows * self.k // 32 > self.threads \
+                or self.f16_math and not self.f16:     # Q4_K sub-block jobs; f16 math on f16 tiles
+            raise ValueError(f"bad matmul tile {self}")
+
+    @property
+    def threads(self) -> int:
+        return self.rows // 4 * (self.tokens // self.thread_tokens)
+
+    def fits(self, dev: Device) -> bool:
+        """Within the device's workgroup limits (threads, and the shared W and X tiles plus the MoE
+        kernel's slot list)."""
+        vec4 = 8 if self.f16 else 16
+        storage = vec4 * self.k * (self.rows // 4 + self.tokens // 4 + 2) + 4 * self.tokens + 4
+        lim = dev.limits
+        return self.threads <= min(lim.get("max_compute_invocations_per_workgroup", 256),
+                                   lim.get("max_compute_workgroup_size_x", 256)) \
+            and storage <= lim.get("max_compute_workgroup_storage_size", 16384) and (not self.f16 or dev.has_f16)
+
+    def prelude(self) -> str:
+        shape = "".join(f"const MM_{n}: u32 = {v}u;\n" for n, v in (
+            ("BM", self.rows), ("BN", self.tokens), ("BK", self.k), ("TN", self.thread_tokens)))
+        return shape + (f"alias MM_S = {'f16' if self.f16 else 'f32'};\nalias MM_M = {'f16' if self.f16_math else 'f32'};\n"
+                        f"const MM_F16_MATH: bool = {'true' if self.f16_math else 'false'};\n")
+
+    @property
+    def enables(self) -> tuple:
+        """The WGSL extensions its shader needs."""
+        return ("f16",) if self.f16 else ()
+
+    def half(self) -> "MatmulTile":
+        """This tile with f16 shared tiles and multiply-adds (F16_TILES says which)."""
+        return replace(self, f16=True, f16_math=F16_MATH)
+
+
+# The engine's tiles (bench/matmul_sweep.py on an H100, bench/RESULTS.md). Grouped MoE tiles are
+# narrower: a 512-token chunk gives an expert ~32 slots (8 of 128 experts a token).
+# A device with fewer threads or less storage a workgroup gets the first FALLBACK tile that fits.
+MATMUL = MatmulTile(64, 128, 32)
+MATMUL_SHORT = MatmulTile(64, 64, 32)       # plans of at most 64 tokens: half the padding
+MOE_MATMUL = MatmulTile(128, 32, 32)
+FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
+
+
+# The f16 tiles' multiply-adds: f16 too (True) or f32 on the f16 tiles (False); bench/matmul_sweep.py --f16
+F16_MATH = True
+
+
+def fit_tile(dev: Device, tile: MatmulTile, f16: bool = False) -> MatmulTile:
+    """tile, or the first FALLBACK tile within dev's workgroup limits; f16: in its f16 form
+    (MatmulTile.half, the same shape) where the device has shader-f16."""
+    for t in (tile, *FALLBACK):
+        if t.fits(dev):
+            return t.half() if f16 and dev.has_f16 else t
+    raise ValueError(f"no prefill matmul tile fits this device's workgroup limits ({dev.limits})")
+
+
+def matmul_prelude(qtype, tile: MatmulTile) -> str:
+    """quant_prelude plus the tile's shape; W_Q4K: Q4_K rows dequantized a 32-weight sub-block at a time."""
+    q4k = quant_type(qtype) == ggml.Q4_K and tile.k % 32 == 0 and tile.q4k_sub_blocks
+    return quant_prelude(qtype) + tile.prelude() + f"const W_Q4K: bool = {'true' if q4k else 'false'};\n"
+
+
+def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
+           n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None,
+           f16: bool = False) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
+
+    n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
+    stride of Y when W is one row block of a wider matrix (y bound at its column).
+    f16: the default tile's f16 form where the device has shader-f16.
+    """
+    row_bytes(qtype, k)
+    tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT, f16)
+    p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
+                 constants={"K": k, "N": n, "LDY": ldy})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
+    plan = plan if plan is not None else dev.plan()
+    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
+
+
+# Steps sized for more tokens than this multiply INT8_TYPES weights by int8 activations (quantize_q8 +
+# matmul_q8, as llama.cpp's MMQ); shorter ones, decode and training keep the f32 tile.
+INT8_MIN_TOKENS = 64
+Q8_BLOCK = 32             # activations per int8 scale
+
+
+@dataclass(frozen=True)
+class Q8Tile:
+    """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
+    rows per thread (4 or 8; 4 tokens each). Every thread has at most one load job of each kind: 2 per
+    row of W and 4 per token of X."""
+    rows: int = 64
+    tokens: int = 64
+    thread_rows: int = 4
+
+    def __post_init__(self):
+        if self.thread_rows not in (4, 8) or self.rows % 64 or self.tokens % 32 \
+                or 2 * self.rows > self.threads or 4 * self.tokens > self.threads:
+            raise ValueError(f"bad int8 matmul tile {self}")
+
+    @property
+    def threads(self) -> int:
+        return self.rows // self.thread_rows * self.tokens // 4
+
+    def prelude(self, qtype, k: int) -> str:
+        """The tile's shape and the weight format's include for qtype."""
+        return "".join(f"const MQ_{n}: u32 = {v}u;\n" for n, v in (
+            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
+
+
+# bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster on rows of 1536,
+# 2048, 4096 and 6144; rows not a multiple of 128 take 64-row tiles (a26b's 2112: 1.45x slower at 128).
+# Rows of 2816 are 1.3-1.8x slower at 128 than at 64 (a partial second wave of workgroups): not yet
+# picked by this rule. Devices allowing fewer threads take Q8_FALLBACK.
+Q8_MATMUL = Q8Tile(128, 64, 8)
+Q8_NARROW = Q8Tile(64, 64)
+Q8_FALLBACK = Q8Tile(64, 32)       # 128 threads
+
+
+def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
+    limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
+                dev.limits.get("max_compute_workgroup_size_x", 256))
+    return tile if tile.threads <= limit else Q8_FALLBACK
+
+
+# weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
+INT8_TYPES = {ggml.Q4_K: 256, ggml.Q4_0: 64, ggml.Q5_0: 64, ggml.Q8_0: 64}
+
+
+def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
+    """Whether a matmul of this weight type, row length and plan size takes the int8 path."""
+    align = INT8_TYPES.get(quant_type(qtype))
+    return align is not None and k % align == 0 and n_tokens > INT8_MIN_TOKENS
+
+
+def q8_weights_prelude(qtype, k: int) -> str:
+    """The int8 tile's weight format (shaders/q8_weights_q4k.wgsl or q8_weights_b32.wgsl) for qtype."""
+    t = quant_type(qtype)
+    if t not in INT8_TYPES or k % INT8_TYPES[t]:
+        raise ValueError(f"no int8 matmul for {ggml.name(t)} rows of {k}")
+    if t == ggml.Q4_K:
+        return "//!include q8_weights_q4k\n"
+    return q8_b32_prelude(t) + "//!include quants\n//!include q8_weights_b32\n"
+
+
+def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
+    """Bytes of quantize_q8's outputs for max_tokens rows of k: the int8 codes and the (d, sum) pairs."""
+    return max_tokens * k, max_tokens * (k // Q8_BLOCK) * 8
+
+
+def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: Buffer, n_tokens: int,
+                plan: Plan | None = None, rows_per_token: int = 1) -> Plan:
+    """XQ, XS = x's rows (f32 [t * rows_per_token, k], t = params' n_tokens) as int8 per 32 with
+    (scale, sum) per block."""
+    if k % Q8_BLOCK:
+        raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
+    p = pipeline(dev, "quantize_q8", constants={"K": k, "RPT": rows_per_token})
+    bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params})
+    plan = plan if plan is not None else dev.plan()
+    return plan.dispatch(p, bg, *groups(-(-n_tokens * rows_per_token * k // Q8_BLOCK // 64)))
+
+
+def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
+              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs)."""
+    tile = tile or fit_q8_tile(dev, Q8_MATMUL if n % Q8_MATMUL.rows == 0 else Q8_NARROW)
+    p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k), constants={"K": k, "N": n, "LDY": ldy})
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
+    plan = plan if plan is not None else dev.plan()
+    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))

@@ -1,0 +1,242 @@
+"""The decode matvec: y = W x for one token, W quantized as in the file (shaders/matvec*.wgsl).
+
+One kernel with its parts picked by prelude: how x arrives (as is, built from a pending residual add or a
+norm: ResidualInput, NormInput), how a row is read (4-weight groups, 32-weight units, Q4_K's 16-byte
+chunks), x in f32 or rounded to int8, and an optional last workgroup that routes a MoE token (RouteTail).
+The shape choices (threads per row, workgroup) come from bench/matvec_sweep.py; the figures stand beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import ggml
+from .. import Buffer, Device, Plan
+from .quants import (B32_TYPES, DOT32_TYPES, INT8_UNIT_TYPES, UNIT_TYPES, quant_prelude, quant_type, row_bytes,
+                     shader_block)
+from .router import RouteTail, route_workgroup
+from .shared import RESIDUAL_INPUT_ROUNDS, groups, pipeline
+
+
+@dataclass(frozen=True)
+class ResidualInput:
+    """A post-norm's residual add that a decode matvec's workgroups compute into their input x
+    (shaders/matvec_input_residual.wgsl) instead of a dispatch of its own (norm.wgsl add_normed):
+    r = (resid_in + rms_norm(y) * weight) [* scale[0]], written to resid_out by workgroup 0;
+    x = r, or rms_norm(r) * next_weight given next_weight."""
+    y: Buffer
+    resid_in: Buffer
+    resid_out: Buffer
+    weight: Buffer
+    scale: Buffer | None = None
+    next_weight: Buffer | None = None
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """A row a decode matvec's workgroups norm into their input x (shaders/matvec_input_norm.wgsl):
+    x = rms_norm(src) [* weight] * scale, written to x_out by workgroup 0, which also writes
+    rms_norm(src) * weight2 to out2 (norm.wgsl norm_pair's two outputs, without a dispatch)."""
+    src: Buffer
+    x_out: Buffer
+    weight: Buffer | None
+    weight2: Buffer
+    out2: Buffer
+    scale: float = 1.0
+    eps: float = 1e-6
+
+
+# Storage buffers a matvec with a residual input binds (W, Y, B and the six of ResidualInput).
+RESIDUAL_INPUT_BUFFERS = 9
+
+
+def fuses_residual_input(dev: Device) -> bool:
+    """Whether this device binds enough storage buffers per shader for ResidualInput matvecs
+    (WebGPU guarantees 8; Dawn offered 16 on the H100 of bench/RESULTS.md)."""
+    return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
+
+
+def matvec_prelude(t, int8: bool = False) -> str:
+    """quant_prelude plus matvec's dot32 (32-weight units) for this type and its x_prepare: none for f32
+    x; int8: x rounded to int8 by each workgroup (x8_round.wgsl) and the type's int8 unit."""
+    name = shader_block(t)[0]
+    if int8:
+        return (quant_prelude(t) + "//!include x8_round\n//!include quants_dot_x8\n"
+                f"fn dot32(rb: u32, u: u32) -> f32 {{ return dot32_{name}_x8(rb, u); }}\n")
+    impl = f"dot32_{name}" if quant_type(t) in DOT32_TYPES else "dot32_generic"
+    return (quant_prelude(t) + f"fn dot32(rb: u32, u: u32) -> f32 {{ return {impl}(rb, u); }}\n"
+            "fn x_prepare(lid: u32) {}\n")
+
+
+def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInput | None,
+                  dev: Device) -> tuple[str, dict, dict]:
+    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput or NormInput."""
+    if residual is None:
+        return "//!include matvec_input\n", {}, {"X": x}
+    if k % 4 or k > 4 * RESIDUAL_INPUT_ROUNDS * wg:
+        raise ValueError(f"an input built by the workgroups of {k} floats needs k % 4 == 0 and k <= "
+                         f"{4 * RESIDUAL_INPUT_ROUNDS} x the workgroup ({wg})")
+    r = residual
+    if isinstance(r, NormInput):
+        consts = {"XS": k // 4, "NEPS": r.eps, "HAS_NW": r.weight is not None, "NSCALE": r.scale}
+        res = {"NX": r.src, "NXO": r.x_out, "NW": r.weight if r.weight is not None else dev.dummy,
+               "NW2": r.weight2, "NYO": r.out2}
+        return "//!include matvec_input_norm\n", consts, res
+    consts = {"PRO": 2 if r.next_weight is not None else 1, "XS": k // 4, "PEPS": r.eps,
+              "HAS_PSC": r.scale is not None}
+    res = {"PY": r.y, "PR": r.resid_in, "RO": r.resid_out, "PW": r.weight,
+           "PNW": r.next_weight if r.next_weight is not None else dev.dummy,
+           "PSC": r.scale if r.scale is not None else dev.dummy}
+    return "//!include matvec_input_residual\n", consts, res
+
+
+def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, dict, int]:
+    """(prelude, constants, bindings, workgroups) of a matvec dispatch of `workgroups` with or without
+    one more that routes a MoE token (RouteTail)."""
+    if route is None:
+        return "//!include matvec_tail_none\n", {}, {}, workgroups
+    route_workgroup(route.n_experts, route.k_used)
+    return ("//!include matvec_tail_route\n", {"TAIL": workgroups, "E": route.n_experts, "KSEL": route.k_used},
+            {"IDS": route.ids, "WTS": route.weights, "LOG": route.logits}, workgroups + 1)
+
+
+def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
+           tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
+           gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
+           probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None,
+           int8: bool = False) -> Plan:
+    """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
+
+    geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
+    gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
+    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput)
+    or by norming a row (NormInput).
+    route: one workgroup more routes a MoE token (RouteTail).
+    subgroups: use the subgroup variant (default: when the device has the feature).
+    chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
+    row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
+    int8: x rounded to int8 per 32 by each workgroup, integer dot products (the Q4_K chunk kernel and
+    the Q6_K units; int8_matvec says where it is faster).
+    """
+    row_bytes(qtype, k)
+    sg = dev.has_subgroups if subgroups is None else subgroups
+    mode = 1 if geglu else 2 if gelu_times is not None else 0
+    b = gelu_times if gelu_times is not None else dev.dummy
+    plan = plan if plan is not None else dev.plan()
+    if chunks is None:
+        chunks = quant_type(qtype) == ggml.Q4_K
+    if chunks:
+        if quant_type(qtype) != ggml.Q4_K:
+            raise ValueError("the 16-byte chunk matvec reads Q4_K only")
+        tpr = tpr or q4k_threads_per_row(k, n, int8)
+        # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
+        wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None or int8 else Q4K_WORKGROUP)
+        x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
+        t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
+        p = pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
+                     prelude=x_prelude + t_prelude + q4k_x_prelude(int8),
+                     constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "PROBE": probe,
+                                **x_arrays(k, int8), **x_consts, **t_consts})
+        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+        return plan.dispatch(p, bg, *groups(workgroups))
+    if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
+        raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
+    # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
+    # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
+    # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
+    # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
+    # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
+    # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
+    if int8:             # units only
+        tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
+    tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
+    wg = wg or 256
+    # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
+    # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
+    # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
+    # (its whole decode step: 6.8 ms of matvecs in groups); Q8_0 loses everywhere (13.7 vs 17.9
+    # us at 1536 x 6144): a thread reading a whole 34-byte block coalesces worse than neighbours
+    # reading neighbouring words.
+    if units is None:
+        units = int8 or (k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES)
+    if int8 and not units:
+        raise ValueError("int8 x needs the 32-weight units")
+    x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
+    t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
+    p = pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype, int8) + x_prelude + t_prelude,
+                 enables=("subgroups",) if sg else (),
+                 constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units,
+                            **(x_arrays(k, True) if int8 else {}), **x_consts, **t_consts})
+    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+    return plan.dispatch(p, bg, *groups(workgroups))
+
+
+# Q4_K chunk matvec shape (bench/matvec_sweep.py on an H100, bench/RESULTS.md, 2026-11-26): what
+# counts is the matrix's rows times threads per row: ~32-96 K threads run best (24576 rows: 4
+# threads a row, 22.6 us vs 29.0 at 8 and 105 at 32; 6144 x 2816: 8, 39.0 us vs 88.7 at 32; 1536 x
+# 12288: 32, 49.0 us vs 102.6 at 8); at least two 32-weight chunks a thread. With int8 x each
+# workgroup rounds x first: 256 threads and at most 16 a row, so that more rows share it (2026-11-26,
+# GPU timestamps: 1536 x 6144 7.95 us at 16 x 256 against 44.4 at 32 x 64 and 12.6 for f32 x; 6144 x
+# 2816 9.5 at 8 x 256 against 14.1-14.7 for f32 x).
+Q4K_WORKGROUP = 64
+Q4K_RESIDUAL_WORKGROUP = 256
+Q4K_THREADS = 65536
+
+
+# Q6_K's int8 units (quants_dot_x8.wgsl) pay off on the head only (bench/matvec_sweep.py --int8
+# --gpu-time, H100, 2026-11-26): 262144 x 1536 355 us against 493 for f32 units; on the layers'
+# matrices the rounding of x per workgroup costs more than the integer dots save (2048 x 2816: 14.1 us
+# against 11.0; 1536 x 6144: 19.2 against 15.1; with a residual input 21.5 against 21.1).
+INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
+# The matrices (by rows) where the int8 units beat f32 x, per type: Q4_0 every dense one on the browser
+# path (E2B's QAT-form decode 219 -> 323 tok/s on the H100, bench/RESULTS.md, eleventh session; natively
+# none: Device.int8_block_units). Q5_0 and Q8_0 have units too (tests, bench/matvec_sweep.py --int8),
+# not used until a decode measures them faster.
+INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0}
+
+
+def int8_unit_threads_per_row(k: int, n: int) -> int:
+    """Threads per row of the 32-weight-block int8 units (4-16, a power of two): enough threads in all
+    for the GPU (a 1536 x 12288 matrix at 8 a row had 48 workgroups: 42.8 us on the H100's browser
+    path, eleventh session), at most 16 so that a workgroup's rounding of x serves 16 rows or more."""
+    tpr = 4
+    while tpr < 16 and tpr * 2 * n <= INT8_UNIT_THREADS and tpr * 2 <= k // 32:
+        tpr *= 2
+    return tpr
+
+
+INT8_UNIT_THREADS = 131072     # e2b's 24576-row gate|up (1536 x 12288 x 2): 25.3 us at 8 a row, 31.4 at 4
+
+
+def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
+    """Whether the decode matvec (experts: moe_experts) of `rows` rows of qtype takes x rounded to int8
+    where it is faster: the Q4_K chunk kernels (the expert one needs subgroups), the expert matvec for
+    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0; without GeGLU), Q6_K's units on a head's rows, and
+    the dense 32-weight blocks' units where the backend runs them faster (dev.int8_block_units)."""
+    t = quant_type(qtype)
+    if t == ggml.Q4_K:
+        return dev.has_subgroups or not experts
+    if experts:
+        return not geglu and t in B32_TYPES
+    if t in B32_TYPES and not dev.int8_block_units:
+        return False
+    return t in INT8_UNIT_MIN_ROWS and rows >= INT8_UNIT_MIN_ROWS[t]
+
+
+def q4k_x_prelude(int8: bool) -> str:
+    """How the Q4_K chunk kernels meet x: f32, or rounded to int8 per 32 (dot4I8Packed)."""
+    return "//!include matvec_q4k_x8\n" if int8 else "//!include matvec_q4k_x32\n"
+
+
+def x_arrays(k: int, int8: bool) -> dict:
+    """The sizes of the workgroup arrays x8_round.wgsl (int8) or matvec_q4k_x32.wgsl declare for rows of k."""
+    return {"XB": k // 32, "XR": k // 16} if int8 else {"XR": k // 16}
+
+
+def q4k_threads_per_row(k: int, n: int, int8: bool = False) -> int:
+    """Threads per row (a power of two, 4-32; int8 x: at most 16) for n rows of k weights."""
+    tpr = 4
+    while tpr < (16 if int8 else 32) and tpr * 2 * n <= Q4K_THREADS and tpr * 2 <= k // 64:
+        tpr *= 2
+    return tpr
