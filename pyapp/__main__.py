@@ -11,6 +11,8 @@ import json
 import re
 import sys
 
+from .errors import Gemma4Error
+
 
 def _open(path):
     from .gguf import read_gguf
@@ -566,24 +568,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
-    except Exception as e:  # our errors carry the message a user needs
-        from .denoising import DenoiseError
-        from .engine import EngineError
-        from .gguf import GGUFError
-        from .gpu import GPUError
-        from .inputs import InputError
-        from .model.config import ConfigError
-        from .model.lora import LoraError
-        from .sampling import ParamError
-        from .source import SourceError
-        from .train.checkpoint import CheckpointError
-        from .train.data import DataError
-        from .train.trainer import TrainError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, LoraError, ParamError, SourceError,
-                          OSError, DenoiseError, TrainError, DataError, CheckpointError, InputError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (Gemma4Error, OSError) as e:   # ours carry the message a user needs; OSError: a path given
+        print(f"error: {e}", file=sys.stderr)
+        if getattr(e, "hint", ""):          # what to do next, where the raiser gave it apart
+            print(e.hint, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

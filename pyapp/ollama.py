@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from .errors import Gemma4Error
 from .gguf import read_gguf, read_gguf_async
 from .model.forms import PARTS, file_form, projector_parts
 from .source import ByteSource, FileSource, SourceError
@@ -77,7 +78,7 @@ _PART = {
 }
 
 
-class OllamaError(Exception):
+class OllamaError(Gemma4Error):
     """Not an Ollama models folder, or no such model."""
 
 
@@ -109,7 +110,7 @@ class AsyncDirectory(Protocol):
     async def exists(self, path: str) -> bool: ...
 
 
-class OutsideFolderError(PermissionError):
+class OutsideFolderError(Gemma4Error, PermissionError):
     """A path inside the models folder that leads out of it through a symbolic link."""
 
 

@@ -24,20 +24,21 @@ from . import ollama
 from .chat import render_ids, reply_ids, split_thinking, style_for
 from .denoising import DenoiseParams, ReplayDraws
 from .diffusion import DiffusionEngine
-from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
+from .engine import DEFAULT_CONTEXT, Engine, SamplingParams
+from .errors import Fault, Gemma4Error
 from .explain import explain
-from .gguf import GGUFError, read_gguf, summarize
+from .gguf import read_gguf, summarize
 from .gpu import GPUError, get_device_async
-from .model.config import DIFFUSION_ARCH, ConfigError, Gemma4Config, model_config
+from .model.config import DIFFUSION_ARCH, Gemma4Config, model_config
 from .model.forms import file_form
 from .model.lora import LoraError, bind_lora
 from .model.weights import bind
 from .sampling import DENOISE_SETTINGS, check_temperature_range, denoise_settings, page_rules
 from .source import SourceError
-from .tokenizer import TokenizerError
 
-EXPECTED = (GGUFError, ConfigError, EngineError, GPUError, SourceError, TokenizerError, ollama.OllamaError,
-            OSError, ValueError)
+# What a command reports as a message instead of failing: pyapp's errors, a folder's files (OSError), and the
+# ValueErrors that checks below pyapp's own errors raise (ggml types, kernel shapes).
+EXPECTED = (Gemma4Error, OSError, ValueError)
 
 
 def emit(event: str, **data) -> None:
@@ -58,15 +59,17 @@ class BlobSource:
 
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.size:
-            raise SourceError(f"read of {n} bytes at {offset} is outside {self.name} ({self.size} bytes)")
+            raise SourceError(f"read of {n} bytes at {offset} is outside {self.name} ({self.size} bytes)",
+                              fault=Fault.INCOMPLETE)
         try:
             buf = self._reader.readAsArrayBuffer(self.blob.slice(offset, offset + n))
         except Exception as e:   # NotReadableError: the file changed or was removed on disk
             raise SourceError(f"cannot read {self.name} any more ({e}); did the file change on disk? "
-                              "Open it again.") from e
+                              "Open it again.", fault=Fault.CHANGED) from e
         data = buf.to_bytes()
         if len(data) != n:
-            raise SourceError(f"short read at byte {offset} of {self.name}: the file changed on disk?")
+            raise SourceError(f"short read at byte {offset} of {self.name}: the file changed on disk?",
+                              fault=Fault.CHANGED)
         return data
 
 
@@ -343,7 +346,7 @@ async def open_folder_model(name: str) -> dict:
         src = BlobSource(blob, name)
         if src.size != m.model.size:
             raise ollama.OllamaError(f"{name}: the model blob is {src.size} bytes, the manifest says "
-                                     f"{m.model.size}: incomplete download?")
+                                     f"{m.model.size}: incomplete download?", fault=Fault.INCOMPLETE)
         g = read_gguf(src)
         info = _describe(g, name)
         # the model's Ollama defaults, checked like the page's own settings
