@@ -10,8 +10,8 @@ disclosure. An error that says nothing about the file keeps its own message, wit
 
 What an error says about the file is read from its type and fields, never from its words:
 the fault its raiser states (pyapp.errors.Fault, on it or on an error it wraps), else the
-damaged-file types below. The five patterns of `_NOT_YET_TYPED` are the exception, for
-raisers in the engine's internals that do not state their fault yet.
+damaged-file types below. The patterns of `_NOT_YET_TYPED` and `_OTHER_BASE_MODEL` are the
+exception, for raisers in the engine's internals that do not state their fault yet.
 
 Runs unchanged in Pyodide and CPython (no browser imports): tests/test_explain.py.
 """
@@ -100,8 +100,9 @@ def explain(exc: BaseException, file: str | None = None, ollama_name: str | None
     a model file (ollama_name: the file is that Ollama model's); {"error": the message} when it is no
     file's fault or not one we recognise."""
     detail = str(exc) or type(exc).__name__
+    own = f"{detail} {exc.hint}" if getattr(exc, "hint", "") else detail      # its words, and what to do if apart
     if not file:
-        return {"error": detail}
+        return {"error": own}
     quoted = f"\u201c{file}\u201d"
     again = f"download it again (ollama pull {ollama_name})" if ollama_name else "download it again"
     chain = list(_chain(exc))
@@ -111,4 +112,17 @@ def explain(exc: BaseException, file: str | None = None, ollama_name: str | None
     damaged = next((words for e in chain for kind, words in _DAMAGED.items() if isinstance(e, kind)), None)
     if damaged:
         return {"error": damaged.format(file=quoted), "detail": detail, "file": file}
-    return {"error": detail}
+    return {"error": own}
+
+
+# LoRA checks (model.lora) that mean the adapter was trained on another base model; not typed yet either
+_OTHER_BASE_MODEL = ("incorrect shape", "does not exist in the base model", "is for architecture")
+
+
+def explain_adapter(exc: BaseException, name: str, model: str) -> str:
+    """Why the adapter file `name` cannot be applied to `model`, in words (the LoraError's message kept)."""
+    message = str(exc)
+    if any(m in message for m in _OTHER_BASE_MODEL):
+        return (f"\u201c{name}\u201d cannot be applied to {model}: it was made for a different base model. "
+                "Choose the adapter trained on this model.")
+    return f"\u201c{name}\u201d cannot be applied to {model}: {message}"
