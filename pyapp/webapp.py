@@ -1,5 +1,5 @@
 """The app's Python side, running in Pyodide inside web/worker.js (a dedicated Web Worker): the worker's
-commands, thin adapters over the use cases of pyapp.app.
+commands (@command), thin adapters over the use cases of pyapp.app.
 
 worker.js calls these functions by name with plain values (JSON strings) or JS handles (Files, folder
 handles) and posts their results to the page; what a use case reports while it runs goes out as events
@@ -48,6 +48,20 @@ from .train.trainer import TrainError
 EXPECTED = (Gemma4Error, OSError, ValueError)
 
 SESSION = Session()     # the worker's one session: the model chosen and loaded, the adapter, the training run
+
+# The worker's commands, declared here and nowhere else: web/worker.js asks for their names at boot and runs
+# these, and only these; any other name (a helper of this module, toString, __proto__) is an unknown command.
+COMMANDS: dict = {}
+
+
+def command(fn):
+    """Declare a worker command: the page calls it by name, with JSON strings, Files and handles."""
+    COMMANDS[fn.__name__] = fn
+    return fn
+
+
+def command_names() -> list[str]:
+    return sorted(COMMANDS)
 
 
 def emit(event: str, **data) -> None:
@@ -178,6 +192,7 @@ def _error(e: BaseException, file: str | None = None, ollama_name: str | None = 
 
 # -- commands: the device, a model chosen and loaded -------------------------------------------------
 
+@command
 async def boot() -> dict:
     """Request the WebGPU device; describe it. Also hands the page the sampling defaults and the
     rules each setting follows (pyapp.sampling.RULES: its inputs' bounds)."""
@@ -194,6 +209,7 @@ async def boot() -> dict:
             "gpu_memory": settings.default_gpu_memory(d.info), "software": settings.software_adapter(d.info)}
 
 
+@command
 def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
     """What loading the chosen model with these settings would put on the GPU and leave in the file."""
     try:
@@ -205,6 +221,7 @@ def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
     return {"lines": plan.describe(), **model.plan_figures(plan)}
 
 
+@command
 def open_file(blob, name: str = "") -> dict:
     """Parse a GGUF's header from a File; check it is a Gemma 4 model we can run (a LoRA adapter dropped
     instead is checked against the chosen model)."""
@@ -227,6 +244,7 @@ def open_file(blob, name: str = "") -> dict:
     return {"model": info}
 
 
+@command
 async def open_folder(handle) -> dict:
     """List the models of an Ollama models folder (Gemma 4 ones usable, others explained)."""
     try:
@@ -236,6 +254,7 @@ async def open_folder(handle) -> dict:
     return {"models": rows, "folder": str(getattr(handle, "name", ""))}
 
 
+@command
 async def open_folder_model(name: str) -> dict:
     """Choose a model of the opened folder: {"model", "params" (its Ollama defaults), "system"}."""
     async def blob_source(path, shown):
@@ -246,6 +265,7 @@ async def open_folder_model(name: str) -> dict:
         return _error(e, name, ollama_name=name)
 
 
+@command
 async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None, f16: bool = False) -> dict:
     """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it);
     f16: the prompt matmuls int8 does not take in f16 tiles where the device has shader-f16."""
@@ -270,10 +290,12 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
             "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION)}
 
 
+@command
 def cancel_load(load_id: int = 0) -> None:
     SESSION.cancelled_load = load_id
 
 
+@command
 def simulate_device_loss() -> dict:
     """For tests: destroy the GPU device, as a driver reset would (device.lost fires)."""
     if SESSION.device is not None:
@@ -293,6 +315,7 @@ def _choose_adapter(g, name: str) -> dict:
         return _error(e, name)
 
 
+@command
 def open_adapter(blob, name: str = "") -> dict:
     """Choose a LoRA adapter (llama.cpp's GGUF format) for the chosen model; it applies from the next load."""
     try:
@@ -307,6 +330,7 @@ def open_adapter(blob, name: str = "") -> dict:
     return _choose_adapter(g, src.name)
 
 
+@command
 def set_adapter(on: bool = True, scale=1.0) -> dict:
     """Switch the adapter on or off and set its scale: applied from the next reply, no reload."""
     try:
@@ -315,6 +339,7 @@ def set_adapter(on: bool = True, scale=1.0) -> dict:
         return _error(e)
 
 
+@command
 def remove_adapter() -> dict:
     """Forget the adapter; the page reloads the model without it."""
     adapters.remove_adapter(SESSION)
@@ -323,10 +348,12 @@ def remove_adapter() -> dict:
 
 # -- commands: replies -------------------------------------------------------------------------------
 
+@command
 def stop() -> None:
     SESSION.stop_requested = True
 
 
+@command
 async def chat(messages_json: str, params_json: str) -> dict:
     """Generate the next assistant reply for a conversation; tokens (DiffusionGemma: denoising steps too)
     stream as events. The page keeps the reply's ids + vocab and sends them back with the conversation: the
@@ -341,10 +368,12 @@ async def chat(messages_json: str, params_json: str) -> dict:
         return _error(e)
 
 
+@command
 def count_tokens(messages_json: str) -> dict:
     return _count_tokens(SESSION, json.loads(messages_json))
 
 
+@command
 async def logits(tokens_json: str) -> dict:
     """Logits for a token sequence (tests compare them with golden files)."""
     if SESSION.engine is None:
@@ -356,6 +385,7 @@ async def logits(tokens_json: str) -> dict:
     return {"rows": rows.tolist()}
 
 
+@command
 async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
     """Token ids generated after a raw token sequence, from an empty cache (tests: golden outputs)."""
     if SESSION.engine is None:
@@ -379,6 +409,7 @@ def _diffusion_refused() -> dict | None:
     return None
 
 
+@command
 async def diffusion_logits(prompt_json: str, canvas_json: str, prev_json: str = "null", blocks_json: str = "[]"
                            ) -> dict:
     """One denoising step's logits [canvas, vocab] after encoding the prompt (and committed blocks) from an empty
@@ -395,6 +426,7 @@ async def diffusion_logits(prompt_json: str, canvas_json: str, prev_json: str = 
     return {"rows": rows.tolist()}
 
 
+@command
 async def denoise_tokens(prompt_json: str, params_json: str = "{}", draws_json: str = "null") -> dict:
     """One generation from an empty cache with DenoiseParams' fields (the model's defaults for the rest) and, when
     given, recorded random draws {init, sample, renoise} (ReplayDraws): every step's decisions (tests replay
@@ -415,11 +447,13 @@ async def denoise_tokens(prompt_json: str, params_json: str = "{}", draws_json: 
 
 # -- commands: the Fine-tune panel (pyapp.app.finetune) ----------------------------------------------
 
+@command
 def train_options() -> dict:
     """The panel's presets, targets and field rules."""
     return finetune.options()
 
 
+@command
 def train_data(blob, name: str = "", fields_json: str = "{}") -> dict:
     """Read a training file (blob None: the one read before, with changed settings): its statistics and
     warnings, for the panel to show before Start."""
@@ -430,6 +464,7 @@ def train_data(blob, name: str = "", fields_json: str = "{}") -> dict:
         return _error(e)
 
 
+@command
 def train_start(fields_json: str = "{}") -> dict:
     """Make the run's Trainer: the updates it plans and the data it trains on."""
     try:
@@ -438,6 +473,7 @@ def train_start(fields_json: str = "{}") -> dict:
         return _error(e)
 
 
+@command
 async def train_step() -> dict:
     """One update of the run (the page calls again for the next, or train_finish)."""
     try:
@@ -446,6 +482,7 @@ async def train_step() -> dict:
         return _error(e)
 
 
+@command
 async def train_finish() -> dict:
     """End the run: the adapter GGUF of its best parameters (bytes: the page keeps and offers it) and the
     log; the trainer's GPU memory is freed, the model stays loaded."""
