@@ -44,7 +44,8 @@ _WORDS = {
     Fault.TOO_SMALL: "{file} needs at least {need} of GPU memory with these settings: raise GPU memory (MiB) if "
                      "your GPU has that much, or lower the context length.",
     Fault.DOES_NOT_FIT: "{file} does not fit this GPU as set up: lower the context length, or lower GPU memory (MiB) "
-                        "so more stays in the file; a smaller quantization helps too. Close other tabs that use the GPU.",
+                        "so more stays in the file; a smaller quantization helps too. Close other tabs that use the "
+                        "GPU.",
 }
 # types that are one fault whatever raised them
 _FAULT_OF_TYPE = {UnsupportedModelError: Fault.DIFFUSION}

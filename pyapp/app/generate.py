@@ -11,8 +11,8 @@ from .session import Session
 
 def generate(session: Session, ids: list[int], params, events: Events | None = None, stop_ids=None) -> Steps:
     """Steps: the loaded model's GenerationResult after `ids` from an empty cache, its text going out as `token`
-    events when events are given. stop_ids: the ids that end it (None: the tokenizer's end-of-turn ids; (): only max_tokens and the
-    context)."""
+    events when events are given. stop_ids: the ids that end it (None: the tokenizer's end-of-turn ids; (): only
+    max_tokens and the context)."""
     eng = session.loaded()
     eng.reset()
     session.clear_gpu_error()
