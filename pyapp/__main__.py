@@ -1,7 +1,9 @@
-"""Command line: python -m pyapp {info,tokenize,logits,generate,chat,bench} MODEL.gguf ...
+"""Command line: python -m pyapp {info,tokenize,logits,generate,chat,bench,finetune,diffusion-logits} MODEL.gguf ...
 
-See DESIGN.md's "Interfaces other code relies on". `--backend reference` runs the
-numpy oracle; `native` runs our WGSL kernels through wgpu-native.
+See DESIGN.md's "Interfaces other code relies on". A thin adapter over the use cases of pyapp.app
+(arguments in, text out): each command parses its options, runs the use case on a Session of its
+own and prints what comes back. `--backend reference` runs the numpy oracle instead (CPython only);
+`native` runs our WGSL kernels through wgpu-native.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import argparse
 import json
 import re
 import sys
+
+from .app.events import Events
+from .errors import Gemma4Error
 
 
 def _open(path):
@@ -34,21 +39,44 @@ def _loras(args) -> list:
     return [(p, scales[i] if len(scales) > 1 else scales[0] if scales else 1.0) for i, p in enumerate(paths)]
 
 
-def _model(gguf, args):
-    if args.backend == "reference":
-        from .reference.forward import ReferenceModel
-        return ReferenceModel(gguf, lora=_loras(args))
-    return _engine(gguf, args)
+class _Printer(Events):
+    """The use cases' events as the CLI shows them: the memory plan on stderr, the reply's text on stdout."""
+
+    def plan(self, plan):
+        print("\n".join(plan.describe()), file=sys.stderr)
+
+    def token(self, text, *_, **__):
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
-def _engine(gguf, args):
-    """The engine on the native GPU, with the memory options; the memory plan goes to stderr first."""
-    from .engine import Engine
-    context = getattr(args, "context", None)
-    return Engine.open(gguf, backend="native", context_length=context, gpu_memory_mib=args.gpu_memory,
-                       expert_cache_mib=args.expert_cache, ple_in_file=True if args.ple_in_file else None,
-                       on_plan=lambda plan: print("\n".join(plan.describe()), file=sys.stderr), lora=_loras(args),
-                       int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False))
+class _BlockPrinter(Events):
+    """A DiffusionGemma generation's events: each committed block's text as it comes, and a line per block to
+    stderr with the denoising steps it took."""
+    steps = 0
+
+    def denoise(self, block, step, *_, **__):
+        self.steps = step
+
+    def token(self, text, *_, block=0, **__):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        print(f"\n[block {block + 1}: {self.steps} denoising steps]", file=sys.stderr)
+
+
+def _loaded(gguf, args, events=None):
+    """A Session with the model loaded on the native GPU, with the memory options and --lora adapters; the
+    memory plan goes to stderr first."""
+    from .app import model
+    from .app.session import Session
+    from .steps import run
+    session = Session()
+    model.choose(session, gguf)
+    run(model.load(session, events or _Printer(), context_length=getattr(args, "context", None),
+                   gpu_memory_mib=args.gpu_memory, expert_cache_mib=args.expert_cache,
+                   ple_in_file=True if args.ple_in_file else None, lora=_loras(args),
+                   int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False)))
+    return session
 
 
 def cmd_info(args) -> int:
@@ -87,10 +115,10 @@ def cmd_info(args) -> int:
 
 def _adapter_lines(g, cfg, path, scale) -> list[str]:
     """What `info --lora` says of an adapter: its targets, or why it does not load on this model."""
-    from .model.lora import LoraError, load_lora
-    from .model.weights import bind
+    from .app.adapters import check_adapter
+    from .model.lora import LoraError
     try:
-        return load_lora(path, cfg, bind(cfg, g.tensors), scale, g.architecture).describe()
+        return check_adapter(g, cfg, path, scale).describe()
     except LoraError as e:
         return [f"LoRA adapter:  {path}: refused: {e}"]
 
@@ -123,8 +151,14 @@ def cmd_logits(args) -> int:
         raise ConfigError("DiffusionGemma scores its canvas, not a next token: use diffusion-logits (one "
                           "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
-    model = _model(gguf, args)
-    logits = np.asarray(model.forward(tokens), dtype=np.float32)    # engine and reference: Logits
+    if args.backend == "reference":
+        from .reference.forward import ReferenceModel
+        logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens)
+    else:
+        from .app.logits import logits as logits_of
+        from .steps import run
+        logits = run(logits_of(_loaded(gguf, args), tokens))
+    logits = np.asarray(logits, dtype=np.float32)      # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
@@ -146,7 +180,9 @@ def cmd_diffusion_logits(args) -> int:
         from .reference.diffusion import DiffusionReference
         logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
     else:
-        logits = _engine(gguf, args).decoder_logits(prompt, canvas, None if prev is None else prev.tobytes())
+        from .app.logits import diffusion_logits
+        from .steps import run
+        logits = run(diffusion_logits(_loaded(gguf, args), prompt, canvas, None if prev is None else prev.tobytes()))
     logits = np.asarray(logits, dtype=np.float32)
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
@@ -154,10 +190,8 @@ def cmd_diffusion_logits(args) -> int:
 
 
 def _chat_style(gguf):
-    """The prompt format this model's GGUF asks for (its template, else its size)."""
-    from .chat import style_for
-    from .gguf import summarize
-    return style_for(gguf.metadata, summarize(gguf)["n_elements"])
+    from .app.model import chat_style
+    return chat_style(gguf)
 
 
 def _prompt_ids(tok, gguf, text: str, raw: bool) -> list[int]:
@@ -174,52 +208,32 @@ def _is_diffusion(gguf) -> bool:
 
 def _denoise_params(args, gguf):
     """DiffusionGemma's settings: the model's defaults (its GGUF), overridden by the flags given."""
-    from .denoising import DenoiseParams
+    from .app.settings import denoise_params
     from .model.config import DiffusionGemmaConfig
-    p = DenoiseParams.from_config(
-        DiffusionGemmaConfig.from_gguf(gguf), steps=args.steps, t_min=args.t_min, t_max=args.t_max,
-        entropy_bound=args.entropy_bound, stability_threshold=args.stability, confidence_threshold=args.confidence,
-        max_new_tokens=args.max_tokens if args.max_tokens > 0 else None, seed=args.seed)
-    p.validate()
-    return p
-
-
-class _BlockPrinter:
-    """Prints each committed block's text as it comes (up to its eos), and a line per block to stderr."""
-
-    def __init__(self, tok, eos):
-        self.tok, self.eos, self.decoder, self.steps = tok, set(eos), tok.stream(), 0
-
-    def on_step(self, _block, step, _argmax, _accepted):
-        self.steps = step
-
-    def on_block(self, b, block):
-        for t in block:
-            if t in self.eos:
-                break
-            sys.stdout.write(self.decoder.push(t))
-        sys.stdout.flush()
-        print(f"\n[block {b + 1}: {self.steps} denoising steps]", file=sys.stderr)
-
-    def finish(self):
-        sys.stdout.write(self.decoder.flush() + "\n")
+    fields = {"steps": args.steps, "t_min": args.t_min, "t_max": args.t_max, "entropy_bound": args.entropy_bound,
+              "stability_threshold": args.stability, "confidence_threshold": args.confidence}
+    return denoise_params(DiffusionGemmaConfig.from_gguf(gguf), fields,
+                          args.max_tokens if args.max_tokens > 0 else None, args.seed)
 
 
 def _generate_diffusion(args, g, tok, ids) -> int:
+    from .app.denoise import DenoisedText, denoise
     params = _denoise_params(args, g)          # checked before the model loads
-    printer = _BlockPrinter(tok, params.eos_ids)
     if args.backend == "reference":
         from .denoising import SeededDraws
         from .reference.denoise import generate
         from .reference.diffusion import DiffusionReference
         model = DiffusionReference(g)
+        live = DenoisedText(tok, params, len(ids), model.cfg.context_length, _BlockPrinter())
         res = generate(model, ids, params, SeededDraws(params.seed, model.cfg.vocab_size, model.cfg.canvas_length),
-                       on_step=printer.on_step)
+                       on_step=live.on_step)
         for b, block in enumerate(res.blocks):
-            printer.on_block(b, block)
+            live.on_block(b, block)
+        live.finish()
     else:
-        res = _engine(g, args).denoise(ids, params, on_step=printer.on_step, on_block=printer.on_block)
-    printer.finish()
+        from .steps import run
+        res, live = run(denoise(_loaded(g, args), ids, params, _BlockPrinter()))
+    sys.stdout.write(live.tail + "\n")
     speed = (f", {sum(t != params.pad_id for t in res.tokens) / res.seconds:.1f} tok/s" if res.seconds else "")
     print(f"[{len(res.blocks)} blocks, {res.decoder_passes} denoising steps, {res.tokens_per_forward(params.pad_id):.2f} "
           f"tokens per forward{speed}, {res.stop_reason}]", file=sys.stderr)
@@ -238,8 +252,10 @@ def cmd_generate(args) -> int:
         out = ReferenceModel(g, lora=_loras(args)).generate_greedy(ids, int(min(params.token_limit, args.context)))
         print(tok.decode([t for t in out if t not in tok.stop_ids]))
         return 0
-    engine = _engine(g, args)
-    res = engine.generate(ids, params, on_token=_print_piece)
+    from .app.generate import generate
+    from .steps import run
+    printer = _Printer()
+    res = run(generate(_loaded(g, args, printer), ids, params, printer))
     sys.stdout.write("\n")
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
           f"{res.decode_tps:.1f} tok/s, {res.stop_reason}{_speculation_note(params, res)}]", file=sys.stderr)
@@ -263,18 +279,15 @@ def _params(args):
                           max_tokens=args.max_tokens, seed=args.seed, speculate=args.speculate)
 
 
-def _print_piece(_tok, piece: str) -> None:
-    sys.stdout.write(piece)
-    sys.stdout.flush()
-
-
 def cmd_chat(args) -> int:
-    from .chat import Conversation, reply_ids
+    from .app.reply import reply
+    from .chat import Conversation
+    from .steps import run
     g = _open(args.model)
-    tok = _tokenizer(g)
     params = _denoise_params(args, g) if _is_diffusion(g) else _params(args)   # checked before the model loads
-    engine = _engine(g, args)
-    conv = Conversation(system=args.system, style=_chat_style(g))
+    printer = _Printer()
+    session = _loaded(g, args, printer)
+    conv = Conversation(system=args.system, style=session.model.style)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
     while True:
         try:
@@ -284,23 +297,20 @@ def cmd_chat(args) -> int:
         if not text.strip():
             break
         conv.add_user(text)
-        ids = conv.prompt_ids(tok)
-        stop = []
         try:
-            res = engine.generate(ids, params, on_token=_print_piece, should_stop=lambda: bool(stop))
+            r = run(reply(session, conv.all_messages(), params=params, events=printer))
         except KeyboardInterrupt:
-            stop.append(True)
             print("\n[stopped]")
-            conv.pop_last() if hasattr(conv, "pop_last") else None
+            conv.pop_last()
             continue
         sys.stdout.write("\n")
-        conv.add_assistant(res.text, reply_ids(tok, ids, res.tokens))
+        conv.add_assistant(r["text"], {"ids": r["ids"], "vocab": r["vocab"]})
     return 0
 
 
 def cmd_bench(args) -> int:
     g = _open(args.model)
-    engine = _engine(g, args)
+    engine = _loaded(g, args).engine
     result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
                           speculate=args.speculate, prompt=args.prompt_kind)
     if args.json:
@@ -350,7 +360,7 @@ def cmd_finetune(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     ckpt_path = args.checkpoint or args.out + ".ckpt"
     resume = load_checkpoint(ckpt_path) if args.resume else None
-    engine = _engine(g, args)
+    engine = _loaded(g, args).engine
     tr = Trainer(engine, ds, config, checkpoint=resume)
     print(f"training {tr.params.n_trainable:,} values ({len(tr.params.pairs)} pairs, rank {config.rank}) for "
           f"{tr.total_steps} updates of {config.batch} sequences" + (f", from update {tr.step}" if resume else ""),
@@ -566,24 +576,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
-    except Exception as e:  # our errors carry the message a user needs
-        from .denoising import DenoiseError
-        from .engine import EngineError
-        from .gguf import GGUFError
-        from .gpu import GPUError
-        from .inputs import InputError
-        from .model.config import ConfigError
-        from .model.lora import LoraError
-        from .sampling import ParamError
-        from .source import SourceError
-        from .train.checkpoint import CheckpointError
-        from .train.data import DataError
-        from .train.trainer import TrainError
-        if isinstance(e, (GGUFError, ConfigError, EngineError, GPUError, LoraError, ParamError, SourceError,
-                          OSError, DenoiseError, TrainError, DataError, CheckpointError, InputError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (Gemma4Error, OSError) as e:   # ours carry the message a user needs; OSError: a path given
+        print(f"error: {e}", file=sys.stderr)
+        if getattr(e, "hint", ""):          # what to do next, where the raiser gave it apart
+            print(e.hint, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ import random
 import struct
 from dataclasses import dataclass, field, replace
 
+from .errors import Gemma4Error
 
-class DenoiseError(ValueError):
+
+class DenoiseError(Gemma4Error, ValueError):
     """Settings a denoising generation cannot use."""
 
 

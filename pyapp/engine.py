@@ -23,6 +23,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from .errors import Gemma4Error
 from .gguf import GGUFError
 from .gpu import Device, GPUError
 from .gpu import kernels as K
@@ -55,7 +56,7 @@ def _mib(n: float | None) -> int | None:
     return int(n * 2**20)
 
 
-class EngineError(Exception):
+class EngineError(Gemma4Error):
     """A request the engine cannot serve (prompt too long, model too big, bad file)."""
 
 

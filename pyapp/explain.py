@@ -6,7 +6,12 @@ end of the file (at byte 1234)"). That is the right detail for a bug report and 
 wrong first sentence for someone who downloaded a model. `explain` turns such an error
 into {"error": plain words naming the file and the next step, "detail": the original
 message, "file": the file's name}; the page shows the words and keeps the detail in a
-disclosure. An error it does not recognise keeps its own message, with no detail.
+disclosure. An error that says nothing about the file keeps its own message, with no detail.
+
+What an error says about the file is read from its type and fields, never from its words:
+the fault its raiser states (pyapp.errors.Fault, on it or on an error it wraps), else the
+damaged-file types below. The patterns of `_NOT_YET_TYPED` and `_OTHER_BASE_MODEL` are the
+exception, for raisers in the engine's internals that do not state their fault yet.
 
 Runs unchanged in Pyodide and CPython (no browser imports): tests/test_explain.py.
 """
@@ -15,50 +20,54 @@ from __future__ import annotations
 
 import re
 
-# (what the technical message says, what people are told; {file} is the quoted name), first match wins
-_RULES: list[tuple[str, str]] = [
-    (r"NotReadableError|NotFoundError|changed? on disk",
-     "{file} changed on disk or was removed since it was opened: open it again."),
-    (r"truncated|past the end|runs past|outside .* bytes\)|incomplete download|short read|"
-     r"cannot fit in a \d+-byte file",
-     "{file} is incomplete: it ends before the data its header describes. The download or copy was "
-     "probably cut short: {again}."),
-    (r"NotAllowedError|SecurityError",
-     "Permission to read {file} was denied or withdrawn: open it again and allow reading."),
-    (r"not a GGUF file",
-     "{file} is not a GGUF model file. Choose a .gguf file (a Gemma 4 model), or open your Ollama "
-     "models folder."),
-    (r"unsupported GGUF version|big-endian",
-     "{file} is a kind of GGUF this app cannot read. Download the model again (current downloads work), "
-     "or convert it with a recent llama.cpp."),
-    (r"DiffusionGemma .*no next-token logits",
-     "{file} is a DiffusionGemma model (text diffusion): it writes by denoising, not token by token, so it "
-     "has no next-token logits. Chat with it, or use diffusion-logits for one denoising step."),
-    (r"architecture is '(?P<arch>[^']*)', not 'gemma4'",
-     "{file} is a {arch} model, not Gemma 4: this app runs Gemma 4 models only."),
-    (r"has no GPU kernel",
-     "{file} uses a quantization this app cannot run yet. Choose another quantization of the model "
-     "(Q4_K_M, Q6_K, Q8_0, F16 and BF16 work)."),
-    (r"needs at least (?P<need>[\d.,]+ \w+) of GPU memory",
-     "{file} needs at least {need} of GPU memory with these settings: raise GPU memory (MiB) if your "
-     "GPU has that much, or lower the context length."),
-    (r"out of GPU memory|binding limit|this GPU binds at most",
-     "{file} does not fit this GPU as set up: lower the context length, or lower GPU memory (MiB) so "
-     "more stays in the file; a smaller quantization helps too. Close other tabs that use the GPU."),
-]
-# When no rule matched: errors that can only mean the file's contents are not what they should be.
-_DAMAGED = {
-    "TokenizerError": "{file} has no Gemma 4 tokenizer this app can read: it may be damaged or made by an "
-                      "old converter. Download it again.",
-    "GGUFError": "{file} is damaged: its header does not make sense. Download it again.",
-    "ConfigError": "{file} is damaged or not a Gemma 4 model this app understands: its settings are not "
-                   "what Gemma 4 has. Download it again, or use a GGUF made by a recent llama.cpp or Ollama.",
-    "WeightsError": "{file} is damaged or not a Gemma 4 model this app understands: its weights are not "
-                    "what Gemma 4 has. Download it again, or use a GGUF made by a recent llama.cpp or Ollama.",
+from .errors import Fault, Gemma4Error, fault_of
+from .gguf import GGUFError
+from .model.config import ConfigError, UnsupportedModelError
+from .model.weights import WeightsError
+from .tokenizer import TokenizerError
+
+# what people are told of each fault; {file} is the quoted name, the rest the error's facts
+_WORDS = {
+    Fault.CHANGED: "{file} changed on disk or was removed since it was opened: open it again.",
+    Fault.INCOMPLETE: "{file} is incomplete: it ends before the data its header describes. The download or copy "
+                      "was probably cut short: {again}.",
+    Fault.DENIED: "Permission to read {file} was denied or withdrawn: open it again and allow reading.",
+    Fault.NOT_GGUF: "{file} is not a GGUF model file. Choose a .gguf file (a Gemma 4 model), or open your Ollama "
+                    "models folder.",
+    Fault.GGUF_KIND: "{file} is a kind of GGUF this app cannot read. Download the model again (current downloads "
+                     "work), or convert it with a recent llama.cpp.",
+    Fault.DIFFUSION: "{file} is a DiffusionGemma model (text diffusion): it writes by denoising, not token by token, "
+                     "so it has no next-token logits. Chat with it, or use diffusion-logits for one denoising step.",
+    Fault.OTHER_MODEL: "{file} is a {arch} model, not Gemma 4: this app runs Gemma 4 models only.",
+    Fault.NO_KERNEL: "{file} uses a quantization this app cannot run yet. Choose another quantization of the model "
+                     "(Q4_K_M, Q6_K, Q8_0, F16 and BF16 work).",
+    Fault.TOO_SMALL: "{file} needs at least {need} of GPU memory with these settings: raise GPU memory (MiB) if "
+                     "your GPU has that much, or lower the context length.",
+    Fault.DOES_NOT_FIT: "{file} does not fit this GPU as set up: lower the context length, or lower GPU memory (MiB) "
+                        "so more stays in the file; a smaller quantization helps too. Close other tabs that use the "
+                        "GPU.",
 }
-# Errors that can come from a file; any other (a bad setting, a cancelled load) is no fault of it.
-_FILE_ERRORS = {"GGUFError", "ConfigError", "WeightsError", "TokenizerError", "SourceError", "OllamaError",
-                "ModelError", "PlanError", "EngineError", "GPUError", "OSError", "JsException"}
+# types that are one fault whatever raised them
+_FAULT_OF_TYPE = {UnsupportedModelError: Fault.DIFFUSION}
+# When no fault is stated: errors that can only mean the file's contents are not what they should be.
+_DAMAGED = {
+    TokenizerError: "{file} has no Gemma 4 tokenizer this app can read: it may be damaged or made by an old "
+                    "converter. Download it again.",
+    GGUFError: "{file} is damaged: its header does not make sense. Download it again.",
+    ConfigError: "{file} is damaged or not a Gemma 4 model this app understands: its settings are not what Gemma 4 "
+                 "has. Download it again, or use a GGUF made by a recent llama.cpp or Ollama.",
+    WeightsError: "{file} is damaged or not a Gemma 4 model this app understands: its weights are not what Gemma 4 "
+                  "has. Download it again, or use a GGUF made by a recent llama.cpp or Ollama.",
+}
+# Raisers in the engine's internals (being moved: issue 27) that do not state a fault yet: their words, the
+# fault, and the raiser. Each goes once its raiser passes fault= (and the facts named in the group).
+_NOT_YET_TYPED: list[tuple[str, Fault]] = [
+    (r"DiffusionGemma .*no next-token logits", Fault.DIFFUSION),                # diffusion.DiffusionEngine.forward
+    (r"architecture is '(?P<arch>[^']*)', not 'gemma4'", Fault.OTHER_MODEL),     # model.config.Gemma4Config
+    (r"has no GPU kernel", Fault.NO_KERNEL),                                     # runtime.upload
+    (r"needs at least (?P<need>[\d.,]+ \w+) of GPU memory", Fault.TOO_SMALL),    # runtime.memory
+    (r"out of GPU memory|binding limit|this GPU binds at most", Fault.DOES_NOT_FIT),   # engine, runtime.upload/state
+]
 
 
 def _chain(exc: BaseException):
@@ -70,22 +79,51 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
+def _fault(chain: list) -> tuple[Fault, dict] | None:
+    """The fault the errors state, with its facts: the outermost stated one, then one a type means, then the
+    words of a raiser that states none yet (the outer message: wrappers keep their cause's words)."""
+    for e in chain:
+        if (fault := fault_of(e)) is not None:
+            return fault, getattr(e, "facts", {})
+    for e in chain:
+        for kind, fault in _FAULT_OF_TYPE.items():
+            if isinstance(e, kind):
+                return fault, {}
+    if any(isinstance(e, Gemma4Error) for e in chain):
+        for pattern, fault in _NOT_YET_TYPED:
+            if (found := re.search(pattern, str(chain[0]), re.IGNORECASE)):
+                return fault, found.groupdict()
+    return None
+
+
 def explain(exc: BaseException, file: str | None = None, ollama_name: str | None = None) -> dict:
     """{"error": words for people, "detail": the technical message, "file": file} for an error about
     a model file (ollama_name: the file is that Ollama model's); {"error": the message} when it is no
     file's fault or not one we recognise."""
     detail = str(exc) or type(exc).__name__
-    kinds = [c.__name__ for e in _chain(exc) for c in type(e).__mro__]
-    if not file or not _FILE_ERRORS.intersection(kinds):
-        return {"error": detail}
+    own = f"{detail} {exc.hint}" if getattr(exc, "hint", "") else detail      # its words, and what to do if apart
+    if not file:
+        return {"error": own}
     quoted = f"\u201c{file}\u201d"
     again = f"download it again (ollama pull {ollama_name})" if ollama_name else "download it again"
-    for pattern, words in _RULES:
-        found = re.search(pattern, detail, re.IGNORECASE)
-        if found:
-            return {"error": words.format(file=quoted, again=again, **found.groupdict()), "detail": detail,
-                    "file": file}
-    damaged = next((_DAMAGED[k] for k in kinds if k in _DAMAGED), None)
+    chain = list(_chain(exc))
+    if (stated := _fault(chain)) is not None:
+        fault, facts = stated
+        return {"error": _WORDS[fault].format(file=quoted, again=again, **facts), "detail": detail, "file": file}
+    damaged = next((words for e in chain for kind, words in _DAMAGED.items() if isinstance(e, kind)), None)
     if damaged:
         return {"error": damaged.format(file=quoted), "detail": detail, "file": file}
-    return {"error": detail}
+    return {"error": own}
+
+
+# LoRA checks (model.lora) that mean the adapter was trained on another base model; not typed yet either
+_OTHER_BASE_MODEL = ("incorrect shape", "does not exist in the base model", "is for architecture")
+
+
+def explain_adapter(exc: BaseException, name: str, model: str) -> str:
+    """Why the adapter file `name` cannot be applied to `model`, in words (the LoraError's message kept)."""
+    message = str(exc)
+    if any(m in message for m in _OTHER_BASE_MODEL):
+        return (f"\u201c{name}\u201d cannot be applied to {model}: it was made for a different base model. "
+                "Choose the adapter trained on this model.")
+    return f"\u201c{name}\u201d cannot be applied to {model}: {message}"

@@ -21,6 +21,7 @@ from array import array
 from dataclasses import dataclass
 
 from . import ggml
+from .errors import Fault, Gemma4Error, fault_of
 from .source import ByteSource, SourceError, open_source
 
 MAGIC = b"GGUF"
@@ -41,12 +42,12 @@ VALUE_TYPE_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6:
                     8: "string", 9: "array", 10: "u64", 11: "i64", 12: "f64"}
 
 
-class GGUFError(ValueError):
+class GGUFError(Gemma4Error, ValueError):
     """The file is not a GGUF this reader accepts; the message says why and where."""
 
-    def __init__(self, message: str, offset: int | None = None):
+    def __init__(self, message: str, offset: int | None = None, fault: Fault | None = None):
         self.offset = offset
-        super().__init__(message if offset is None else f"{message} (at byte {offset})")
+        super().__init__(message if offset is None else f"{message} (at byte {offset})", fault=fault)
 
 
 @dataclass(frozen=True)
@@ -129,14 +130,15 @@ class _Cursor:
         """Ensure n bytes at pos are buffered, or fail naming what was being read."""
         end = self.pos + n
         if end > self.size:
-            raise GGUFError(f"truncated: {what} needs {n} bytes but the file ends at byte {self.size}", self.pos)
+            raise GGUFError(f"truncated: {what} needs {n} bytes but the file ends at byte {self.size}", self.pos,
+                            Fault.INCOMPLETE)
         if end > self.base + len(self.buf):
             want = min(self.size - self.pos, max(n, self.chunk))
             self.chunk = min(self.chunk * 2, MAX_READ)
             try:
                 self.buf = self.src.read(self.pos, want)
             except SourceError as e:
-                raise GGUFError(f"could not read {what}: {e}", self.pos) from e
+                raise GGUFError(f"could not read {what}: {e}", self.pos, fault_of(e)) from e
             self.base = self.pos
 
     def scalar(self, fmt: str, what: str):
@@ -157,7 +159,7 @@ class _Cursor:
         start = self.pos
         n = self.scalar("Q", f"length of {what}")
         if n > self.size - self.pos:
-            raise GGUFError(f"{what}: string length {n} runs past the end of the file", start)
+            raise GGUFError(f"{what}: string length {n} runs past the end of the file", start, Fault.INCOMPLETE)
         self.need(n, what)
         raw = self.buf[self.pos - self.base:self.pos - self.base + n]
         self.pos += n
@@ -209,7 +211,8 @@ def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0):
             raise GGUFError(f"{key}: unknown array element type {etype}", at)
         min_size = struct.calcsize("<" + _SCALARS[etype]) if etype in _SCALARS else (8 if etype == _STRING else 12)
         if count * min_size > cur.size - cur.pos:
-            raise GGUFError(f"{key}: array of {count} {VALUE_TYPE_NAMES[etype]} runs past the end of the file", at)
+            raise GGUFError(f"{key}: array of {count} {VALUE_TYPE_NAMES[etype]} runs past the end of the file", at,
+                           Fault.INCOMPLETE)
         if etype in _SCALARS:
             return _chunked_scalars(cur, _SCALARS[etype], count, key)
         if etype == _STRING:
@@ -234,25 +237,28 @@ def read_gguf(path_or_source) -> GGUFFile:
     src = open_source(path_or_source)
     cur = _Cursor(src)
     if src.size < 4:
-        raise GGUFError(f"not a GGUF file: only {src.size} bytes", 0)
+        raise GGUFError(f"not a GGUF file: only {src.size} bytes", 0, Fault.NOT_GGUF)
     cur.need(4, "magic")
     magic = cur.buf[:4]
     cur.pos = 4
     if magic != MAGIC:
         if magic == MAGIC[::-1]:
-            raise GGUFError("big-endian GGUF files are not supported", 0)
-        raise GGUFError(f"not a GGUF file: magic is {magic!r}, expected b'GGUF'", 0)
+            raise GGUFError("big-endian GGUF files are not supported", 0, Fault.GGUF_KIND)
+        raise GGUFError(f"not a GGUF file: magic is {magic!r}, expected b'GGUF'", 0, Fault.NOT_GGUF)
     version = cur.scalar("I", "version")
     if version not in (2, 3):
         hint = " (byte-swapped: a big-endian file?)" if version >= 1 << 16 else ""
-        raise GGUFError(f"unsupported GGUF version {version}{hint}; this reader handles versions 2 and 3", 4)
+        raise GGUFError(f"unsupported GGUF version {version}{hint}; this reader handles versions 2 and 3", 4,
+                        Fault.GGUF_KIND)
     n_tensors = cur.scalar("Q", "tensor count")
     n_kv = cur.scalar("Q", "metadata count")
     # each key/value takes at least 8 + 4 + 1 bytes, each tensor info at least 8 + 4 + 8 + 4 + 8
     if n_kv * 13 > src.size:
-        raise GGUFError(f"absurd metadata count {n_kv}: cannot fit in a {src.size}-byte file (truncated or corrupt)", 16)
+        raise GGUFError(f"absurd metadata count {n_kv}: cannot fit in a {src.size}-byte file (truncated or corrupt)",
+                        16, Fault.INCOMPLETE)
     if n_tensors * 32 > src.size:
-        raise GGUFError(f"absurd tensor count {n_tensors}: cannot fit in a {src.size}-byte file (truncated or corrupt)", 8)
+        raise GGUFError(f"absurd tensor count {n_tensors}: cannot fit in a {src.size}-byte file (truncated or "
+                        "corrupt)", 8, Fault.INCOMPLETE)
 
     metadata: dict = {}
     types: dict = {}
@@ -305,7 +311,7 @@ def read_gguf(path_or_source) -> GGUFFile:
         start = data_offset + rel
         if start + nbytes > src.size:
             raise GGUFError(f"tensor {name!r} ({tname} {list(shape)}, {nbytes} bytes at byte {start}) extends past "
-                            f"the end of the file ({src.size} bytes): truncated download?", at)
+                            f"the end of the file ({src.size} bytes): truncated download?", at, Fault.INCOMPLETE)
         tensors[name] = TensorInfo(name, shape, ttype, start, nbytes)
     return GGUFFile(src, version, metadata, tensors, alignment, data_offset, types)
 
@@ -321,7 +327,8 @@ class _PrefixSource:
         end = offset + n
         # a read outside the file is an error, not a reason to fetch more
         if offset < 0 or n < 0 or end > self.size:
-            raise SourceError(f"read of {n} bytes at offset {offset} is outside the file ({self.size} bytes)")
+            raise SourceError(f"read of {n} bytes at offset {offset} is outside the file ({self.size} bytes)",
+                              fault=Fault.INCOMPLETE)
         if end > len(self.data):
             self.wanted = max(self.wanted, end)
             raise SourceError("header runs past the bytes fetched so far")

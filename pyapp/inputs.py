@@ -22,10 +22,11 @@ from __future__ import annotations
 import io
 import re
 
+from .errors import Gemma4Error
 from .source import FileSource
 
 
-class InputError(ValueError):
+class InputError(Gemma4Error, ValueError):
     """An option value or input file the app cannot use; the message says what and what to do."""
 
 

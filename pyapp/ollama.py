@@ -31,8 +31,10 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable, Protocol
 
+from .errors import Gemma4Error
 from .gguf import read_gguf, read_gguf_async
 from .model.forms import PARTS, file_form, projector_parts
 from .source import ByteSource, FileSource, SourceError
@@ -77,8 +79,18 @@ _PART = {
 }
 
 
-class OllamaError(Exception):
+class OllamaError(Gemma4Error):
     """Not an Ollama models folder, or no such model."""
+
+
+class Problem(Enum):
+    """Why a model of the folder cannot be used, as its listing found it (OllamaModel.problem; .error words it)."""
+    MANIFEST = "manifest"          # the manifest is unreadable or not a manifest
+    SAFETENSORS = "safetensors"    # stored as safetensors tensor layers, not one GGUF
+    NO_MODEL = "no_model"          # the manifest lists no model layer
+    MISSING = "missing"            # the model blob is not in the folder
+    INCOMPLETE = "incomplete"      # the model blob is shorter or longer than the manifest says
+    UNREADABLE = "unreadable"      # the model blob cannot be read, or not as a GGUF
 
 
 class ModelNotFound(OllamaError, LookupError):
@@ -109,7 +121,7 @@ class AsyncDirectory(Protocol):
     async def exists(self, path: str) -> bool: ...
 
 
-class OutsideFolderError(PermissionError):
+class OutsideFolderError(Gemma4Error, PermissionError):
     """A path inside the models folder that leads out of it through a symbolic link."""
 
 
@@ -257,6 +269,7 @@ class OllamaModel:
     parts: tuple[str, ...] = ()  # what it can take: "text", "vision", "audio" (blob and projector together)
     header_read: bool = False
     error: str | None = None  # why this model cannot be used
+    problem: Problem | None = None  # the same, as a kind (the app's words for it: pyapp.app.folder)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -494,7 +507,7 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
         m.digest = hashlib.sha256(data).hexdigest()
         m.config_layer, m.layers = parse_manifest(data, root)
     except (ValueError, OSError, SourceError) as e:
-        m.error = f"{manifest_path}: {e}"
+        m.error, m.problem = f"{manifest_path}: {e}", Problem.MANIFEST
         return m
 
     if m.config_layer:
@@ -528,8 +541,10 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
     if m.model is None:
         if m.layers_of("tensor"):
             m.error = "stored as safetensors tensor layers, not GGUF: not supported here"
+            m.problem = Problem.SAFETENSORS
         else:
             m.error = "manifest has no model layer (application/vnd.ollama.image.model)"
+            m.problem = Problem.NO_MODEL
         return m
 
     try:
@@ -537,12 +552,14 @@ def _load(name: ModelName, manifest_path: str, root: str, header: bool):
     except (OSError, SourceError) as e:
         if isinstance(e, FileNotFoundError):
             m.error = f"model blob {m.model.path} is missing: {_why(e)} (re-pull with `ollama pull {m.name}`)"
+            m.problem = Problem.MISSING
         else:
-            m.error = f"model blob {m.model.path} is unreadable: {_why(e)}"
+            m.error, m.problem = f"model blob {m.model.path} is unreadable: {_why(e)}", Problem.UNREADABLE
         return m
     if size != m.model.size:
         m.error = (f"model blob {m.model.path} is {size} bytes, the manifest says {m.model.size}: "
                    "incomplete or corrupt download")
+        m.problem = Problem.INCOMPLETE
         return m
     if header:
         yield from _header(m)
@@ -602,6 +619,7 @@ def _header(m: OllamaModel):
         raise
     except Exception as e:  # any reader failure on a bad file is a per-model error, not a crash
         m.error = f"model blob {m.model.path} is not a readable GGUF file: {_why(e)}"
+        m.problem = Problem.UNREADABLE
 
 
 def _header_unless_read(m: OllamaModel):
@@ -619,8 +637,8 @@ def _why(e: BaseException) -> str:
 def _list(header: bool):
     root = yield from _find_root()
     found, broken = yield from _manifest_paths(root)
-    models = [OllamaModel(name=name.display, ref=name, manifest_path=path, error=f"{path}: {why}")
-              for name, path, why in broken]
+    models = [OllamaModel(name=name.display, ref=name, manifest_path=path, error=f"{path}: {why}",
+                          problem=Problem.MANIFEST) for name, path, why in broken]
     for name, path in found:
         try:
             models.append((yield from _load(name, path, root, header)))
@@ -628,7 +646,7 @@ def _list(header: bool):
             raise
         except Exception as e:  # whatever one manifest does, the others still list
             models.append(OllamaModel(name=name.display, ref=name, manifest_path=path,
-                                      error=f"{path}: {type(e).__name__}: {_why(e)}"))
+                                      error=f"{path}: {type(e).__name__}: {_why(e)}", problem=Problem.MANIFEST))
     models.sort(key=lambda m: m.name.lower())
     return models
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import Gemma4Error
 from .gpu.kernels import HEAD_ROWS, MAX_RECENT, SAMPLE_MAX_K
 
 DEFAULT_CONTEXT = 4096
@@ -24,7 +25,7 @@ MAX_REPEAT_PENALTY = 100
 MAX_SPECULATE = HEAD_ROWS - 1   # drafts a speculative step checks: its rows (the token + drafts) fit the greedy head
 
 
-class ParamError(ValueError):
+class ParamError(Gemma4Error, ValueError):
     """A sampling parameter or context length outside its allowed range."""
 
 

@@ -13,6 +13,8 @@ import os
 import stat
 from typing import Protocol
 
+from .errors import Fault, Gemma4Error
+
 
 class ByteSource(Protocol):
     size: int
@@ -20,8 +22,9 @@ class ByteSource(Protocol):
     def read(self, offset: int, n: int) -> bytes: ...
 
 
-class SourceError(Exception):
-    """A read outside the source or an I/O failure."""
+class SourceError(Gemma4Error):
+    """A read outside the source (fault INCOMPLETE: the file is shorter than its header says) or an I/O
+    failure (CHANGED: the file changed or went away since it was opened)."""
 
 
 _NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -51,11 +54,13 @@ class FileSource:
 
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.size:
-            raise SourceError(f"read of {n} bytes at offset {offset} is outside {self.path} ({self.size} bytes)")
+            raise SourceError(f"read of {n} bytes at offset {offset} is outside {self.path} ({self.size} bytes)",
+                              fault=Fault.INCOMPLETE)
         self._f.seek(offset)
         data = self._f.read(n)
         if len(data) != n:
-            raise SourceError(f"short read at offset {offset} of {self.path}: file changed on disk?")
+            raise SourceError(f"short read at offset {offset} of {self.path}: file changed on disk?",
+                              fault=Fault.CHANGED)
         return data
 
     def close(self) -> None:
@@ -81,7 +86,8 @@ class BytesSource:
 
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.size:
-            raise SourceError(f"read of {n} bytes at offset {offset} is outside {self.name} ({self.size} bytes)")
+            raise SourceError(f"read of {n} bytes at offset {offset} is outside {self.name} ({self.size} bytes)",
+                              fault=Fault.INCOMPLETE)
         return self._data[offset:offset + n]
 
 

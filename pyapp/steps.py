@@ -13,10 +13,16 @@ calls a plain function, `drive_async` awaits what the handler returns when it
 is awaitable. A handler's exception is thrown back into the generator at the
 `yield`, so the logic's own try/except sees it as if the call had been direct.
 These two functions are the only sync/async bridge in the package.
+
+A step that calls a method with an async twin (Engine.generate / generate_async, Trainer.train_step /
+train_step_async, ...) yields `call(engine.generate, ...)`; `twins(asynchronous)` answers it with the
+method natively and with its awaited `_async` twin in the browser. The application layer (pyapp.app) is
+written this way, once for the page and the CLI.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
 Steps = Generator[Any, Any, Any]
@@ -52,3 +58,35 @@ async def drive_async(steps: Steps, handle: Callable[[Any], Any]):
                 request = steps.send(answer)
     except StopIteration as stop:
         return stop.value
+
+
+@dataclass(frozen=True)
+class Call:
+    """A request to call `method(*args, **kwargs)`, a bound method whose owner also has `<name>_async`."""
+    method: Callable
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def call(method: Callable, *args, **kwargs) -> Call:
+    return Call(method, args, kwargs)
+
+
+def twins(asynchronous: bool = False) -> Callable[[Call], Any]:
+    """The handler of Call requests: the method itself (its result), or its `_async` twin (an awaitable)."""
+    def handle(req: Call):
+        method = req.method
+        if asynchronous:
+            method = getattr(method.__self__, method.__name__ + "_async")
+        return method(*req.args, **req.kwargs)
+    return handle
+
+
+def run(steps: Steps):
+    """Run steps that yield Calls, natively."""
+    return drive(steps, twins())
+
+
+async def run_async(steps: Steps):
+    """Run steps that yield Calls in the browser."""
+    return await drive_async(steps, twins(asynchronous=True))

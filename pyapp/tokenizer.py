@@ -28,6 +28,8 @@ import hashlib
 import heapq
 import re
 
+from .errors import Gemma4Error
+
 SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _RUNS = re.compile(r"[^\n]+|\n+")
@@ -48,7 +50,7 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 _MODELS = {("gemma4", None), ("gemma4", "gemma4"), ("llama", "gemma4")}
 
 
-class TokenizerError(ValueError):
+class TokenizerError(Gemma4Error, ValueError):
     """The GGUF's tokenizer metadata is missing or not a Gemma 4 tokenizer."""
 
 

@@ -69,8 +69,40 @@ def test_what_is_no_file_s_fault_keeps_its_message(error):
     assert explain(EngineError("truncated"), None) == {"error": "truncated"}     # no file: nothing to name
 
 
-def test_a_file_changed_on_disk_says_open_it_again():
-    from pyapp.source import SourceError
-    e = SourceError("short read at byte 9 of demo.gguf: the file changed on disk?")
+def test_a_file_changed_on_disk_says_open_it_again(tmp_path):
+    from pyapp.errors import Fault
+    from pyapp.source import FileSource, SourceError
+    e = SourceError("short read at byte 9 of demo.gguf: the file changed on disk?", fault=Fault.CHANGED)
     assert explain(e, "demo.gguf")["error"] == ("\u201cdemo.gguf\u201d changed on disk or was removed since it "
                                                 "was opened: open it again.")
+    path = tmp_path / "shrinks.gguf"                        # the reader's own error, not its words, says so
+    path.write_bytes(b"GGUF" * 100)
+    with FileSource(path) as src:
+        path.write_bytes(b"GGUF")
+        e = _error_of(src.read, 100, 10)
+    assert explain(e, "shrinks.gguf")["error"].startswith("\u201cshrinks.gguf\u201d changed on disk")
+
+
+def test_the_words_follow_the_type_not_the_message():
+    """A message that happens to say "truncated" is no fault of the file; a fault stated by the raiser is one,
+    whatever its words; a browser error is known by its name (Pyodide's JsException)."""
+    from pyapp.errors import Fault, Gemma4Error
+    from pyapp.gguf import GGUFError
+    from pyapp.source import SourceError
+    assert explain(SourceError("the file ends too soon", fault=Fault.INCOMPLETE), "a.gguf")["error"].startswith(
+        "\u201ca.gguf\u201d is incomplete")
+    assert explain(SourceError("truncated, past the end, not a GGUF file"), "a.gguf") == {
+        "error": "truncated, past the end, not a GGUF file"}
+    assert explain(GGUFError("odd header"), "a.gguf")["error"].startswith("\u201ca.gguf\u201d is damaged")
+    assert isinstance(GGUFError("x"), Gemma4Error) and isinstance(GGUFError("x"), ValueError)
+
+    class JsException(Exception):          # the name Pyodide gives a JavaScript error
+        name = "NotAllowedError"
+    try:
+        try:
+            raise JsException("read refused")
+        except JsException as js:
+            raise Gemma4Error("reading the model file failed at byte 0") from js
+    except Gemma4Error as e:
+        wrapped = e
+    assert explain(wrapped, "a.gguf")["error"].startswith("Permission to read \u201ca.gguf\u201d was denied")

@@ -75,3 +75,37 @@ def test_sync_driver_refuses_awaitable_answers():
 
     with pytest.raises(TypeError, match="drive_async"):
         drive(steps(), lambda req: later())
+
+
+def test_calls_run_a_method_or_its_async_twin():
+    """pyapp.app's use cases yield call(engine.generate, ...): `run` answers with the method, `run_async`
+    with its awaited `_async` twin, and an error either raises is thrown back where the step asked."""
+    import asyncio
+
+    from pyapp.steps import call, run, run_async
+
+    class Engine:
+        def generate(self, n, scale=1):
+            return ("sync", n * scale)
+
+        async def generate_async(self, n, scale=1):
+            await asyncio.sleep(0)
+            return ("async", n * scale)
+
+        def fail(self):
+            raise KeyError("sync")
+
+        async def fail_async(self):
+            raise KeyError("async")
+
+    eng = Engine()
+
+    def steps():
+        out = yield call(eng.generate, 2, scale=3)
+        try:
+            yield call(eng.fail)
+        except KeyError as e:
+            return out, e.args[0]
+
+    assert run(steps()) == (("sync", 6), "sync")
+    assert asyncio.run(run_async(steps())) == (("async", 6), "async")

@@ -26,6 +26,7 @@ self.fsExists = async (root, path) => {
 
 let pyodide = null;
 let webapp = null;
+let commands = new Set();   // pyapp.webapp's declared commands (@command): the only names this worker runs
 
 const ready = (async () => {
   postMessage({ event: "status", text: "Starting Python (Pyodide)…" });
@@ -35,6 +36,7 @@ const ready = (async () => {
   pyodide.unpackArchive(zip, "zip", { extractDir: "/home/pyodide/app" });
   pyodide.runPython("import sys; sys.path.insert(0, '/home/pyodide/app')");
   webapp = pyodide.pyimport("pyapp.webapp");
+  commands = new Set(toJs(webapp.command_names()));
   postMessage({ event: "status", text: "Python ready" });
 })();
 
@@ -55,8 +57,8 @@ self.onmessage = async (ev) => {
   const { id, cmd, args = [] } = ev.data;
   try {
     await ready;
-    // an own property: `cmd in KNOWN` would accept inherited names such as toString
-    if (!Object.hasOwn(KNOWN, cmd)) throw new Error(`unknown command ${cmd}`);
+    // a Set of names, not an object: `cmd in obj` would accept inherited names such as toString
+    if (!commands.has(cmd)) throw new Error(`unknown command ${cmd}`);
     const result = toJs(await webapp[cmd](...args));
     postMessage({ id, result });
   } catch (err) {
@@ -67,9 +69,3 @@ self.onmessage = async (ev) => {
     postMessage({ id, result: { error: lines[lines.length - 1] || text } });
   }
 };
-
-const KNOWN = { boot: 1, open_file: 1, open_folder: 1, open_folder_model: 1, load: 1, chat: 1,
-                count_tokens: 1, logits: 1, stop: 1, cancel_load: 1, memory_plan: 1,
-                generate_tokens: 1, simulate_device_loss: 1, open_adapter: 1, set_adapter: 1,
-                remove_adapter: 1, diffusion_logits: 1, denoise_tokens: 1,   // these two: DiffusionGemma (tests)
-                train_options: 1, train_data: 1, train_start: 1, train_step: 1, train_finish: 1 };   // Fine-tune

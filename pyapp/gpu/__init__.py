@@ -22,13 +22,15 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..errors import Gemma4Error
+
 SHADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shaders")
 
 # Upload chunk: big enough to amortise calls, small enough for wasm32's heap.
 UPLOAD_CHUNK = 8 << 20
 
 
-class GPUError(Exception):
+class GPUError(Gemma4Error):
     """No adapter, a lost device, or a shader/pipeline the device rejects."""
 
 

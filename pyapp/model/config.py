@@ -18,6 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from ..errors import Gemma4Error
 from . import weights
 
 ARCH = "gemma4"
@@ -41,7 +42,7 @@ _repr.maxstring = _repr.maxother = 40
 _show = _repr.repr
 
 
-class ConfigError(ValueError):
+class ConfigError(Gemma4Error, ValueError):
     """The GGUF does not describe a Gemma 4 text model we can run."""
 
 

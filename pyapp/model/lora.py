@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import ggml
+from ..errors import Gemma4Error
 from ..gguf import VALUE_TYPE_NAMES, GGUFFile, read_gguf
 from .config import ARCH
 from .weights import names
@@ -63,7 +64,7 @@ EXPERTS = frozenset({"experts_gate_up", "experts_gate", "experts_up", "experts_d
 PAIR_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16})
 
 
-class LoraError(ValueError):
+class LoraError(Gemma4Error, ValueError):
     """The adapter is not a llama.cpp LoRA for this model; the message names the key or tensor."""
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from .. import ggml
+from ..errors import Gemma4Error
 
 OPTIONAL = "optional"        # `when` of a field that may be absent on any model
 ALWAYS = None                # `when` of a field every model has
@@ -45,7 +46,7 @@ VECTOR_TYPES = frozenset({ggml.F32, ggml.F16, ggml.BF16})
 INTEGER_TYPES = frozenset({ggml.I8, ggml.I16, ggml.I32, ggml.I64})     # never a weight matrix
 
 
-class WeightsError(ValueError):
+class WeightsError(Gemma4Error, ValueError):
     """The GGUF lacks tensors this model needs, or has them in a shape or type it cannot use."""
 
 

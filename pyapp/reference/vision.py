@@ -19,13 +19,14 @@ import math
 
 import numpy as np
 
+from ..errors import Gemma4Error
 from .quants import load_tensor
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
 BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 
-class VisionError(ValueError):
+class VisionError(Gemma4Error, ValueError):
     """The GGUF has no Gemma 4 image encoder this code can read."""
 
 

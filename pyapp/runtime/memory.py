@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import Gemma4Error
 from ..gpu import Device
 from .state import State
 from .upload import layer_experts, plan_uploads
@@ -39,7 +40,7 @@ def size(n: float) -> str:
     return f"{n / MIB:,.0f} MiB" if n >= 10 * MIB else f"{n / MIB:.2g} MiB"
 
 
-class PlanError(ValueError):
+class PlanError(Gemma4Error, ValueError):
     """The model cannot run within the GPU memory budget."""
 
 

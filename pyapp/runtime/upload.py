@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import ggml
+from ..errors import Gemma4Error
 from ..gpu import Buffer, Device
 from ..gpu import kernels as K
 from ..model.weights import ModelWeights, names
@@ -36,7 +37,7 @@ WEIGHT_PAD = 4      # kernels read whole u32 words: a block may end mid-word
 ROW_ALIGN = 64      # 64 rows of f32 outputs = 256 bytes: every output segment starts bindable
 
 
-class ModelError(ValueError):
+class ModelError(Gemma4Error, ValueError):
     """A tensor is stored in a form we cannot run on the GPU."""
 
 

@@ -31,6 +31,7 @@ from array import array
 from dataclasses import dataclass
 
 from .. import ggml
+from ..errors import Gemma4Error
 from ..gguf import DEFAULT_ALIGNMENT, MAGIC
 from ..model.config import ARCH
 from ..model.lora import ADAPTED, ALPHA_KEY, F32_VALUE
@@ -47,7 +48,7 @@ DEFAULT_TARGETS = "q,k,v,o,gate,up,down"
 assert set(TARGETS.values()) <= ADAPTED
 
 
-class AdapterWriteError(ValueError):
+class AdapterWriteError(Gemma4Error, ValueError):
     """The tensors given do not make an adapter llama.cpp would load; the message names the tensor."""
 
 

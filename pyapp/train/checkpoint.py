@@ -33,15 +33,16 @@ import zlib
 from array import array
 from dataclasses import asdict, dataclass, field
 
-from .optim import AdamW, WarmupCosine
+from ..errors import Gemma4Error
 from .files import write_atomic
+from .optim import AdamW, WarmupCosine
 
 MAGIC = b"G4LORACK"
 VERSION = 1
 _HEAD = struct.Struct("<8sII")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Gemma4Error, ValueError):
     """The file is not a checkpoint this version reads, or it is damaged."""
 
 

@@ -46,6 +46,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ..chat import END_TURN, TEMPLATE_STYLE, ChatStyle, content_parts, prompt_pieces, reply_ids, strip_thinking
+from ..errors import Gemma4Error
 
 ROLES = ("system", "user", "assistant")
 CHAT_EXTENSIONS = (".jsonl", ".json", ".ndjson")
@@ -57,7 +58,7 @@ MAX_DEPTH = 64                    # JSON nesting: a chat line needs 4 ({messages
 MAX_INT_DIGITS = 100              # a JSON integer (Python refuses past 4300 digits, in its own words)
 
 
-class DataError(ValueError):
+class DataError(Gemma4Error, ValueError):
     """The training file cannot be used; the message names the file and line."""
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ..errors import Gemma4Error
 from ..inputs import number
 from ..sampling import ParamError
 from .adapter_out import DEFAULT_TARGETS, TARGETS, parse_targets
@@ -40,7 +41,7 @@ assert set(TARGET_LABELS) == set(TARGETS)
 REPORT = ("step", "total_steps", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "eta_s")
 
 
-class FieldError(ValueError):
+class FieldError(Gemma4Error, ValueError):
     """A panel field the run cannot use; `field` is its key in FIELDS (or "targets", "preset", "data")."""
 
     def __init__(self, field: str, message: str):

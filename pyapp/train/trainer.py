@@ -26,6 +26,7 @@ import time
 from array import array
 from dataclasses import asdict, dataclass, fields
 
+from ..errors import Gemma4Error
 from ..gpu import GPUError
 from ..model.weights import bind
 from ..sampling import ParamError, Rule
@@ -44,7 +45,7 @@ VOCAB_CHUNK = 8192          # head rows per loss chunk: T x 8192 floats of logit
 MAX_LOSS_SLOTS = 64         # sequences whose losses one readback collects
 
 
-class TrainError(Exception):
+class TrainError(Gemma4Error):
     """Training cannot start or go on; the message says why in plain words."""
 
 

@@ -1,0 +1,114 @@
+"""Open a model: a GGUF chosen (its header read and described, its chat style), then loaded onto the GPU
+with the memory options and the LoRA adapters chosen for it.
+
+    model.choose(session, gguf, name)                    # the page: a file, or an Ollama folder's model
+    engine = run(model.load(session, events, context_length=4096, gpu_memory_mib=6144))
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import ollama
+from ..chat import style_for
+from ..denoising import DenoiseParams
+from ..engine import Engine
+from ..gguf import summarize
+from ..model.config import model_config
+from ..model.forms import file_form
+from ..steps import Steps, call
+from .events import Events
+from .session import ChosenModel, Session
+from .settings import denoise_defaults
+
+TEST_MODEL_MAX_TOKENS = 64      # the default max tokens of a test model (random weights): a short reply shows it
+
+
+def chat_style(gguf, n_params: int | None = None):
+    """The prompt format a model's GGUF asks for: its own template's, else its size's (n_params: its
+    parameter count, when known)."""
+    if n_params is None:
+        n_params = summarize(gguf)["n_elements"]
+    return style_for(gguf.metadata, n_params)
+
+
+def describe(g, source_name: str) -> dict:
+    """What the page shows of a model file (and decides by): name, quantization, size, context, the parts it
+    holds, whether it is a test model, a mixture of experts, has per-layer embeddings (the fine-tuning
+    targets it offers), and a DiffusionGemma model's sampler defaults (None for Gemma 4). ConfigError when it
+    is not a model this app runs."""
+    cfg = model_config(g)
+    s = summarize(g)
+    main_type = max(s["by_type"].items(), key=lambda kv: kv[1]["bytes"])[0] if s["by_type"] else "?"
+    ft = g.metadata.get("general.file_type")
+    form = file_form(g.metadata, g.tensors)
+    line = cfg.describe()
+    if cfg.is_diffusion:
+        line = f"DiffusionGemma (text diffusion): {line}, canvas {cfg.canvas_length}"
+    return {"name": g.metadata.get("general.name") or source_name, "file": source_name,
+            "parts": list(form.parts), "converter": form.converter,
+            "architecture": g.architecture, "quantization": ollama.file_type_name(ft) or main_type,
+            "parameters": s["n_elements"], "parameter_size": ollama.human_number(s["n_elements"]),
+            "bytes": s["total_bytes"], "context_length": cfg.context_length, "config": line,
+            "test_model": "test model" in str(g.metadata.get("general.name", "")) or "demo" in source_name.lower(),
+            "moe": cfg.is_moe, "ple": cfg.has_ple,
+            "denoise": denoise_defaults(DenoiseParams.from_config(cfg)) if cfg.is_diffusion else None}
+
+
+def choose(session: Session, g, info: dict | None = None) -> ChosenModel:
+    """Make a model the session's (info: what describe() says of it, when the front door shows it): the one
+    loaded before is let go, and so is the adapter (made for another model)."""
+    info = info or {}
+    session.unload()
+    session.model = ChosenModel(g, info, chat_style(g, info.get("parameters")))
+    session.adapter = None
+    return session.model
+
+
+def load(session: Session, events: Events | None = None, *, context_length: int | None = None,
+         gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None,
+         int8: bool = True, f16: bool = False, lora: list | None = None, load_id: int | None = None) -> Steps:
+    """Steps: the chosen model's weights onto the session's GPU (natively, a device of its own when it has
+    none), with the chosen adapter (lora: these [(adapter, scale)] instead). Events: the memory plan before
+    anything is uploaded, then the upload's progress. load_id: the page's number for this load; cancelling
+    it (session.cancelled_load) stops the upload. Returns the Engine, now the session's; a GPU that rejected
+    a buffer or a kernel is a GPUError, with nothing loaded."""
+    events = events or Events()
+    model = session.chosen()
+    session.unload()
+    session.clear_gpu_error()
+    last = [0.0]
+
+    def progress(done, total, elapsed):
+        now = time.perf_counter()
+        if now - last[0] > 0.1 or done == total:
+            last[0] = now
+            rate = done / elapsed if elapsed > 0 else 0
+            events.progress(done=done, total=total, eta=(total - done) / rate if rate else -1)
+
+    cancelled = None if load_id is None else (lambda: session.cancelled_load == load_id)
+    engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
+                        progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
+                        expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
+                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16)
+    session.engine, session.device = engine, engine.dev
+    try:
+        session.check_gpu_accepted("the model")
+    except Exception:
+        session.unload()
+        raise
+    return engine
+
+
+def plan_figures(plan) -> dict:
+    """A memory plan's figures for the page's bar: the parts on the GPU (weights, experts or their cache,
+    activations and KV cache) and what stays in the file (experts that stream, the per-layer embeddings when
+    they stay there). Experts all resident are on the GPU, never in the file."""
+    ple_resident = 0 if plan.ple_in_file else plan.ple_table
+    return {"total": plan.total, "budget": plan.budget, "streams": plan.streams, "minimum": plan.minimum,
+            "expert_each": plan.expert_each, "n_experts": plan.n_experts, "slots": plan.slots,
+            "weights": plan.weights + ple_resident, "experts": 0 if plan.streams else plan.experts,
+            "expert_cache": plan.expert_cache, "state": plan.state,
+            "resident": plan.total - plan.expert_cache,
+            "in_file": (plan.experts - plan.expert_cache if plan.streams else 0)
+                       + (plan.ple_table if plan.ple_in_file else 0)}
