@@ -4,22 +4,27 @@ recorder (pyapp/model/gemma4.py, pyapp/runtime/ops.py, pyapp/train/backward.py) 
 step dispatches, in their order, with the same buffers.
 
     .venv/bin/python tools/plan_listing.py OUT_DIR [--only CASE ...]     # one listing a case
-    .venv/bin/python tools/plan_listing.py OUT_DIR --check REF_DIR        # and its differences from REF_DIR's
+    .venv/bin/python tools/plan_listing.py OUT_DIR --check REF_DIR        # and how each plan differs from REF_DIR's
+
+--check says, plan by plan, whether the two listings are identical, hold the same lines in another order
+(the same dispatches, reordered), or differ in their work (the lines only one side holds, counted).
 
 A listing names each plan (Runner.layers_program for every step size, the sampled one-token step and the
 few-token step of speculative decoding; head_plan; greedy_plan; DiffusionGemma's canvas programs; the
 training forward and backward) and then its work, one line each:
 
-    d SHADER:ENTRY prelude=HASH {constants} (x, y, z) | BINDING=BUFFER[offset:size] ...   a dispatch
-    c SRC[offset] -> DST[offset] SIZE                                                       a copy
-    rounds LAYER                                                                            streamed experts' plan
+    K: d SHADER:ENTRY prelude=HASH {constants} (x, y, z) | BINDING=BUFFER[offset:size] ...   a dispatch
+    K: c SRC[offset] -> DST[offset] SIZE                                                       a copy
+
+K is the line's part of the program (a Plan, or `K: rounds LAYER:` a streamed experts' plan, replayed
+per round of experts).
 
 Buffers are named by their label and the order of their creation among buffers of that label (`x#0`),
 so a plan that binds another buffer, or another range of one, reads differently. Cases cover the fixture
 models (dense Q4_K and Q6_K, MoE Q8_0, demo), toys for the Q4_K experts and Q4_0's int8 units, LoRA
 adapters (prefill, decode, training), streamed experts, tensors split over the binding limit, the PLE
-table left in the file, f16 tiles, a device binding 8 storage buffers a shader (no residual fusion) and
-DiffusionGemma. It runs on the native backend (lavapipe is fine: nothing is submitted).
+table left in the file, f16 tiles, a device binding 8 storage buffers a shader (no residual fusion), the
+runner's decode fusions switched off, and DiffusionGemma. It runs on the native backend (lavapipe is fine: nothing is submitted).
 
 Not a test: the listing changes with any kernel's tuning (threads per row, includes), which is fine, so
 it is compared before and after a change, not against a committed copy.
@@ -29,10 +34,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import hashlib
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,17 +103,17 @@ def program_lines(program) -> list[str]:
     from pyapp.gpu import Plan
     parts = program if isinstance(program, list) else [program]
     out = []
-    for part in parts:
+    for k, part in enumerate(parts):         # each line names its part: a move between plans shows
         if isinstance(part, Plan):
-            out += plan_lines(part)
+            out += [f"{k}: {line}" for line in plan_lines(part)]
         else:                                # ExpertRounds
-            out.append(f"rounds {part.layer}")
-            out += ["  " + line for line in plan_lines(part.plan)]
+            out += [f"{k}: rounds {part.layer}: {line}" for line in plan_lines(part.plan)]
     return out
 
 
 def dispatches(program) -> int:
-    return sum(line.startswith(("d ", "  d ")) for line in program_lines(program))
+    parts = program if isinstance(program, list) else [program]
+    return sum(op[0] == "d" for part in parts for op in getattr(part, "plan", part).ops)
 
 
 # -- the cases --------------------------------------------------------------------------------------------
@@ -207,6 +212,13 @@ def cases(dev, tmp: Path) -> dict:
         kw.setdefault("context_length", 256)
         return runner_plans(Engine.open(g, device=dev, **kw))
 
+    def unfused(g, **kw):
+        """The runner's decode fusions off (tests/test_engine.py's plain plans)."""
+        eng = Engine.open(g, device=dev, context_length=128, **kw)
+        eng.runner.fuse_residual = False
+        eng.runner._plans.clear()
+        return runner_plans(eng)
+
     def lora(model):
         return [(str(FIX / "lora" / f"{model}.gguf"), 1.0)]
 
@@ -245,7 +257,9 @@ def cases(dev, tmp: Path) -> dict:
         "dense-q8_0-units": units(K.ggml.Q8_0, lambda: engine(fixture("gemma4-dense-q8_0"), chunk=16),
                                   block_units=True),
         "dense-f16-tiles": lambda: engine(fixture("gemma4-dense-f16"), chunk=16, f16=True),
+        "dense-q4_k-unfused": lambda: unfused(fixture("gemma4-dense-q4_k"), chunk=16),
         "moe-q8_0": lambda: engine(fixture("gemma4-moe-q8_0"), chunk=128),
+        "moe-q8_0-unfused": lambda: unfused(fixture("gemma4-moe-q8_0"), chunk=16),
         "moe-q8_0-streamed": lambda: streamed("gemma4-moe-q8_0", 2),
         "moe-q8_0-8-buffers": limited("max_storage_buffers_per_shader_stage", 8,
                                       lambda: engine(fixture("gemma4-moe-q8_0"), chunk=16)),
@@ -264,6 +278,35 @@ def cases(dev, tmp: Path) -> dict:
         "diffusion-q8_0": lambda: diffusion("Q8_0"),
         "diffusion-q4_k": lambda: diffusion("Q4_K"),
     }
+
+
+def sections(lines: list[str]) -> dict:
+    """{plan name: its lines} of a listing."""
+    out, name = {}, None
+    for line in lines:
+        if line.startswith("== "):
+            name = line[3:].rsplit(":", 1)[0]
+            out[name] = []
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def compare(before: dict, after: dict) -> list[str]:
+    """What differs, plan by plan: nothing, the order only (the same dispatches and copies), or the work
+    (the lines only one side has)."""
+    report = []
+    for name in list(before) + [n for n in after if n not in before]:
+        a, b = before.get(name), after.get(name)
+        if a is None or b is None:
+            report.append(f"{name}: only {'after' if a is None else 'before'}")
+        elif a != b and Counter(a) == Counter(b):
+            report.append(f"{name}: the same {len(a)} lines, in another order")
+        elif a != b:
+            gone, new = Counter(a) - Counter(b), Counter(b) - Counter(a)
+            report.append(f"{name}: {sum(gone.values())} lines only before, {sum(new.values())} only after:")
+            report += [f"    - {n} x {line}" for line, n in gone.items()] + [f"    + {n} x {line}" for line, n in new.items()]
+    return report
 
 
 def main() -> int:
@@ -292,13 +335,11 @@ def main() -> int:
                 lines += [f"== {plan_name}: {dispatches(program)} dispatches"] + body
                 summary.append(f"{plan_name}: {dispatches(program)}")
             (args.out / f"{name}.txt").write_text("\n".join(lines) + "\n")
-            status = ""
+            print(f"{name}: {'; '.join(summary)}", flush=True)
             if args.check is not None:
-                ref = (args.check / f"{name}.txt").read_text().splitlines()
-                diff = list(difflib.unified_diff(ref, lines, "before", "after", n=1, lineterm=""))
-                status = "identical" if not diff else f"DIFFERS ({sum(l[:1] in '+-' for l in diff) - 2} lines)"
-                differ += bool(diff)
-            print(f"{name}: {'; '.join(summary)} {status}", flush=True)
+                report = compare(sections((args.check / f"{name}.txt").read_text().splitlines()), sections(lines))
+                differ += bool(report)
+                print("  " + ("\n  ".join(report) if report else "identical"), flush=True)
     return 1 if differ else 0
 
 
