@@ -29,6 +29,8 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | matvec with `K.ResidualInput` (matvec_input_residual.wgsl) | one token, 9 storage buffers a shader | `x = x + rms_norm(y, w)` [`* scale`] and the next `rms_norm(x, w2)`: built by every matvec that reads them | `residual_inputs` |
 | `attention_decode` with `K.QueryPrep` | one token | q/k norms, RoPE, v norm, the cache append | shape (`qkv_into_cache`, `q_proj`) |
 | `norm_rope` | chunk, few | `rope(rms_norm(q or k, norm))` | shape (`q_proj`, `qkv`) |
+| `norm_pair` | chunk, few | the router's and the experts' norms of h | one op (`rms_norm_pair`) |
+| `ple` | all | per_layer_inputs' tail: `(rms_norm(proj / sqrt(d), norm) + emb) / sqrt(2)` | one op (`ple_combine`) |
 
 Residual adds in a one-token plan (`residual_inputs`): a decode step is bound by its dispatches (each costs
 several microseconds of GPU time however small), so an add into the residual stream dispatches nothing
