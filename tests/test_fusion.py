@@ -76,7 +76,8 @@ def test_a_lora_delta_reading_the_normed_input_keeps_the_add():
 
 def test_readers_of_the_sum_after_its_first_builder_read_the_new_stream():
     """The PLE gate builds the sum (no next norm); its LoRA delta and a later add read the stream as it is."""
-    add, gate, later = AddNorm(Y, W, X), Linear(tensor("ple gate"), X, buf("ple gate out")), AddNorm(buf("ple out"), W, X)
+    add, later = AddNorm(Y, W, X), AddNorm(buf("ple out"), W, X)
+    gate = Linear(tensor("ple gate"), X, buf("ple gate out"))
     residual_inputs([add, gate, Lora([], X, gate.y, D), later], rules(residual_inputs=True))
     assert add.built and gate.input.add is add and not gate.input.normed
     assert not later.built       # nothing reads it: dispatched

@@ -305,7 +305,8 @@ def compare(before: dict, after: dict) -> list[str]:
         elif a != b:
             gone, new = Counter(a) - Counter(b), Counter(b) - Counter(a)
             report.append(f"{name}: {sum(gone.values())} lines only before, {sum(new.values())} only after:")
-            report += [f"    - {n} x {line}" for line, n in gone.items()] + [f"    + {n} x {line}" for line, n in new.items()]
+            report += [f"    - {n} x {line}" for line, n in gone.items()]
+            report += [f"    + {n} x {line}" for line, n in new.items()]
     return report
 
 

@@ -164,7 +164,8 @@ def epilogues(ops: list, rules: Rules) -> list:
     for i, op in enumerate(ops):
         prev = out[-1] if out else None
         if isinstance(op, GegluHalves) and not read_later(ops, i, op.src):
-            if rules.one_token and matvec(prev) and prev.epilogue is None and prev.y is op.src and op.rows_per_token == 1:
+            if (rules.one_token and matvec(prev) and prev.epilogue is None and prev.y is op.src
+                    and op.rows_per_token == 1):
                 prev.epilogue = op
                 continue
             if isinstance(prev, Experts) and prev.epilogue is None and prev.y is op.src:

@@ -87,7 +87,7 @@ class Ops:
 
     def finish(self) -> list:
         """The recorded ops fused and lowered into the plan: the step's program (Plans, and ExpertRounds
-        with streamed experts). Ops recorded after this are not lowered."""
+        with streamed experts). Nothing can be recorded after it."""
         if self._program is None:
             L = self._lowering
             for op in fuse(self.ops, self.rules):
@@ -99,12 +99,17 @@ class Ops:
     def program(self) -> list:
         return self.finish()
 
+    def _record(self, op) -> None:
+        if self._program is not None:
+            raise RuntimeError(f"{type(op).__name__} recorded after finish(): it would never run")
+        self.ops.append(op)
+
     # -- projections ------------------------------------------------------------
     def linear(self, w: GpuTensor, x: Buffer, y: Buffer) -> None:
         """y[T, n] = x[T, k] @ W^T (reference: x @ w.T), then the LoRA deltas on W, if an adapter targets it."""
-        self.ops.append(Linear(w, x, y))
+        self._record(Linear(w, x, y))
         if w.loras:
-            self.ops.append(Lora(w.loras, x, y, w.shape[1]))
+            self._record(Lora(w.loras, x, y, w.shape[1]))
 
     def geglu(self, x: Buffer, out: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
               gate_up: GpuTensor | None) -> None:
@@ -114,48 +119,48 @@ class Ops:
         if gate_up is None:
             self.linear(gate, x, s.gate)
             self.linear(up, x, s.up)
-            self.ops.append(GeluTimes(s.gate, s.up, out, gate.shape[1]))
+            self._record(GeluTimes(s.gate, s.up, out, gate.shape[1]))
             return
         self.linear(gate_up, x, s.gate_up)
-        self.ops.append(GegluHalves(s.gate_up, out, gate_up.shape[1] // 2))
+        self._record(GegluHalves(s.gate_up, out, gate_up.shape[1] // 2))
 
     def gelu_gate(self, w: GpuTensor, x: Buffer, times, out: Buffer) -> None:
         """out = gelu(x @ w^T) * times (the PLE gate)."""
         self.linear(w, x, self.s.ple_gate)
-        self.ops.append(GeluTimes(self.s.ple_gate, times, out, w.shape[1]))
+        self._record(GeluTimes(self.s.ple_gate, times, out, w.shape[1]))
 
     # -- norms ------------------------------------------------------------------------
     def rms_norm(self, x: Buffer, y: Buffer, weight: GpuTensor | None, dim: int | None = None,
                  rows_per_token: int = 1, scale: float = 1.0) -> None:
         """y = rms_norm(x) [* weight] * scale over rows of `dim` (default hidden) floats."""
-        self.ops.append(RmsNorm(x, y, weight, dim, rows_per_token, scale))
+        self._record(RmsNorm(x, y, weight, dim, rows_per_token, scale))
 
     def rms_norm_pair(self, x: Buffer, y: Buffer, weight: GpuTensor | None, y2: Buffer, weight2: GpuTensor,
                       scale: float = 1.0) -> None:
         """Two rms_norms of the same x: y = rms_norm(x) [* weight] * scale, y2 = rms_norm(x) * weight2."""
-        self.ops.append(RmsNormPair(x, y, weight, y2, weight2, scale))
+        self._record(RmsNormPair(x, y, weight, y2, weight2, scale))
 
     def add_norm(self, y: Buffer, weight: GpuTensor, into: Buffer) -> None:
         """A post-norm's residual add: into = into + rms_norm(y) * weight."""
-        self.ops.append(AddNorm(y, weight, into))
+        self._record(AddNorm(y, weight, into))
 
     def scale(self, x: Buffer, factor: GpuTensor) -> None:
         """x *= factor (one value: a layer's output scale) over rows of hidden floats."""
-        self.ops.append(Scale(x, factor))
+        self._record(Scale(x, factor))
 
     # -- embeddings ---------------------------------------------------------------------
     def embed(self, table: GpuTensor, ids: Buffer, out: Buffer, scale: float) -> None:
         """out[t] = table[ids[t]] * scale (reference: w[tokens] * scale), block by block of rows."""
-        self.ops.append(Embed(table, ids, out, scale))
+        self._record(Embed(table, ids, out, scale))
 
     def soft_embed(self, table: GpuTensor, logits: Buffer, out: Buffer, scale: float) -> None:
         """out[t] = softmax(logits[t]) @ table * scale over the whole vocabulary (DiffusionGemma's
         self-conditioning input), block by block of the table's rows."""
-        self.ops.append(SoftEmbed(table, logits, out, scale))
+        self._record(SoftEmbed(table, logits, out, scale))
 
     def ple_combine(self, proj: Buffer, emb: Buffer, norm: GpuTensor, out: Buffer) -> None:
         """reference per_layer_inputs' tail: out[l, t] = (rms_norm(proj / sqrt(d)) * norm + emb) / sqrt(2)."""
-        self.ops.append(PleCombine(proj, emb, norm, out))
+        self._record(PleCombine(proj, emb, norm, out))
 
     def ple_slice(self, layer: int):
         """Layer `layer`'s per-layer inputs [T, ple_dim] inside ple_in (a bindable range)."""
@@ -171,19 +176,19 @@ class Ops:
         the decode attention's split kernel (attend)."""
         s, g = self.s, w.qkv
         if self.T == 1 and g is not None:
-            self.ops.append(Linear(GpuTensor(g.buffer.label, g.qtype, (g.k, g.rows), [Part(g.buffer, 0, g.rows)]),
+            self._record(Linear(GpuTensor(g.buffer.label, g.qtype, (g.k, g.rows), [Part(g.buffer, 0, g.rows)]),
                                    x, s.qkv))
             if g.v_apart is not None:          # v in its own encoding: its own matvec into its rows
                 v = g.v_apart
-                self.ops.append(Linear(v, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1])))
+                self._record(Linear(v, x, (s.qkv, 4 * g.v_row, 4 * v.shape[1])))
             if g.loras:
-                self.ops.append(Lora(g.loras, x, s.qkv, g.out_rows))
+                self._record(Lora(g.loras, x, s.qkv, g.out_rows))
             self._query_prep = K.QueryPrep(2, g.q_row, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base,
                                            freq_factors.buffer if freq_factors is not None else None, self.eps,
                                            k_off=g.k_row, v_off=g.v_row, k_weight=w.attn_k_norm.buffer)
             return
         self.qkv(lc, w, x, freq_factors)
-        self.ops.append(KvStore(s.k, s.v, cache, lc.n_kv_heads, lc.head_dim))
+        self._record(KvStore(s.k, s.v, cache, lc.n_kv_heads, lc.head_dim))
 
     def qkv(self, lc, w, x: Buffer, freq_factors: GpuTensor | None) -> None:
         """The reference attention's first half for a chunk, nothing stored: q into state.q, and
@@ -195,7 +200,7 @@ class Ops:
         if lc.has_v:
             self.linear(w.attn_v, x, s.v_raw)
             v_raw = s.v_raw
-        self.ops.append(NormRope(s.k_raw, s.k, w.attn_k_norm, kvh, hd, lc.rope_dims, lc.rope_base, freq_factors))
+        self._record(NormRope(s.k_raw, s.k, w.attn_k_norm, kvh, hd, lc.rope_dims, lc.rope_base, freq_factors))
         self.rms_norm(v_raw, s.v, None, dim=hd, rows_per_token=kvh)
 
     def q_proj(self, lc, w, x: Buffer, freq_factors: GpuTensor | None) -> None:
@@ -207,7 +212,7 @@ class Ops:
             self._query_prep = K.QueryPrep(1, 0, w.attn_q_norm.buffer, lc.rope_dims, lc.rope_base,
                                            freq_factors.buffer if freq_factors is not None else None, self.eps)
             return
-        self.ops.append(NormRope(s.q_raw, s.q, w.attn_q_norm, self.cfg.n_heads, lc.head_dim, lc.rope_dims,
+        self._record(NormRope(s.q_raw, s.q, w.attn_q_norm, self.cfg.n_heads, lc.head_dim, lc.rope_dims,
                                  lc.rope_base, freq_factors))
 
     def attend(self, lc, q: Buffer, cache, out: Buffer) -> None:
@@ -216,7 +221,7 @@ class Ops:
         prep, self._query_prep = self._query_prep, None
         if prep is not None:                 # q (and k, v) still raw: in the buffer the projections wrote
             q = self.s.qkv if prep.mode == 2 else self.s.q_raw
-        self.ops.append(Attend(lc, q, cache, out, prep))
+        self._record(Attend(lc, q, cache, out, prep))
 
     def attend_canvas(self, lc, q: Buffer, cache, k: Buffer, v: Buffer, out: Buffer) -> None:
         """out = softmax(q k^T) v, unmasked, over the cached prefix and the step's own k, v (DiffusionGemma's
@@ -224,12 +229,12 @@ class Ops:
         if self._query_prep is not None:
             raise AssertionError("attend_canvas after a one-token q projection: q is still raw")
         keep = self.cfg.sliding_window - 1 if lc.sliding and self.cfg.sliding_window else 0
-        self.ops.append(AttendCanvas(lc, q, cache, k, v, out, keep))
+        self._record(AttendCanvas(lc, q, cache, k, v, out, keep))
 
     # -- mixture of experts ------------------------------------------------------------------
     def route(self, logits: Buffer, ids: Buffer, weights: Buffer) -> None:
         """ids, weights = top-k of softmax(logits), renormalized over the chosen (reference moe's router)."""
-        self.ops.append(Route(logits, ids, weights))
+        self._record(Route(logits, ids, weights))
 
     @contextmanager
     def expert_rounds(self, layer: int, ids: Buffer):
@@ -239,13 +244,13 @@ class Ops:
         if not self.experts_stream:
             yield ids
             return
-        self.ops.append(ExpertRoundsBegin(layer))
+        self._record(ExpertRoundsBegin(layer))
         yield self.s.expert_slots
-        self.ops.append(ExpertRoundsEnd(layer))
+        self._record(ExpertRoundsEnd(layer))
 
     def experts(self, w: GpuTensor, x: Buffer, y: Buffer, ids: Buffer, per_slot_input: bool = False) -> None:
         """y[t, j] = x[t (or t, j)] @ W[ids[t, j]]^T for the chosen experts of every token."""
-        self.ops.append(Experts(w, x, y, ids, per_slot_input))
+        self._record(Experts(w, x, y, ids, per_slot_input))
 
     def experts_geglu(self, x: Buffer, out: Buffer, ids: Buffer, gate: GpuTensor | None, up: GpuTensor | None,
                       gate_up: GpuTensor | None) -> None:
@@ -255,20 +260,20 @@ class Ops:
         if gate_up is None:
             self.experts(gate, x, s.experts_gate, ids)
             self.experts(up, x, s.experts_up, ids)
-            self.ops.append(GeluTimes(s.experts_gate, s.experts_up, out, KS * gate.shape[1]))
+            self._record(GeluTimes(s.experts_gate, s.experts_up, out, KS * gate.shape[1]))
             return
         self.experts(gate_up, x, s.experts_gate_up, ids)
-        self.ops.append(GegluHalves(s.experts_gate_up, out, gate_up.shape[1] // 2, KS))
+        self._record(GegluHalves(s.experts_gate_up, out, gate_up.shape[1] // 2, KS))
 
     def combine(self, expert_out: Buffer, ids: Buffer, weights: Buffer, out: Buffer,
                 down_scale: GpuTensor | None) -> None:
         """out[t] = sum_j weights[t, j] * expert_out[t, j] [* down_scale[ids[t, j]]]."""
-        self.ops.append(Combine(expert_out, ids, weights, out, down_scale))
+        self._record(Combine(expert_out, ids, weights, out, down_scale))
 
     # -- head and the rest -----------------------------------------------------------------------------
     def copy(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, size: int) -> None:
         """dst[dst_offset ..] = src[src_offset ..], size bytes."""
-        self.ops.append(Copy(src, src_offset, dst, dst_offset, size))
+        self._record(Copy(src, src_offset, dst, dst_offset, size))
 
     def copy_row(self, src: Buffer, row: int, dst: Buffer, width: int) -> None:
         """dst = src[row] for rows of `width` floats."""
@@ -276,23 +281,23 @@ class Ops:
 
     def softcap(self, x: Buffer, n: int, cap: float) -> None:
         """x = tanh(x / cap) * cap for rows of n floats."""
-        self.ops.append(Elementwise("softcap", x, n, cap=cap))
+        self._record(Elementwise("softcap", x, n, cap=cap))
 
     def bias(self, x: Buffer, b: Buffer, n: int) -> None:
         """x += b for rows of n floats (a constant bias, e.g. the logits' suppressed tokens)."""
-        self.ops.append(Elementwise("add", x, n, b=b))
+        self._record(Elementwise("add", x, n, b=b))
 
     def add(self, a: Buffer, b: Buffer, dim: int | None = None) -> None:
         """a += b over rows of `dim` (default hidden) floats."""
-        self.ops.append(Elementwise("add", a, dim or self.cfg.hidden, b=b))
+        self._record(Elementwise("add", a, dim or self.cfg.hidden, b=b))
 
     def argmax_rows(self, w: GpuTensor, x: Buffer, ids: Buffer, first: int, cap: float) -> None:
         """ids[first + t] = argmax(softcap(x[t] @ W^T)) for each of the step's rows (at most
         kernels.HEAD_ROWS): the greedy choices, without writing the logits (shaders/head_argmax.wgsl)."""
         if w.loras:
             raise AssertionError(f"{w.name}: the greedy head takes no LoRA deltas")
-        self.ops.append(ArgmaxRows(w, x, ids, first, cap))
+        self._record(ArgmaxRows(w, x, ids, first, cap))
 
     def sample(self, logits: Buffer, n: int, token: Buffer) -> None:
         """token = a draw from logits under the sampling parameters in state.sample_params (on the GPU)."""
-        self.ops.append(Sample(logits, n, token))
+        self._record(Sample(logits, n, token))

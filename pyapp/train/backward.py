@@ -22,8 +22,6 @@ weights in place.
 
 from __future__ import annotations
 
-import math
-
 from ..gpu import Plan
 from ..gpu import kernels as K
 from ..model.gemma4 import Gemma4
