@@ -1,13 +1,13 @@
 """Gemma 4 forward on the GPU, written op by op against the ops recorder (pyapp.runtime.ops).
 
 It reads like pyapp/reference/forward.py, which it mirrors function for
-function: one statement per op, branches only on flags LayerConfig resolved
-once. It holds no buffers and does no I/O: activations live in the State
-(`s.x` is the residual stream, `s.xn` the normed input of the next block) and
-weights in the layout (pyapp.model.weights fields holding GPU tensors). Whether
-an op runs as matvec or matmul, and which kernels it fuses, is the recorder's
-business. Fused ops are named for what they compute; their docstrings list the
-reference ops they stand for.
+function: one statement per reference op, in the reference's order, branches
+only on flags LayerConfig resolved once. It holds no buffers and does no I/O:
+activations live in the State (`s.x` is the residual stream, `s.xn` the normed
+input of the block at hand) and weights in the layout (pyapp.model.weights
+fields holding GPU tensors). Whether an op runs as matvec or matmul, and which
+ops share a kernel, is decided after the whole step is recorded
+(pyapp.runtime.fusion), never here.
 
   embed(ops)          x = token_embd[ids] * sqrt(hidden) (+ per-layer inputs)
   layer(ops, lc)      one decoder layer on x, for the T tokens of the plan
@@ -36,10 +36,8 @@ class Gemma4:
     def layers(self, ops) -> None:
         """Embeddings and every layer, for the tokens of one step."""
         self.embed(ops)
-        layers = self.cfg.layers
-        for i, lc in enumerate(layers):
-            following = self.w.layers[layers[i + 1].index] if i + 1 < len(layers) else None
-            self.layer(ops, lc, following)
+        for lc in self.cfg.layers:
+            self.layer(ops, lc)
 
     def embed(self, ops) -> None:
         """reference: forward's embedding, then per_layer_inputs."""
@@ -50,33 +48,28 @@ class Gemma4:
             ops.linear(w.ple_model_proj, s.x, s.ple_proj)
             ops.ple_combine(s.ple_proj, s.ple_emb, w.ple_proj_norm, s.ple_in)
 
-    def layer(self, ops, lc: LayerConfig, following: LayerWeights | None) -> None:
-        """reference: layer. Each post-norm's residual add also writes the next pre-norm into s.xn
-        (ffn_norm, and at the end the following layer's attn_norm)."""
+    def layer(self, ops, lc: LayerConfig) -> None:
+        """reference: layer, on the residual stream s.x; s.xn holds each block's normed input."""
         s, w = self.s, self.w.layers[lc.index]
-        last_norm = following.attn_norm if following is not None else None
-        if lc.index == 0:        # later layers get it from the previous layer's last add
-            ops.rms_norm(s.x, s.xn, w.attn_norm)
+        ops.rms_norm(s.x, s.xn, w.attn_norm)
         self.attention(ops, lc, w)
-        ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x, next_weight=w.ffn_norm, next_out=s.xn)
-        if lc.has_moe:           # the router between the dense MLP's matvecs: its top-k rides on the down's dispatch
-            ops.geglu(s.xn, s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
-            self.router(ops, w)
-            ops.linear(w.ffn_down, s.act, s.dense_out)
-            self.experts(ops, lc, w, combine=False)
-            ops.moe_output(s.dense_out, w.post_ffw_norm_1, s.experts_out, s.expert_ids, s.expert_weights,
-                           w.experts_down_scale, w.post_ffw_norm_2, s.ffn_out)
+        ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x)
+        ops.rms_norm(s.x, s.xn, w.ffn_norm)
+        if lc.has_moe:
+            self.mlp(ops, w, s.xn, s.dense_out)
+            ops.rms_norm(s.dense_out, s.ffn_out, w.post_ffw_norm_1)
+            self.moe(ops, lc, w)
+            ops.add_norm(s.moe_out, w.post_ffw_norm_2, into=s.ffn_out)
         else:
             self.mlp(ops, w, s.xn, s.ffn_out)
-        if not lc.has_ple:
-            ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x, scale=self.layer_scale(w), next_weight=last_norm,
-                         next_out=s.xn)
-            return
         ops.add_norm(s.ffn_out, w.post_ffw_norm, into=s.x)
-        ops.gelu_gate(w.ple_gate, s.x, ops.ple_slice(lc.index), s.ple_act)
-        ops.linear(w.ple_proj, s.ple_act, s.ple_out)
-        ops.add_norm(s.ple_out, w.ple_post_norm, into=s.x, scale=self.layer_scale(w), next_weight=last_norm,
-                     next_out=s.xn)
+        if lc.has_ple:
+            ops.gelu_gate(w.ple_gate, s.x, ops.ple_slice(lc.index), s.ple_act)
+            ops.linear(w.ple_proj, s.ple_act, s.ple_out)
+            ops.add_norm(s.ple_out, w.ple_post_norm, into=s.x)
+        scale = self.layer_scale(w)
+        if scale is not None:
+            ops.scale(s.x, scale)
 
     def layer_scale(self, w: LayerWeights):
         """The factor a layer's output is scaled by (layer_output_scale; None: 1)."""
@@ -99,34 +92,21 @@ class Gemma4:
         ops.geglu(x, self.s.act, gate=w.ffn_gate, up=w.ffn_up, gate_up=w.ffn_gate_up)
         ops.linear(w.ffn_down, self.s.act, out)
 
-    def moe(self, ops, lc: LayerConfig, w: LayerWeights, x=None, experts_in=None, combine: bool = True) -> None:
-        """reference: moe. Router on the raw residual x (default s.x), experts on pre_ffw_norm_2(x), written to
-        experts_in (default s.xn; training keeps it apart); result in s.moe_out (combine=False: the chosen
-        experts' outputs left in s.experts_out, for ops.moe_output)."""
-        self.router(ops, w, x, experts_in)
-        self.experts(ops, lc, w, experts_in, combine)
-
-    def router(self, ops, w: LayerWeights, x=None, experts_in=None) -> None:
-        """reference: moe's router: s.expert_ids, s.expert_weights from x (default s.x); the experts'
-        input pre_ffw_norm_2(x) into experts_in (default s.xn)."""
+    def moe(self, ops, lc: LayerConfig, w: LayerWeights, h=None, experts_in=None) -> None:
+        """reference: moe, into s.moe_out. The router reads the raw residual h (default s.x); the experts
+        read pre_ffw_norm_2(h), written to experts_in (default s.xn; training keeps it apart). With
+        streamed experts the expert kernels index a cache by slot (ops.expert_rounds)."""
         s = self.s
-        x = s.x if x is None else x
+        h = s.x if h is None else h
         xe = s.xn if experts_in is None else experts_in
-        ops.router(x, w.router, w.router_scale, self.router_scale, xe, w.pre_ffw_norm_2,
-                   s.router_in, s.router_logits, s.expert_ids, s.expert_weights)
-
-    def experts(self, ops, lc: LayerConfig, w: LayerWeights, experts_in=None, combine: bool = True) -> None:
-        """reference: moe's experts on experts_in (default s.xn) for the routed ids, into s.experts_out
-        [and combined into s.moe_out]. With streamed experts the expert kernels index a cache by slot
-        (ops.expert_rounds)."""
-        s = self.s
-        xe = s.xn if experts_in is None else experts_in
+        ops.rms_norm_pair(h, s.router_in, w.router_scale, xe, w.pre_ffw_norm_2, scale=self.router_scale)
+        ops.linear(w.router, s.router_in, s.router_logits)
+        ops.route(s.router_logits, s.expert_ids, s.expert_weights)
         with ops.expert_rounds(lc.index, s.expert_ids) as slots:
             ops.experts_geglu(xe, s.experts_act, slots, gate=w.experts_gate, up=w.experts_up,
                               gate_up=w.experts_gate_up)
             ops.experts(w.experts_down, s.experts_act, s.experts_out, slots, per_slot_input=True)
-        if combine:
-            ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
+        ops.combine(s.experts_out, s.expert_ids, s.expert_weights, s.moe_out, w.experts_down_scale)
 
     def head(self, ops, row: int, sample: bool) -> None:
         """reference: forward's tail for one row of the last step: final norm, output, softcap [, sample]."""

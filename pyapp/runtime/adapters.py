@@ -2,16 +2,19 @@
 
 An adapter (pyapp.model.lora.LoraAdapter, already checked and bound to weight fields)
 becomes one GpuLora per target, appended to the `loras` of the GpuTensor that
-projection runs through, so pyapp.runtime.ops adds `scale * B (A x)` right after
-the base matvec / matmul (shaders/lora.wgsl) and the model file needs no change.
+projection runs through. The ops recorder (pyapp.runtime.ops) then records one more op
+after each adapted projection, `scale * B (A x)` added into its output (shaders/lora.wgsl),
+and the model file needs no change. To the fusion rules (pyapp.runtime.fusion) the delta
+is one more reader of the projection's x and y: a one-token projection whose output goes
+through a GeGLU or the PLE gate's product keeps that product apart (the delta comes first:
+one dispatch more), and a projection reading a pre-norm output builds nothing from the add
+before it (the delta reads that output too: the add is dispatched).
 Fused layouts take the delta at the projection's rows of the fused output:
 
 - q, k, v in one buffer (decode's single q|k|v matvec): the QKV's loras, at q_row / k_row / v_row;
-- ffn_gate and ffn_up in one buffer: the fused tensor's loras at column 0 / ff; the decode
-  GeGLU matvec then runs unfused (matvec, deltas, geglu_halves: one dispatch more);
+- ffn_gate and ffn_up in one buffer: the fused tensor's loras at column 0 / ff;
 - the deltas of one fused output go as one group (one dispatch) when they share a rank: their
-  A's and B's are copied one after the other (`group`);
-- the PLE gate's matvec with the product fused: unfused when adapted (linear, then geglu).
+  A's and B's are copied one after the other (`group`).
 
 Each target's scale (user_scale * alpha / r) sits in its own slot of one small buffer,
 so changing the user scale (the app's slider, its off switch = 0) rewrites 4 bytes a

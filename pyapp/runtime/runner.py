@@ -102,8 +102,9 @@ class Runner:
         key = ("head", row, sample)
         if key not in self._plans:
             plan = self.dev.plan()
-            self.model.head(Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one, int8=self.int8),
-                            row, sample)
+            ops = Ops(self.dev, self.cfg, self.state, plan, 1, step=self.state.one, int8=self.int8)
+            self.model.head(ops, row, sample)
+            ops.finish()
             if sample:
                 plan.copy(self.state.token, 0, self.state.token_readback, 0, self.state.token.size)
             self._plans[key] = plan
@@ -130,7 +131,9 @@ class Runner:
             plan = self.dev.plan()
             if first:
                 plan.copy(s.token, 0, s.greedy_ids, 0, 4)
-            self.model.head_argmax(Ops(self.dev, self.cfg, s, plan, s.head_rows, int8=self.int8), first)
+            ops = Ops(self.dev, self.cfg, s, plan, s.head_rows, int8=self.int8)
+            self.model.head_argmax(ops, first)
+            ops.finish()
             plan.copy(s.greedy_ids, 0, s.greedy_readback, 0, s.greedy_ids.size)
             self._plans[key] = plan
         return self._plans[key]

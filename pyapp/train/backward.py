@@ -22,8 +22,6 @@ weights in place.
 
 from __future__ import annotations
 
-import math
-
 from ..gpu import Plan
 from ..gpu import kernels as K
 from ..model.gemma4 import Gemma4
@@ -41,8 +39,10 @@ class LoraBackward:
         self.model = Gemma4(cfg, layout, self.s)
         self.head_chunks = self._head_chunks(layout.head, state.vocab_chunk)
 
-    def ops(self, plan: Plan) -> Ops:
-        return Ops(self.dev, self.cfg, self.s, plan, self.T, int8=False)    # gradients of the f32 forward
+    def ops(self, plan: Plan, tape: bool = False) -> Ops:
+        """The recorder for plan, on the f32 forward (its gradients are the oracle's); tape: every value
+        written, for the backward to read."""
+        return Ops(self.dev, self.cfg, self.s, plan, self.T, int8=False, tape=tape)
 
     # -- forward --------------------------------------------------------------------------------------
 
@@ -51,13 +51,12 @@ class LoraBackward:
         s, t, ops = self.s, self.t, self.ops(plan)
         d_bytes = 4 * self.T * self.cfg.hidden
         self.model.embed(ops)
-        layers = self.cfg.layers
-        for i, lc in enumerate(layers):
-            plan.copy(s.x, 0, t.layer_in[lc.index], 0, d_bytes)
-            following = self.w.layers[layers[i + 1].index] if i + 1 < len(layers) else None
-            self.model.layer(ops, lc, following)
-        plan.copy(s.x, 0, t.x_final, 0, d_bytes)
+        for lc in self.cfg.layers:
+            ops.copy(s.x, 0, t.layer_in[lc.index], 0, d_bytes)
+            self.model.layer(ops, lc)
+        ops.copy(s.x, 0, t.x_final, 0, d_bytes)
         ops.rms_norm(t.x_final, t.x_final_norm, self.w.output_norm)
+        ops.finish()
         for i, chunk in enumerate(self.head_chunks):
             self.head_chunk(plan, chunk)
             K.cross_entropy_stats(self.dev, chunk[3], chunk[2], t.z, t.targets, t.weights, t.ce_stats, s.step, self.T,
@@ -106,25 +105,27 @@ class LoraBackward:
     def layer_taped(self, plan: Plan, lc) -> None:
         """reference: LoraGradients.layer. The layer's forward again from its kept input, every value its
         backward reads left in a buffer of its own (the output itself is not needed)."""
-        s, t, w, ops = self.s, self.t, self.w.layers[lc.index], self.ops(plan)
+        s, t, w, ops = self.s, self.t, self.w.layers[lc.index], self.ops(plan, tape=True)
         d_bytes = 4 * self.T * self.cfg.hidden
-        plan.copy(t.layer_in[lc.index], 0, s.x, 0, d_bytes)
+        ops.copy(t.layer_in[lc.index], 0, s.x, 0, d_bytes)
         ops.rms_norm(s.x, s.xn, w.attn_norm)
         self.model.attention(ops, lc, w)
-        plan.copy(s.x, 0, t.h, 0, d_bytes)
-        ops.add_norm(s.attn_out, w.post_attention_norm, into=t.h, next_weight=w.ffn_norm, next_out=t.xn2)
+        ops.copy(s.x, 0, t.h, 0, d_bytes)
+        ops.add_norm(s.attn_out, w.post_attention_norm, into=t.h)
+        ops.rms_norm(t.h, t.xn2, w.ffn_norm)
         if lc.has_moe:       # as Gemma4.layer's MoE branch, the router on h and the experts' input kept apart
             self.model.mlp(ops, w, t.xn2, s.dense_out)
             ops.rms_norm(s.dense_out, s.ffn_out, w.post_ffw_norm_1)
-            self.model.moe(ops, lc, w, x=t.h, experts_in=t.x_experts)
+            self.model.moe(ops, lc, w, h=t.h, experts_in=t.x_experts)
             ops.add_norm(s.moe_out, w.post_ffw_norm_2, into=s.ffn_out)
         else:
             self.model.mlp(ops, w, t.xn2, s.ffn_out)
         if lc.has_ple:
-            plan.copy(t.h, 0, t.x2, 0, d_bytes)
+            ops.copy(t.h, 0, t.x2, 0, d_bytes)
             ops.add_norm(s.ffn_out, w.post_ffw_norm, into=t.x2)
             ops.gelu_gate(w.ple_gate, t.x2, ops.ple_slice(lc.index), s.ple_act)
             ops.linear(w.ple_proj, s.ple_act, s.ple_out)
+        ops.finish()
 
     def layer_backward(self, plan: Plan, lc, kv_started: set) -> None:
         """reference: LoraGradients.layer_backward. t.dx: dloss/d(layer output) in, dloss/d(layer input) out."""

@@ -1,0 +1,269 @@
+"""Fusion: rules over the recorded ops (pyapp.runtime.lowering), run by Ops.finish before lowering.
+
+The model records one op per reference op (pyapp.model.gemma4); these rules rewrite that list so that a
+step dispatches few kernels (the table in pyapp.runtime.ops says which kernel replaces which reference
+ops). A rule looks only at the ops' kinds, the buffers they read and write, and the plan's shape
+(`Rules`), so a LoRA delta, recorded as one more op after its projection, is just another reader of the
+projection's x and y.
+
+A rule that leaves a value unwritten (moe_tails: the experts' sum; epilogues: the [gate | up] outputs;
+residual_inputs: the pre-norm output) applies only when no later op of the plan reads it; a tape
+(training's forward kept for its backward, which reads every value) skips moe_tails, the only such rule
+that runs on a chunk. Rules that move ops (route_tails) move them only within one Plan (not across a
+streamed experts' round) and only past ops they are independent of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gpu import Buffer
+from .lowering import (AddNorm, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd, GegluHalves,
+                       GeluTimes, Linear, MoeTail, Op, RmsNorm, RmsNormPair, Route, Scale, buffer_of)
+
+BARRIERS = (ExpertRoundsBegin, ExpertRoundsEnd)      # a plan boundary: nothing moves or merges across it
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Which rules a plan takes (pyapp.runtime.ops decides from its shape and the device)."""
+    hidden: int
+    stream: Buffer                 # state.x, the residual stream
+    one_token: bool                # a decode step (T = 1)
+    few: bool                      # speculative decoding's step of a token and its drafts
+    tape: bool = False             # every value kept (training's forward for its backward)
+    route_tails: bool = False      # the routing may ride on a matvec (the runner's decode fusions)
+    residual_inputs: bool = False  # the adds into the stream may be built by their readers (needs 9 buffers)
+
+
+def fuse(ops: list, rules: Rules) -> list:
+    ops = merge_adds(ops, rules)
+    if not rules.tape:
+        ops = moe_tails(ops)
+    if rules.one_token or rules.few:
+        ops = epilogues(ops, rules)
+    if rules.one_token:
+        ops = norm_inputs(ops)
+        ops = route_tails(ops, rules.route_tails)
+    if rules.residual_inputs:
+        ops = residual_inputs(ops, rules)
+    return ops
+
+
+# -- what an op touches ----------------------------------------------------------------------------------
+
+def reads(op: Op) -> set:
+    return {id(buffer_of(b)) for b in op.reads() if b is not None}
+
+
+def writes(op: Op) -> set:
+    return {id(buffer_of(b)) for b in op.writes() if b is not None}
+
+
+def matvec(op: Op) -> bool:
+    """A projection that a one-token plan runs as one matvec dispatch (not split into row blocks)."""
+    return isinstance(op, Linear) and len(op.w.parts) == 1
+
+
+def plain_matvec(op: Op) -> bool:
+    """One matvec reading its x from a buffer and writing y, nothing fused into it yet."""
+    return matvec(op) and op.input is None and op.route is None and op.epilogue is None
+
+
+def read_later(ops: list, i: int, buf) -> bool:
+    """Whether an op after ops[i] reads buf's value before something writes buf again."""
+    b = id(buffer_of(buf))
+    for op in ops[i + 1:]:
+        if b in reads(op):
+            return True
+        if b in writes(op):
+            return False
+    return False
+
+
+def last_add(done: list, into, readers_ok: bool = True, untouched=None) -> AddNorm | None:
+    """The last AddNorm into `into` among the ops done, if nothing since has written `into` (or read it,
+    unless readers_ok) or touched `untouched`."""
+    b = id(into)
+    u = id(untouched) if untouched is not None else None
+    for op in reversed(done):
+        if isinstance(op, AddNorm) and op.into is into:
+            return op
+        if isinstance(op, BARRIERS):
+            return None
+        r, w = reads(op), writes(op)
+        if b in w or (not readers_ok and b in r) or (u is not None and (u in r or u in w)):
+            return None
+    return None
+
+
+# -- the rules -------------------------------------------------------------------------------------------
+
+def merge_adds(ops: list, rules: Rules) -> list:
+    """A layer scale right after an add (nothing reading the sum between) becomes the add's scale; a
+    weighted rms_norm of an add's sum (nothing writing the sum or touching the norm's output between)
+    becomes the add's second output: add_normed writes both, in one dispatch. So a layer's last add
+    also writes the next layer's attn_norm input."""
+    out: list = []
+    for op in ops:
+        if isinstance(op, Scale):
+            add = last_add(out, op.x, readers_ok=False)
+            if add is not None and add.scale is None and add.next_out is None:
+                add.scale = op.factor
+                continue
+        elif (isinstance(op, RmsNorm) and op.weight is not None and op.dim in (None, rules.hidden)
+              and op.rows_per_token == 1 and op.scale == 1.0):
+            add = last_add(out, op.x, untouched=op.y)
+            if add is not None and add.next_out is None:
+                add.next_weight, add.next_out = op.weight, op.y
+                continue
+        out.append(op)
+    return out
+
+
+def moe_tails(ops: list) -> list:
+    """A MoE layer's output, f = rms_norm(dense) * n1 + rms_norm(sum_j w_j y_j) * n2: the dense norm
+    (recorded before the experts), the experts' weighted sum and the add of its norm into f become one
+    moe_tail dispatch where the sum is written, when nothing else reads the sum."""
+    out: list = []
+    for i, op in enumerate(ops):
+        if (isinstance(op, AddNorm) and out and isinstance(out[-1], Combine) and out[-1].out is op.y
+                and op.scale is None and op.next_out is None and not read_later(ops, i, op.y)):
+            norm = _dense_norm(out[:-1], op.into)
+            if norm is not None:
+                combine = out.pop()
+                out.remove(norm)
+                out.append(MoeTail(norm.x, norm.weight, combine.expert_out, combine.ids, combine.weights,
+                                   combine.down_scale, op.weight, op.into))
+                continue
+        out.append(op)
+    return out
+
+
+def _dense_norm(done: list, f) -> RmsNorm | None:
+    """The weighted rms_norm that wrote f last, if nothing since has read or written f or written its input.
+    (Its work moves later, into the tail after the experts: streamed experts' rounds between are fine.)"""
+    fb = id(f)
+    for k in range(len(done) - 1, -1, -1):
+        op = done[k]
+        if isinstance(op, RmsNorm) and op.y is f:
+            if op.weight is None or op.rows_per_token != 1 or op.scale != 1.0:
+                return None
+            x = id(op.x)
+            return op if not any(x in writes(o) for o in done[k + 1:]) else None
+        if fb in reads(op) or fb in writes(op):
+            return None
+    return None
+
+
+def epilogues(ops: list, rules: Rules) -> list:
+    """A one-token projection followed by the product of its outputs: gelu(gate) * up of a [gate | up]
+    projection (the dense MLP; the experts', for a few tokens too) or gelu(y) * b (the PLE gate) is done
+    by the matvec before it writes, when nothing else reads the projection's outputs."""
+    out: list = []
+    for i, op in enumerate(ops):
+        prev = out[-1] if out else None
+        if isinstance(op, GegluHalves) and not read_later(ops, i, op.src):
+            if (rules.one_token and matvec(prev) and prev.epilogue is None and prev.y is op.src
+                    and op.rows_per_token == 1):
+                prev.epilogue = op
+                continue
+            if isinstance(prev, Experts) and prev.epilogue is None and prev.y is op.src:
+                prev.epilogue = op
+                continue
+        if (isinstance(op, GeluTimes) and rules.one_token and matvec(prev) and prev.epilogue is None
+                and prev.y is op.a and op.b is not prev.y and not read_later(ops, i, op.a)):
+            prev.epilogue = op
+            continue
+        out.append(op)
+    return out
+
+
+def norm_inputs(ops: list) -> list:
+    """A one-token matvec right after the two norms of its input (the MoE router: its input, and the
+    experts' beside it) builds them in its workgroups, the first writing both outputs."""
+    out: list = []
+    for op in ops:
+        prev = out[-1] if out else None
+        if isinstance(prev, RmsNormPair) and matvec(op) and op.x is prev.y and op.input is None:
+            op.input = out.pop()
+        out.append(op)
+    return out
+
+
+def route_tails(ops: list, ride: bool) -> list:
+    """A one-token routing (softmax, top-k, renormalize) rides as one workgroup more on a plain matvec's
+    dispatch: the nearest one before the router that the router does not depend on (the dense MLP's
+    down projection). The router's ops move ahead of that matvec, and so does the routing where it may
+    not ride (ride False): a plan without the fusion is the plan with it, the routing dispatched apart.
+    Where there is no such matvec, nothing moves."""
+    for route in [op for op in ops if isinstance(op, Route)]:
+        ops = _ride(ops, ops.index(route), ride) or ops
+    return ops
+
+
+def _ride(ops: list, i: int, ride: bool) -> list | None:
+    """ops with the routing at i (and the ops it depends on) moved ahead of its carrier, or None."""
+    route = ops[i]
+    need, j = reads(route), i          # the ops right before the routing that it depends on
+    while j > 0 and not isinstance(ops[j - 1], BARRIERS) and writes(ops[j - 1]) & need:
+        j -= 1
+        need |= reads(ops[j])
+    block = ops[j:i] + [route]
+    block_reads = set().union(*(reads(o) for o in block))
+    block_writes = set().union(*(writes(o) for o in block))
+    for k in range(j - 1, -1, -1):
+        op = ops[k]
+        if isinstance(op, BARRIERS):
+            return None
+        if block_writes & (reads(op) | writes(op)) or block_reads & writes(op):
+            return None
+        if plain_matvec(op):
+            if ride:
+                op.route = block.pop()
+            return ops[:k] + block + ops[k:j] + ops[i + 1:]
+    return None
+
+
+def residual_inputs(ops: list, rules: Rules) -> list:
+    """An add into the residual stream (and its pre-norm output) dispatches nothing when its first reader,
+    and every reader of the pre-norm output, is a one-token matvec reading that value whole: each builds it
+    in every workgroup. Readers of the stream after the first then read the stream's other buffer."""
+    for i, add in enumerate(ops):
+        if not (isinstance(add, AddNorm) and add.into is rules.stream):
+            continue
+        readers = _readers(ops, i)
+        if not readers or not _builds(*readers[0], add):
+            continue
+        normed = [(op, n) for op, n in readers if n]
+        if not all(_builds(op, n, add) for op, n in normed):
+            continue
+        add.built = True
+        for op, n in [readers[0]] + normed:
+            op.input = FromAdd(add, n)
+    return ops
+
+
+def _readers(ops: list, i: int) -> list:
+    """[(op, normed)] of the ops that read ops[i]'s sum (normed False) or its pre-norm output (True)."""
+    add = ops[i]
+    raw, normed = id(add.into), id(add.next_out) if add.next_out is not None else None
+    out = []
+    for op in ops[i + 1:]:
+        r, w = reads(op), writes(op)
+        if raw is not None and raw in r:
+            out.append((op, False))
+        elif normed is not None and normed in r:
+            out.append((op, True))
+        if raw is not None and raw in w:
+            raw = None
+        if normed is not None and normed in w:
+            normed = None
+        if raw is None and normed is None:
+            break
+    return out
+
+
+def _builds(op: Op, normed: bool, add: AddNorm) -> bool:
+    """Whether op is a one-token matvec reading the add's sum (or pre-norm output) whole as its x."""
+    return matvec(op) and op.input is None and op.route is None and op.x is (add.next_out if normed else add.into)

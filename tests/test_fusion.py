@@ -1,0 +1,146 @@
+"""The fusion rules (pyapp.runtime.fusion) on recorded ops, without a GPU: what each rule fuses, and what
+stops it (a reader between, a LoRA delta, a tape). The plans they make on the fixture models are compared
+with the recorder's earlier plans by tools/plan_listing.py; the logits, by tests/test_engine.py."""
+
+from __future__ import annotations
+
+from pyapp.gpu import Buffer
+from pyapp.runtime.fusion import Rules, fuse, merge_adds, moe_tails, residual_inputs, route_tails
+from pyapp.runtime.lowering import (AddNorm, Combine, Copy, Experts, FromAdd, GegluHalves, GeluTimes, Linear, Lora,
+                                    MoeTail, RmsNorm, RmsNormPair, Route, Scale)
+from pyapp.runtime.upload import GpuTensor, Part
+
+D = 64
+
+
+def buf(label: str) -> Buffer:
+    return Buffer(None, 4 * D, "storage", label)
+
+
+def tensor(name: str, rows: int = D, parts: int = 1) -> GpuTensor:
+    per = rows // parts
+    return GpuTensor(name, 0, (D, rows), [Part(buf(name), i * per, per) for i in range(parts)])
+
+
+X, XN, Y = buf("x"), buf("xn"), buf("y")
+W, W2 = tensor("norm"), tensor("next norm")
+
+
+def rules(**kw) -> Rules:
+    return Rules(D, X, **{"one_token": True, "few": False, **kw})
+
+
+def test_an_add_takes_the_layer_scale_and_the_next_norm():
+    scale = tensor("layer scale", 1)
+    add = AddNorm(Y, W, X)
+    out = merge_adds([add, Scale(X, scale), RmsNorm(X, XN, W2)], rules())
+    assert out == [add] and add.scale is scale and (add.next_weight, add.next_out) == (W2, XN)
+
+
+def test_an_add_keeps_what_a_reader_between_needs():
+    """A reader of the sum between the add and the scale needs it unscaled; the norm's output read or
+    written between, or the sum written, keeps the norm apart. A reader of the sum is no obstacle to the norm."""
+    scale, other = tensor("layer scale", 1), buf("other")
+    add = AddNorm(Y, W, X)
+    copy = Copy(X, 0, other, 0, 4 * D)
+    out = merge_adds([add, copy, Scale(X, scale)], rules())
+    assert len(out) == 3 and isinstance(out[2], Scale) and add.scale is None
+    add = AddNorm(Y, W, X)
+    assert merge_adds([add, copy, RmsNorm(X, XN, W2)], rules()) == [add, copy] and add.next_out is XN
+    for between in (Copy(XN, 0, other, 0, 4), Copy(other, 0, XN, 0, 4), Copy(other, 0, X, 0, 4)):
+        add = AddNorm(Y, W, X)
+        assert len(merge_adds([add, between, RmsNorm(X, XN, W2)], rules())) == 3 and add.next_out is None
+
+
+def decode_layer_start(*lora_on: str):
+    """A one-token layer's start: the previous add with its next norm, then q|k|v and v apart reading xn
+    (LoRA deltas on the named projections)."""
+    qkv, v = Linear(tensor("qkv"), XN, buf("qkv out")), Linear(tensor("v"), XN, buf("v out"))
+    ops = [AddNorm(Y, W, X, next_weight=W2, next_out=XN), qkv, v]
+    for name, lin in (("qkv", qkv), ("v", v)):
+        if name in lora_on:
+            ops.insert(ops.index(lin) + 1, Lora([], XN, lin.y, D))
+    return ops
+
+
+def test_an_add_is_built_by_every_matvec_reading_its_result():
+    ops = residual_inputs(decode_layer_start(), rules(residual_inputs=True))
+    add, qkv, v = ops
+    assert add.built and isinstance(qkv.input, FromAdd) and qkv.input.normed and v.input.add is add
+
+
+def test_a_lora_delta_reading_the_normed_input_keeps_the_add():
+    ops = residual_inputs(decode_layer_start("v"), rules(residual_inputs=True))
+    assert not ops[0].built and all(op.input is None for op in ops if isinstance(op, Linear))
+
+
+def test_readers_of_the_sum_after_its_first_builder_read_the_new_stream():
+    """The PLE gate builds the sum (no next norm); its LoRA delta and a later add read the stream as it is."""
+    add, later = AddNorm(Y, W, X), AddNorm(buf("ple out"), W, X)
+    gate = Linear(tensor("ple gate"), X, buf("ple gate out"))
+    residual_inputs([add, gate, Lora([], X, gate.y, D), later], rules(residual_inputs=True))
+    assert add.built and gate.input.add is add and not gate.input.normed
+    assert not later.built       # nothing reads it: dispatched
+
+
+def test_a_split_or_routed_matvec_builds_nothing():
+    split = Linear(tensor("split", parts=2), XN, buf("out"))
+    ops = residual_inputs([AddNorm(Y, W, X, next_weight=W2, next_out=XN), split], rules(residual_inputs=True))
+    assert not ops[0].built and split.input is None
+
+
+def moe_block(lora: bool):
+    """A one-token MoE layer's dense down projection, then the router (its norms, matvec, routing)."""
+    act, dense, router_in, logits, ids, wts = (buf(n) for n in ("act", "dense", "router in", "logits", "ids", "wts"))
+    down = Linear(tensor("down"), act, dense)
+    router = Linear(tensor("router", 4), router_in, logits)
+    ops = [down] + ([Lora([], act, dense, D)] if lora else []) + [
+        RmsNormPair(X, router_in, None, XN, W2), router] + ([Lora([], router_in, logits, 4)] if lora else []) + [
+        Route(logits, ids, wts)]
+    return ops, down, router
+
+
+def test_the_routing_rides_on_the_down_projection_the_router_moved_ahead():
+    for lora in (False, True):
+        ops, down, router = moe_block(lora)
+        route = ops[-1]
+        out = route_tails(ops, ride=True)
+        assert down.route is route and route not in out
+        assert out.index(router) < out.index(down) and isinstance(out[0], RmsNormPair)
+        ops, down, router = moe_block(lora)
+        route = ops[-1]
+        out = route_tails(ops, ride=False)       # the same order, the routing its own dispatch
+        assert down.route is None and out.index(route) == out.index(down) - 1
+
+
+def test_the_router_matvec_norms_its_input_and_the_routing_rides_after_fuse():
+    ops, down, router = moe_block(lora=False)
+    out = fuse(ops, rules(route_tails=True))
+    assert out == [router, down] and isinstance(router.input, RmsNormPair) and down.route is not None
+
+
+def moe_tail_ops():
+    dense, f, eo, ids, wts, m = (buf(n) for n in ("dense", "f", "eo", "ids", "wts", "moe"))
+    w1, w2 = tensor("post_ffw_norm_1"), tensor("post_ffw_norm_2")
+    experts = GpuTensor("experts", 0, (D, D, 4), [])
+    return [RmsNorm(dense, f, w1), Experts(experts, buf("a"), eo, ids), Combine(eo, ids, wts, m, None),
+            AddNorm(m, w2, f)]
+
+
+def test_a_moe_layers_tail_is_one_op_unless_taped():
+    out = moe_tails(moe_tail_ops())
+    assert len(out) == 2 and isinstance(out[1], MoeTail) and out[1].dense_norm.name == "post_ffw_norm_1"
+    taped = fuse(moe_tail_ops(), rules(one_token=False, tape=True))
+    assert [type(op) for op in taped] == [RmsNorm, Experts, Combine, AddNorm]
+
+
+def test_a_products_epilogue_waits_for_a_lora_delta():
+    gate_up, gu, act = tensor("gate_up", 2 * D), buf("gate_up out"), buf("act")
+    lin = Linear(gate_up, XN, gu)
+    assert fuse([lin, GegluHalves(gu, act, D)], rules()) == [lin] and lin.epilogue is not None
+    lin = Linear(gate_up, XN, gu)
+    assert len(fuse([lin, Lora([], XN, gu, 2 * D), GegluHalves(gu, act, D)], rules())) == 3
+    gate, times, out = Linear(tensor("ple gate"), X, buf("g")), buf("times"), buf("out")
+    assert fuse([gate, GeluTimes(gate.y, times, out, D)], rules()) == [gate] and gate.epilogue.b is times
+    chunk = Linear(tensor("ple gate"), X, buf("g"))
+    assert len(fuse([chunk, GeluTimes(chunk.y, times, out, D)], rules(one_token=False))) == 2
