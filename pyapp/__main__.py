@@ -299,10 +299,13 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))   # the benchmarks live in bench/
+    from engine_bench import bench
     g = _open(args.model)
     engine = _engine(g, args)
-    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
-                          speculate=args.speculate, prompt=args.prompt_kind)
+    result = bench(engine, prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
+                   speculate=args.speculate, prompt=args.prompt_kind)
     if args.json:
         print(json.dumps(result))
     else:

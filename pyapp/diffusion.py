@@ -16,17 +16,15 @@ cache only read. Written once as generators of requests, like the engine, driven
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
 from array import array
-from dataclasses import replace
 
 from .denoising import DenoiseParams, DenoiseResult, SeededDraws, finish_block, temperature
 from .engine import Engine, EngineError, GenerationResult
 from .gpu import kernels as K
 from .model.logits import Logits
 from .runtime.requests import ReadGpu, ReadMapped
+from .sampling import SamplingParams
 
 
 class DiffusionEngine(Engine):
@@ -34,16 +32,20 @@ class DiffusionEngine(Engine):
     def canvas_length(self) -> int:
         return self.config.canvas_length
 
+    def denoise_params(self, **overrides) -> DenoiseParams:
+        """The model's own generation settings (its GGUF's diffusion.* keys), with the overrides not None."""
+        return DenoiseParams.from_config(self.config, **overrides)
+
     # -- the two passes ---------------------------------------------------------------
     def _encode(self, tokens: list[int]):
         """Steps: the causal encoder over tokens after those cached (their K/V appended)."""
         tokens = [int(t) for t in tokens]
-        self._check_ids(tokens)
+        self.check_ids(tokens)
         pos = len(self.cached)
         if pos + len(tokens) > self.context_length:
             raise EngineError(f"{pos + len(tokens)} tokens do not fit the context of {self.context_length}")
         if tokens:
-            yield from self._layer_steps(tokens, pos)
+            yield from self.feed(tokens, pos)
         self.cached = self.cached + tokens
 
     def _decode(self, canvas: list[int], prev_logits=None):
@@ -68,7 +70,7 @@ class DiffusionEngine(Engine):
     def _check_canvas(self, canvas: list[int]) -> None:
         if not 1 <= len(canvas) <= self.canvas_length:
             raise EngineError(f"a canvas of {len(canvas)} tokens: this model's holds 1..{self.canvas_length}")
-        self._check_ids(canvas)
+        self.check_ids(canvas)
 
     # -- one step's logits (tests, CLI diffusion-logits) --------------------------------------
     def _decoder_logits(self, prompt, canvas, prev_logits=None, blocks=()):
@@ -87,13 +89,13 @@ class DiffusionEngine(Engine):
     def decoder_logits(self, prompt, canvas, prev_logits=None, blocks=()) -> Logits:
         """One denoising step's logits [len(canvas), vocab] (softcap applied) after encoding the prompt and
         the committed blocks; prev_logits (float32 bytes-like [len(canvas), vocab]) self-conditions it."""
-        return self._drive(self._decoder_logits(prompt, canvas, prev_logits, blocks))
+        return self.drive(self._decoder_logits(prompt, canvas, prev_logits, blocks))
 
     async def decoder_logits_async(self, prompt, canvas, prev_logits=None, blocks=()) -> Logits:
-        return await self._drive_async(self._decoder_logits(prompt, canvas, prev_logits, blocks))
+        return await self.drive_async(self._decoder_logits(prompt, canvas, prev_logits, blocks))
 
     # -- generation -------------------------------------------------------------------------
-    def _denoise(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None,
+    def denoising(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None,
                  timed: bool = False):
         """Steps of one generation (reference: pyapp.reference.denoise.generate). on_step(block, step, argmax,
         accepted) sees each step's draft; on_block(block index, tokens) each committed block. timed: wait for
@@ -104,7 +106,7 @@ class DiffusionEngine(Engine):
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise EngineError("empty prompt")
-        self._check_ids(prompt)
+        self.check_ids(prompt)
         draws = draws or SeededDraws(params.seed, V, C)
         eos = set(params.eos_ids)
         res = DenoiseResult()
@@ -171,23 +173,24 @@ class DiffusionEngine(Engine):
         """Generate by denoising block after block (params: the model's defaults unless given; draws:
         SeededDraws(params.seed) unless given, e.g. a ReplayDraws of a recorded trace)."""
         params = params or DenoiseParams.from_config(self.config)
-        return self._drive(self._denoise(prompt, params, draws, on_step, on_block, should_stop))
+        return self.drive(self.denoising(prompt, params, draws, on_step, on_block, should_stop))
 
     async def denoise_async(self, prompt, params: DenoiseParams | None = None, draws=None, on_step=None,
                             on_block=None, should_stop=None) -> DenoiseResult:
         params = params or DenoiseParams.from_config(self.config)
-        return await self._drive_async(self._denoise(prompt, params, draws, on_step, on_block, should_stop))
+        return await self.drive_async(self.denoising(prompt, params, draws, on_step, on_block, should_stop))
 
-    def _generate(self, prompt, params, on_token, should_stop, stop_ids=None):
+    def generation(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None, on_prefill=None):
         """Engine.generate's contract on a DiffusionGemma model: params a DenoiseParams, or the engine's
         SamplingParams (its max_tokens and seed; the rest are autoregressive settings, unused); on_token(id,
         text) gets each committed block's tokens up to its eos."""
+        params = params or SamplingParams()
         if not isinstance(params, DenoiseParams):
             limit = min(params.token_limit, self.context_length - len(prompt))
             params = DenoiseParams.from_config(self.config, seed=params.seed,
                                                max_new_tokens=max(1, int(limit)))
         result = GenerationResult(prompt_tokens=len(prompt))
-        decoder = self._decoder()
+        decoder = self.decoder()
         eos = set(params.eos_ids)
 
         def on_block(_b, block):
@@ -200,7 +203,7 @@ class DiffusionEngine(Engine):
                 if on_token:
                     on_token(t, piece)
 
-        res = yield from self._denoise(prompt, params, None, None, on_block, should_stop)
+        res = yield from self.denoising(prompt, params, None, None, on_block, should_stop)
         tail = decoder.flush() if decoder else ""
         if tail:
             result.text += tail
@@ -209,68 +212,6 @@ class DiffusionEngine(Engine):
         result.stop_reason, result.decode_s = res.stop_reason, res.seconds
         result.denoise = res
         return result
-
-    # -- benchmark ------------------------------------------------------------------
-    def _bench(self, prompt_tokens: int, gen_tokens: int, seed: int, repeat: int, temperature: float = 0.0,
-               steps: int | None = None):
-        """Steps: denoising speed on a random prompt with the model's sampler settings (steps: at most this
-        many per block instead of its max_denoising_steps; gen_tokens: max new tokens, whole canvases; the
-        temperature is the schedule's, not this argument). A 2-step warm-up (every plan the runs use), then
-        `repeat` seeded runs; medians, and every run's. Random weights rarely pass the confidence stop, so
-        steps_taken says how many steps each block took."""
-        rng = random.Random(seed)
-        C = self.canvas_length
-        room = self.context_length - C
-        ids = [rng.randrange(4, self.config.vocab_size) for _ in range(max(1, min(prompt_tokens, room)))]
-        params = DenoiseParams.from_config(self.config, seed=seed, steps=steps,
-                                           max_new_tokens=min(gen_tokens, room + C - len(ids)))
-        runs, cache = [], self.runner.experts
-        self.reset()
-        yield from self._denoise(ids, replace(params, steps=min(2, params.steps), max_new_tokens=1))
-        counts0 = (cache.hits, cache.misses, cache.bytes_read) if cache else None
-        for i in range(repeat):
-            self.reset()
-            runs.append((yield from self._denoise(ids, replace(params, seed=seed + i), timed=True)))
-        step_s = [t for r in runs for t in r.step_seconds]
-        encode_s = [r.encode_seconds[0] for r in runs]
-        gen_s = [r.seconds - r.encode_seconds[0] for r in runs]     # the steps and the committed blocks' encodes
-        committed = [sum(t != params.pad_id for t in r.tokens) for r in runs]
-        out = {"adapter": self.dev.describe(), "backend": self.dev.backend, "model": self.config.describe(),
-               "mode": "diffusion", "prompt_tokens": len(ids), "canvas_length": C,
-               "max_new_tokens": params.max_new_tokens, "max_steps": params.steps,
-               "sampler": {"t_min": round(params.t_min, 6), "t_max": round(params.t_max, 6),
-                           "entropy_bound": round(params.entropy_bound, 6),
-                           "stability_threshold": params.stability_threshold,
-                           "confidence_threshold": round(params.confidence_threshold, 6), "seed": seed},
-               "step_ms": round(statistics.median(step_s) * 1e3, 2),
-               "committed_tokens": committed[0],
-               "committed_tok_s": round(statistics.median(n / t for n, t in zip(committed, gen_s) if t > 0), 2),
-               "tokens_per_forward": round(statistics.median(r.tokens_per_forward(params.pad_id) for r in runs), 3),
-               "steps_taken": runs[0].steps, "stop_reason": runs[0].stop_reason,
-               "prompt_encode_s": round(statistics.median(encode_s), 4),
-               "prefill_tok_s": round(len(ids) / statistics.median(encode_s), 1),
-               "generate_s": round(statistics.median(gen_s), 3),
-               "runs": {"step_ms": [round(statistics.median(r.step_seconds) * 1e3, 2) for r in runs],
-                        "committed_tok_s": [round(n / t, 2) for n, t in zip(committed, gen_s) if t > 0],
-                        "steps_taken": [r.steps for r in runs]},
-               "context_length": self.context_length}
-        plan = self.memory_plan
-        out.update(gpu_memory_mib=round(plan.total / 2**20), budget_mib=plan.budget and round(plan.budget / 2**20))
-        if cache:
-            hits, misses, read = (a - b for a, b in zip((cache.hits, cache.misses, cache.bytes_read), counts0))
-            out.update(expert_slots=plan.slots, expert_cache_mib=round(plan.expert_cache / 2**20),
-                       expert_hit_rate=round(hits / max(hits + misses, 1), 3),
-                       read_mib_per_step=round(read / max(len(step_s), 1) / 2**20, 1),
-                       load_read_gb_s=round(self.load_bytes_per_s / 1e9, 2))
-        return out
-
-    def bench(self, prompt_tokens: int = 128, gen_tokens: int = 256, seed: int = 0, repeat: int = 3,
-              temperature: float = 0.0, steps: int | None = None) -> dict:
-        return self._drive(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, steps))
-
-    async def bench_async(self, prompt_tokens: int = 128, gen_tokens: int = 256, seed: int = 0, repeat: int = 3,
-                          temperature: float = 0.0, steps: int | None = None) -> dict:
-        return await self._drive_async(self._bench(prompt_tokens, gen_tokens, seed, repeat, temperature, steps))
 
     def forward(self, tokens):
         raise EngineError("DiffusionGemma has no next-token logits: use decoder_logits (CLI: diffusion-logits)")
