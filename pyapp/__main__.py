@@ -54,7 +54,9 @@ def _engine(gguf, args):
 def cmd_info(args) -> int:
     from .engine import EngineError
     from .gguf import summarize
-    from .model.config import ConfigError, diffusion_summary, model_config
+    from .families import model_config
+    from .families.diffusion_gemma import diffusion_summary
+    from .model.config import ConfigError
     g = _open(args.model)
     s = summarize(g)
     print(f"file:          {args.model}")
@@ -133,7 +135,7 @@ def cmd_logits(args) -> int:
 def cmd_diffusion_logits(args) -> int:
     """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
     import numpy as np
-    from .model.config import DiffusionGemmaConfig
+    from .families.diffusion_gemma import DiffusionGemmaConfig
     gguf = _open(args.model)
     cfg = DiffusionGemmaConfig.from_gguf(gguf)
     prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
@@ -143,7 +145,7 @@ def cmd_diffusion_logits(args) -> int:
         from .inputs import load_logits
         prev = load_logits(args.prev_logits, len(canvas), cfg.vocab_size)
     if args.backend == "reference":
-        from .reference.diffusion import DiffusionReference
+        from .families.diffusion_gemma.reference import DiffusionReference
         logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
     else:
         logits = _engine(gguf, args).decoder_logits(prompt, canvas, None if prev is None else prev.tobytes())
@@ -174,8 +176,7 @@ def _is_diffusion(gguf) -> bool:
 
 def _denoise_params(args, gguf):
     """DiffusionGemma's settings: the model's defaults (its GGUF), overridden by the flags given."""
-    from .denoising import DenoiseParams
-    from .model.config import DiffusionGemmaConfig
+    from .families.diffusion_gemma import DenoiseParams, DiffusionGemmaConfig
     p = DenoiseParams.from_config(
         DiffusionGemmaConfig.from_gguf(gguf), steps=args.steps, t_min=args.t_min, t_max=args.t_max,
         entropy_bound=args.entropy_bound, stability_threshold=args.stability, confidence_threshold=args.confidence,
@@ -209,9 +210,8 @@ def _generate_diffusion(args, g, tok, ids) -> int:
     params = _denoise_params(args, g)          # checked before the model loads
     printer = _BlockPrinter(tok, params.eos_ids)
     if args.backend == "reference":
-        from .denoising import SeededDraws
-        from .reference.denoise import generate
-        from .reference.diffusion import DiffusionReference
+        from .families.diffusion_gemma import SeededDraws
+        from .families.diffusion_gemma.reference import DiffusionReference, generate
         model = DiffusionReference(g)
         res = generate(model, ids, params, SeededDraws(params.seed, model.cfg.vocab_size, model.cfg.canvas_length),
                        on_step=printer.on_step)
@@ -570,7 +570,7 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except Exception as e:  # our errors carry the message a user needs
-        from .denoising import DenoiseError
+        from .families.diffusion_gemma import DenoiseError
         from .engine import EngineError
         from .gguf import GGUFError
         from .gpu import GPUError

@@ -22,13 +22,13 @@ from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import ollama
 from .chat import render_ids, reply_ids, split_thinking, style_for
-from .denoising import DenoiseParams, ReplayDraws
-from .diffusion import DiffusionEngine
 from .engine import DEFAULT_CONTEXT, Engine, EngineError, SamplingParams
 from .explain import explain
+from .families import model_config
+from .families.diffusion_gemma import DenoiseParams, DiffusionEngine, ReplayDraws
 from .gguf import GGUFError, read_gguf, summarize
 from .gpu import GPUError, get_device_async
-from .model.config import DIFFUSION_ARCH, ConfigError, Gemma4Config, model_config
+from .model.config import DIFFUSION_ARCH, DIFFUSION_NOT_AUTOREGRESSIVE, ConfigError, Gemma4Config
 from .model.forms import file_form
 from .model.lora import LoraError, bind_lora
 from .model.weights import bind
@@ -690,6 +690,8 @@ async def logits(tokens_json: str) -> dict:
     """Logits for a token sequence (tests compare them with golden files)."""
     if S.engine is None:
         return {"error": "no model loaded"}
+    if isinstance(S.engine, DiffusionEngine):       # it scores a canvas (diffusion_logits), not a next token
+        return _fail(EngineError(DIFFUSION_NOT_AUTOREGRESSIVE))
     try:
         rows = await S.engine.forward_async(json.loads(tokens_json))   # Logits
     except EXPECTED as e:
@@ -721,7 +723,7 @@ def simulate_device_loss() -> dict:
     return {}
 
 
-# -- DiffusionGemma: replies by denoising (pyapp.diffusion) ---------------------------------------
+# -- DiffusionGemma: replies by denoising (pyapp.families.diffusion_gemma) -----------------------
 
 def _config_line(cfg) -> str:
     line = cfg.describe()

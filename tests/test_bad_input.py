@@ -428,7 +428,7 @@ def diffusion_model(diffusion_gguf):
 
 
 def test_cli_diffusion_logits_refuses_bad_previous_logits(diffusion_model, tmp_path):
-    from pyapp.model.config import DiffusionGemmaConfig
+    from pyapp.families.diffusion_gemma import DiffusionGemmaConfig
     vocab = DiffusionGemmaConfig.from_gguf(read_gguf(diffusion_model)).vocab_size
     base = ["diffusion-logits", diffusion_model, "--prompt-tokens", "2,3", "--canvas-tokens", "4,5",
             "--out", tmp_path / "out.npy", "--backend", "reference"]

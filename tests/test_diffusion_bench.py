@@ -108,7 +108,7 @@ def test_bench_script_on_a_diffusion_file(bench_file):
 @pytest.mark.gpu
 def test_bench_async_as_node_bench_drives_it(bench_file, dev):
     """The browser path's driver (drive_async: awaited readbacks and file reads) on the native device."""
-    from pyapp.diffusion import DiffusionEngine
+    from pyapp.families.diffusion_gemma import DiffusionEngine
     from pyapp.engine import Engine
 
     async def run():

@@ -15,7 +15,9 @@ import time
 
 from ..gguf import GGUFError
 from ..gpu import GPUError
-from ..model.config import ConfigError, model_config
+from ..families import model_config
+from ..families.diffusion_gemma import DiffusionEngine, DiffusionRunner
+from ..model.config import ConfigError
 from ..model.lora import LoraError, load_lora
 from ..model.weights import WeightsError, bind
 from ..runtime.adapters import GpuAdapters
@@ -54,6 +56,10 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
                           f"context of at most {limit // per_token} tokens")
 
 
+def _runner_class(cfg):
+    return DiffusionRunner if cfg.is_diffusion else Runner
+
+
 def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None):
     """(config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU."""
@@ -63,7 +69,7 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEF
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
         mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
-                          ple_in_file)
+                          ple_in_file, state_class=_runner_class(cfg).state_class)
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
         raise EngineError(str(e)) from e
     return cfg, bound, mem
@@ -117,11 +123,9 @@ def load(dev, gguf, engine_class, context_length: int | None, chunk: int, progre
             progress(done, total, time.perf_counter() - t0)
     load_s = time.perf_counter() - t0
 
-    runner_class = Runner
+    runner_class = _runner_class(cfg)
     if cfg.is_diffusion:
-        from ..diffusion import DiffusionEngine
-        from ..runtime.canvas import DiffusionRunner
-        engine_class, runner_class = DiffusionEngine, DiffusionRunner
+        engine_class = DiffusionEngine
     try:
         gpu_adapters = None
         if adapters:

@@ -1,17 +1,18 @@
-"""DiffusionGemma on the engine: text by denoising a canvas (issue 12; shared/notes/diffusion_gemma.md).
+"""DiffusionGemma's engine: text by denoising a canvas (issue 12; shared/notes/diffusion_gemma.md).
 
-    eng = Engine.open("diffusion.gguf")          # a DiffusionEngine: the file says what it is
+    eng = Engine.open("diffusion.gguf")          # a DiffusionEngine: the file's family says so
     logits = eng.decoder_logits(prompt, canvas, prev_logits)    # one denoising step, [C, vocab]
-    res = eng.denoise(prompt, DenoiseParams.from_config(eng.config, seed=1), on_block=print)
+    res = eng.denoise(prompt, eng.denoise_params(seed=1), on_block=print)
 
 Generation runs block by block: encode (the prompt, then each committed block), then per step one canvas
-program and the sampler on the GPU (pyapp.runtime.canvas); per step the CPU writes the step's settings and
-draws (a few KiB) and reads back the stop flags, the argmax draft and the acceptance mask (2 C + 8 words).
+program and the sampler on the GPU (runner.py); per step the CPU writes the step's settings and draws (a
+few KiB) and reads back the stop flags, the argmax draft and the acceptance mask (2 C + 8 words).
 `generate` takes the engine's SamplingParams too (max_tokens, seed), so callers written for Gemma 4 work.
+It has no next-token logits, so no `forward`: `decoder_logits` scores a canvas.
 
-The encoder is the engine's prefill (pyapp.engine: chunked steps writing the KV cache, here through
-DiffusionEncoder's plans); the decoder runs one canvas program (pyapp.runtime.canvas) per step, the
-cache only read. Written once as generators of requests, like the engine, driven sync or async.
+The encoder is the loaded model's prefill (LoadedModel.feed: chunked steps writing the KV cache, here
+through DiffusionEncoder's plans); the decoder runs one canvas program per step, the cache only read.
+Written once as generators of requests, like pyapp.engine, driven sync or async.
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from __future__ import annotations
 import time
 from array import array
 
+from ...gpu import kernels as K
+from ...model.logits import Logits
+from ...runtime.loaded import EngineError, GenerationResult, LoadedModel
+from ...sampling import SamplingParams
 from .denoising import DenoiseParams, DenoiseResult, SeededDraws, finish_block, temperature
-from .engine import Engine, EngineError, GenerationResult
-from .gpu import kernels as K
-from .model.logits import Logits
-from .runtime.requests import ReadGpu, ReadMapped
-from .sampling import SamplingParams
 
 
-class DiffusionEngine(Engine):
+class DiffusionEngine(LoadedModel):
     @property
     def canvas_length(self) -> int:
         return self.config.canvas_length
@@ -49,23 +49,19 @@ class DiffusionEngine(Engine):
         self.cached = self.cached + tokens
 
     def _decode(self, canvas: list[int], prev_logits=None):
-        """Steps: one denoising step over canvas at positions len(cached)..; the logits are left in
-        state.canvas_logits [len(canvas), vocab]. prev_logits: the previous step's processed logits
-        (float32 bytes [len(canvas), vocab]) written there first to self-condition the step; None: a first step."""
+        """Steps: one denoising step over canvas at positions len(cached)..; the runner keeps its logits
+        [len(canvas), vocab]. prev_logits: the previous step's processed logits (float32 bytes
+        [len(canvas), vocab]) given to the step to self-condition it; None: a first step."""
         canvas = [int(t) for t in canvas]
         self._check_canvas(canvas)
-        s = self.runner.state
         if prev_logits is not None:
             data = memoryview(prev_logits).cast("B")
             if len(data) != 4 * len(canvas) * self.config.vocab_size:
                 raise EngineError(f"previous logits of {len(data) // 4} floats; a canvas of {len(canvas)} needs "
                                   f"{len(canvas)} x {self.config.vocab_size}")
-            self.dev.write(s.canvas_logits, data)
-        yield from self._run_canvas(canvas, prev_logits is not None)
-
-    def _run_canvas(self, canvas: list[int], self_conditioned: bool):
+            self.runner.write_canvas_logits(data)
         self.runner.write_step(canvas, len(self.cached))
-        yield from self.runner.run_canvas(len(canvas), self_conditioned)
+        yield from self.runner.run_canvas(len(canvas), prev_logits is not None)
 
     def _check_canvas(self, canvas: list[int]) -> None:
         if not 1 <= len(canvas) <= self.canvas_length:
@@ -82,9 +78,8 @@ class DiffusionEngine(Engine):
         for block in blocks:
             yield from self._encode(block)
         yield from self._decode(canvas, prev_logits)
-        n, V = len(canvas), self.config.vocab_size
-        data = yield ReadGpu(self.runner.state.canvas_logits, 0, 4 * n * V)
-        return Logits(array("f", bytes(data)), V)
+        data = yield from self.runner.canvas_logits(len(canvas))
+        return Logits(array("f", bytes(data)), self.config.vocab_size)
 
     def decoder_logits(self, prompt, canvas, prev_logits=None, blocks=()) -> Logits:
         """One denoising step's logits [len(canvas), vocab] (softcap applied) after encoding the prompt and
@@ -96,13 +91,13 @@ class DiffusionEngine(Engine):
 
     # -- generation -------------------------------------------------------------------------
     def denoising(self, prompt, params: DenoiseParams, draws=None, on_step=None, on_block=None, should_stop=None,
-                 timed: bool = False):
-        """Steps of one generation (reference: pyapp.reference.denoise.generate). on_step(block, step, argmax,
-        accepted) sees each step's draft; on_block(block index, tokens) each committed block. timed: wait for
-        each encoder pass to finish, so res.encode_seconds time it alone (benchmarks)."""
+                  timed: bool = False):
+        """Steps of one generation (reference: reference.generate). on_step(block, step, argmax, accepted)
+        sees each step's draft; on_block(block index, tokens) each committed block. timed: wait for each
+        encoder pass to finish, so res.encode_seconds time it alone (benchmarks)."""
         params.validate()
         C, V = self.canvas_length, self.config.vocab_size
-        r, s = self.runner, self.runner.state
+        r = self.runner
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise EngineError("empty prompt")
@@ -118,7 +113,7 @@ class DiffusionEngine(Engine):
             t_enc = time.perf_counter()
             yield from self._encode(todo)
             if timed:
-                yield ReadGpu(s.denoise_out, 0, 4)      # a read waits for all submitted work: the encoder's
+                yield from r.wait()
                 res.encode_seconds.append(time.perf_counter() - t_enc)
             P = len(self.cached)
             if P + C > self.context_length:
@@ -131,12 +126,9 @@ class DiffusionEngine(Engine):
             for cur in range(params.steps, 0, -1):
                 u, forced, noise = draws.step()
                 t_step = time.perf_counter()
-                self.dev.write(s.denoise_params, K.pack_denoise_step(
+                out = yield from r.denoise_step(K.pack_denoise_step(
                     C, temperature(cur, params.steps, params.t_min, params.t_max), params.entropy_bound,
-                    params.confidence_threshold, params.stability_threshold, steps == 0, noise, u, forced))
-                yield from r.run_canvas(C, steps > 0)
-                self.dev.submit(r.sampler_plan())
-                out = array("I", bytes((yield ReadMapped(s.denoise_readback, 0, s.denoise_out.size))))
+                    params.confidence_threshold, params.stability_threshold, steps == 0, noise, u, forced), steps > 0)
                 res.step_seconds.append(time.perf_counter() - t_step)
                 head = K.DENOISE_HEADER
                 am = out[head:head + C].tolist()
@@ -172,23 +164,24 @@ class DiffusionEngine(Engine):
                 should_stop=None) -> DenoiseResult:
         """Generate by denoising block after block (params: the model's defaults unless given; draws:
         SeededDraws(params.seed) unless given, e.g. a ReplayDraws of a recorded trace)."""
-        params = params or DenoiseParams.from_config(self.config)
-        return self.drive(self.denoising(prompt, params, draws, on_step, on_block, should_stop))
+        return self.drive(self.denoising(prompt, params or self.denoise_params(), draws, on_step, on_block,
+                                         should_stop))
 
     async def denoise_async(self, prompt, params: DenoiseParams | None = None, draws=None, on_step=None,
                             on_block=None, should_stop=None) -> DenoiseResult:
-        params = params or DenoiseParams.from_config(self.config)
-        return await self.drive_async(self.denoising(prompt, params, draws, on_step, on_block, should_stop))
+        return await self.drive_async(self.denoising(prompt, params or self.denoise_params(), draws, on_step,
+                                                     on_block, should_stop))
 
+    # -- the engine's generate, by denoising ---------------------------------------------------
     def generation(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None, on_prefill=None):
-        """Engine.generate's contract on a DiffusionGemma model: params a DenoiseParams, or the engine's
-        SamplingParams (its max_tokens and seed; the rest are autoregressive settings, unused); on_token(id,
-        text) gets each committed block's tokens up to its eos."""
+        """Steps of pyapp.engine.Engine.generate's contract on a DiffusionGemma model: params a DenoiseParams,
+        or the engine's SamplingParams (its max_tokens and seed; the rest are autoregressive settings,
+        unused); on_token(id, text) gets each committed block's tokens up to its eos. stop_ids and
+        on_prefill are the next-token engine's (the model's own eos ids end a block here)."""
         params = params or SamplingParams()
         if not isinstance(params, DenoiseParams):
             limit = min(params.token_limit, self.context_length - len(prompt))
-            params = DenoiseParams.from_config(self.config, seed=params.seed,
-                                               max_new_tokens=max(1, int(limit)))
+            params = self.denoise_params(seed=params.seed, max_new_tokens=max(1, int(limit)))
         result = GenerationResult(prompt_tokens=len(prompt))
         decoder = self.decoder()
         eos = set(params.eos_ids)
@@ -213,8 +206,10 @@ class DiffusionEngine(Engine):
         result.denoise = res
         return result
 
-    def forward(self, tokens):
-        raise EngineError("DiffusionGemma has no next-token logits: use decoder_logits (CLI: diffusion-logits)")
+    def generate(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None,
+                 on_prefill=None) -> GenerationResult:
+        return self.drive(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill))
 
-    async def forward_async(self, tokens):
-        self.forward(tokens)
+    async def generate_async(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None,
+                             on_prefill=None) -> GenerationResult:
+        return await self.drive_async(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill))
