@@ -99,3 +99,24 @@ def test_no_import_circle():
 def test_cycles_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
+
+def test_layers_run_one_way():
+    g = import_graph()
+
+    def imports(prefix: str, target: str) -> list[str]:
+        return sorted(m for m, edges in g.items() if m.startswith(prefix)
+                      for e in edges if e == target or e.startswith(target + "."))
+
+    for low in ("pyapp.model", "pyapp.runtime", "pyapp.reference"):
+        assert imports(low, "pyapp.engine") == [] and imports(low, "pyapp.families") == [], low
+    assert imports("pyapp.families", "pyapp.engine") == []              # a family builds on runtime.loaded
+    named = sorted({e for m, edges in g.items() if m.startswith("pyapp.engine") for e in edges
+                    if e.startswith("pyapp.families.")})
+    assert named == []                                                  # the engine finds families, names none
+    assert imports("pyapp.engine", "pyapp.families") == ["pyapp.engine.loading"]    # through the registry
+    # one family's package never reaches into another's (the registry is their only meeting place)
+    packages = {m.split(".")[2] for m in g if m.startswith("pyapp.families.") and m.count(".") >= 3}
+    for p in packages:
+        others = [e for m, edges in g.items() if m.startswith(f"pyapp.families.{p}") for e in edges
+                  if e.startswith("pyapp.families.") and e.split(".")[2] not in (p, "family")]
+        assert others == [], p

@@ -1,6 +1,6 @@
 """The engine: a Gemma 4 GGUF on the GPU, prompt in, tokens out.
 
-    eng = Engine.open("model.gguf")                     # CPython, native wgpu
+    eng = Engine.open("model.gguf")                     # CPython, native wgpu (the file's family's engine)
     eng = await Engine.open_async(gguf, device)         # Pyodide, navigator.gpu
     res = eng.generate(prompt_ids, SamplingParams(temperature=0), on_token=print)
 
@@ -35,8 +35,8 @@ class Engine(LoadedModel):
     @classmethod
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
              progress=None, cancelled=None, device: Device | None = None, **memory) -> LoadedModel:
-        """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device.
-        memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16 (pyapp.engine.loading.load)."""
+        """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device; returns its family's
+        engine (pyapp.families: an Engine, or the family's own, e.g. a DiffusionEngine). memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16 (pyapp.engine.loading.load)."""
         from ..gguf import GGUFFile, read_gguf
         from ..gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
@@ -56,7 +56,7 @@ class Engine(LoadedModel):
     def plan(gguf, limits: dict, context_length: int | None = None, gpu_memory_mib: float | None = None,
              expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int = DEFAULT_CHUNK):
         """The MemoryPlan loading would follow (see pyapp.engine.loading.load's options), without a GPU."""
-        return loading.plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file)[2]
+        return loading.plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file)[3]
 
     # -- generation -------------------------------------------------------------------
     def generation(self, prompt: list[int], params: SamplingParams | None = None, on_token=None, should_stop=None,

@@ -1,9 +1,10 @@
-"""Loading: a GGUF onto the GPU under a memory plan.
+"""Loading: a GGUF onto the GPU under a memory plan, as its family (pyapp.families) declares.
 
-    plan(gguf, limits, ...)          the config, the bound weights and the MemoryPlan loading would follow,
-                                     without a GPU (the page shows it before anything is uploaded)
+    plan(gguf, limits, ...)          the family, its config, the bound weights and the MemoryPlan loading
+                                     would follow, without a GPU (the page shows it before anything is uploaded)
     load(dev, gguf, ...)             steps: the plan, the LoRA adapters, every resident tensor copied to the
-                                     GPU, the runner and the plans a generation uses; returns the engine
+                                     GPU, the family's runner and the plans a generation uses; returns the
+                                     family's engine (pyapp.engine.Engine unless it declares its own)
 
 Written once as generators of requests (pyapp.runtime.requests), driven natively by Engine.open and in
 the browser by Engine.open_async.
@@ -15,8 +16,7 @@ import time
 
 from ..gguf import GGUFError
 from ..gpu import GPUError
-from ..families import model_config
-from ..families.diffusion_gemma import DiffusionEngine, DiffusionRunner
+from ..families import family_for
 from ..model.config import ConfigError
 from ..model.lora import LoraError, load_lora
 from ..model.weights import WeightsError, bind
@@ -24,7 +24,6 @@ from ..runtime.adapters import GpuAdapters
 from ..runtime.loaded import EngineError
 from ..runtime.memory import PlanError, plan_memory
 from ..runtime.requests import FileToGpu, ReadFile
-from ..runtime.runner import Runner
 from ..runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
 from ..sampling import check_context_length
 from ..source import SourceError
@@ -56,26 +55,23 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
                           f"context of at most {limit // per_token} tokens")
 
 
-def _runner_class(cfg):
-    return DiffusionRunner if cfg.is_diffusion else Runner
-
-
 def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None):
-    """(config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU."""
+    """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU."""
+    family = family_for(gguf)
     try:
-        cfg = model_config(gguf)
+        cfg = family.config.from_gguf(gguf)
         bound = bind(cfg, gguf.tensors)
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
         mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
-                          ple_in_file, state_class=_runner_class(cfg).state_class)
+                          ple_in_file, state_class=family.runner.state_class)
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
         raise EngineError(str(e)) from e
-    return cfg, bound, mem
+    return family, cfg, bound, mem
 
 
-def load(dev, gguf, engine_class, context_length: int | None, chunk: int, progress, cancelled,
+def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int, progress, cancelled,
          gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
          ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True, f16: bool = False):
     """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
@@ -90,8 +86,10 @@ def load(dev, gguf, engine_class, context_length: int | None, chunk: int, progre
     and decode, logits within int8's rounding); False keeps every matmul and matvec in f32.
     f16: the chunk matmuls int8 does not take (other weight types, steps of at most 64 tokens) in f16
     tiles where the device has shader-f16 (K.MatmulTile.half: activations rounded to f16, so they must stay
-    within +-65504); False (default): in f32."""
-    cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file)
+    within +-65504); False (default): in f32. next_token_engine: the engine class of the families that
+    declare none (pyapp.engine.Engine)."""
+    family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
+                                   ple_in_file)
     try:
         adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]
     except (LoraError, GGUFError, SourceError, OSError) as e:
@@ -123,20 +121,18 @@ def load(dev, gguf, engine_class, context_length: int | None, chunk: int, progre
             progress(done, total, time.perf_counter() - t0)
     load_s = time.perf_counter() - t0
 
-    runner_class = _runner_class(cfg)
-    if cfg.is_diffusion:
-        engine_class = DiffusionEngine
     try:
         gpu_adapters = None
         if adapters:
             gpu_adapters = GpuAdapters(dev, adapters)
             gpu_adapters.attach(layout)        # before the plans are recorded: they include the deltas
-        runner = runner_class(dev, cfg, layout, gguf.source, mem.context_length, chunk, expert_slots=mem.slots,
-                              int8=int8, f16=f16)
+        runner = family.runner(dev, cfg, layout, gguf.source, mem.context_length, chunk, expert_slots=mem.slots,
+                               int8=int8, f16=f16)
         runner.prepare()
     except ModelError as e:
         raise EngineError(str(e)) from e
     except GPUError as e:
         raise EngineError(f"the GPU rejected the model: {e}") from e
-    return engine_class(dev, gguf, runner, memory_plan=mem, adapters=gpu_adapters,
+    engine_class = family.engine or next_token_engine
+    return engine_class(dev, gguf, runner, family, memory_plan=mem, adapters=gpu_adapters,
                         load_bytes_per_s=total / load_s if load_s > 0 else 0.0)

@@ -3,6 +3,7 @@
 pyapp.engine's loading makes one (the file's family says which class: pyapp.engine.Engine for the
 families that generate token by token, DiffusionGemma's DiffusionEngine for denoising) from
 
+  family          what the file is (pyapp.families: its config, runner, reference, ...)
   runner          the one owner of the GPU state: plans, activations, KV cache (pyapp.runtime.runner)
   memory_plan     the plan it was loaded with (pyapp.runtime.memory.MemoryPlan)
   adapters        the LoRA adapters applied (pyapp.runtime.adapters.GpuAdapters) or None
@@ -60,8 +61,9 @@ class GenerationResult:
 
 
 class LoadedModel:
-    def __init__(self, dev, gguf, runner, memory_plan=None, adapters=None, load_bytes_per_s: float = 0.0):
+    def __init__(self, dev, gguf, runner, family, memory_plan=None, adapters=None, load_bytes_per_s: float = 0.0):
         self.dev, self.gguf, self.runner = dev, gguf, runner
+        self.family = family              # pyapp.families.family.Family: what the file is
         self.config = runner.cfg
         self.context_length = runner.ctx
         self.memory_plan = memory_plan

@@ -14,10 +14,22 @@ canvas of C tokens step by step; a block is committed once its argmax is stable 
 Its WGSL: shaders/soft_embed.wgsl, attention_canvas.wgsl, denoise.wgsl (pyapp.gpu.kernels binds them).
 """
 
+from __future__ import annotations
+
+from ..family import Family
 from .config import ARCH, DiffusionGemmaConfig, diffusion_summary
 from .denoising import DenoiseError, DenoiseParams, DenoiseResult, ReplayDraws, SeededDraws
 from .engine import DiffusionEngine
 from .runner import DiffusionRunner
 
-__all__ = ["ARCH", "DenoiseError", "DenoiseParams", "DenoiseResult", "DiffusionEngine", "DiffusionGemmaConfig",
-           "DiffusionRunner", "ReplayDraws", "SeededDraws", "diffusion_summary"]
+
+def reference() -> type:
+    from .reference import DiffusionReference
+    return DiffusionReference
+
+
+FAMILY = Family(name="DiffusionGemma", architecture=ARCH, config=DiffusionGemmaConfig, runner=DiffusionRunner,
+                reference=reference, engine=DiffusionEngine, trains=False)
+
+__all__ = ["ARCH", "FAMILY", "DenoiseError", "DenoiseParams", "DenoiseResult", "DiffusionEngine",
+           "DiffusionGemmaConfig", "DiffusionRunner", "ReplayDraws", "SeededDraws", "diffusion_summary"]
