@@ -161,8 +161,9 @@ def build() -> Path:
         shutil.copy2(whl, DIST / "pyodide" / whl.name)
     with zipfile.ZipFile(DIST / "pyapp.zip", "w", zipfile.ZIP_DEFLATED) as z:
         for f in sorted((ROOT / "pyapp").rglob("*.py")):
-            if "reference" in f.relative_to(ROOT / "pyapp").parts or f.name == "native.py":
-                continue  # numpy / wgpu-py only: never imported in the browser
+            rel = f.relative_to(ROOT / "pyapp")
+            if "reference" in rel.parts or f.name in ("reference.py", "native.py"):
+                continue  # numpy / wgpu-py only (reference/, a family's reference.py): never imported in the browser
             z.write(f, f.relative_to(ROOT))
         for f in sorted((ROOT / "shaders").glob("*.wgsl")):
             z.write(f, f.relative_to(ROOT))

@@ -18,7 +18,7 @@ repeat` (a random block of 16 ids repeated) with `--prompt-kind random`, each wi
     python bench/bench.py --make e2b:Q4_K --speculate 8 --prompt-kind repeat
 
 A DiffusionGemma file (architecture `diffusion-gemma`) is measured by denoising instead
-(DiffusionEngine.bench): a random --prompt-tokens prompt (default 128), --gen-tokens new tokens
+(bench/engine_bench.py's denoising): a random --prompt-tokens prompt (default 128), --gen-tokens new tokens
 (default 256: one canvas), the model's sampler settings with at most --steps steps per block, seeded;
 it reports step_ms (median time per denoising step), committed_tok_s, tokens_per_forward,
 steps_taken per block (random weights rarely pass the confidence stop) and prompt_encode_s.
@@ -65,6 +65,7 @@ DEFAULT_GEN_TOKENS = (64, 256)
 
 
 def bench_model(path: str, args) -> dict:
+    import engine_bench
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.model.config import DIFFUSION_ARCH
@@ -79,12 +80,12 @@ def bench_model(path: str, args) -> dict:
     prompt = args.prompt_tokens or DEFAULT_PROMPT_TOKENS[diffusion]
     gen = args.gen_tokens or DEFAULT_GEN_TOKENS[diffusion]
     if diffusion:
-        r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, steps=args.steps)
+        r = engine_bench.bench(eng, prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, steps=args.steps)
         r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3),
                  load_s=round(load_s, 2), chunk=args.chunk)
         return r
-    r = eng.bench(prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat, temperature=args.temperature,
-                  speculate=args.speculate, prompt=args.prompt_kind)
+    r = engine_bench.bench(eng, prompt_tokens=prompt, gen_tokens=gen, repeat=args.repeat,
+                           temperature=args.temperature, speculate=args.speculate, prompt=args.prompt_kind)
     bpt = bytes_per_token(g)
     r.update(file=os.path.basename(path), file_gib=round(os.path.getsize(path) / 2**30, 3), load_s=round(load_s, 2),
              bytes_per_token=bpt, chunk=args.chunk)

@@ -96,7 +96,7 @@ async def profile_async(eng, few: int = 0, prefill: bool = False, prompt: int = 
     plans = {"decode layers": g.layers_plan(1), "head+sample": g.head_plan(0, sample=True)}
     if few:
         g.write_step(list(range(2, 3 + few)), pos)
-        plans = {f"few-token layers ({few + 1} tokens)": g.layers_program(g.state.head_rows, few=True)[0],
+        plans = {f"few-token layers ({few + 1} tokens)": g.layers_program(g.head_rows, few=True)[0],
                  f"greedy head ({few + 1} rows)": g.greedy_plan(0)}
     elif prefill:
         g.write_step(list(range(2, 2 + g.chunk)), pos)

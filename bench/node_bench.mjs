@@ -17,7 +17,7 @@
 //      TEMPERATURE (0: greedy decoding), SPECULATE (0: off; N: speculative decoding, up to N
 //      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
 //      a random block of 16 ids repeated).
-// A DiffusionGemma file is measured by denoising (DiffusionEngine.bench_async, as bench/bench.py does):
+// A DiffusionGemma file is measured by denoising (bench/engine_bench.py's bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
 // Prints one JSON line per model.
@@ -94,8 +94,9 @@ rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)})
 const models = process.argv.slice(2).filter((a) => a !== "--train").map((m) => "/models" + path.resolve(m));
 const run = py.runPythonAsync(`
 import json, sys, time
+sys.path.insert(0, "/repo/bench")
+from engine_bench import bench_async
 from pyapp.engine import DEFAULT_CHUNK, Engine
-from pyapp.diffusion import DiffusionEngine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
 from js import wasm_heap_bytes
@@ -115,21 +116,20 @@ for m in ${JSON.stringify(models)}:
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
     if ${train ? "True" : "False"}:
-        sys.path.insert(0, "/repo/bench")
         import train_bench
         r = await train_bench.measure_async(eng, seq_len=${Number(process.env.SEQ_LEN || 256)},
                                             batch=${Number(process.env.BATCH || 4)}, rank=${Number(process.env.RANK || 8)},
                                             steps=${Number(process.env.STEPS || 6)})
-    elif isinstance(eng, DiffusionEngine):
-        r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 128)},
-                                  gen_tokens=${Number(process.env.GEN_TOKENS || 256)}, repeat=${Number(process.env.REPEAT || 3)},
-                                  steps=${process.env.STEPS ? Number(process.env.STEPS) : "None"})
+    elif hasattr(eng, "denoising"):     # DiffusionGemma: denoising's benchmark
+        r = await bench_async(eng, prompt_tokens=${Number(process.env.PROMPT_TOKENS || 128)},
+                              gen_tokens=${Number(process.env.GEN_TOKENS || 256)}, repeat=${Number(process.env.REPEAT || 3)},
+                              steps=${process.env.STEPS ? Number(process.env.STEPS) : "None"})
     else:
-        r = await eng.bench_async(prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
-                                  gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
-                                  temperature=${Number(process.env.TEMPERATURE || 0)},
-                                  speculate=${Number(process.env.SPECULATE || 0)},
-                                  prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
+        r = await bench_async(eng, prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
+                              gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
+                              temperature=${Number(process.env.TEMPERATURE || 0)},
+                              speculate=${Number(process.env.SPECULATE || 0)},
+                              prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              int8=${process.env.INT8 === "0" ? "False" : "True"},
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},

@@ -35,7 +35,7 @@ def main() -> int:
     if "--few" in sys.argv:
         n = 1 + int(sys.argv[sys.argv.index("--few") + 1])
         g.write_step(list(range(2, 2 + n)), len(eng.cached))
-        plans = {f"few-token layers ({n} tokens)": g.layers_program(g.state.head_rows, few=True)[0],
+        plans = {f"few-token layers ({n} tokens)": g.layers_program(g.head_rows, few=True)[0],
                  f"greedy head ({n} rows)": g.greedy_plan(0)}
     elif "--train" in sys.argv:
         from train_bench import trainer

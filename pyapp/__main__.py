@@ -82,7 +82,9 @@ def _loaded(gguf, args, events=None):
 def cmd_info(args) -> int:
     from .engine import EngineError
     from .gguf import summarize
-    from .model.config import ConfigError, diffusion_summary, model_config
+    from .families import model_config
+    from .families.diffusion_gemma import diffusion_summary
+    from .model.config import ConfigError
     g = _open(args.model)
     s = summarize(g)
     print(f"file:          {args.model}")
@@ -167,7 +169,7 @@ def cmd_logits(args) -> int:
 def cmd_diffusion_logits(args) -> int:
     """One DiffusionGemma denoising step's [canvas, vocab] logits after encoding the prompt."""
     import numpy as np
-    from .model.config import DiffusionGemmaConfig
+    from .families.diffusion_gemma import DiffusionGemmaConfig
     gguf = _open(args.model)
     cfg = DiffusionGemmaConfig.from_gguf(gguf)
     prompt = _token_ids(args.prompt_tokens, cfg.vocab_size, "prompt token")
@@ -177,7 +179,7 @@ def cmd_diffusion_logits(args) -> int:
         from .inputs import load_logits
         prev = load_logits(args.prev_logits, len(canvas), cfg.vocab_size)
     if args.backend == "reference":
-        from .reference.diffusion import DiffusionReference
+        from .families.diffusion_gemma.reference import DiffusionReference
         logits = DiffusionReference(gguf, cfg).decoder_step(prompt, canvas, prev)
     else:
         from .app.logits import diffusion_logits
@@ -209,7 +211,7 @@ def _is_diffusion(gguf) -> bool:
 def _denoise_params(args, gguf):
     """DiffusionGemma's settings: the model's defaults (its GGUF), overridden by the flags given."""
     from .app.settings import denoise_params
-    from .model.config import DiffusionGemmaConfig
+    from .families.diffusion_gemma import DiffusionGemmaConfig
     fields = {"steps": args.steps, "t_min": args.t_min, "t_max": args.t_max, "entropy_bound": args.entropy_bound,
               "stability_threshold": args.stability, "confidence_threshold": args.confidence}
     return denoise_params(DiffusionGemmaConfig.from_gguf(gguf), fields,
@@ -220,9 +222,8 @@ def _generate_diffusion(args, g, tok, ids) -> int:
     from .app.denoise import DenoisedText, denoise
     params = _denoise_params(args, g)          # checked before the model loads
     if args.backend == "reference":
-        from .denoising import SeededDraws
-        from .reference.denoise import generate
-        from .reference.diffusion import DiffusionReference
+        from .families.diffusion_gemma import SeededDraws
+        from .families.diffusion_gemma.reference import DiffusionReference, generate
         model = DiffusionReference(g)
         live = DenoisedText(tok, params, len(ids), model.cfg.context_length, _BlockPrinter())
         res = generate(model, ids, params, SeededDraws(params.seed, model.cfg.vocab_size, model.cfg.canvas_length),
@@ -309,10 +310,13 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))   # the benchmarks live in bench/
+    from engine_bench import bench
     g = _open(args.model)
     engine = _loaded(g, args).engine
-    result = engine.bench(prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
-                          speculate=args.speculate, prompt=args.prompt_kind)
+    result = bench(engine, prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
+                   speculate=args.speculate, prompt=args.prompt_kind)
     if args.json:
         print(json.dumps(result))
     else:

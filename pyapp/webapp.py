@@ -29,7 +29,7 @@ from .app.logits import logits as _logits
 from .app.reply import count_tokens as _count_tokens
 from .app.reply import reply
 from .app.session import Refused, Session
-from .denoising import DenoiseParams
+from .families.diffusion_gemma import DenoiseParams
 from .engine import DEFAULT_CONTEXT, Engine
 from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter

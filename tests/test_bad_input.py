@@ -335,7 +335,8 @@ def test_every_float_setting_refuses_non_finite(field, value):
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e400"])
 def test_cli_memory_options(option, value):
     """`info` shows the memory plan it cannot make; Engine.open (the CLI's and the page's load) raises."""
-    from pyapp.engine import EngineError, _mib
+    from pyapp.engine import EngineError
+    from pyapp.engine.loading import _mib
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli.main(["info", str(BASE), option, value]) == 0
@@ -427,7 +428,7 @@ def diffusion_model(diffusion_gguf):
 
 
 def test_cli_diffusion_logits_refuses_bad_previous_logits(diffusion_model, tmp_path):
-    from pyapp.model.config import DiffusionGemmaConfig
+    from pyapp.families.diffusion_gemma import DiffusionGemmaConfig
     vocab = DiffusionGemmaConfig.from_gguf(read_gguf(diffusion_model)).vocab_size
     base = ["diffusion-logits", diffusion_model, "--prompt-tokens", "2,3", "--canvas-tokens", "4,5",
             "--out", tmp_path / "out.npy", "--backend", "reference"]

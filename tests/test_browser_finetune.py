@@ -224,7 +224,7 @@ def test_a_run_draws_its_loss_and_stop_keeps_the_best(page):
 def _check_adapter(path, rank: int, alpha: float):
     """A llama.cpp LoRA adapter for the demo model: the keys, types, names and shapes llama.cpp takes."""
     from pyapp.gguf import read_gguf
-    from pyapp.model.config import model_config
+    from pyapp.families import model_config
     from pyapp.model.weights import bind
     from pyapp.train.adapter_out import lora_targets
     a = read_gguf(path)

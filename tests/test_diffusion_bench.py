@@ -1,6 +1,6 @@
 """The DiffusionGemma bench model and benchmark (issue 12, the H100 item): tools/make_bench_model.py's
 `tiny-diffusion` shape (the `diffusion` one at toy size) has the layout tools/convert_diffusion_gemma.py
-writes, the engine loads and denoises it, DiffusionEngine.bench reports the numbers bench/bench.py and
+writes, the engine loads and denoises it, bench/engine_bench.py reports the numbers bench/bench.py and
 bench/node_bench.mjs print (sync and async drivers, resident and with streamed experts), and
 bench/side_by_side.py tables them."""
 
@@ -108,13 +108,14 @@ def test_bench_script_on_a_diffusion_file(bench_file):
 @pytest.mark.gpu
 def test_bench_async_as_node_bench_drives_it(bench_file, dev):
     """The browser path's driver (drive_async: awaited readbacks and file reads) on the native device."""
-    from pyapp.diffusion import DiffusionEngine
+    from pyapp.families.diffusion_gemma import DiffusionEngine
     from pyapp.engine import Engine
 
     async def run():
         eng = await Engine.open_async(read_gguf(bench_file), dev, context_length=256, chunk=16, gpu_memory_mib=5)
         assert isinstance(eng, DiffusionEngine)
-        return await eng.bench_async(prompt_tokens=20, gen_tokens=16, repeat=1, steps=3)
+        return await load_tool_from(ROOT / "bench" / "engine_bench.py").bench_async(
+            eng, prompt_tokens=20, gen_tokens=16, repeat=1, steps=3)
 
     r = asyncio.run(run())
     check_record(r, 3, 16)

@@ -46,7 +46,7 @@ def step_logits(eng, i):
 
 @pytest.mark.parametrize("i", range(N_CASES))
 def test_decoder_step_matches_transformers(engine, i):
-    from pyapp.diffusion import DiffusionEngine
+    from pyapp.families.diffusion_gemma import DiffusionEngine
     assert isinstance(engine, DiffusionEngine)
     got, want = step_logits(engine, i)
     assert got.dtype == np.float32 and got.shape == want.shape == (16, 512)
@@ -57,7 +57,7 @@ def test_decoder_step_matches_transformers(engine, i):
 def test_encoder_cache_matches_the_reference(engine, gguf_files):
     """After the long prompt and a committed block (36 positions; sliding layers' rings of window + chunk - 1
     = 23 slots), every cached K and V the decoder reads equals the numpy reference's cache."""
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     prompt, canvas, prev, blocks, _ = case(3)
     engine.decoder_logits(prompt, canvas, prev.tobytes(), blocks)
     ref = DiffusionReference(read_gguf(gguf_files["f32"]))
@@ -83,7 +83,7 @@ def test_q8_0_file_matches_the_reference_on_the_same_weights(gguf_files, dev):
     """Q8_0 moves this random model's logits by up to ~2 from transformers' f32 ones (the reference on the
     same file measures the same); the GPU agrees with the reference dequantizing the same blocks."""
     from pyapp.engine import Engine
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     g = read_gguf(gguf_files["q8_0"])
     eng = Engine.open(g, device=dev, context_length=64, chunk=16)
     ref = DiffusionReference(g)

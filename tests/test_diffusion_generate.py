@@ -1,6 +1,6 @@
 """DiffusionGemma generation (issue 12, item 3) against transformers' `generate` with its random draws injected
 (tests/fixtures/diffusion-tiny.generate.npz, made by tools/make_diffusion_generate_golden.py): the numpy
-reference (pyapp/reference/denoise.py) and the GPU engine make every decision the same way: each step's
+reference (pyapp/families/diffusion_gemma/reference.py) and the GPU engine make every decision the same way: each step's
 acceptance mask and argmax draft, the stop step of each block, the committed blocks token for token (pad after
 an eos), tokens per forward."""
 
@@ -25,7 +25,7 @@ def gguf_path(diffusion_gguf):
 
 
 def params_of(cfg, i):
-    from pyapp.denoising import DenoiseParams
+    from pyapp.families.diffusion_gemma import DenoiseParams
     s = json.loads(str(TRACE[f"settings_{i}"]))
     eos = tuple(s.pop("eos_token_id", (1, 106, 50)))
     s["steps"] = s.pop("max_denoising_steps", None)
@@ -33,7 +33,7 @@ def params_of(cfg, i):
 
 
 def draws_of(i):
-    from pyapp.denoising import ReplayDraws
+    from pyapp.families.diffusion_gemma import ReplayDraws
     return ReplayDraws(TRACE[f"init_{i}"].tolist(), TRACE[f"sample_{i}"].tolist(), TRACE[f"renoise_{i}"].tolist())
 
 
@@ -58,8 +58,8 @@ def test_the_trace_covers_the_sampler():
 
 @pytest.mark.parametrize("i", range(N_CASES))
 def test_reference_replays_transformers(gguf_path, i):
-    from pyapp.reference.denoise import generate
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import generate
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     model = DiffusionReference(read_gguf(gguf_path))
     res = generate(model, TRACE[f"prompt_{i}"].tolist(), params_of(model.cfg, i), draws_of(i))
     check_against_trace(res, i)
@@ -86,9 +86,9 @@ def test_gpu_replays_transformers(engine, i):
 def test_seeded_generation_matches_the_reference(engine, gguf_path):
     """Our own draws (SeededDraws: Python's generator, inverse-CDF sampling on the GPU): the GPU and the numpy
     reference given the same seed commit the same blocks after the same steps; the seed is reproducible."""
-    from pyapp.denoising import DenoiseParams, SeededDraws
-    from pyapp.reference.denoise import generate
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma import DenoiseParams, SeededDraws
+    from pyapp.families.diffusion_gemma.reference import generate
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     model = DiffusionReference(read_gguf(gguf_path))
     prompt = TRACE["prompt_1"].tolist()
     params = params_of(model.cfg, 1)

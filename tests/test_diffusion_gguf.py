@@ -269,7 +269,8 @@ def test_q4_k_and_f16_types(converted):
 
 def test_config_and_info_say_what_it_is(converted):
     from pyapp.explain import explain
-    from pyapp.model.config import ConfigError, Gemma4Config, UnsupportedModelError, diffusion_summary
+    from pyapp.families.diffusion_gemma import diffusion_summary
+    from pyapp.model.config import ConfigError, Gemma4Config, UnsupportedModelError
     g = read_gguf(converted["q8_0"])
     with pytest.raises(UnsupportedModelError) as e:
         Gemma4Config.from_gguf(g)

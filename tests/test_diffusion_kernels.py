@@ -111,7 +111,7 @@ def test_attention_canvas(dev, P, keep, ctx, hd, t):
 def test_denoise_step(dev, n, c, v, first, stab, forced):
     """shaders/denoise.wgsl against reference.denoise.step_decisions: processed logits in place, entropies,
     argmax, inverse-CDF samples (or the given ids), the entropy-bound acceptance, the next canvas, the flags."""
-    from pyapp.reference.denoise import inverse_cdf, step_decisions
+    from pyapp.families.diffusion_gemma.reference import inverse_cdf, step_decisions
     rng = np.random.default_rng(24)
     raw = (rng.standard_normal((n, v)) * 3).astype(np.float32)
     raw[np.arange(n), rng.integers(0, v, n)] += rng.uniform(0, 25, n).astype(np.float32)   # varied entropies

@@ -1,5 +1,5 @@
 """DiffusionGemma's numpy reference (issue 12, item 2, CPU side): one decoder step of
-pyapp.reference.diffusion on the GGUF converted from the committed tiny checkpoint against transformers'
+pyapp.families.diffusion_gemma.reference on the GGUF converted from the committed tiny checkpoint against transformers'
 logits (tests/fixtures/diffusion-tiny.golden.npz, made by tools/make_diffusion_golden.py): step 0, self-
 conditioned on given previous logits, a prompt longer than the sliding window, and after a committed block.
 The config reads the file for the reference while the engine's config still refuses it."""
@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT
 from pyapp.gguf import read_gguf
 from pyapp.model import weights
-from pyapp.model.config import (ConfigError, DiffusionGemmaConfig, Gemma4Config, UnsupportedModelError)
+from pyapp.families.diffusion_gemma import DiffusionGemmaConfig
+from pyapp.model.config import ConfigError, Gemma4Config, UnsupportedModelError
 
 GOLDEN = np.load(ROOT / "tests" / "fixtures" / "diffusion-tiny.golden.npz")
 N_CASES = 4
@@ -26,7 +27,7 @@ def gguf_files(diffusion_gguf):
 
 @pytest.fixture(scope="module")
 def model(gguf_files):
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     return DiffusionReference(read_gguf(gguf_files["f32"]))
 
 
@@ -96,7 +97,7 @@ def test_decoder_step_matches_transformers(model, i):
 
 def test_f16_file_matches_too(gguf_files):
     """The checkpoint's bf16 weights fit f16 exactly: the same tolerance."""
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     m = DiffusionReference(read_gguf(gguf_files["f16"]))
     prompt, canvas, prev, blocks, want = case(3)
     got = m.decoder_step(prompt, canvas, prev, blocks)

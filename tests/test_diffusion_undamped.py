@@ -46,7 +46,7 @@ def gguf_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(gguf_files):
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     return DiffusionReference(read_gguf(gguf_files["f32"]))
 
 
@@ -138,7 +138,7 @@ def test_gpu_q8_0_self_conditioned_steps_match_the_reference(gguf_files, dev):
     """A Q8_0 table under the soft embedding (and Q8_0 projections) against the reference dequantizing the same
     blocks: Q8_0 itself moves these logits by ~2 from transformers' f32 ones."""
     from pyapp.engine import Engine
-    from pyapp.reference.diffusion import DiffusionReference
+    from pyapp.families.diffusion_gemma.reference import DiffusionReference
     g = read_gguf(gguf_files["q8_0"])
     eng = Engine.open(g, device=dev, context_length=64, chunk=16)
     ref = DiffusionReference(g)

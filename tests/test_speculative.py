@@ -126,7 +126,7 @@ def test_steps_of_few_tokens_give_the_prefill_logits(dev, name):
     eng.reset()
     for pos, n in ((0, 9), (9, 17)):
         r.write_step(tokens[pos:pos + n], pos)
-        eng._drive(r.run_layers(n, few=True))
+        eng.drive(r.run_layers(n, few=True))
         for row in range(n):
             dev.submit(r.head_plan(row, sample=False))
             rows.append(np.frombuffer(dev.read(r.state.logits, 0, 4 * eng.config.vocab_size), np.float32))
@@ -173,8 +173,8 @@ class _Oracle:
 
 
 def _with_oracle(monkeypatch, eng, prompt, plain, spoil=True):
-    import pyapp.engine
-    monkeypatch.setattr(pyapp.engine, "PromptLookup", _Oracle(prompt + plain.tokens, eng.config.vocab_size, spoil))
+    import pyapp.engine.speculative
+    monkeypatch.setattr(pyapp.engine.speculative, "PromptLookup", _Oracle(prompt + plain.tokens, eng.config.vocab_size, spoil))
 
 
 @pytest.mark.gpu
@@ -315,7 +315,8 @@ def test_sampling_and_repeat_penalty_turn_speculation_off(dev, toy):
 @pytest.mark.gpu
 def test_bench_reports_speculation(dev):
     eng = _open(dev, FIXTURES / "gemma4-dense-q8_0.gguf", chunk=16)
-    r = eng.bench(prompt_tokens=40, gen_tokens=24, repeat=1, speculate=6, prompt="repeat")
+    engine_bench = _load_script(ROOT / "bench" / "engine_bench.py")
+    r = engine_bench.bench(eng, prompt_tokens=40, gen_tokens=24, repeat=1, speculate=6, prompt="repeat")
     assert r["prompt"] == "repeat" and r["speculate"] == 6 and r["generated_tokens"] == 24
     assert r["accepted"] > 0 and r["drafted"] >= r["accepted"] and r["tokens_per_step"] > 1
     assert r["acceptance"] == round(r["accepted"] / r["drafted"], 3)
@@ -323,7 +324,7 @@ def test_bench_reports_speculation(dev):
     assert r["draft_step_tiles_ms"] > 0
     assert r["break_even_tokens_per_step"] == pytest.approx(r["draft_step_ms"] / r["one_token_step_ms"], abs=0.01)
     assert eng.cached == [] and eng.kv_end == 0           # the timed steps' K/V are not kept
-    plain = eng.bench(prompt_tokens=40, gen_tokens=24, repeat=1)
+    plain = engine_bench.bench(eng, prompt_tokens=40, gen_tokens=24, repeat=1)
     assert plain["speculate"] == 0 and plain["drafted"] == 0 and plain["tokens_per_step"] == pytest.approx(1)
     assert "draft_step_ms" not in plain
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..denoising import DenoiseParams, ReplayDraws
+from ..families.diffusion_gemma import DenoiseParams, ReplayDraws
 from ..steps import Steps, call
 from .events import Events
 from .session import Refused, Session

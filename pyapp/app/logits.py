@@ -4,6 +4,8 @@ golden files."""
 
 from __future__ import annotations
 
+from ..engine import EngineError
+from ..model.config import DIFFUSION_NOT_AUTOREGRESSIVE
 from ..steps import Steps, call
 from .denoise import diffusion_engine
 from .session import Session
@@ -12,6 +14,8 @@ from .session import Session
 def logits(session: Session, tokens: list[int]) -> Steps:
     """Steps: the Logits [n_tokens, vocab] (softcap applied) of the loaded model for `tokens`."""
     eng = session.loaded()
+    if eng.config.is_diffusion:              # it scores a canvas (diffusion_logits), not a next token
+        raise EngineError(DIFFUSION_NOT_AUTOREGRESSIVE)
     return (yield call(eng.forward, tokens))
 
 

@@ -11,10 +11,10 @@ import time
 
 from .. import ollama
 from ..chat import style_for
-from ..denoising import DenoiseParams
+from ..families.diffusion_gemma import DenoiseParams
 from ..engine import Engine
 from ..gguf import summarize
-from ..model.config import model_config
+from ..families import model_config
 from ..model.forms import file_form
 from ..steps import Steps, call
 from .events import Events

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..denoising import DenoiseParams
+from ..families.diffusion_gemma import DenoiseParams
 from ..sampling import DENOISE_SETTINGS, SamplingParams, check_temperature_range, denoise_settings
 
 

@@ -39,7 +39,7 @@ ARRAYS = (list, tuple, array, memoryview)   # how a GGUF array may arrive from t
 _repr = reprlib.Repr()                   # a value in a message, bounded (a corrupt array may be huge)
 _repr.maxlist = _repr.maxarray = 6
 _repr.maxstring = _repr.maxother = 40
-_show = _repr.repr
+show = _repr.repr
 
 
 class ConfigError(Gemma4Error, ValueError):
@@ -49,8 +49,8 @@ class ConfigError(Gemma4Error, ValueError):
 _REQUIRED = object()         # the default of a key that must be present
 
 
-class _Keys:
-    """Typed, range-checked reads of the `gemma4.*` (`diffusion-gemma.*`) keys; a failure names key and value."""
+class Keys:
+    """Typed, range-checked reads of an architecture's keys (`gemma4.*`, a family's own); a failure names key and value."""
 
     def __init__(self, meta: dict, arch: str = ARCH):
         self.meta, self.arch = meta, arch
@@ -65,7 +65,7 @@ class _Keys:
 
     def fail(self, key: str, value, problem: str, index: int | None = None):
         where = f"{self.arch}.{key}" + (f"[{index}]" if index is not None else "")
-        raise ConfigError(f"{where} = {_show(value)}: {problem}")
+        raise ConfigError(f"{where} = {show(value)}: {problem}")
 
     def check_int(self, key, v, lo, hi, multiple=1, index=None, divides=None) -> int:
         if not isinstance(v, int) or isinstance(v, bool):
@@ -165,7 +165,8 @@ class Gemma4Config:
     # ids never sampled (tokenizer.ggml.suppress_tokens: the 12B's generation_config.json lists them)
     suppress_tokens: tuple[int, ...] = ()
 
-    is_diffusion: ClassVar[bool] = False     # DiffusionGemmaConfig: the self-conditioning tensors too
+    # the flag weights.py's DiffusionGemma tensors are declared under (pyapp.families.diffusion_gemma's config sets it)
+    is_diffusion: ClassVar[bool] = False
 
     @property
     def is_moe(self) -> bool:
@@ -197,14 +198,14 @@ class Gemma4Config:
         if arch == DIFFUSION_ARCH:       # what needs next-token logits (reference forward, `logits`) says this
             raise UnsupportedModelError(DIFFUSION_NOT_AUTOREGRESSIVE)
         if arch != ARCH:
-            raise ConfigError(f"architecture is {_show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
+            raise ConfigError(f"architecture is {show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
         return ARCH
 
     @classmethod
     def from_metadata(cls, meta: dict, vocab_size: int | None = None, tensors=None) -> "Gemma4Config":
         """`tensors` (names of the GGUF's tensors), when given, resolves the layer kinds that only
         the tensor list tells; without it every layer of an MoE model counts as MoE."""
-        k = _Keys(meta, cls._architecture(meta.get("general.architecture")))
+        k = Keys(meta, cls._architecture(meta.get("general.architecture")))
 
         n = k.integer("block_count", 1, MAX_LAYERS)
         hidden = k.integer("embedding_length", VEC, MAX_WIDTH, multiple=VEC)
@@ -313,7 +314,7 @@ class Gemma4Config:
         )
 
     @classmethod
-    def _make(cls, k: _Keys, ffn: list[int], **values) -> "Gemma4Config":
+    def _make(cls, k: Keys, ffn: list[int], **values) -> "Gemma4Config":
         return cls(**values)
 
     def describe(self) -> str:
@@ -336,106 +337,22 @@ def _suppress_tokens(meta: dict, vocab_size: int) -> tuple[int, ...]:
     """The token ids never to sample, each checked against the vocabulary."""
     ids = meta.get(SUPPRESS_KEY, ())
     if not isinstance(ids, ARRAYS):
-        raise ConfigError(f"{SUPPRESS_KEY} = {_show(ids)}: must be a list of token ids")
+        raise ConfigError(f"{SUPPRESS_KEY} = {show(ids)}: must be a list of token ids")
     for i in ids:
         if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size:
-            raise ConfigError(f"{SUPPRESS_KEY} holds {_show(i)}: token ids are integers from 0 to {vocab_size - 1}")
+            raise ConfigError(f"{SUPPRESS_KEY} holds {show(i)}: token ids are integers from 0 to {vocab_size - 1}")
     return tuple(sorted(set(ids)))
 
 
-# ---- DiffusionGemma (issue 12) -------------------------------------------------------------------------
-# tools/convert_diffusion_gemma.py writes `diffusion-gemma` GGUFs: Gemma 4 26B-A4B's keys and tensor
-# names under another architecture name, plus `diffusion-gemma.diffusion.*` (canvas length, generation
-# defaults) and the extra tensors of shared/notes/diffusion_gemma.md. DiffusionGemmaConfig reads them
-# (model_config picks it: the engine, the app and the CLI run them by denoising); Gemma4Config, what
-# next-token code (the numpy forward, `logits`) takes, refuses them with this sentence rather than a
-# config error about the wrong architecture.
+# ---- other families built on this stack -----------------------------------------------------------
+# DiffusionGemma's files (pyapp.families.diffusion_gemma) carry Gemma 4 26B-A4B's keys and tensor names
+# under their own architecture name. Next-token code (this config: the numpy forward, `logits`) refuses
+# them with this sentence rather than a config error about the wrong architecture.
 DIFFUSION_ARCH = "diffusion-gemma"
 DIFFUSION_NOT_AUTOREGRESSIVE = ("DiffusionGemma (text diffusion on the Gemma 4 26B-A4B) has no next-token logits: "
                                 "it writes by denoising a canvas (diffusion-logits, generate, chat, the app)")
-MAX_STEPS = 1 << 16          # denoising steps per block (the real model's default is 48)
 
 
 class UnsupportedModelError(ConfigError):
     """A model this app recognises that this code path cannot run (a DiffusionGemma file given where a
     next-token Gemma 4 model is needed)."""
-
-
-@dataclass(frozen=True)
-class DiffusionGemmaConfig(Gemma4Config):
-    """A DiffusionGemma GGUF: the Gemma 4 fields (one text stack, run as a causal encoder over the prompt and
-    as a bidirectional decoder over the canvas), the self-conditioning MLP's width and the generation
-    defaults of `diffusion-gemma.diffusion.*` (shared/notes/diffusion_gemma.md (a), (d))."""
-    self_cond_ffn_dim: int = 0            # the self-conditioning MLP's width (the dense MLP's)
-    canvas_length: int = 256              # C: the decoder always refines C tokens
-    max_new_tokens: int = 256
-    max_denoising_steps: int = 48
-    t_min: float = 0.4                    # temperature of the last step is t_min + (t_max - t_min) / steps
-    t_max: float = 0.8                    # ... and of the first one t_max
-    entropy_bound: float = 0.1
-    stability_threshold: int = 1
-    confidence_threshold: float = 0.005
-
-    is_diffusion: ClassVar[bool] = True
-
-    @classmethod
-    def _architecture(cls, arch) -> str:
-        if arch != DIFFUSION_ARCH:
-            raise ConfigError(f"architecture is {_show(arch)}, not {DIFFUSION_ARCH!r}: not a DiffusionGemma model")
-        return DIFFUSION_ARCH
-
-    @classmethod
-    def _make(cls, k: _Keys, ffn: list[int], **values) -> "DiffusionGemmaConfig":
-        if len(set(ffn)) != 1:            # HF has one intermediate_size, for the dense MLPs and self-conditioning
-            k.fail("feed_forward_length", ffn, "must be one width for every layer")
-        if not values["n_experts"]:
-            k.fail("expert_count", 0, "DiffusionGemma has experts in every layer")
-        d = "diffusion."
-        if k.raw(d + "shift_logits", False) not in (0, False):
-            k.fail(d + "shift_logits", k.raw(d + "shift_logits", False), "must be false (logit j scores canvas "
-                   "position j)")
-        t_min, t_max = k.number(d + "t_min", 0.4), k.number(d + "t_max", 0.8)
-        if t_min > t_max:
-            k.fail(d + "t_min", t_min, f"must be at most {d}t_max ({t_max:g})")
-        return cls(
-            **values,
-            self_cond_ffn_dim=ffn[0],
-            canvas_length=k.integer(d + "canvas_length", 1, MAX_CONTEXT),
-            max_new_tokens=k.integer(d + "max_new_tokens", 1, MAX_CONTEXT, 256),
-            max_denoising_steps=k.integer(d + "max_denoising_steps", 1, MAX_STEPS, 48),
-            t_min=t_min, t_max=t_max,
-            entropy_bound=k.number(d + "entropy_bound", 0.1, zero_ok=True),
-            stability_threshold=k.integer(d + "stability_threshold", 0, MAX_STEPS, 1),
-            confidence_threshold=k.number(d + "confidence_threshold", 0.005, zero_ok=True),
-        )
-
-
-def model_config(gguf) -> Gemma4Config:
-    """The config of a model the engine runs: a DiffusionGemmaConfig for a DiffusionGemma GGUF, else Gemma4Config."""
-    if gguf.metadata.get("general.architecture") == DIFFUSION_ARCH:
-        return DiffusionGemmaConfig.from_gguf(gguf)
-    return Gemma4Config.from_gguf(gguf)
-
-
-def diffusion_summary(meta: dict) -> str | None:
-    """One line on a DiffusionGemma GGUF (its shape and generation defaults) for `info`; None for any
-    other architecture. It only describes: values are shown as the file has them, unchecked."""
-    if meta.get("general.architecture") != DIFFUSION_ARCH:
-        return None
-
-    def key(name, default="?"):
-        return meta.get(f"{DIFFUSION_ARCH}.{name}", default)
-
-    pattern = key("attention.sliding_window_pattern", ())
-    kinds = "".join("S" if s else "G" for s in pattern) if isinstance(pattern, ARRAYS) else "?"
-    return (f"DiffusionGemma, text diffusion on the Gemma 4 26B-A4B: {key('block_count')} layers ({kinds}), "
-            f"hidden {key('embedding_length')}, {key('attention.head_count')} heads, "
-            f"MoE {key('expert_used_count')}/{key('expert_count')} experts x {key('expert_feed_forward_length')}, "
-            f"window {key('attention.sliding_window')}; canvas of {key('diffusion.canvas_length')} tokens, "
-            f"up to {key('diffusion.max_denoising_steps')} denoising steps, temperature "
-            f"{_num(key('diffusion.t_max'))} -> {_num(key('diffusion.t_min'))}, "
-            f"entropy bound {_num(key('diffusion.entropy_bound'))}")
-
-
-def _num(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -130,16 +130,17 @@ class MemoryPlan:
 
 
 def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_memory: int | None = None,
-                expert_cache: int | None = None, ple_in_file: bool | None = None) -> MemoryPlan:
+                expert_cache: int | None = None, ple_in_file: bool | None = None, state_class=State) -> MemoryPlan:
     """The plan for this model and context under a budget (bytes; None: no budget).
     expert_cache (bytes): the experts' cache size, overriding what the budget leaves them.
-    ple_in_file: force the per-layer embedding table's place (None: resident if it fits)."""
+    ple_in_file: force the per-layer embedding table's place (None: resident if it fits).
+    state_class: the buffers the runner allocates (its state_class: a family's may hold more)."""
     experts = [t for lc in cfg.layers if lc.has_moe for t in layer_experts(bound, lc)]
     streamable = bool(experts)
     counter = MemoryCounter(limits)
     layout, _ = plan_uploads(counter, cfg, bound, ple_in_file=True, expert_slots=0 if streamable else None)
     weights = counter.total
-    State(counter, cfg, layout, context_length, chunk)
+    state_class(counter, cfg, layout, context_length, chunk)
     state = counter.total - weights
     # the PLE table's rows buffer (PLE in the file) is counted in state: a few KiB
     ple_table = bound.ple_token_embd.nbytes if bound.ple_token_embd is not None else 0

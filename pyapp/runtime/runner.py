@@ -17,24 +17,31 @@ only the small per-step inputs rewritten (`write_step`):
                        copied to a readback buffer
   greedy_plan(first)   the greedy next token after every row of the last step (speculative
                        decoding checks its drafts with it), ids copied to a readback buffer
+
+The Runner is the one owner of the State: the engines step, sample and read through the methods
+below (`step`, `sample`, `read_token`, `greedy`, `logits`, `mark`), never through its buffers.
 """
 
 from __future__ import annotations
+
+import struct
 
 from ..gpu import Device, Plan
 from ..model.gemma4 import Gemma4
 from .experts import ExpertCache, ExpertRounds
 from .ops import Ops
+from .requests import ReadGpu, ReadMapped
 from .state import State
 
 
 class Runner:
-    model_class = Gemma4          # what layers_program records (DiffusionRunner: the encoder)
+    model_class = Gemma4          # what layers_program records (DiffusionGemma's runner: its encoder)
+    state_class = State           # the buffers it allocates (DiffusionGemma's: the canvas's too)
 
     def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
                  expert_slots: int | None = None, int8: bool = True, fuse_residual: bool = True, f16: bool = False):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
-        self.state = State(dev, cfg, layout, context_length, chunk)
+        self.state = self.state_class(dev, cfg, layout, context_length, chunk)
         self.ctx, self.chunk = context_length, self.state.chunk
         self.int8 = int8              # int8 activations: long steps' matmuls (Ops.matmul), one-token matvecs
         self.f16 = f16                # the other chunk matmuls in f16 tiles where the device has shader-f16
@@ -138,11 +145,55 @@ class Runner:
             self._plans[key] = plan
         return self._plans[key]
 
+    # -- what the step loops ask of it ------------------------------------------------
     def write_step(self, tokens: list[int], pos0: int) -> None:
+        """The next step's inputs: token ids at positions pos0.. (and PLE rows read from the file)."""
         self.state.write_step(tokens, pos0, self.source)
 
-    def write_position(self, pos: int) -> None:
+    def step(self, tokens: list[int], pos0: int, few: bool = False):
+        """Steps: tokens through the layers at positions pos0.. (few: a token and its drafts)."""
+        self.write_step(tokens, pos0)
+        yield from self.run_layers(len(tokens), few=few)
+
+    def step_sampled(self, pos: int):
+        """Steps: a one-token step at pos on the id the sampler left on the GPU (decode ahead)."""
         self.state.write_position(pos)
+        yield from self.run_layers(1, sampled=True)
+
+    def sample(self, row: int, params: bytes | None = None) -> None:
+        """Draw the next token from row `row` of the last step on the GPU (params: the sampler's settings,
+        kernels.pack_sample_params; None keeps the last ones); read_token reads it."""
+        if params is not None:
+            self.dev.write(self.state.sample_params, params)
+        self.dev.submit(self.head_plan(row, sample=True))
+
+    def read_token(self):
+        """Step: the id the sampler wrote."""
+        data = yield ReadMapped(self.state.token_readback, 0, 4)
+        return int.from_bytes(data, "little")
+
+    def greedy(self, first: int, n: int):
+        """Steps: the greedy next token after each of the last step's rows (greedy_plan), n ids."""
+        self.dev.submit(self.greedy_plan(first))
+        data = yield ReadMapped(self.state.greedy_readback, 0, 4 * n)
+        return list(struct.unpack(f"<{n}I", bytes(data)))
+
+    def logits(self, row: int):
+        """Steps: the logits of row `row` of the last step (softcap applied), float32 bytes [vocab]."""
+        self.dev.submit(self.head_plan(row, sample=False))
+        return (yield ReadGpu(self.state.logits, 0, 4 * self.cfg.vocab_size))
+
+    def mark(self, k: int) -> None:
+        """Mark the end of the work submitted so far in chunk mark k (0 or 1); read_mark waits for it."""
+        self.dev.submit(self.mark_plan(k))
+
+    def read_mark(self, k: int):
+        yield ReadMapped(self.state.chunk_marks[k], 0, 4)
+
+    @property
+    def head_rows(self) -> int:
+        """The most rows one step's greedy head scores: a token and its drafts fit one step."""
+        return self.state.head_rows
 
     @property
     def decodes_ahead(self) -> bool:
@@ -150,5 +201,12 @@ class Runner:
         table left in the file the CPU must know the id first, to read its row."""
         return self.state.ple_file_table is None
 
-    def kv_slots(self, lc) -> int:
-        return self.state.kv_slots(lc)
+    def keeps_window(self, rolled_back: int) -> bool:
+        """Whether every sliding layer's ring still holds its window before a position `rolled_back`
+        positions before the furthest one written (a ring may have overwritten it)."""
+        window = self.cfg.sliding_window
+        for lc in self.cfg.layers:
+            slots = self.state.kv_slots(lc)
+            if lc.sliding and slots < self.ctx and rolled_back > slots - window:
+                return False
+        return True

@@ -2,7 +2,8 @@
 
 Like llama2.c's RunState: activations for up to `chunk` tokens (T below), the
 KV cache, the head's buffers and the per-step inputs, all f32 unless noted,
-allocated here and nowhere else. `write_step` fills the per-step inputs.
+allocated here and nowhere else (a family that needs more buffers subclasses it:
+DiffusionGemma's CanvasState). `write_step` fills the per-step inputs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer, Device, GPUError
 from ..gpu import kernels as K
-from .upload import WEIGHT_PAD, FileTensor, GpuTensor, Part, binding_limit
+from .upload import WEIGHT_PAD, FileTensor, GpuTensor, Part
 
 SUPPRESSED = -1e30       # a suppressed token's logit bias: finite (no inf - inf), never drawn after softcap
 
@@ -27,8 +28,6 @@ class KVCache:
 
 class State:
     def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int):
-        if cfg.is_diffusion:         # DiffusionGemma's canvas runs as one step of canvas_length tokens
-            chunk = max(chunk, cfg.canvas_length)
         self.dev, self.cfg, self.ctx, self.chunk = dev, cfg, context_length, chunk
         T, d, H, V = chunk, cfg.hidden, cfg.n_heads, cfg.vocab_size
         hd = max(lc.head_dim for lc in cfg.layers)
@@ -131,37 +130,12 @@ class State:
                                         label="head argmax partials")      # per row and workgroup: (logit, id)
         self.greedy_ids = dev.buffer(4 * (1 + K.HEAD_ROWS), label="greedy ids")   # u32: the ids of a step
         self.greedy_readback = dev.buffer(self.greedy_ids.size, "readback", "greedy ids readback")
-        if cfg.is_diffusion:
-            self._canvas_buffers(dev, f32)
         # KV cache: global layers hold the whole context; sliding layers a ring big
         # enough for the window plus one chunk of new tokens. Shared layers read their source's.
         self.kv = {lc.index: KVCache(f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"k cache {lc.index}"),
                                      f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"v cache {lc.index}"),
                                      self.kv_slots(lc))
                    for lc in cfg.layers if lc.owns_kv}
-
-    def _canvas_buffers(self, dev: Device, f32) -> None:
-        """DiffusionGemma's decoder over a canvas of C tokens (pyapp.model.diffusion_gemma): its activations
-        are the chunk's above (chunk >= C); these are its own."""
-        C, d, V = self.cfg.canvas_length, self.cfg.hidden, self.cfg.vocab_size
-        limit = binding_limit(dev.limits)
-        if 4 * C * V > limit:
-            raise GPUError(f"the canvas logits ({C} x {V} floats, {4 * C * V / 2**20:,.0f} MiB) exceed this GPU's "
-                           f"binding limit ({limit / 2**20:,.0f} MiB)")
-        # [C, V] the decoder's logits (softcapped); the sampler divides them by the step's temperature in
-        # place, and so they are the next step's self-conditioning input
-        self.canvas_logits = f32(C * V, "canvas logits")
-        self.soft_stats = f32(2 * C, "soft stats")      # [C, 2] max and 1 / sum(exp) of each row of the logits
-        self.soft = f32(C * d, "soft")                  # [C, d] softmax(logits) @ token_embd * sqrt(d)
-        self.self_cond = f32(C * d, "self_cond")        # [C, d] the self-conditioning MLP's output
-        # the sampler (shaders/denoise.wgsl): the step's settings and draws in, a few small vectors out
-        self.denoise_params = f32(K.denoise_param_words(C), "denoise params")   # u32 (kernels.pack_denoise_step)
-        self.entropies = f32(C, "entropies")            # [C] of softmax(processed logits)
-        self.canvas_argmax = f32(C, "canvas argmax")    # u32 [C] this step's draft
-        self.samples = f32(C, "samples")                # u32 [C] one id drawn per position
-        self.denoise_prev = f32(1 + C, "denoise prev")  # u32: steps in a row with the same argmax, the last argmax
-        self.denoise_out = f32(K.DENOISE_HEADER + 2 * C, "denoise out")   # u32: stop flags, argmax, accepted
-        self.denoise_readback = dev.buffer(self.denoise_out.size, "readback", "denoise readback")
 
     FEW_PARTIALS_LIMIT = 256 << 20        # bytes: beyond, a speculative step's attention uses the tiled kernel
 

@@ -142,8 +142,8 @@ class Trainer:
     def __init__(self, engine, dataset: Dataset, config: TrainConfig, checkpoint: Checkpoint | None = None):
         config.check()
         cfg, runner = engine.config, engine.runner
-        if cfg.is_diffusion:
-            raise TrainError("fine-tuning DiffusionGemma is not supported: choose a Gemma 4 chat model")
+        if not engine.family.trains:
+            raise TrainError(f"fine-tuning {engine.family.name} is not supported: choose a Gemma 4 chat model")
         if cfg.is_moe and runner.experts is not None:
             raise TrainError("fine-tuning a mixture-of-experts model needs every expert in GPU memory, but this load "
                              "streams them from the file into a cache (the GPU memory budget is smaller than the "

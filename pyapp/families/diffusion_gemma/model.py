@@ -1,8 +1,8 @@
 """DiffusionGemma forward on the GPU, op by op against the ops recorder (pyapp.runtime.ops).
 
 One Gemma 4 26B-A4B text stack run in two modes (shared/notes/diffusion_gemma.md (c)); both are
-pyapp.model.gemma4.Gemma4 with the few pieces that differ replaced, and mirror
-pyapp/reference/diffusion.py function for function:
+pyapp.model.gemma4.Gemma4 with the few pieces that differ replaced, and mirror this family's
+reference.py function for function:
 
   DiffusionEncoder.layers(ops)   the causal pass over the prompt or a committed block: Gemma 4's
                                  embedding and layers, writing the KV cache (sliding layers: a ring),
@@ -12,7 +12,7 @@ pyapp/reference/diffusion.py function for function:
                                    soft = softmax(L) @ token_embd * sqrt(hidden) (L: the previous step's
                                    processed logits, left in state.canvas_logits by the sampler),
                                    s = down(gelu(gate(n)) * up(n)), n = self_cond_pre_norm(soft);
-                                   x = rms(e [+ s]) (no gain)
+                                   x = rms(e [+ s]) (no gain); e, then e + s, in s.canvas_embd
                                  layers with the decoder's scale (output_scale); attention unmasked over the
                                    cached prefix (sliding layers: its last window - 1 positions) and the
                                    canvas's own K/V, the cache only read
@@ -23,9 +23,10 @@ Like gemma4.py it holds no buffers and does no I/O.
 
 from __future__ import annotations
 
-from .config import DiffusionGemmaConfig, LayerConfig
-from .gemma4 import Gemma4
-from .weights import LayerWeights, ModelWeights
+from ...model.config import LayerConfig
+from ...model.gemma4 import Gemma4
+from ...model.weights import LayerWeights, ModelWeights
+from .config import DiffusionGemmaConfig
 
 
 class DiffusionEncoder(Gemma4):
@@ -51,14 +52,14 @@ class DiffusionDecoder(Gemma4):
     def embed(self, ops) -> None:
         """reference: decode's embedding and self_conditioning; x0 in s.x."""
         s, w = self.s, self.w
-        ops.embed(w.token_embd, s.ids, s.attn_out, scale=self.embed_scale)
+        ops.embed(w.token_embd, s.ids, s.canvas_embd, scale=self.embed_scale)
         if self.self_conditioned:
             ops.soft_embed(w.token_embd, s.canvas_logits, s.soft, scale=self.embed_scale)
             ops.rms_norm(s.soft, s.xn, w.self_cond_pre_norm)
             ops.geglu(s.xn, s.act, gate=w.self_cond_gate, up=w.self_cond_up, gate_up=None)
             ops.linear(w.self_cond_down, s.act, s.self_cond)
-            ops.add(s.attn_out, s.self_cond)
-        ops.rms_norm(s.attn_out, s.x, None)
+            ops.add(s.canvas_embd, s.self_cond)
+        ops.rms_norm(s.canvas_embd, s.x, None)
 
     def attention(self, ops, lc: LayerConfig, w: LayerWeights) -> None:
         """reference: attention through DecoderView: the canvas's q, k, v; attention over cache + canvas."""

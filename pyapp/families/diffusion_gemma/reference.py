@@ -1,6 +1,6 @@
-"""Numpy reference of one DiffusionGemma denoising step: the CPU oracle for the GPU forward (issue 12).
+"""DiffusionGemma's numpy reference (CPython only): the CPU oracle of the GPU forward and of generation.
 
-Mirrors transformers 5.23's models/diffusion_gemma/modeling_diffusion_gemma.py (shared/notes/
+One denoising step (issue 12). Mirrors transformers 5.23's models/diffusion_gemma/modeling_diffusion_gemma.py (shared/notes/
 diffusion_gemma.md (c)). The text stack is a Gemma 4 26B-A4B stack, run by pyapp.reference.forward's
 pieces (attention, MLP, MoE, layer) in two modes that differ only in their layer scales, inputs and
 attention:
@@ -21,6 +21,23 @@ attention:
                            position j itself
 
 `L` is the previous step's processed (temperature-divided) logits [C, vocab].
+
+Generation (issue 12, item 3). Mirrors transformers 5.23's DiffusionGemmaGenerationMixin.generate for
+one sequence (shared/notes/diffusion_gemma.md (d)), on the encoder and decoder above:
+
+  for each block (ceil(max_new_tokens / C) at most):
+      encode what is not cached yet (the prompt, then the last committed block)
+      canvas = draws.canvas(); previous logits = none; argmax history empty
+      for cur = steps .. 1:
+          proc = decoder(canvas, cache, previous) / temperature(cur)
+          sample = a draw from softmax(proc) per position; am = argmax(proc); ent = entropy(softmax(proc))
+          accepted: sort by entropy; accept while (cumsum - own entropy) <= entropy_bound
+          canvas = accepted ? sample : renoise ids (drawn every step)
+          stable = the last stability_threshold argmaxes all equal am; confident = mean(ent) < threshold
+          previous = proc; stop the block if stable and confident
+      commit am (the last step's argmax); pad after the first eos and stop; stop at max_new_tokens
+
+`step_decisions` is one step's sampler on given logits, the piece the GPU's shaders/denoise.wgsl mirrors.
 """
 
 from __future__ import annotations
@@ -29,8 +46,10 @@ import math
 
 import numpy as np
 
-from ..model.config import DiffusionGemmaConfig, LayerConfig
-from .forward import KVCache, ReferenceModel, gelu_tanh, rms_norm, softcap
+from ...model.config import LayerConfig
+from ...reference.forward import KVCache, ReferenceModel, gelu_tanh, rms_norm, softcap
+from .config import DiffusionGemmaConfig
+from .denoising import DenoiseParams, DenoiseResult, Draws, finish_block, temperature
 
 
 class DecoderView:
@@ -109,3 +128,78 @@ class DiffusionReference(ReferenceModel):
         for block in blocks:
             self.encode(block, cache)
         return self.decode(canvas, cache, prev_logits)
+
+
+# -- generation --------------------------------------------------------------------------------------
+def inverse_cdf(probs: np.ndarray, u) -> np.ndarray:
+    """Per row, the first id whose cumulative probability exceeds u * total (the GPU sampler's rule)."""
+    c = np.cumsum(probs, axis=-1)
+    idx = (c > np.asarray(u)[:, None] * c[:, -1:]).argmax(-1)
+    return idx.astype(np.int64)
+
+
+def step_decisions(raw: np.ndarray, temp: float, entropy_bound: float):
+    """One step's sampler on raw logits [C, V]: processed logits (f32, raw / temp), probabilities (f64),
+    entropies (f32), argmax and the entropy-bound acceptance mask."""
+    proc = (raw.astype(np.float32) / np.float32(temp)).astype(np.float32)
+    z = proc.astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    s = e.sum(-1, keepdims=True)
+    probs = e / s
+    ent = (np.log(s[:, 0]) - (e * z).sum(-1) / s[:, 0]).astype(np.float32)
+    am = proc.argmax(-1)
+    order = np.argsort(ent, kind="stable")
+    cum = np.cumsum(ent[order], dtype=np.float64).astype(np.float32)       # torch accumulates in double
+    accepted = np.zeros(len(ent), bool)
+    accepted[order] = (cum - ent[order]) <= np.float32(entropy_bound)
+    return proc, probs, ent, am, accepted
+
+
+def generate(model, prompt, params: DenoiseParams, draws: Draws, on_step=None) -> DenoiseResult:
+    """Denoise block after block after `prompt` with `model` (a DiffusionReference).
+    on_step(block, step, argmax, accepted) sees each step's draft."""
+    params.validate()
+    C = model.cfg.canvas_length
+    res = DenoiseResult()
+    cache = KVCache()
+    todo = list(prompt)
+    max_len = len(prompt) + params.max_new_tokens
+    seq = list(prompt)
+    for b in range(-(-params.max_new_tokens // C)):
+        model.encode(todo, cache)
+        canvas = draws.canvas()
+        prev, history, am = None, [], None
+        steps = 0
+        for cur in range(params.steps, 0, -1):
+            raw = model.decode(canvas, cache, prev)
+            proc, probs, ent, am, accepted = step_decisions(raw, temperature(cur, params.steps, params.t_min,
+                                                                            params.t_max), params.entropy_bound)
+            u, forced, noise = draws.step()
+            sample = np.asarray(forced) if forced is not None else inverse_cdf(probs, u)
+            canvas = np.where(accepted, sample, np.asarray(noise)).tolist()
+            k = params.stability_threshold
+            stable = k == 0 or (len(history) >= k and all((h == am).all() for h in history[-k:]))
+            history.append(am)
+            confident = float(ent.astype(np.float64).mean()) < params.confidence_threshold
+            prev = proc
+            steps += 1
+            res.accepted.append(accepted)
+            res.argmax.append(am)
+            if on_step:
+                on_step(b, steps, am, accepted)
+            if stable and confident:
+                break
+        block, eos = finish_block([int(t) for t in am], set(params.eos_ids), params.pad_id)
+        res.blocks.append(block)
+        res.tokens += block
+        res.steps.append(steps)
+        seq += block
+        if eos:
+            res.stop_reason = "stop"
+            break
+        if len(seq) >= max_len:
+            res.stop_reason = "length"
+            break
+        todo = block
+    return res

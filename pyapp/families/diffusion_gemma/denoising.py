@@ -15,7 +15,7 @@ import random
 import struct
 from dataclasses import dataclass, field, replace
 
-from .errors import Gemma4Error
+from ...errors import Gemma4Error
 
 
 class DenoiseError(Gemma4Error, ValueError):

@@ -1,0 +1,103 @@
+"""Speculative decoding: the next-token loop with drafts checked in one step.
+
+Greedy only (params.speculates). Each token the CPU knows is followed by the tokens prompt lookup
+(pyapp.prompt_lookup) drafts after it, all run through the layers as one step (`verify`); the
+drafts that match the greedy choice after the token before them are kept, plus that choice after
+the last one kept. The rest of the step's K/V lie past the kept tokens, where later steps write
+again in order. No draft: the one-token step of pyapp.engine.decode.
+
+    generation(eng, prompt, params, ...)   steps of one generation; returns its GenerationResult
+    verify(eng, tok, fed, drafts)          steps: the greedy choice after tok and after each draft
+    timed_step(eng, ids, pos, few)         steps: what one step costs alone (benchmarks)
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from ..prompt_lookup import PromptLookup
+from ..runtime.loaded import GenerationResult
+from ..sampling import SamplingParams
+from . import decode
+
+
+def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, should_stop=None, stop_ids=None,
+               on_prefill=None):
+    """Steps of one generation that drafts by prompt lookup (params validated, params.speculates)."""
+    prompt, result = decode.start(eng, prompt)
+    lookup = PromptLookup(prompt)
+    tokens = decode.Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids, on_new=lookup.append)
+    rng = random.Random(params.seed)
+    clock = decode.Clock(eng, result)
+    row = yield from decode.prefill(eng, prompt[result.cached_tokens:], result.cached_tokens, on_prefill)
+    eng.cached = list(prompt)
+    tok, fed = None, False      # the newest token once read; fed: its step ran (decoded ahead)
+    while True:
+        if tok is None:         # draw the token after `row` of the last step on the GPU
+            tok, fed = yield from decode.draw(eng, row, params, tokens, rng, clock)
+            if tokens.emit(tok):
+                break
+            if fed:
+                eng.cached.append(tok)
+        drafts = lookup.draft(draft_limit(eng, params, result, len(prompt), fed))
+        if drafts:
+            ids = yield from verify(eng, tok, fed, drafts)
+            clock.token_read()
+            result.decode_steps += 1
+            if not fed:
+                eng.cached.append(tok)
+            n = 0
+            while n < len(drafts) and drafts[n] == ids[n]:
+                n += 1
+            result.drafted, result.accepted = result.drafted + len(drafts), result.accepted + n
+            if emit_kept(eng, tokens, drafts[:n]) or tokens.emit(ids[n]):
+                break
+            tok, fed = ids[n], False        # the greedy choice after the last kept token: known, not fed
+            continue
+        if not fed:
+            yield from decode.step_token(eng, tok, result)
+            eng.cached.append(tok)
+        tok, row = None, 0
+    return decode.finish(eng, tokens, result)
+
+
+def emit_kept(eng, tokens: decode.Tokens, kept: list[int]) -> bool:
+    """Hand out the drafts the model confirmed (their K/V are in the cache); True when one ends generation."""
+    for d in kept:
+        if tokens.emit(d):
+            return True
+        eng.cached.append(d)
+    return False
+
+
+def draft_limit(eng, params: SamplingParams, result: GenerationResult, prompt_len: int, fed: bool) -> int:
+    """The most drafts worth checking after the newest token: a step emits at most the drafts + 1
+    tokens, within max_tokens and the context; its tokens (the newest too unless fed) fit one step."""
+    room = min(params.token_limit - len(result.tokens), eng.context_length - prompt_len - len(result.tokens))
+    rows = eng.runner.head_rows - (0 if fed else 1)
+    return int(max(0, min(params.speculate, room - 1, rows)))
+
+
+def verify(eng, tok: int, fed: bool, drafts: list[int]):
+    """Steps: the drafts after tok (and tok itself unless its step ran) through the layers as one
+    step at the next positions, then the greedy choice after tok and after each draft; returns
+    those len(drafts) + 1 ids. fed: tok's step ran ahead and its row is still the runner's last, so its
+    choice comes from the one-token head (temperature 0: the argmax) before this step overwrites it."""
+    r = eng.runner
+    if fed:
+        r.sample(0)
+    feed = drafts if fed else [tok] + drafts
+    yield from eng.step(feed, len(eng.cached), few=True)
+    return (yield from r.greedy(1 if fed else 0, len(drafts) + 1))
+
+
+def timed_step(eng, ids: list[int], pos: int, few: bool):
+    """Steps: one step of ids at positions pos.. with its greedy head and the readback of its ids, alone
+    (no decode ahead to hide the readback); returns its seconds. few: in the plan speculation uses
+    (kernels for a few tokens), else in the prefill plan. The K/V it writes are not recorded as cached:
+    reset before generating again."""
+    t0 = time.perf_counter()
+    yield from eng.runner.step(ids, pos, few=few)
+    yield from eng.runner.greedy(0, len(ids))
+    return time.perf_counter() - t0
