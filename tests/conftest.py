@@ -1,13 +1,12 @@
-"""Shared fixtures: the native GPU device, where the vendored llama.cpp files are (build.py setup puts them there)."""
+"""Fixtures every area shares: the native GPU device (one for the session), the vendored Gemma 4 vocabulary, the tiny
+DiffusionGemma converted once per output type. Each area's folder has a conftest.py for what only it shares
+(tests/browser/conftest.py: the server and the pages); helpers live in tests/support/."""
 
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VENDORED = Path(os.environ.get("GEMMA4_VENDORED", ROOT / ".cache" / "llama.cpp"))
-VOCAB = VENDORED / "models" / "ggml-vocab-gemma-4.gguf"
+from support.paths import DIFFUSION_HF, VOCAB, load_tool
 
 
 @pytest.fixture(scope="session")
@@ -30,20 +29,8 @@ def dev():
     try:
         from pyapp.gpu import get_device
         return get_device("native")
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
-
-
-def load_tool(name: str):
-    """A script from tools/ as a module (tools/ is not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DIFFUSION_HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
+    except Exception as e:  # no wgpu, no driver, no adapter
+        pytest.skip(f"no WebGPU adapter for the native backend ({e}); apt-get install mesa-vulkan-drivers")
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,9 @@ from pyapp.train.data import DataError, MAX_EXAMPLE_CHARS, load_dataset
 from pyapp.train.session import FieldError, config_from_fields
 from pyapp.train.trainer import RULES, TrainConfig, TrainError
 
-FIX = Path(__file__).resolve().parent / "fixtures"
+from support.paths import FIXTURES
+
+FIX = FIXTURES
 BASE = FIX / "gemma4-dense-f32.gguf"
 ADAPTER = FIX / "lora" / "gemma4-dense.gguf"
 DEMO = FIX / "demo.gguf"
@@ -156,7 +158,7 @@ def test_value_check_reads_each_type():
 
 
 def test_an_adapter_without_pairs_is_refused(dense, tmp_path):
-    from test_lora import write_adapter
+    from support.adapters import write_adapter
     cfg, bound, arch = dense
     empty = write_adapter(tmp_path / "empty.gguf", {})
     with pytest.raises(LoraError, match="the adapter holds no tensors: no .lora_a/.lora_b pair to apply"):

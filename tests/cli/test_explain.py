@@ -13,7 +13,9 @@ from pyapp.model.config import Gemma4Config
 from pyapp.sampling import ParamError, SamplingParams
 from pyapp.source import BytesSource
 
-DEMO = Path(__file__).resolve().parent / "fixtures" / "demo.gguf"
+from support.paths import FIXTURES
+
+DEMO = FIXTURES / "demo.gguf"
 
 
 def _error_of(f, *args):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_tool
+from support.paths import ROOT, load_tool
 from pyapp.gguf import read_gguf
 
 HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 from pyapp.gguf import read_gguf
 
 pytestmark = pytest.mark.gpu

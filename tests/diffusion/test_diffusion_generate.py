@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_tool
+from support.paths import ROOT, load_tool
 from pyapp.gguf import read_gguf
 
 HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_tool
+from support.paths import ROOT, load_tool
 from pyapp.gguf import read_gguf
 from pyapp.reference.quants import load_tensor
 

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 from pyapp.gguf import read_gguf
 from pyapp.model import weights
 from pyapp.model.config import (ConfigError, DiffusionGemmaConfig, Gemma4Config, UnsupportedModelError)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_tool
+from support.paths import ROOT, load_tool
 from pyapp.gguf import read_gguf
 
 HF = ROOT / "tests" / "fixtures" / "diffusion-undamped-hf"

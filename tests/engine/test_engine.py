@@ -17,11 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_tool
+from support.paths import ROOT, load_tool
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = sorted(p for p in FIXTURES.glob("*.gguf") if p.with_suffix(".golden.npz").exists())
 TOKENS = [2, 17, 500, 33, 999, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.adapters import write_adapter
+from support.paths import ROOT
+
 FIX = ROOT / "tests" / "fixtures"
 CASES = [("gemma4-dense", "f32"), ("gemma4-dense", "q4_k"), ("gemma4-moe", "f32")]
 GPU_ATOL, REF_ATOL = 1e-3, 1e-4
@@ -67,31 +69,6 @@ def adapter_tensors(model: str = "gemma4-dense") -> dict:
     g = read_gguf(adapter_path(model))
     return {n: np.frombuffer(g.read_tensor(n), np.float32).reshape(tuple(reversed(t.shape)))
             for n, t in g.tensors.items()}
-
-
-def write_adapter(path: Path, tensors: dict, arch="gemma4", general_type="adapter", adapter_type="lora",
-                  alpha: float | None = 8.0, alpha_f64=False, extra=None) -> Path:
-    """An adapter GGUF written by gguf-py, as llama.cpp's converter writes one, with what a test changes."""
-    gguf = pytest.importorskip("gguf")
-    w = gguf.GGUFWriter(str(path), arch=arch)
-    if general_type is not None:
-        w.add_type(general_type)
-    if adapter_type is not None:
-        w.add_string("adapter.type", adapter_type)
-    if alpha is not None:
-        (w.add_float64 if alpha_f64 else w.add_float32)("adapter.lora.alpha", alpha)
-    for fn in extra or ():
-        fn(w, gguf)
-    for name, arr in tensors.items():
-        if isinstance(arr, tuple):            # (raw bytes as uint8 array, ggml type): a quantized tensor
-            w.add_tensor(name, arr[0], raw_dtype=arr[1])
-        else:
-            w.add_tensor(name, np.ascontiguousarray(arr, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def test_fixture_adapter_binds_to_the_weight_fields(dense):

@@ -8,14 +8,14 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pyapp.sampling import ParamError, SamplingParams, check_context_length, page_rules
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 DEMO = ROOT / "tests" / "fixtures" / "demo.gguf"
 
 BAD = [  # (field, value, what the message must say)

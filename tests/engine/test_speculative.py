@@ -15,9 +15,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import load_tool
+from support.paths import ROOT, load_tool
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt
 RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]

@@ -8,12 +8,12 @@ holds (rounds): both must give transformers' logits and the same greedy tokens.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 MOE = [ROOT / "tests" / "fixtures" / f"gemma4-moe-{q}.gguf" for q in ("f32", "q8_0")]
 GOLDEN_ATOL = 2e-3          # as tests/test_engine.py: transformers' f32 logits vs our kernels
 LIMITS = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}

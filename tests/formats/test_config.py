@@ -1,13 +1,10 @@
 """Gemma4Config from real and synthetic GGUF metadata."""
 
-import os
-from pathlib import Path
-
 import pytest
 
 from pyapp.model.config import ConfigError, Gemma4Config
 
-VOCAB = Path(os.environ.get("GEMMA4_VENDORED", Path(__file__).parent.parent / ".cache" / "llama.cpp")) / "models" / "ggml-vocab-gemma-4.gguf"
+from support.paths import VOCAB
 
 
 def _base_meta(**over):

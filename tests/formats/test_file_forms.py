@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_tool
+from support.paths import ROOT, load_tool
 
-ROOT = Path(__file__).resolve().parent.parent
 FORMS = ROOT / "tests" / "fixtures" / "forms"
 FILES = sorted(FORMS.glob("*.gguf"))
 OLLAMA = [p for p in FILES if p.stem.startswith("ollama-")]

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ from pyapp import ollama
 from pyapp.gguf import read_gguf_async
 from pyapp.ollama import (Layer, LocalDirectory, ModelName, ModelNotFound, OllamaError,
                           gemma4_models, is_gemma4, list_models, resolve, verify_digest)
+
+from support.paths import FIXTURES, ROOT
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
@@ -525,7 +526,7 @@ def test_fifos_are_refused_not_waited_on(tmp_path):
     with pytest.raises(SourceError, match="is not a regular file \\(a directory\\)"):
         FileSource(tmp_path)
     r = finishes(lambda: subprocess.run([sys.executable, "-m", "pyapp", "info", fifos[0]], capture_output=True,
-                                        text=True, timeout=60, cwd=Path(__file__).parent.parent), fifos)
+                                        text=True, timeout=60, cwd=ROOT), fifos)
     assert r.returncode == 2 and "is not a regular file (a FIFO)" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -562,7 +563,7 @@ def test_symlinks_out_of_the_folder_are_refused_by_default(tmp_path):
 
 # ---- what each model can take: inline encoders (Ollama's Gemma 4 tags) or a projector layer ----------
 
-FORMS = Path(__file__).resolve().parent / "fixtures" / "forms"
+FORMS = FIXTURES / "forms"
 
 
 def write_projector(path, vision: bool, audio: bool) -> bytes:

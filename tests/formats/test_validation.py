@@ -29,7 +29,8 @@ from pyapp.gguf import GGUFError, read_gguf
 from pyapp.model.config import ConfigError, Gemma4Config
 from pyapp.model.weights import WeightsError, bind
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from support.paths import FIXTURES
+
 DENSE = read_gguf(FIXTURES / "gemma4-dense-f32.gguf")     # E2B-like: PLE, KV sharing, per-layer FFN widths
 MOE = read_gguf(FIXTURES / "gemma4-moe-f32.gguf")         # 26B-A4B-like: experts, K=V global layers
 MODELS = {"dense": DENSE, "moe": MOE}

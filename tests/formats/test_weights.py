@@ -1,7 +1,6 @@
 """The model's structure declared once: GGUF names bound to fields, flags resolved once, one Logits type."""
 
 import ast
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,8 @@ from pyapp.model.config import Gemma4Config
 from pyapp.model.logits import Logits
 from pyapp.model.weights import LayerWeights, ModelWeights, WeightsError, bind, gguf_name, names
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 FIXTURES = ROOT / "tests" / "fixtures"
 
 

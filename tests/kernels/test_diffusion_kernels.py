@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_kernels import dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
+from support.gpu import dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
 
 pytestmark = pytest.mark.gpu
 

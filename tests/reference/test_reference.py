@@ -6,12 +6,12 @@ files: transformers run on the GGUF's own dequantized weights, so the only
 differences left are float32 rounding and op order).
 """
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from support.paths import FIXTURES
+
 MODELS = sorted(p for p in FIXTURES.glob("*.gguf") if p.with_suffix(".golden.npz").exists())
 
 # float32 through a handful of layers: differences come from summation order only.

@@ -6,12 +6,13 @@ v.clamp_data (the original library tags)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-FORMS = Path(__file__).resolve().parent / "fixtures" / "forms"
+from support.paths import FIXTURES
+
+FORMS = FIXTURES / "forms"
 
 
 @pytest.mark.parametrize("stem", ["ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published"])

@@ -5,13 +5,10 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import load_tool
 
 from pyapp.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
+from support.paths import load_tool
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import tarfile
 from array import array
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,9 @@ import pytest
 from pyapp.train.adapter_out import (AdapterWriteError, adapter_gguf, lora_targets, parse_targets,
                                      write_adapter)
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.adapters import llama_cpp_load_errors
+from support.paths import ROOT
+
 FIX = ROOT / "tests" / "fixtures"
 SDIST = ROOT / ".cache" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
 RANK, ALPHA = 3, 16.0
@@ -154,49 +155,6 @@ RULE_SOURCE = [
     "if (model_tensor->ne[0] != w.a->ne[0] || model_tensor->ne[1] != w.b->ne[1])",
     "if (w.a->ne[1] != w.b->ne[0])",
 ]
-
-
-def llama_cpp_load_errors(adapter, base) -> list[str]:
-    """What llama.cpp's adapter loader would say of this file (gguf-py readers of the adapter and base),
-    rule by rule; [] if it loads. gguf_get_val_f32 asserts the FLOAT32 type (ggml/src/gguf.cpp)."""
-    gguf = pytest.importorskip("gguf")
-    V = gguf.GGUFValueType
-    f = adapter.fields
-
-    def text(key):
-        return f[key].contents() if key in f and f[key].types == [V.STRING] else ""
-
-    errors = []
-    if text("general.type") != "adapter":
-        errors.append("general.type")
-    if text("general.architecture") != base.fields["general.architecture"].contents():
-        errors.append("arch mismatch")
-    if text("adapter.type") != "lora":
-        errors.append("adapter.type")
-    if "adapter.lora.alpha" in f and f["adapter.lora.alpha"].types != [V.FLOAT32]:
-        errors.append("alpha not FLOAT32 (abort)")
-    base_ne = {t.name: [int(x) for x in t.shape] for t in base.tensors}
-    pairs = {}
-    for t in adapter.tensors:
-        for i, suffix in enumerate((".lora_a", ".lora_b")):
-            if t.name.endswith(suffix):
-                pairs.setdefault(t.name[:-7], [None, None])[i] = [int(x) for x in t.shape]
-                break
-        else:
-            if not t.name.endswith("_norm.weight"):
-                errors.append(f"{t.name}: unexpected suffix")
-    for name, (a, b) in pairs.items():
-        if a is None or b is None:
-            errors.append(f"{name}: missing one component")
-        elif name not in base_ne:
-            errors.append(f"{name}: not in base model")
-        elif name.endswith("token_embd.weight"):
-            errors.append(f"{name}: token_embd (tied head for gemma4: llama.cpp aborts at graph time)")
-        elif base_ne[name][0] != a[0] or base_ne[name][1] != b[1]:
-            errors.append(f"{name}: incorrect shape")
-        elif a[1] != b[0]:
-            errors.append(f"{name}: lora_a not transposed")
-    return errors
 
 
 def test_the_mirrored_rules_are_llama_cpps():

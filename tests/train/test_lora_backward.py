@@ -11,7 +11,6 @@ itself differs from float64 torch by up to 2.9e-6 on these gradients (printed by
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +18,8 @@ import pytest
 from pyapp.reference import backward as bw
 from pyapp.reference.forward import gelu_tanh, rms_norm, rope_neox, softcap
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 FIX = ROOT / "tests" / "fixtures"
 CASES = [("gemma4-dense", "f32"), ("gemma4-dense", "q4_k"), ("gemma4-moe", "f32")]
 OP_RTOL, MODEL_FD_RTOL, TORCH_RTOL, LOSS_ATOL = 1e-6, 1e-5, 1e-5, 1e-6

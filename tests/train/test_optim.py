@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pyapp.train.optim import AdamW, WarmupCosine, clip_grad_norm, global_norm
 
-GOLDEN = Path(__file__).resolve().parent / "fixtures" / "train" / "adamw.golden.npz"
+from support.paths import FIXTURES
+
+GOLDEN = FIXTURES / "train" / "adamw.golden.npz"
 # the settings tools/make_optim_golden.py used
 STEPS, PEAK_LR, WARMUP, MAX_NORM, WEIGHT_DECAY, BETAS, EPS = 7, 0.05, 2, 1.0, 0.1, (0.9, 0.95), 1e-6
 

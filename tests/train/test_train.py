@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 from array import array
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,9 +30,11 @@ from pyapp.train.params import LoraParams
 from pyapp.train.state import TrainState
 from pyapp.train.trainer import Trainer, TrainConfig, TrainError
 
+from support.paths import FIXTURES
+
 pytestmark = pytest.mark.gpu
 
-FIX = Path(__file__).resolve().parent / "fixtures"
+FIX = FIXTURES
 LOSS_ATOL, GRAD_RTOL = 1e-5, 2e-5
 
 
@@ -173,7 +174,7 @@ def test_training_learns_and_the_adapter_reproduces_the_text(demo, tmp_path):
     assert base.tokens != ids[3:]                            # the base model does not know it
 
     gguf = pytest.importorskip("gguf")
-    from test_adapter_out import llama_cpp_load_errors
+    from support.adapters import llama_cpp_load_errors
     reader = gguf.GGUFReader(str(path))
     assert llama_cpp_load_errors(reader, gguf.GGUFReader(str(FIX / "demo.gguf"))) == []
     names = {t.name for t in reader.tensors}

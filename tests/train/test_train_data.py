@@ -6,7 +6,6 @@ masks on the fixtures' 512-token vocabulary (its ids: <bos> 2, <|turn> 105, <tur
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,8 @@ from pyapp.chat import OLLAMA_SMALL, TEMPLATE_STYLE, Conversation, render, rende
 from pyapp.train.data import (DataError, build_dataset, epoch_order, load_dataset, read_examples,
                               read_paragraphs, split_indices, tokenize_chat, tokenize_text)
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 BOS, TURN, END, NL, CH, END_CH = 2, 105, 106, 107, 100, 101
 
 

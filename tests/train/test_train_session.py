@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,9 @@ from pyapp.train.data import DataError, load_dataset
 from pyapp.train.session import FIELDS, FieldError, TrainingSession, config_from_fields, options
 from pyapp.train.trainer import PRESETS, TrainError
 
-FIX = Path(__file__).resolve().parent / "fixtures"
+from support.paths import FIXTURES
+
+FIX = FIXTURES
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
 DATA = "\n".join(json.dumps({"messages": [{"role": "user", "content": f"Say {n}."},
                                           {"role": "assistant", "content": w}]})
