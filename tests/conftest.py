@@ -2,11 +2,17 @@
 DiffusionGemma converted once per output type. Each area's folder has a conftest.py for what only it shares
 (tests/browser/conftest.py: the server and the pages); helpers live in tests/support/."""
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from support.paths import DIFFUSION_HF, VOCAB, load_tool
+# tests/ on sys.path: every test module imports its helpers from tests/support as `support` (pytest's default
+# import mode puts it there too; pyproject.toml is left alone, build.py reinstalls the environment when it changes)
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from support.paths import DIFFUSION_HF, VOCAB, load_tool  # noqa: E402
 
 
 @pytest.fixture(scope="session")
