@@ -1,6 +1,7 @@
 """Fixtures every area shares: the native GPU device (one for the session), the vendored Gemma 4 vocabulary, the tiny
 DiffusionGemma converted once per output type. Each area's folder has a conftest.py for what only it shares
-(tests/browser/conftest.py: the server and the pages); helpers live in tests/support/."""
+(tests/browser/conftest.py: the server and the pages); helpers live in tests/support/. The random test order
+(--random-order, --random-order-seed) is tests/support/random_order.py."""
 
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
 from support.paths import DIFFUSION_HF, VOCAB, load_tool  # noqa: E402
+from support.random_order import (pytest_addoption, pytest_collection_modifyitems,  # noqa: E402, F401
+                                  pytest_report_header, pytest_terminal_summary)
 
 
 @pytest.fixture(scope="session")
