@@ -13,10 +13,10 @@ apart; greedy generation must match token for token.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
+
 from support.paths import ROOT, load_tool
 
 pytestmark = pytest.mark.gpu
@@ -24,21 +24,6 @@ pytestmark = pytest.mark.gpu
 FIXTURES = ROOT / "tests" / "fixtures"
 GOLDEN = sorted(p for p in FIXTURES.glob("*.gguf") if p.with_suffix(".golden.npz").exists())
 TOKENS = [2, 17, 500, 33, 999, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """make(shape, quant) -> path of a toy GGUF (cached per module)."""
-    tool, made = load_tool("make_bench_model"), {}
-
-    def make(shape: str, quant: str) -> Path:
-        key = (shape, quant)
-        if key not in made:
-            path = tmp_path_factory.mktemp("toy") / f"{shape}-{quant}.gguf"
-            tool.write(shape, tool.T[quant], str(path), seed=1)
-            made[key] = path
-        return made[key]
-    return make
 
 
 def engine_logits(engine, tokens) -> np.ndarray:

@@ -12,10 +12,10 @@ happen, and puts stop tokens, max_tokens, the context end and a cancel inside ac
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
-from support.paths import ROOT, load_tool
+
+from support.paths import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures"
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt
@@ -58,19 +58,6 @@ def test_speculate_is_checked_and_greedy_only():
 
 
 # -- on the GPU ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    tool, made = load_tool("make_bench_model"), {}
-
-    def make(shape: str, quant: str = "Q8_0") -> Path:
-        if (shape, quant) not in made:
-            path = tmp_path_factory.mktemp("toy") / f"{shape}-{quant}.gguf"
-            tool.write(shape, tool.T[quant], str(path), seed=1)
-            made[shape, quant] = path
-        return made[shape, quant]
-    return make
-
 
 def _open(dev, path, **kw):
     from pyapp.engine import Engine

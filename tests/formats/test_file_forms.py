@@ -15,6 +15,7 @@ import json
 
 import numpy as np
 import pytest
+
 from support.paths import ROOT, load_tool
 
 FORMS = ROOT / "tests" / "fixtures" / "forms"

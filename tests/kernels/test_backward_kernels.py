@@ -8,6 +8,7 @@ import pytest
 
 from pyapp.gpu import kernels as K
 from pyapp.reference import backward as B
+
 from support.gpu import dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
 
 pytestmark = pytest.mark.gpu

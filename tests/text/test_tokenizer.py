@@ -12,11 +12,6 @@ from support.paths import load_tool
 
 
 @pytest.fixture(scope="module")
-def tok(vocab_gguf):
-    return Tokenizer.from_metadata(vocab_gguf.metadata)
-
-
-@pytest.fixture(scope="module")
 def hf(vocab_gguf):
     pytest.importorskip("tokenizers")
     return load_tool("hf_tokenizer").hf_tokenizer(vocab_gguf.metadata)
