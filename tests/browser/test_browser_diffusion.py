@@ -1,7 +1,8 @@
 """DiffusionGemma in the app, end to end in headless Chromium (WebGPU on SwiftShader), like test_browser.py.
 
 The tiny DiffusionGemma (tests/fixtures/diffusion-tiny-hf, converted by tools/convert_diffusion_gemma.py with the
-Gemma 4 tokenizer cut to its 512 ids) is opened through the file input, then, in file order: it loads with its own
+Gemma 4 tokenizer cut to its 512 ids) is opened through the file input (by each test that finds another model
+loaded: each test sets up what it needs, so any runs alone and in any order): it loads with its own
 sampler settings (the GGUF's defaults, checked like every setting); one decoder step's logits in the page match
 transformers' (tests/fixtures/diffusion-tiny.golden.npz: step 0, self-conditioned, a prompt past the window, after
 a committed block); a generation with transformers' random draws injected reproduces its every decision
@@ -18,10 +19,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import VOCAB, load_tool
-from browser_support import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, messages, server,  # noqa: F401
-                             set_field, wait_loaded_file, wait_state)
-from browser_support import under_csp as _under_csp
+from support.browser import ARTIFACTS, FIXTURES, ensure_model, messages, set_field, wait_loaded_file, wait_state
+from support.paths import VOCAB, load_tool
 
 pytestmark = pytest.mark.browser
 
@@ -40,32 +39,24 @@ def gguf_path(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def page(server, gguf_path):  # noqa: F811
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        pg = _under_csp(browser.new_context(viewport={"width": 1280, "height": 860}).new_page())
-        pg.set_default_timeout(TIMEOUT)
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(server + "/index.html")
-        wait_state(pg, "ready", "no-webgpu")
-        assert pg.evaluate("document.body.dataset.state") == "ready", pg.inner_text("#webgpu-help")
-        pg.set_input_files("#file-input", str(gguf_path))
-        wait_loaded_file(pg, NAME)
-        yield pg
-        browser.close()
+def ensure_tiny(page, gguf_path, defaults=False) -> None:
+    """The tiny DiffusionGemma loaded on the module's page (a test before may have opened the undamped one);
+    defaults: its settings the GGUF's again and a conversation of its own."""
+    ensure_model(page, gguf_path, defaults=defaults)
+    if defaults:
+        page.click("#new-chat")
 
 
 def call(page, cmd: str, *args):
     return page.evaluate("([c, a]) => window.app.call(c, ...a)", [cmd, list(args)])
 
 
-def test_loads_with_its_own_sampler_settings(page):
+def test_loads_with_its_own_sampler_settings(page, gguf_path):
     """A DiffusionGemma file loads like any model; the settings show its denoising sampler with the GGUF's
     defaults (tools/make_diffusion_fixture.py's generation config), not the next-token sampler's fields; a bad
     value is named beside its field in plain words; a temperature range the wrong way round is refused."""
+    page.set_input_files("#file-input", str(gguf_path))     # opened now, whatever the page held before
+    wait_loaded_file(page, NAME)
     info = page.inner_text("#model-info")
     assert "DiffusionGemma (text diffusion): 4 layers (SGSG)" in info and "canvas 16" in info and "Loaded in" in info
     assert page.is_visible("#denoise-settings") and page.is_hidden("#temperature")
@@ -109,10 +100,11 @@ def page_logits(page, i, golden=GOLDEN):
 
 
 @pytest.mark.parametrize("i", range(4))
-def test_decoder_step_logits_match_transformers(page, i):
+def test_decoder_step_logits_match_transformers(page, gguf_path, i):
     """One denoising step's [canvas, vocab] logits on the page's GPU: step 0, self-conditioned on given previous
     logits, a prompt longer than the sliding window, after a committed block: argmax equal everywhere and within
     issue 12's 1e-3 (SwiftShader's built-in sin/cos once put RoPE, and so these, 3e-2 off: shaders/sincos.wgsl)."""
+    ensure_tiny(page, gguf_path)
     got, want = page_logits(page, i)
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(got - want).max() <= 1e-3
@@ -132,9 +124,10 @@ def replay(page, i) -> dict:
 
 
 @pytest.mark.parametrize("i", [1, 2])
-def test_generation_with_injected_draws_matches_transformers(page, i):
+def test_generation_with_injected_draws_matches_transformers(page, gguf_path, i):
     """Every step's acceptance mask and argmax draft, each block's stop step, the committed tokens (pad after the
     eos in trace 2, which stops at it), tokens per forward: token for token."""
+    ensure_tiny(page, gguf_path)
     r = replay(page, i)
     assert r["steps"] == TRACE[f"steps_{i}"].tolist()
     if i == 2:
@@ -149,6 +142,8 @@ def test_a_reply_is_shown_denoising_then_committed(page, gguf_path):
     """Each step's draft of the block replaces the last (accepted positions underlined, hidden from screen
     readers), the figures move (steps, tokens/s, tokens per forward pass), each committed block is appended and
     announced; the reply's text is its committed ids'."""
+    ensure_tiny(page, gguf_path, defaults=True)
+    page.evaluate("document.getElementById('advanced').open = false")
     page.click("#advanced summary")                         # the seed sits under Advanced sampling
     set_field(page, "seed", 5)
     page.click("#advanced summary")
@@ -186,7 +181,8 @@ def test_a_reply_is_shown_denoising_then_committed(page, gguf_path):
     assert reply["content"] and tok.decode(reply["ids"]).endswith(reply["content"])
 
 
-def test_stop_ends_a_reply_between_steps(page):
+def test_stop_ends_a_reply_between_steps(page, gguf_path):
+    ensure_tiny(page, gguf_path, defaults=True)
     set_field(page, "denoise_steps", 400)                    # random weights never settle: every step runs
     set_field(page, "denoise_entropy_bound", 0)
     page.evaluate("window.app.state.denoise = null")       # the last reply's figures

@@ -13,30 +13,12 @@ import json
 
 import pytest
 
-from browser_support import (CHROMIUM, FIXTURES, FLAGS, TIMEOUT, native_greedy, send,  # noqa: F401
-                             server, set_field, wait_loaded_file, wait_state)
-from browser_support import under_csp as _under_csp
+from support.browser import FIXTURES, ensure_model, fresh_chat, native_greedy, send, set_field, wait_loaded_file
 
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
 RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def page(server):  # noqa: F811
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        pg = _under_csp(browser.new_context(viewport={"width": 1280, "height": 860}).new_page())
-        pg.set_default_timeout(TIMEOUT)
-        pg.errors = []
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.goto(server + "/index.html")
-        wait_state(pg, "ready", "no-webgpu")
-        assert pg.evaluate("document.body.dataset.state") == "ready", pg.inner_text("#webgpu-help")
-        yield pg
-        browser.close()
 
 
 def _generate(page, tokens, **params) -> dict:
@@ -64,13 +46,11 @@ def test_speculative_greedy_tokens_in_the_browser(page, stem, prompt):
 def test_speculative_drafts_setting_in_the_chat(page):
     """The Advanced sampling field: kept with the settings, sent with the chat; the reply is the native
     greedy one, and its stats say how many drafts were accepted (a prompt that repeats: some are)."""
-    path = FIXTURES / "demo.gguf"
-    page.set_input_files("#file-input", str(path))
-    wait_loaded_file(page, path.name)
+    ensure_model(page)
+    fresh_chat(page, max_tokens=24)             # the one message native_greedy gets, nothing before it
+    page.evaluate("document.getElementById('advanced').open = false")
     page.click("#advanced summary")
     assert page.is_visible("#speculate") and page.is_visible("#speculate-help")
-    set_field(page, "temperature", 0)
-    set_field(page, "max_tokens", 24)
     set_field(page, "speculate", 8)
     assert page.evaluate("window.app.state.settings.speculate") == "8"
     text = "one two three four five, one two three four five, one two three four five, one two three"

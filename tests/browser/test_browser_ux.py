@@ -15,59 +15,13 @@ import json
 
 import pytest
 
-from browser_support import (ARTIFACTS, CHROMIUM, FIXTURES, FLAGS, TIMEOUT, messages, ollama_folder, open_app,
-                             send, server, set_field, type_field, under_csp, wait_loaded_file, wait_state,  # noqa: F401
-                             write_opfs_folder)
+from support.browser import (ARTIFACTS, CHROMIUM, FIXTURES, ensure_model, ensure_reply, messages, ollama_folder,
+                             open_app, send, set_field, type_field, wait_loaded_file, wait_state, write_opfs_folder)
 
 pytestmark = pytest.mark.browser
 
 MOE = FIXTURES / "gemma4-moe-q8_0.gguf"
 SHOTS = ARTIFACTS / "ux"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def page(browser, server):  # noqa: F811
-    pg = open_app(browser, server, (1280, 860), accept_downloads=True)
-    assert pg.evaluate("document.body.dataset.state") == "ready", pg.inner_text("#webgpu-help")
-    yield pg
-    pg.context.close()
-
-
-# ------------------------------------------------------------------ what each test needs, made here if missing
-def ensure_model(page, path=FIXTURES / "demo.gguf") -> None:
-    """This fixture model loaded, with the settings as a new user has them (GPU memory as the page set it)."""
-    wait_state(page, "ready", "loaded")
-    for field in ("gpu_memory", "context_length", "temperature"):
-        if page.get_attribute(f"#{field}", "aria-invalid") == "true" or page.input_value(f"#{field}") == "":
-            page.click("#reset-settings")
-    if page.input_value("#gpu_memory") != "2048" or page.evaluate("window.app.state.gpuMemory") != 2048:
-        set_field(page, "gpu_memory", 2048)
-    if page.evaluate(f"!(window.app.state.loaded && window.app.state.model.file === {json.dumps(path.name)})"):
-        page.set_input_files("#file-input", str(path))
-        wait_loaded_file(page, path.name)
-    elif page.is_visible("#reload-model"):                         # settings changed since it loaded
-        page.click("#reload-model")
-        wait_loaded_file(page, path.name)
-
-
-def ensure_reply(page) -> dict:
-    """The demo model loaded and a conversation with a one-token reply on screen."""
-    ensure_model(page)
-    done = [m for m in messages(page) if m["role"] == "assistant" and m.get("stats")]
-    if done:
-        return done[-1]
-    set_field(page, "temperature", 0)
-    set_field(page, "max_tokens", 1)
-    return send(page, "Hi")
 
 
 def box(page, selector: str) -> dict:
@@ -334,7 +288,7 @@ def test_the_memory_plan_bar_of_a_mixture_of_experts_model(page):
 
 
 # ------------------------------------------------------------------ 6. without WebGPU: no model buttons to press
-def test_without_webgpu_no_model_can_be_chosen(browser, server):  # noqa: F811
+def test_without_webgpu_no_model_can_be_chosen(browser, server):
     other = browser.browser_type.launch(executable_path=str(CHROMIUM), headless=True,
                                         args=["--no-sandbox", "--disable-background-networking"])
     try:
@@ -411,7 +365,7 @@ def test_on_a_phone_the_conversation_owns_the_screen(page):
 
 
 # ------------------------------------------------------------------ a training file before any model
-def test_a_training_file_dropped_before_a_model_waits_for_one(browser, server):  # noqa: F811
+def test_a_training_file_dropped_before_a_model_waits_for_one(browser, server):
     pg = open_app(browser, server)
     try:
         pg.evaluate("""() => { const dt = new DataTransfer();

@@ -1,14 +1,17 @@
-"""What the browser test modules share (not a test module: each test_browser*.py imports from here, never
-from another test module, so any of them runs alone and in any order).
+"""What the browser tests share (tests/browser/conftest.py's fixtures are built from it; the test modules import
+from here, never from each other).
 
-The built app in dist/ is served on a free local port (`server`, a module fixture: import it into the test
-module); pages are made under the app's Content-Security-Policy (`under_csp`: Playwright's wait_for_function
-evals its expression in the page, which the policy forbids, so it polls with evaluate() instead, and every
-CSP violation is collected), with helpers to wait for the app's states and to drive its fields.
+The built app in dist/ is served on a free local port (`serve`); pages are made under the app's
+Content-Security-Policy (`under_csp`: Playwright's wait_for_function evals its expression in the page, which the
+policy forbids, so it polls with evaluate() instead, and every CSP violation is collected) by one factory
+(`open_page`, `open_app`), with helpers to wait for the app's states, to drive its fields, and to set up what a
+test needs whatever ran before it on the module's page (`ensure_model`, `ensure_reply`, `fresh_chat`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -19,14 +22,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import FIXTURES, ROOT
+
 DIST = ROOT / "dist"
-FIXTURES = ROOT / "tests" / "fixtures"
 ARTIFACTS = ROOT / "test-artifacts"
 SCREENSHOTS = ROOT / "tests" / "screenshots"   # the chat list and recent models, for people to look at
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-background-networking"]
 TIMEOUT = 180_000   # ms: SwiftShader runs the GPU kernels on the CPU
+DEMO = FIXTURES / "demo.gguf"
 
 
 def free_port() -> int:
@@ -53,8 +57,9 @@ def stale_dist_files() -> list[str]:
     return stale
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def serve():
+    """dist/ served on a free local port: yields its URL (skips without dist/ or Chromium; fails on a stale dist/)."""
     if not (DIST / "index.html").exists() or not CHROMIUM.exists():
         pytest.skip("needs dist/ (python3 build.py build) and /usr/bin/chromium")
     stale = stale_dist_files()
@@ -64,8 +69,10 @@ def server():
     srv = build.make_server(free_port(), DIST)
     os.environ["SERVE_QUIET"] = "1"
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
 
 
 def under_csp(pg):
@@ -98,15 +105,23 @@ def under_csp(pg):
     return pg
 
 
-def open_app(browser, server: str, viewport=(1280, 860), **context):
-    """A new context's page on the app under its CSP, booted (WebGPU ready); pageerror events in pg.errors."""
-    pg = under_csp(browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, **context).new_page())
+def open_page(context, server: str):
+    """A new page of this browser context on the app under its CSP, booted (WebGPU ready, or the page saying
+    there is none): pageerror events in pg.errors, console errors and warnings in pg.console."""
+    pg = under_csp(context.new_page())
     pg.set_default_timeout(TIMEOUT)
-    pg.errors = []
+    pg.errors, pg.console = [], []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("console", lambda m: pg.console.append(m.text) if m.type in ("error", "warning") else None)
     pg.goto(server + "/index.html")
     wait_state(pg, "ready", "no-webgpu")
     return pg
+
+
+def open_app(browser, server: str, viewport=(1280, 860), **context):
+    """open_page in a new context of its own (its own storage: OPFS, IndexedDB, localStorage), downloads accepted."""
+    ctx = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True, **context)
+    return open_page(ctx, server)
 
 
 def wait_state(page, *states):
@@ -147,18 +162,20 @@ def wait_loaded_file(page, name: str) -> None:
     wait_state(page, "loaded")
 
 
+@functools.cache
+def demo_engine():
+    """The native engine on the demo model, opened once for every test that compares with it."""
+    from pyapp.engine import Engine
+    return Engine.open(str(DEMO), context_length=4096)
+
+
 def native_greedy(conversation: list[dict], max_tokens: int) -> str:
     """The native backend's greedy reply for the same conversation and demo model."""
     from pyapp.chat import render_ids
-    from pyapp.engine import Engine, SamplingParams
-    eng = native_greedy.engine
-    if eng is None:
-        eng = native_greedy.engine = Engine.open(str(FIXTURES / "demo.gguf"), context_length=4096)
+    from pyapp.engine import SamplingParams
+    eng = demo_engine()
     ids = render_ids(eng.tokenizer, conversation)
     return eng.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).text
-
-
-native_greedy.engine = None
 
 
 def write_opfs_folder(page, dirname: str, files: dict[str, bytes]) -> None:
@@ -196,3 +213,58 @@ def ollama_folder(models: dict[str, list[tuple[str, bytes]]]) -> dict[str, bytes
             "layers": [{"mediaType": f"application/vnd.ollama.image.{kind}", "digest": f"sha256:{sha(b)}",
                         "size": len(b)} for kind, b in layers]}).encode()
     return files
+
+
+# ------------------------------------------------------------------ what a test needs, made here if missing
+def wait_idle(page) -> None:
+    """Nothing loading or generating (a model loaded or not)."""
+    wait_state(page, "ready", "loaded", "no-webgpu")
+
+
+def ensure_model(page, path=DEMO, defaults=False) -> None:
+    """This fixture model loaded without an adapter, with the settings as a new user has them (GPU memory as the
+    page set it: 2048 MiB); defaults: every setting at the model's defaults too (Model defaults), and the model
+    reloaded if it was loaded with others (its context)."""
+    wait_idle(page)
+    if defaults:
+        page.click("#reset-settings")
+    for field in ("gpu_memory", "context_length", "temperature"):
+        if page.get_attribute(f"#{field}", "aria-invalid") == "true" or page.input_value(f"#{field}") == "":
+            page.click("#reset-settings")
+    if page.input_value("#gpu_memory") != "2048" or page.evaluate("window.app.state.gpuMemory") != 2048:
+        set_field(page, "gpu_memory", 2048)
+    if page.evaluate(f"!(window.app.state.loaded && window.app.state.model.file === {json.dumps(path.name)})"
+                     " || !document.getElementById('adapter-controls').hidden"):
+        page.set_input_files("#file-input", str(path))       # a new model: any adapter is forgotten
+        wait_loaded_file(page, path.name)
+    elif page.is_visible("#reload-model"):                     # settings changed since it loaded
+        page.click("#reload-model")
+        wait_loaded_file(page, path.name)
+
+
+def greedy(page, max_tokens: int = 10) -> None:
+    """The conversation on screen without a system prompt or thinking, its next replies greedy and at most
+    max_tokens long: what the page sends is then exactly the messages native_greedy gets."""
+    page.fill("#system", "")
+    page.dispatch_event("#system", "change")
+    page.set_checked("#thinking", False)
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", max_tokens)
+
+
+def fresh_chat(page, max_tokens: int = 10) -> None:
+    """A new, empty conversation, greedy (above)."""
+    page.click("#new-chat")
+    greedy(page, max_tokens)
+    assert messages(page) == [] and page.evaluate("!window.app.state.chat.system && !window.app.state.chat.thinking")
+
+
+def ensure_reply(page) -> dict:
+    """The demo model loaded and a conversation with a one-token reply on screen."""
+    ensure_model(page)
+    done = [m for m in messages(page) if m["role"] == "assistant" and m.get("stats")]
+    if done:
+        return done[-1]
+    set_field(page, "temperature", 0)
+    set_field(page, "max_tokens", 1)
+    return send(page, "Hi")
