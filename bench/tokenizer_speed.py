@@ -1,5 +1,5 @@
 """Times of the vocabulary's parse, the tokenizer's build and encoding 10 kB of text (the figures the tests
-used to assert; tests/test_tokenizer.py and tests/test_gguf.py now count the work instead, DESIGN.md rule 7).
+used to assert; tests/text/test_tokenizer.py and tests/formats/test_gguf.py now count the work instead, DESIGN.md rule 7).
 
     python bench/tokenizer_speed.py [VOCAB.gguf] [--repeat 3]      # default: the vendored Gemma 4 vocabulary
 

@@ -1,13 +1,21 @@
-"""Shared fixtures: the native GPU device, where the vendored llama.cpp files are (build.py setup puts them there)."""
+"""Fixtures every area shares: the native GPU device (one for the session), the vendored Gemma 4 vocabulary, the tiny
+DiffusionGemma converted once per output type. Each area's folder has a conftest.py for what only it shares
+(tests/browser/conftest.py: the server and the pages); helpers live in tests/support/. The random test order
+(--random-order, --random-order-seed) is tests/support/random_order.py."""
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VENDORED = Path(os.environ.get("GEMMA4_VENDORED", ROOT / ".cache" / "llama.cpp"))
-VOCAB = VENDORED / "models" / "ggml-vocab-gemma-4.gguf"
+# tests/ on sys.path: every test module imports its helpers from tests/support as `support` (pytest's default
+# import mode puts it there too; pyproject.toml is left alone, build.py reinstalls the environment when it changes)
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from support.paths import DIFFUSION_HF, VOCAB, load_tool  # noqa: E402
+from support.random_order import (pytest_addoption, pytest_collection_modifyitems,  # noqa: E402, F401
+                                  pytest_report_header, pytest_terminal_summary)
 
 
 @pytest.fixture(scope="session")
@@ -30,20 +38,8 @@ def dev():
     try:
         from pyapp.gpu import get_device
         return get_device("native")
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter for the native backend ({e})")
-
-
-def load_tool(name: str):
-    """A script from tools/ as a module (tools/ is not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DIFFUSION_HF = ROOT / "tests" / "fixtures" / "diffusion-tiny-hf"
+    except Exception as e:  # no wgpu, no driver, no adapter
+        pytest.skip(f"no WebGPU adapter for the native backend ({e}); apt-get install mesa-vulkan-drivers")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,66 @@
+"""Speculative decoding on the browser path: headless Chromium (WebGPU on SwiftShader), Pyodide, the built app.
+
+The worker's `generate_tokens` command takes any SamplingParams field, `speculate` included, and runs
+Engine.generate_async: the same step generator as natively, driven by awaited readbacks. A fixture model
+opened through the file input generates greedily with and without speculation: the same tokens, and those
+of the native engine. The app's setting (Advanced sampling, "Speculative drafts") goes with each chat
+request; the reply equals the native greedy one and its stats line counts the drafts accepted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.browser import FIXTURES, ensure_model, fresh_chat, native_greedy, send, set_field, wait_loaded_file
+
+REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
+RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
+
+pytestmark = pytest.mark.browser
+
+
+def _generate(page, tokens, **params) -> dict:
+    return page.evaluate("([t, p]) => window.app.call('generate_tokens', t, p)",
+                         [json.dumps(tokens), json.dumps({"temperature": 0, **params})])
+
+
+@pytest.mark.parametrize("stem,prompt", [("gemma4-dense-q4_k", REPEATING), ("gemma4-moe-q8_0", RANDOM)],
+                         ids=["dense-q4_k", "moe-q8_0"])
+def test_speculative_greedy_tokens_in_the_browser(page, stem, prompt):
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    path = FIXTURES / f"{stem}.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    plain = _generate(page, prompt, max_tokens=12)
+    spec = _generate(page, prompt, max_tokens=12, speculate=5)
+    assert "error" not in spec, spec
+    native = Engine.open(read_gguf(path), backend="native", context_length=128)
+    want = native.generate(prompt, SamplingParams(temperature=0, max_tokens=12), stop_ids=()).tokens
+    assert spec["tokens"] == plain["tokens"] == want and spec["stop_reason"] == "length"
+    assert not page.errors
+
+
+def test_speculative_drafts_setting_in_the_chat(page):
+    """The Advanced sampling field: kept with the settings, sent with the chat; the reply is the native
+    greedy one, and its stats say how many drafts were accepted (a prompt that repeats: some are)."""
+    ensure_model(page)
+    fresh_chat(page, max_tokens=24)             # the one message native_greedy gets, nothing before it
+    page.evaluate("document.getElementById('advanced').open = false")
+    page.click("#advanced summary")
+    assert page.is_visible("#speculate") and page.is_visible("#speculate-help")
+    set_field(page, "speculate", 8)
+    assert page.evaluate("window.app.state.settings.speculate") == "8"
+    text = "one two three four five, one two three four five, one two three four five, one two three"
+    reply = send(page, text)
+    assert reply["content"] == native_greedy([{"role": "user", "content": text}], 24)
+    stats = reply["stats"]
+    assert stats["drafted"] > 0 and 0 <= stats["accepted"] <= stats["drafted"]
+    meta = page.inner_text(".msg.assistant .meta")
+    assert f"{stats['accepted']} of {stats['drafted']} drafts accepted" in meta
+    set_field(page, "speculate", 99)                                 # beyond pyapp.sampling's rule: refused
+    assert page.evaluate("window.app.state.settings.speculate") == "8"
+    page.click("#advanced summary")
+    assert not page.errors

@@ -1,0 +1,138 @@
+"""The command line: python -m pyapp info / tokenize / logits / generate / bench on the fixtures."""
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from support.paths import ROOT
+
+FIX = ROOT / "tests" / "fixtures"
+
+
+def pyapp(*args, check=True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pyapp", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, check=check, timeout=300)
+
+
+def test_info():
+    out = pyapp("info", FIX / "gemma4-moe-q8_0.gguf").stdout
+    assert "architecture:  gemma4" in out and "MoE 2/4 experts" in out and "Q8_0" in out
+
+
+def test_tokenize_matches_the_tokenizer():
+    from pyapp.gguf import read_gguf
+    from pyapp.tokenizer import Tokenizer
+    tok = Tokenizer.from_metadata(read_gguf(FIX / "demo.gguf").metadata)
+    out = pyapp("tokenize", FIX / "demo.gguf", "--text", "Hello world, hello!").stdout.split()
+    assert [int(x) for x in out] == tok.encode("Hello world, hello!")
+    assert pyapp("tokenize", FIX / "demo.gguf", "--text", "hi", "--bos").stdout.split()[0] == "2"
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("native", marks=pytest.mark.gpu)])
+def test_logits_match_golden(tmp_path, backend):
+    if backend == "native":
+        pytest.importorskip("wgpu")
+    path = FIX / "gemma4-dense-q6_k.gguf"
+    golden = np.load(path.with_suffix(".golden.npz"))
+    tokens = golden["tokens_1"].tolist()
+    out = tmp_path / "l.npy"
+    r = pyapp("logits", path, "--tokens", ",".join(map(str, tokens)), "--out", out, "--backend", backend, check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    got = np.load(out)
+    assert got.dtype == np.float32 and got.shape == golden["logits_1"].shape
+    assert np.abs(got - golden["logits_1"]).max() < 2e-3
+
+
+@pytest.mark.gpu
+def test_logits_no_int8(tmp_path):
+    """A 90-token prompt's logits: by default within int8's rounding of the f32 reference, with --no-int8
+    within float rounding (the flag reaches the engine)."""
+    pytest.importorskip("wgpu")
+    path = FIX / "gemma4-dense-q4_k.gguf"
+    tokens = ",".join(map(str, [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()))
+    got = {}
+    for flag in ("--no-int8", None, "reference"):
+        out = tmp_path / f"{flag}.npy"
+        extra = ["--backend", "reference"] if flag == "reference" else [flag] if flag else []
+        r = pyapp("logits", path, "--tokens", tokens, "--out", out, *extra, check=False)
+        if r.returncode and "no WebGPU adapter" in r.stderr:
+            pytest.skip("no WebGPU adapter")
+        assert r.returncode == 0, r.stderr
+        got[flag] = np.load(out)
+    assert np.abs(got["--no-int8"] - got["reference"]).max() < 1e-4
+    assert 1e-3 < np.abs(got[None] - got["reference"]).mean() < 0.06
+
+
+@pytest.mark.gpu
+def test_logits_f16(tmp_path):
+    """--f16 reaches the engine: on a device with shader-f16 a 30-token prompt's logits move off the
+    f32 ones by f16's rounding (the f16 tiles ran), and no further."""
+    pytest.importorskip("wgpu")
+    from pyapp.gpu import get_device
+    if not get_device("native").has_f16:
+        pytest.skip("device has no shader-f16")
+    path = FIX / "gemma4-dense-q6_k.gguf"
+    tokens = ",".join(map(str, [2] + np.random.default_rng(6).integers(3, 250, 29).tolist()))
+    got = {}
+    for flag in ("--f16", None):
+        out = tmp_path / f"{flag}.npy"
+        r = pyapp("logits", path, "--tokens", tokens, "--out", out, *([flag] if flag else []), check=False)
+        assert r.returncode == 0, r.stderr
+        got[flag] = np.load(out)
+    assert 1e-5 < np.abs(got["--f16"] - got[None]).mean() < 0.02
+
+
+@pytest.mark.gpu
+def test_generate_and_bench():
+    pytest.importorskip("wgpu")
+    r = pyapp("generate", FIX / "demo.gguf", "--prompt", "Hi", "--max-tokens", "5", "--temperature", "0", check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    assert "generated" in r.stderr and "tok/s" in r.stderr
+    b = json.loads(pyapp("bench", FIX / "gemma4-dense-q8_0.gguf", "--json", "--prompt-tokens", "16",
+                         "--decode-tokens", "8").stdout.strip().splitlines()[-1])
+    assert b["generated_tokens"] == 8 and b["decode_tok_s"] > 0 and b["adapter"].startswith("native")
+    assert len(b["runs"]["decode_tok_s"]) == 3 and sorted(b["runs"]["decode_tok_s"])[1] == round(b["decode_tok_s"], 1)
+
+
+def test_logits_refuses_ids_outside_the_vocabulary(tmp_path):
+    for ids in ("2,99999", "2,-1"):
+        r = pyapp("logits", FIX / "demo.gguf", "--tokens", ids, "--out", tmp_path / "x.npy", "--backend", "reference",
+                  check=False)
+        assert r.returncode == 2 and "outside the vocabulary (0..4095)" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_file_is_a_clean_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    r = pyapp("info", bad, check=False)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+@pytest.mark.gpu
+def test_generate_and_bench_speculate():
+    """--speculate N: generate says what it drafted and accepted; off (and says so) when sampling;
+    bench reports drafted, accepted and tokens per step for a repeating prompt; a bad N is refused."""
+    pytest.importorskip("wgpu")
+    model = FIX / "gemma4-dense-q8_0.gguf"
+    r = pyapp("generate", model, "--prompt", "one two one two one two", "--raw", "--max-tokens", "12",
+              "--speculate", "4", check=False)
+    if r.returncode and "no WebGPU adapter" in r.stderr:
+        pytest.skip("no WebGPU adapter")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"speculative: \d+ of \d+ drafted tokens accepted, [\d.]+ tokens per step", r.stderr), r.stderr
+    r = pyapp("generate", model, "--prompt", "Hi", "--max-tokens", "3", "--speculate", "4", "--temperature", "0.5")
+    assert "--speculate is off: greedy only" in r.stderr
+    b = json.loads(pyapp("bench", model, "--json", "--prompt-tokens", "32", "--decode-tokens", "12", "--repeat", "1",
+                         "--speculate", "4", "--prompt-kind", "repeat").stdout.strip().splitlines()[-1])
+    assert b["speculate"] == 4 and b["prompt"] == "repeat" and b["generated_tokens"] == 12
+    assert b["accepted"] > 0 and b["tokens_per_step"] > 1
+    r = pyapp("generate", model, "--prompt", "Hi", "--speculate", "17", check=False)
+    assert r.returncode == 2 and "speculate must be an integer from 0 to 16" in r.stderr

@@ -1,0 +1,480 @@
+"""The GPU engine (native backend) against the numpy reference and the golden fixtures.
+
+Random-weight toy models with the real structure (tools/make_bench_model.py:
+E2B-like with PLE + KV sharing, 26B-A4B-like with experts) check every code
+path; the committed fixtures (tools/make_fixtures.py) check against transformers.
+
+Tolerances: the toy models are chaotic (1e-6 relative noise on their weights
+moves the reference's logits by ~1e-2), so there the GPU must agree within
+2e-2 absolute and pick the same argmax wherever the top two logits are 0.05
+apart; greedy generation must match token for token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from support.paths import ROOT, load_tool
+
+pytestmark = pytest.mark.gpu
+
+FIXTURES = ROOT / "tests" / "fixtures"
+GOLDEN = sorted(p for p in FIXTURES.glob("*.gguf") if p.with_suffix(".golden.npz").exists())
+TOKENS = [2, 17, 500, 33, 999, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
+
+
+def engine_logits(engine, tokens) -> np.ndarray:
+    return np.asarray(engine.forward(tokens))
+
+
+def assert_logits_agree(got, want, atol):
+    assert got.shape == want.shape
+    diff = np.abs(got - want).max()
+    assert diff < atol, f"max |gpu - reference| = {diff:.3g}"
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.05
+    assert clear.sum() >= len(want) // 2
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+TOY_CASES = [("tiny", "Q8_0"), ("tiny", "Q4_K"), ("tiny", "Q6_K"), ("tiny", "Q4_0"), ("tiny-moe", "Q8_0"),
+             ("tiny-moe", "Q5_K")]
+
+
+@pytest.mark.parametrize("shape,quant", TOY_CASES, ids=lambda v: v)
+@pytest.mark.parametrize("chunk", [1, 7], ids=["decode-path", "prefill-chunks"])
+def test_toy_logits_and_greedy_match_reference(dev, toy, shape, quant, chunk):
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(toy(shape, quant))
+    ref = ReferenceModel(g)
+    eng = Engine.open(g, device=dev, context_length=64, chunk=chunk, int8=False)     # f32: float rounding only
+    assert_logits_agree(engine_logits(eng, TOKENS), np.asarray(ref.forward(TOKENS)), atol=2e-2)
+    res = eng.generate(TOKENS[:6], SamplingParams(temperature=0, max_tokens=16), stop_ids=())
+    assert res.tokens == ref.generate_greedy(TOKENS[:6], 16)
+    assert res.stop_reason == "length" and res.prompt_tokens == 6
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"])
+def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkeypatch):
+    """A one-token plan builds the post-norms' residual adds into the matvecs that read them
+    (K.ResidualInput): fewer dispatches, logits as the plan with an add_normed dispatch each
+    (float rounding apart: 2e-3 here), and without the storage buffers for it, that plan."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+
+    def decode(fuse: bool):
+        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1, int8=False)
+        eng.runner.fuse_residual = fuse
+        eng.runner._plans.clear()
+        plan = eng.runner.layers_plan(1)
+        families = [op[1].key[:2] for op in plan.ops if op[0] == "d"]
+        return engine_logits(eng, TOKENS[:9]), families, eng.config
+
+    fused, fused_ops, cfg = decode(True)
+    plain, plain_ops, _ = decode(False)
+    adds_into_residual = cfg.n_layers * (3 if cfg.has_ple else 2)
+    assert plain_ops.count(("norm", "add_normed")) >= adds_into_residual
+    # every add into the residual stream but the last layer's (nothing follows it in the plan)
+    assert plain_ops.count(("norm", "add_normed")) - fused_ops.count(("norm", "add_normed")) == adds_into_residual - 1
+    assert_logits_agree(fused, plain, atol=2e-2)      # the toy models are chaotic (module docstring)
+    monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 8)
+    _, limited_ops, _ = decode(True)
+    routing = ("moe_route", "route")         # rides on a plain matvec either way (7 buffers)
+    assert [f for f in limited_ops if f != routing] == [f for f in plain_ops if f != routing]
+
+
+def test_decode_router_and_routing_ride_on_other_dispatches(dev, toy):
+    """A one-token plan's MoE router matvec norms its input itself (K.NormInput: no norm_pair
+    dispatch) and the top-k is one workgroup more in the dense down projection's dispatch
+    (K.RouteTail: no route dispatch), with the logits of the chunk path (norm_pair, matmul, route),
+    which prefill takes, and of the one-token plan without fusion (a route dispatch a layer)."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+
+    def open_engine(chunk: int, fuse: bool = True):
+        eng = Engine.open(read_gguf(toy("tiny-moe", "Q4_K")), device=dev, context_length=64, chunk=chunk,
+                          int8=False)
+        eng.runner.fuse_residual = fuse
+        eng.runner._plans.clear()
+        return eng
+
+    eng = open_engine(1)
+    ops = [op[1].key[:2] for op in eng.runner.layers_plan(1).ops if op[0] == "d"]
+    moe_layers = sum(lc.has_moe for lc in eng.config.layers)
+    assert moe_layers > 0 and ("norm", "norm_pair") not in ops and ("moe_route", "route") not in ops
+    plain = open_engine(1, fuse=False)
+    plain_ops = [op[1].key[:2] for op in plain.runner.layers_plan(1).ops if op[0] == "d"]
+    assert plain_ops.count(("moe_route", "route")) == moe_layers
+    decode = engine_logits(eng, TOKENS[:9])
+    assert_logits_agree(decode, engine_logits(open_engine(9), TOKENS[:9]), atol=2e-2)
+    assert_logits_agree(decode, engine_logits(plain, TOKENS[:9]), atol=2e-2)
+
+
+def test_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
+    """A 80 KiB binding limit splits token_embd (the tied head) and the FFN into row blocks."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(toy("tiny", "Q8_0"))
+    whole = engine_logits(Engine.open(g, device=dev, context_length=32), TOKENS[:5])
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 80 << 10)
+    eng = Engine.open(g, device=dev, context_length=32)
+    layout = eng.runner.layout
+    assert len(layout.token_embd.parts) > 3 and len(layout.layers[7].ffn_down.parts) > 1
+    got = engine_logits(eng, TOKENS[:5])
+    np.testing.assert_allclose(got, whole, atol=1e-5)
+    assert_logits_agree(got, np.asarray(ReferenceModel(g).forward(TOKENS[:5])), atol=2e-2)
+
+
+@pytest.mark.parametrize("shape,ple_in_file", [("tiny", True), ("tiny", False), ("tiny-moe", False)],
+                         ids=["read-back-first", "decodes-ahead", "moe-decodes-ahead"])
+def test_kv_cache_reuse_across_turns(dev, toy, shape, ple_in_file):
+    """With the PLE table in the file each token is read back before its step; otherwise the GPU
+    decodes ahead from its own sampled id. f32 throughout (int8=False): a reused cache runs the new
+    tokens in other steps than a fresh prefill (one-token steps on int8 x vs chunks in f32), and the
+    chaotic toys' greedy tokens would tell the roundings apart, not the caches."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy(shape, "Q8_0"))
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    eng = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=ple_in_file, int8=False)
+    first = eng.generate(TOKENS[:5], greedy, stop_ids=())
+    turn2 = TOKENS[:5] + first.tokens + [40, 41, 42]
+    second = eng.generate(turn2, greedy, stop_ids=())
+    assert second.cached_tokens == 5 + len(first.tokens) - 1   # the last sampled token was never fed
+    assert second.prompt_tokens == len(turn2) - second.cached_tokens
+    fresh = Engine.open(g, device=dev, context_length=64, chunk=4, int8=False).generate(turn2, greedy, stop_ids=())
+    assert second.tokens == fresh.tokens
+    # an edited history (diverging early) recomputes from the divergence, same result as fresh
+    edited = TOKENS[:3] + [77, 78]
+    assert eng.generate(edited, greedy, stop_ids=()).tokens == \
+        Engine.open(g, device=dev, context_length=64, int8=False).generate(edited, greedy, stop_ids=()).tokens
+
+
+def test_a_reply_that_retokenizes_differently_keeps_its_cache(dev):
+    """The demo model's greedy reply re-tokenizes to other ids. Built from its text, the next prompt
+    diverges at the reply, and rolling back that far overruns the sliding-window ring (chunk 4: 3
+    slots to spare), so the whole conversation is computed again; built from the ids the reply was
+    generated as (chat.reply_ids, what the page keeps), only the new turn is."""
+    from pyapp.chat import render_ids, reply_ids
+    from pyapp.engine import Engine, SamplingParams
+    eng = Engine.open(str(FIXTURES / "demo.gguf"), device=dev, context_length=256, chunk=4)
+    tok, greedy = eng.tokenizer, SamplingParams(temperature=0, max_tokens=24)
+    conv, turn2 = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "more"}]
+    prompt = render_ids(tok, conv)
+    first = eng.generate(prompt, greedy)
+    by_text = render_ids(tok, conv + [{"role": "assistant", "content": first.text}] + turn2)
+    by_ids = render_ids(tok, conv + [{"role": "assistant", "content": first.text,
+                                      **reply_ids(tok, prompt, first.tokens)}] + turn2)
+    assert by_text != by_ids                                  # the reply re-tokenizes differently
+    fed = len(prompt) + len(first.tokens) - 1                 # the last token (max_tokens) was never fed
+    second = eng.generate(by_ids, greedy)
+    assert second.cached_tokens == fed and second.prompt_tokens == len(by_ids) - fed
+    eng.reset()
+    eng.generate(prompt, greedy)
+    assert eng.generate(by_text, greedy).cached_tokens == 0   # what re-tokenizing the text cost
+    assert second.tokens == Engine.open(str(FIXTURES / "demo.gguf"), device=dev, context_length=256).generate(
+        by_ids, greedy).tokens                                # and the kept cache computes the same reply
+
+
+def test_stop_cancel_and_context_limits(dev, toy):
+    from pyapp.engine import Engine, EngineError, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny", "Q8_0"))
+    eng = Engine.open(g, device=dev, context_length=16, chunk=4)
+    greedy = SamplingParams(temperature=0, max_tokens=50)
+    with pytest.raises(EngineError, match="does not fit the context of 16"):
+        eng.generate(list(range(2, 20)), greedy)
+    res = eng.generate(TOKENS[:4], greedy, stop_ids=())
+    assert res.stop_reason == "context" and 4 + len(res.tokens) == 16
+    free_run = eng.generate(TOKENS[:4], greedy, stop_ids=()).tokens
+    res = eng.generate(TOKENS[:4], greedy, stop_ids={free_run[3]})
+    assert res.stop_reason == "stop" and res.tokens == free_run[:free_run.index(free_run[3])]
+    calls = []
+    res = eng.generate(TOKENS[:4], greedy, stop_ids=(), should_stop=lambda: calls.append(1) or len(calls) >= 2)
+    assert res.stop_reason == "cancelled" and len(res.tokens) == 2
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        eng.generate([2, 5000], greedy)
+    with pytest.raises(EngineError, match="token id -1 is outside the vocabulary"):
+        eng.forward([2, -1])
+
+
+def test_prefill_reports_the_tokens_read_after_each_chunk(dev, toy):
+    """on_prefill(done, total) once a chunk's GPU work is done (read one chunk late), for every chunk but
+    the last; a prompt of one chunk reports nothing; the tokens are those of a generation without it."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    eng = Engine.open(read_gguf(toy("tiny", "Q8_0")), device=dev, context_length=64, chunk=4)
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    prompt = (TOKENS * 4)[:15]
+    quiet = eng.generate(prompt, greedy, stop_ids=()).tokens
+    eng.reset()
+    seen = []
+    res = eng.generate(prompt, greedy, stop_ids=(), on_prefill=lambda done, total: seen.append((done, total)))
+    assert seen == [(4, 15), (8, 15), (12, 15)] and res.tokens == quiet
+    eng.reset()
+    seen.clear()
+    assert eng.generate(prompt[:4], greedy, stop_ids=(), on_prefill=lambda *a: seen.append(a)).tokens and not seen
+    # again, twice: the two mark buffers are used in turn, each unmapped after its read
+    eng.reset()
+    for _ in range(2):
+        eng.generate(prompt, greedy, stop_ids=(), on_prefill=lambda *a: seen.append(a))
+        eng.reset()
+    assert seen == [(4, 15), (8, 15), (12, 15)] * 2
+
+
+def test_seeded_sampling_is_reproducible(dev, toy):
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    eng = Engine.open(read_gguf(toy("tiny", "Q8_0")), device=dev, context_length=64)
+    p = dict(temperature=1.0, top_k=40, top_p=0.95, max_tokens=12)
+    a = eng.generate(TOKENS[:4], SamplingParams(seed=7, **p), stop_ids=()).tokens
+    b = eng.generate(TOKENS[:4], SamplingParams(seed=7, **p), stop_ids=()).tokens
+    c = eng.generate(TOKENS[:4], SamplingParams(seed=8, **p), stop_ids=()).tokens
+    greedy = eng.generate(TOKENS[:4], SamplingParams(temperature=0, max_tokens=12), stop_ids=()).tokens
+    assert a == b and len(a) == 12
+    assert a != c or a != greedy
+
+
+def test_unsupported_quant_type_is_a_clear_error(dev, toy):
+    from pyapp.engine import Engine, EngineError
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny", "Q8_0"))
+    t = g.tensors["blk.0.attn_q.weight"]
+    g.tensors[t.name] = dataclasses.replace(t, type=16, nbytes=t.nbytes * 66 // 272)   # IQ2_XXS
+    with pytest.raises(EngineError, match="IQ2_XXS.*no GPU kernel"):
+        Engine.open(g, device=dev, context_length=16)
+
+
+@pytest.fixture(scope="module", params=GOLDEN, ids=lambda p: p.stem)
+def golden_engine(request, dev):
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    # f32 throughout (int8=False): the goldens hold within float rounding; int8 has its own tests
+    return Engine.open(read_gguf(request.param), device=dev, context_length=128, chunk=16, int8=False), \
+        np.load(request.param.with_suffix(".golden.npz"))
+
+
+def test_fixtures_present():
+    assert len(GOLDEN) >= 2, f"expected fixture models with golden outputs in {FIXTURES}"
+
+
+# transformers' float32 logits vs our kernels: different summation order only
+GOLDEN_ATOL = 2e-3
+
+
+def test_golden_logits(golden_engine):
+    eng, golden = golden_engine
+    i = 0
+    while f"tokens_{i}" in golden:
+        want = golden[f"logits_{i}"]
+        got = engine_logits(eng, golden[f"tokens_{i}"].tolist())
+        diff = np.abs(got - want).max()
+        assert diff < GOLDEN_ATOL, f"sequence {i}: max |gpu - transformers| = {diff:.2e}"
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        i += 1
+    assert i >= 2
+
+
+def test_golden_greedy_generation(golden_engine):
+    from pyapp.engine import SamplingParams
+    eng, golden = golden_engine
+    want = golden["generate_0"].tolist()
+    res = eng.generate(golden["tokens_0"].tolist(), SamplingParams(temperature=0, max_tokens=len(want)), stop_ids=())
+    assert res.tokens == want
+
+
+def test_engine_and_reference_return_the_same_type(dev, toy):
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(toy("tiny", "Q8_0"))
+    got = Engine.open(g, device=dev, context_length=16).forward(TOKENS[:3])
+    want = ReferenceModel(g).forward(TOKENS[:3])
+    assert type(got) is type(want) and got.shape == want.shape == (3, 1000)
+    assert got.argmax_row(-1) == want.argmax_row(-1)
+
+
+def test_ple_table_in_the_file_or_on_the_gpu(dev, toy):
+    """The per-layer embedding table read by rows from the file gives what the uploaded table gives;
+    only the resident table lets a decode step start from the GPU's sampled id."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny", "Q8_0"))
+    on_gpu = Engine.open(g, device=dev, context_length=64, chunk=4)
+    in_file = Engine.open(g, device=dev, context_length=64, chunk=4, ple_in_file=True)
+    assert on_gpu.runner.decodes_ahead and not in_file.runner.decodes_ahead
+    np.testing.assert_allclose(engine_logits(in_file, TOKENS[:9]), engine_logits(on_gpu, TOKENS[:9]), atol=1e-5)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    assert in_file.generate(TOKENS[:5], greedy, stop_ids=()).tokens == \
+        on_gpu.generate(TOKENS[:5], greedy, stop_ids=()).tokens
+
+
+def test_prefill_steps_of_several_sizes(dev, toy):
+    """A 128-token chunk makes plans of 1, 64 and 128 tokens; each step takes the smallest that fits,
+    and the logits are those of 7-token steps."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny-moe", "Q8_0"))
+    wide = Engine.open(g, device=dev, context_length=256, chunk=128, int8=False)    # f32 as the 7-token steps
+    assert wide.runner.step_sizes == [1, 64, 128] and wide.runner.step_size(20) == 64
+    tokens = [(7 * i + 3) % 1000 for i in range(150)]          # steps of 128 and 22 tokens
+    np.testing.assert_allclose(engine_logits(wide, tokens),
+                               engine_logits(Engine.open(g, device=dev, context_length=256, chunk=7), tokens),
+                               atol=2e-4)
+
+
+def test_expert_tensors_split_over_the_binding_limit(dev, toy, monkeypatch):
+    """A 300 KiB binding limit splits the experts (whole experts per buffer); logits are unchanged."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(toy("tiny-moe", "Q8_0"))
+    whole = Engine.open(g, device=dev, context_length=32, chunk=4)
+    want, want_tokens = engine_logits(whole, TOKENS[:6]), \
+        whole.generate(TOKENS[:4], SamplingParams(temperature=0, max_tokens=8), stop_ids=()).tokens
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 300 << 10)
+    split = Engine.open(g, device=dev, context_length=32, chunk=4)
+    layer = split.runner.layout.layers[0]
+    assert len(layer.experts_gate_up.parts) == 4 and len(layer.experts_down.parts) == 2
+    np.testing.assert_allclose(engine_logits(split, TOKENS[:6]), want, atol=1e-5)
+    assert split.generate(TOKENS[:4], SamplingParams(temperature=0, max_tokens=8), stop_ids=()).tokens == want_tokens
+    from pyapp.engine import EngineError
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 100 << 10)
+    with pytest.raises(EngineError, match="ffn_gate_up_exps.weight: one expert .* exceeds the GPU's binding limit"):
+        Engine.open(g, device=dev, context_length=32, chunk=4)
+
+
+def _pipelines(engine) -> set[str]:
+    """Labels of every pipeline the engine's recorded plans dispatch."""
+    from pyapp.gpu import Plan
+    return {op[1].label for program in engine.runner._plans.values() if isinstance(program, list)
+            for plan in program if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"}
+
+
+@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
+def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
+    """A 90-token prompt runs in the 128-token plan, whose Q4_K matmuls (the dense ones and the grouped
+    experts) take int8 activations (K.INT8_MIN_TOKENS): logits within int8's rounding of the f32
+    reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
+    within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
+    module's docstring), so int8's rounding says nothing there."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    if model == "fixture-dense":
+        path, kernels = FIXTURES / "gemma4-dense-q4_k.gguf", {"matmul_q8:main"}
+    else:
+        tool = load_tool("make_bench_model")
+        path, kernels = tmp_path / "moe.gguf", {"matmul_q8:main", "moe_grouped_q8:matmul"}
+        tool.write("tiny-moe", tool.T["Q4_K"], str(path), seed=1, layers=1)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    int8 = Engine.open(g, device=dev, context_length=128, chunk=128)
+    f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
+    assert kernels <= _pipelines(int8) and not {k for k in _pipelines(f32) if "q8" in k}
+    np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
+    got = engine_logits(int8, tokens)
+    diff = np.abs(got - want)
+    assert diff.mean() < 0.06 and np.median(diff.max(-1)) < 0.3, (diff.mean(), np.median(diff.max(-1)))
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.5
+    assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "fixture-dense-q8_0", "toy-dense-q4_0",
+                                   "toy-moe-1-layer"])
+def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
+    """One-token steps (chunk 1) multiply Q4_K weights by x rounded to int8 per 32 (matvec_q4k_x8.wgsl;
+    the expert matvec too where the device has subgroups; Q6_K's units on a head's rows, here every
+    Q6_K matrix with the row threshold lowered): logits within int8's rounding of the f32 reference,
+    visibly off the f32 path (int8 ran), and the same pick wherever the top two are 0.5 apart;
+    int8=False within float rounding. The toys' layers as in the prefill test above."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    from pyapp.gpu import kernels as K
+    if model == "fixture-dense":
+        path = FIXTURES / "gemma4-dense-q4_k.gguf"
+    elif model == "fixture-dense-q6_k":
+        path = FIXTURES / "gemma4-dense-q6_k.gguf"
+        monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q6_K, 0)
+    elif model == "fixture-dense-q8_0":             # Q8_0's int8 units, every matrix (as the browser path runs them)
+        path = FIXTURES / "gemma4-dense-q8_0.gguf"
+        monkeypatch.setattr(dev, "int8_block_units", True)
+        monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q8_0, 0)
+    elif model == "toy-dense-q4_0":                 # Q4_0's (QAT files)
+        monkeypatch.setattr(dev, "int8_block_units", True)
+        path = tmp_path / "q4_0.gguf"
+        load_tool("make_bench_model").write("tiny", load_tool("make_bench_model").T["Q4_0"], str(path), seed=1,
+                                            layers=1)
+    else:
+        path = tmp_path / "moe.gguf"
+        load_tool("make_bench_model").write("tiny-moe", load_tool("make_bench_model").T["Q4_K"], str(path), seed=1,
+                                            layers=1)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(4).integers(3, 250, 39).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    f32 = engine_logits(Engine.open(g, device=dev, context_length=64, chunk=1, int8=False), tokens)
+    np.testing.assert_allclose(f32, want, atol=1e-4)
+    got = engine_logits(Engine.open(g, device=dev, context_length=64, chunk=1), tokens)
+    diff = np.abs(got - want)
+    assert 1e-3 < diff.mean() < 0.06 and np.median(diff.max(-1)) < 0.3, (diff.mean(), np.median(diff.max(-1)))
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.5
+    assert clear.sum() >= 5 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+@pytest.mark.parametrize("model", ["fixture-dense-q6_k", "toy-moe-1-layer"])
+def test_f16_tiles_within_their_rounding(dev, tmp_path, model):
+    """f16=True where the device has shader-f16: a prefill in 16-token steps (the int8 path's minimum
+    not reached) runs its matmuls (the dense ones and the grouped experts) in f16 tiles, and the logits
+    stay within f16's rounding of the f32 reference, the same pick wherever the top two are 0.2 apart;
+    the default (f16=False) keeps f32 tiles, within float rounding."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    if not dev.has_f16:
+        pytest.skip("device has no shader-f16")
+    if model == "fixture-dense-q6_k":
+        path = FIXTURES / "gemma4-dense-q6_k.gguf"
+    else:
+        tool = load_tool("make_bench_model")
+        path = tmp_path / "moe.gguf"
+        tool.write("tiny-moe", tool.T["Q5_K"], str(path), seed=1, layers=1)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(4).integers(3, 250, 47).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    f16 = Engine.open(g, device=dev, context_length=64, chunk=16, f16=True)
+    f32 = Engine.open(g, device=dev, context_length=64, chunk=16)
+    halves = {op[1].label for program in f16.runner._plans.values() if isinstance(program, list)
+              for plan in program if hasattr(plan, "ops") for op in plan.ops
+              if op[0] == "d" and "alias MM_S = f16" in op[1].key[2]}
+    assert halves >= ({"matmul:main", "moe_grouped:matmul"} if g.metadata.get("gemma4.expert_count") else {"matmul:main"})
+    np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
+    got = engine_logits(f16, tokens)
+    diff = np.abs(got - want)
+    assert 1e-5 < diff.mean() < 0.02 and np.median(diff.max(-1)) < 0.1, (diff.mean(), np.median(diff.max(-1)))
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.2
+    assert clear.sum() >= 10 and (got.argmax(-1) == want.argmax(-1))[clear].all()
+
+
+def test_int8_prefill_on_split_tensors(dev, monkeypatch):
+    """Row blocks of a tensor over the binding limit share one quantization of their input and write their
+    columns of the output: the same logits as the unsplit tensors on the int8 path."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
+    tokens = [2] + np.random.default_rng(5).integers(3, 250, 89).tolist()
+    whole = engine_logits(Engine.open(g, device=dev, context_length=128, chunk=128), tokens)
+    monkeypatch.setitem(dev.limits, "max_storage_buffer_binding_size", 32 << 10)    # the FFN's 36 KiB split
+    split = Engine.open(g, device=dev, context_length=128, chunk=128)
+    assert any(len(lw.ffn_up.parts) > 1 for lw in split.runner.layout.layers if lw.ffn_up is not None)
+    assert "matmul_q8:main" in _pipelines(split)
+    np.testing.assert_allclose(engine_logits(split, tokens), whole, atol=1e-5)

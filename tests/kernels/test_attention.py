@@ -1,0 +1,188 @@
+"""Parity of the attention kernels (pyapp.gpu.kernels' kv_store, attention, attention_decode) against numpy:
+prefill per token and tiled (GQA groups of 1-8, head dims 20-512, a second chunk over a ring), the split-K decode
+kernel for one query and a few, and the query and cache preparation it does itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyapp.gpu import kernels as K
+from pyapp.reference.forward import rms_norm, rope_neox
+
+from support.gpu import f32, read_f32, step_buffer
+
+pytestmark = pytest.mark.gpu
+
+
+def attention_ref(q, keys, values, positions, window):
+    """numpy mirror of reference.forward attention; keys/values [kv_heads, total, hd]."""
+    total = keys.shape[1]
+    allowed = np.arange(total)[None, :] <= positions[:, None]
+    if window:
+        allowed &= positions[:, None] - np.arange(total)[None, :] < window
+    g = q.shape[1] // keys.shape[0]
+    kq, vq = np.repeat(keys, g, axis=0), np.repeat(values, g, axis=0)
+    s = np.einsum("nhd,htd->hnt", q, kq)
+    s = np.where(allowed[None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hnt,htd->nhd", p, vq)
+
+
+@pytest.mark.parametrize("tiled", [False, True, 16], ids=["per-token", "tiled", "tiled-16-rows"])
+@pytest.mark.parametrize("window,hd,h,gh", [(0, 36, 4, None), (13, 136, 4, None), (0, 36, 16, 8), (13, 20, 16, 4),
+                                             (0, 512, 8, 4), (5, 72, 16, 1), (40, 256, 16, None), (0, 300, 4, None)])
+def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
+    """Prefill attention: per token with 1-8 query heads of a KV head per workgroup (GQA groups of 2
+    and 8), and tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32)."""
+    rows = K.attention_tile_rows(dev, h // 2, hd)
+    if tiled and (rows == 0 or tiled == 16 and (hd > 256 or h // 2 > 16)):
+        pytest.skip("no tile for this shape on this device")
+    rng = np.random.default_rng(10)
+    hkv, ctx, t = 2, 300, 150                             # 150 keys: more than one 128-key chunk
+    ks = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
+    vs = rng.standard_normal((t + 1, hkv, hd)).astype(np.float32)
+    q = rng.standard_normal((t + 1, h, hd)).astype(np.float32) * 0.3
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    out = dev.buffer(4 * (t + 1) * h * hd)
+
+    # prefill: T tokens at positions 0..T-1
+    step = step_buffer(dev, t, 0)
+    plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
+    K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan,
+                heads_per_group=gh, tiled=bool(tiled), tile_rows=16 if tiled == 16 else None)
+    dev.submit(plan)
+    keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
+    ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)
+    atol = 2e-5 * max(1.0, (hd / 128) ** 0.5)             # f32 rounding grows with the dot products' length
+    np.testing.assert_allclose(read_f32(dev, out, t * h * hd).reshape(t, h, hd), ref, atol=atol)
+
+    # decode: one more token at position T
+    step1 = step_buffer(dev, 1, t)
+    plan = K.kv_store(dev, f32(dev, ks[t:]), f32(dev, vs[t:]), kc, vc, step1, hkv, hd, ctx, max_tokens=1)
+    K.attention(dev, f32(dev, q[t:]), kc, vc, out, step1, h, hkv, hd, ctx, max_tokens=1, window=window, plan=plan)
+    dev.submit(plan)
+    ref = attention_ref(q[t:], keys, values, np.array([t]), window)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["per-token", "tiled"])
+@pytest.mark.parametrize("hd,h", [(64, 8), (136, 4)])
+def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
+    """A prefill chunk after an earlier one (pos0 > 0) on a sliding layer whose cache is a ring of
+    window + chunk - 1 slots: the chunk's own stores overwrite the oldest keys, none a query still sees."""
+    rng = np.random.default_rng(12)
+    hkv, window, t1, t2 = 2, 40, 70, 80
+    ctx = window + t2 - 1
+    n = t1 + t2
+    ks = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    vs = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, h, hd)).astype(np.float32) * 0.3
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    out = dev.buffer(4 * t2 * h * hd)
+    plan = dev.plan()
+    for a, b in ((0, t1), (t1, n)):
+        step = step_buffer(dev, b - a, a)
+        K.kv_store(dev, f32(dev, ks[a:b]), f32(dev, vs[a:b]), kc, vc, step, hkv, hd, ctx, max_tokens=b - a, plan=plan)
+        if a:
+            K.attention(dev, f32(dev, q[a:b]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=b - a, window=window,
+                        plan=plan, tiled=tiled)
+    dev.submit(plan)
+    ref = attention_ref(q[t1:], ks.transpose(1, 0, 2), vs.transpose(1, 0, 2), np.arange(t1, n), window)
+    np.testing.assert_allclose(read_f32(dev, out, t2 * h * hd).reshape(t2, h, hd), ref, atol=3e-5)
+
+
+def decode_attention_ref(q, keys, vals, pos, window):
+    """softmax(q k^T) v for one query [heads, hd] at pos over keys/vals [kv_heads, pos + 1, hd] (GQA, window)."""
+    h, hkv = q.shape[0], keys.shape[0]
+    lo = max(0, pos + 1 - window) if window else 0
+    want = np.zeros(q.shape)
+    for i in range(h):
+        kk, vv = keys[i // (h // hkv), lo:], vals[i // (h // hkv), lo:]
+        sc = kk @ q[i]
+        p = np.exp(sc - sc.max())
+        want[i] = (p / p.sum()) @ vv
+    return want
+
+
+@pytest.mark.parametrize("hd,window,pos", [(64, 0, 0), (256, 0, 77), (512, 0, 40), (128, 8, 70), (256, 40, 100), (20, 0, 33)])
+def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
+    """The split-K decode kernel equals the reference attention for one query at `pos`."""
+    rng = np.random.default_rng(hd + pos)
+    h, hkv, ctx = 4, 2, 128
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((h, hd)).astype(np.float32) * 0.3
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(pos + 1):
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    max_keys = window or ctx
+    part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * h * hd)
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
+                                  h, hkv, hd, ctx, max_keys, window=window))
+    want = decode_attention_ref(q, keys, vals, pos, window)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("hd,window,pos0,t", [(64, 0, 40, 5), (36, 8, 70, 9), (128, 0, 0, 3)])
+def test_attention_decode_few_tokens(dev, hd, window, pos0, t):
+    """The split-K kernel over a few queries (speculative decoding's token and drafts): query i at pos0 + i
+    sees the keys up to its own position (causal among the step's tokens, sliding window); queries past
+    the step's count are not written."""
+    rng = np.random.default_rng(hd + pos0 + t)
+    h, hkv, ctx, rows = 4, 2, 128, t + 2
+    last = pos0 + t - 1
+    keys = rng.standard_normal((hkv, last + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, last + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((rows, h, hd)).astype(np.float32) * 0.3
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(last + 1):
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    max_keys = window or ctx
+    part = dev.buffer(4 * rows * K.decode_partials(h, hd, max_keys))
+    out = f32(dev, np.full((rows, h, hd), 7.0, np.float32))
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, t, pos0),
+                                  h, hkv, hd, ctx, max_keys, window=window, max_tokens=rows))
+    got = read_f32(dev, out, rows * h * hd).reshape(rows, h, hd)
+    for i in range(t):
+        want = decode_attention_ref(q[i], keys[:, :pos0 + i + 1], vals[:, :pos0 + i + 1], pos0 + i, window)
+        np.testing.assert_allclose(got[i], want, atol=2e-5)
+    assert (got[t:] == 7.0).all()
+
+
+@pytest.mark.parametrize("mode,hd,nrot,ff,window,pos", [(2, 64, 64, False, 0, 0), (2, 128, 32, True, 0, 77),
+                                                         (2, 36, 36, False, 8, 70), (1, 128, 32, True, 0, 40),
+                                                         (2, 512, 128, True, 0, 33)])
+def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window, pos):
+    """The split kernel norms and ropes the raw query itself (PREP 1) and, PREP 2, also norms, ropes and
+    stores the raw key and value of the current position before attending."""
+    rng = np.random.default_rng(hd + pos + mode)
+    h, hkv, ctx = 4, 2, 128
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(pos + (mode == 1)):           # PREP 2 writes the current position itself
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    q_raw, k_raw, v_raw = (rng.standard_normal((n, hd)).astype(np.float32) for n in (h, hkv, hkv))
+    qw, kw = rng.standard_normal(hd).astype(np.float32), rng.standard_normal(hd).astype(np.float32)
+    ffv = np.where(np.arange(hd // 2) < nrot // 4, 1.0, 1e30).astype(np.float32) if ff else None
+    raw = np.concatenate([q_raw.ravel(), k_raw.ravel(), v_raw.ravel()]) if mode == 2 else q_raw.ravel()
+    q = rope_neox(rms_norm(q_raw[None], qw, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+    if mode == 2:
+        keys[:, pos] = rope_neox(rms_norm(k_raw[None], kw, 1e-6), np.array([pos]), nrot, 10000.0, ffv)[0]
+        vals[:, pos] = rms_norm(v_raw[None], None, 1e-6)[0]
+    prep = K.QueryPrep(mode, 0, f32(dev, qw), nrot, 10000.0, freq_factors=f32(dev, ffv) if ff else None,
+                       k_off=h * hd, v_off=(h + hkv) * hd, k_weight=f32(dev, kw) if mode == 2 else None)
+    max_keys = window or ctx
+    part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * h * hd)
+    kcb, vcb = f32(dev, kc), f32(dev, vc)
+    dev.submit(K.attention_decode(dev, f32(dev, raw), kcb, vcb, out, part, step_buffer(dev, 1, pos), h, hkv, hd, ctx,
+                                  max_keys, window=window, prep=prep))
+    want = decode_attention_ref(q, keys, vals, pos, window)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=3e-5)
+    if mode == 2:
+        got_k = read_f32(dev, kcb, kc.size).reshape(kc.shape)[:, pos % ctx]
+        np.testing.assert_allclose(got_k, keys[:, pos], atol=2e-5)

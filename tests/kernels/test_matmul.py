@@ -1,0 +1,178 @@
+"""Parity of the prefill matmul kernels (pyapp.gpu.kernels' matmul: shaders/matmul*.wgsl) against numpy on odd
+sizes: the tiles of every shape bench/matmul_sweep.py tries and the fallback within WebGPU's default limits, the
+f16 tiles, and the int8 path (activations to int8, the int8 matmul against exact integer sums)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyapp import ggml
+from pyapp.gpu import kernels as K
+
+from support.gpu import assert_close_dot, dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("rows,t", [(45, 19), (150, 70)], ids=["one-tile", "tiles"])
+def test_matmul(dev, qtype, rows, t):
+    rng = np.random.default_rng(100 + ggml.lookup(qtype).id)
+    qk = ggml.lookup(qtype).block
+    k = 256 if qk == 256 else 4 * 29 if qk == 1 else 32 * 5
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k))
+    y = dev.buffer(4 * rows * t)
+    plan = K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t), n_tokens=t)
+    dev.submit(plan)
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    assert_close_dot(got, x, w, x @ w.T)
+
+
+def test_matmul_tile_fits_the_device(dev):
+    """The engine's tiles, or a fallback within the device's limits (WebGPU's defaults: 256 threads,
+    16 KiB of workgroup storage)."""
+    for tile in (K.MATMUL, K.MOE_MATMUL):
+        assert K.fit_tile(dev, tile).fits(dev)
+
+    class Small:
+        limits = {"max_compute_invocations_per_workgroup": 256, "max_compute_workgroup_size_x": 256,
+                  "max_compute_workgroup_storage_size": 16384}
+    assert K.fit_tile(Small, K.MATMUL) == K.MatmulTile(64, 64, 16)
+    assert K.fit_tile(Small, K.MOE_MATMUL) == K.MatmulTile(64, 64, 16)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q4_k"])
+@pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16), K.MatmulTile(64, 64, 64), K.MatmulTile(32, 64, 32),
+                                  K.MatmulTile(128, 32, 32), K.MatmulTile(64, 128, 32, 8), K.MatmulTile(32, 64, 16, 8)],
+                         ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}t{t.thread_tokens}")
+def test_matmul_tile_shapes(dev, qtype, tile):
+    """Tile shapes bench/matmul_sweep.py tries: rows and tokens past a tile, K past a step."""
+    if not tile.fits(dev):
+        pytest.skip("tile beyond this device's workgroup limits")
+    rng = np.random.default_rng(7)
+    rows, t = 150, 70
+    k = 512 if qtype == "q4_k" else 4 * 29
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k))
+    y = dev.buffer(4 * rows * t)
+    dev.submit(K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t),
+                        n_tokens=t, tile=tile))
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    assert_close_dot(got, x, w, x @ w.T)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q8_0", "q5_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("math", [False, True], ids=["f16-tiles", "f16-math"])
+@pytest.mark.parametrize("tile", [K.MATMUL_SHORT, K.MatmulTile(64, 128, 32, 8)], ids=lambda t: f"{t.rows}x{t.tokens}t{t.thread_tokens}")
+def test_matmul_f16_tiles(dev, qtype, math, tile):
+    """The tile in f16 (shader-f16): weights and activations rounded to f16 in shared memory, then
+    multiplied in f32, or (f16 math) in f16 a step of BK at a time, folded into f32 sums. Against the
+    reference on the f16-rounded operands: f32 rounding for f16 tiles, f16's for f16 math; both differ
+    from the f32 tile. Rows and tokens past a tile, K past a step."""
+    if not dev.has_f16:
+        pytest.skip("device has no shader-f16")
+    tile = K.MatmulTile(tile.rows, tile.tokens, tile.k, tile.thread_tokens, f16=True, f16_math=math)
+    rng = np.random.default_rng(11 + ggml.lookup(qtype).id)
+    rows, t = 150, 70
+    qk = ggml.lookup(qtype).block
+    k = 512 if qk == 256 else 4 * 29 if qk == 1 else 32 * 7
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k)) * 3
+    w16, x16 = (a.astype(np.float16).astype(np.float64) for a in (w, x))
+    wb, xb = weight_buffer(dev, raw), f32(dev, x)
+
+    def run(tl):
+        y = dev.buffer(4 * rows * t)
+        dev.submit(K.matmul(dev, qtype, k, rows, wb, xb, y, step_buffer(dev, t), n_tokens=t, tile=tl))
+        return read_f32(dev, y, rows * t).reshape(t, rows)
+    got = run(tile)
+    assert_close_dot(got, x16, w16, x16 @ w16.T, tol=2e-3 if math else 2e-5)
+    full = run(K.MatmulTile(tile.rows, tile.tokens, tile.k, tile.thread_tokens))
+    assert np.abs(got - full).max() > 0                  # the f16 path ran
+
+
+def test_f16_tiles_only_where_the_device_has_shader_f16(dev):
+    """fit_tile(f16=True): the same shape, in f16 where the device has shader-f16; the f32 tile elsewhere."""
+    class NoF16:
+        limits, has_f16 = dev.limits, False
+    assert K.fit_tile(NoF16, K.MATMUL, f16=True) == K.fit_tile(NoF16, K.MATMUL)
+    half = K.fit_tile(dev, K.MATMUL, f16=True)
+    assert (half.rows, half.tokens, half.k) == (K.MATMUL.rows, K.MATMUL.tokens, K.MATMUL.k)
+    assert half.f16 == dev.has_f16 and half.f16_math == (dev.has_f16 and K.F16_MATH)
+    assert not K.fit_tile(dev, K.MATMUL).f16
+
+
+def test_quantize_q8(dev):
+    """Activations to int8 per 32 (an all-zero block and a block of one outlier included) against
+    pyapp.reference.quants; the step's 37 tokens of a plan sized for 40: rows past them untouched."""
+    from pyapp.reference.quants import quantize_activations_q8
+    rng = np.random.default_rng(31)
+    t, k = 37, 32 * 7
+    x = (rng.standard_normal((40, k)) * rng.uniform(0.1, 10, (40, 1))).astype(np.float32)
+    x[3, 64:96] = 0.0
+    x[5, :32] = 0.0
+    x[5, 7] = -50.0
+    xq_bytes, xs_bytes = K.q8_bytes(40, k)
+    xq, xs = f32(dev, np.full(xq_bytes // 4, 7.0)), f32(dev, np.full(xs_bytes // 4, 7.0))
+    dev.submit(K.quantize_q8(dev, k, f32(dev, x), xq, xs, step_buffer(dev, t), n_tokens=40))
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(40, k)
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(40, k // 32, 2)
+    want_q, want_d, want_sum = quantize_activations_q8(x[:t])
+    np.testing.assert_allclose(ds[:t, :, 0], want_d, rtol=1e-6)
+    np.testing.assert_allclose(ds[:t, :, 1], want_sum, rtol=1e-5, atol=1e-4)
+    ties = (q[:t].astype(int) != want_q).mean()      # x / d within an ulp of .5 may round either way
+    assert np.abs(q[:t].astype(int) - want_q).max() <= 1 and ties < 1e-3
+    assert (q[5, :32] == np.eye(32, dtype=np.int8)[7] * -127).all() and (q[3, 64:96] == 0).all()
+    assert (ds[t:] == 7.0).all()
+
+
+Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, None),
+            ("q4_k", 150, 70, K.Q8Tile(64, 32)), ("q4_k", 150, 70, K.Q8Tile(128, 64, 8)),
+            ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
+            ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8))]
+
+
+@pytest.mark.parametrize("qtype,rows,t,tile", Q8_CASES,
+                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}" if isinstance(v, K.Q8Tile) else str(v))
+def test_matmul_q8(dev, qtype, rows, t, tile):
+    """The int8 matmul on the codes quantize_q8 made (each weight type whose codes are int8: Q4_K's
+    sub-blocks, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of
+    several steps and, for the 32-blocks, not a multiple of 256): against pyapp.reference.quants' exact
+    integer sums (float32 rounding only), and against the f32 product within int8's rounding; also as
+    two row blocks writing their columns of a wider Y (ldy)."""
+    if tile and tile.threads > dev.limits.get("max_compute_invocations_per_workgroup", 256):
+        pytest.skip("tile beyond this device's workgroup limits")
+    from pyapp.reference.quants import matmul_int8, quantize_activations_q8
+    rng = np.random.default_rng(41 + t + ggml.lookup(qtype).id)
+    k = 512 if qtype == "q4_k" else 64 * 11
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    xq_bytes, xs_bytes = K.q8_bytes(t, k)
+    xq, xs, step = dev.buffer(xq_bytes), dev.buffer(xs_bytes), step_buffer(dev, t)
+    y = dev.buffer(4 * rows * t)
+    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, n_tokens=t)
+    K.matmul_q8(dev, qtype, k, rows, weight_buffer(dev, raw), xq, xs, y, step, n_tokens=t, plan=plan, tile=tile)
+    dev.submit(plan)
+    got = read_f32(dev, y, rows * t).reshape(t, rows)
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(t, k)
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(t, k // 32, 2)
+    assert_close_dot(got, x, w, matmul_int8(raw, qtype, rows, q, ds[..., 0], ds[..., 1]))
+    assert_close_dot(got, x, w, x @ w.T, tol=1e-2)              # int8 activations: ~0.4% of a block's max
+    xq_ref = quantize_activations_q8(x)[0]
+    assert np.abs(q.astype(int) - xq_ref).max() <= 1
+    split = 64 if rows > 64 else 32                              # a row block boundary at a bindable column
+    if rows % 32 == 0 or rows > 64:
+        rb = len(raw) // rows
+        y2 = f32(dev, np.full((t, rows), 7.0))
+        plan = dev.plan()
+        for a, b in ((0, split), (split, rows)):
+            K.matmul_q8(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
+                        step, n_tokens=t, plan=plan, ldy=rows, tile=tile)
+        dev.submit(plan)
+        np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)

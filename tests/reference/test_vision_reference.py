@@ -1,0 +1,74 @@
+"""The numpy image encoder (pyapp/reference/vision.py, issue 28's oracle) against transformers'
+Gemma4Model.get_image_features on the Ollama-form fixtures' tiny vision towers
+(tools/make_vision_golden.py): a wide and a tall image, the encoder's pooled output and the
+projected soft tokens, from the per-linear clamp scalars (today's converter) and from the packed
+v.clamp_data (the original library tags)."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+from support.paths import FIXTURES
+
+FORMS = FIXTURES / "forms"
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published"])
+def test_image_features_match_transformers(stem):
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.vision import VisionEncoder
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    enc = VisionEncoder(read_gguf(FORMS / f"{stem}.gguf"))
+    for i in range(2):
+        patches, positions = golden[f"patches_{i}"], golden[f"positions_{i}"]
+        encoded = enc.encode(patches, positions)
+        assert encoded.shape == golden[f"encoded_{i}"].shape == (len(patches) // 9, enc.hidden)
+        assert np.abs(encoded - golden[f"encoded_{i}"]).max() < 1e-4 * np.abs(golden[f"encoded_{i}"]).max()
+        features = enc.features(patches, positions)
+        assert np.abs(features - golden[f"features_{i}"]).max() < 1e-4 * np.abs(golden[f"features_{i}"]).max()
+
+
+def test_the_clamps_and_the_positions_matter():
+    """The fixture's clamp bounds (|2..4|) and 2-D positions change the output: the test above would
+    see either dropped."""
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.vision import VisionEncoder
+    golden = np.load(FORMS / "ollama-dense.vision.npz")
+    enc = VisionEncoder(read_gguf(FORMS / "ollama-dense-published.gguf"))
+    patches, positions, want = golden["patches_1"], golden["positions_1"], golden["features_1"]
+    for layer in enc.layers:
+        layer["clamps"] = {k: (-np.inf, np.inf, -np.inf, np.inf) for k in layer["clamps"]}
+    assert np.abs(enc.features(patches, positions) - want).max() > 1e-2
+    enc = VisionEncoder(read_gguf(FORMS / "ollama-dense.gguf"))
+    assert np.abs(enc.features(patches, positions[:, ::-1].copy()) - want).max() > 1e-2
+
+
+def test_a_text_only_file_says_so():
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.vision import VisionEncoder, VisionError
+    with pytest.raises(VisionError, match="no image encoder"):
+        VisionEncoder(read_gguf(FORMS / "llamacpp-dense-fused-qkv.gguf"))
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-moe-published"])
+def test_logits_with_an_image_match_transformers(stem):
+    """A prompt holding the image's placeholder run (<|image>, a soft token per pooled square, <image|>):
+    the reference with the encoder's features in those positions gives transformers' logits (the
+    E2B-like fixture's per-layer inputs included: the pad id's embedding, the projection of the
+    feature); without them it does not."""
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    from pyapp.reference.vision import VisionEncoder
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    g = read_gguf(FORMS / f"{stem}.gguf")
+    image_token = g.metadata["tokenizer.ggml.tokens"].index("<|image|>")
+    tokens, want = golden["image_tokens"], golden["image_logits"]
+    at = np.nonzero(tokens == image_token)[0]
+    features = VisionEncoder(g).features(golden["patches_1"], golden["positions_1"])
+    assert len(at) == len(features) == 3
+    model = ReferenceModel(g)
+    got = np.asarray(model.forward(tokens, soft=(at, features)))
+    assert np.abs(got - want).max() < 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(np.asarray(model.forward(tokens)) - want).max() > 0.1
