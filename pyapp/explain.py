@@ -13,7 +13,7 @@ the fault its raiser states (pyapp.errors.Fault, on it or on an error it wraps),
 damaged-file types below. The patterns of `_NOT_YET_TYPED` and `_OTHER_BASE_MODEL` are the
 exception, for raisers in the engine's internals that do not state their fault yet.
 
-Runs unchanged in Pyodide and CPython (no browser imports): tests/test_explain.py.
+Runs unchanged in Pyodide and CPython (no browser imports): tests/cli/test_explain.py.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def diffusion_plans(eng) -> dict:
 
 
 def training_plans(dev, model: str, qtype: str) -> dict:
-    """LoraBackward's forward and backward with the fixture adapter's pairs trained (as tests/test_train.py)."""
+    """LoraBackward's forward and backward with the fixture adapter's pairs trained (as tests/train/test_train.py)."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.model.lora import load_lora
@@ -213,7 +213,7 @@ def cases(dev, tmp: Path) -> dict:
         return runner_plans(Engine.open(g, device=dev, **kw))
 
     def unfused(g, **kw):
-        """The runner's decode fusions off (tests/test_engine.py's plain plans)."""
+        """The runner's decode fusions off (tests/engine/test_engine.py's plain plans)."""
         eng = Engine.open(g, device=dev, context_length=128, **kw)
         eng.runner.fuse_residual = False
         eng.runner._plans.clear()
@@ -235,7 +235,7 @@ def cases(dev, tmp: Path) -> dict:
         return run
 
     def units(qtype, fn, block_units=False):
-        """Every matrix of qtype on the int8 units (tests/test_engine.py's int8 decode cases)."""
+        """Every matrix of qtype on the int8 units (tests/engine/test_engine.py's int8 decode cases)."""
         def run():
             with patched(K.INT8_UNIT_MIN_ROWS, {qtype: 0}), patched(dev, {"int8_block_units": block_units}):
                 return fn()

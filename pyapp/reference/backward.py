@@ -15,7 +15,7 @@ and the loss the trainer minimises:
 
 Backward: one small function per op, in the reverse order of the forward, each named after the
 forward.py op it inverts (`rms_norm` -> `rms_norm_backward`) and each with its own finite-difference
-test (tests/test_lora_backward.py). What the forward keeps for the backward (`Tape`): the input of
+test (tests/train/test_lora_backward.py). What the forward keeps for the backward (`Tape`): the input of
 every projection and every norm, the pre-activation of every GeGLU, the attention's Q, K and V after
 norm and RoPE (the probabilities are recomputed from Q and K, as a memory-bounded GPU backward does),
 the router's probabilities and choices. Gradients flow through the frozen weights (base, norms,

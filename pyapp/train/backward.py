@@ -10,7 +10,7 @@ per sequence, with the memory policy of pyapp.train.state (per-layer checkpoints
                     layer from the last: its forward again from its kept input, keeping its tape
                     (`layer_taped`), and its backward (`layer_backward`)
 
-Every op's backward is a kernel with a parity test against the oracle (tests/test_backward_kernels.py);
+Every op's backward is a kernel with a parity test against the oracle (tests/kernels/test_backward_kernels.py);
 this file only wires them in the oracle's order, one statement per op, with the oracle's names.
 Gradients flow through the frozen, still quantized weights (matmul_dx dequantizes as matmul does); the
 trained pairs' dA, dB are added into the flat gradient buffer (pyapp.train.params).

@@ -1,7 +1,7 @@
 """Save and resume a LoRA training run: one file, written atomically, standard library only.
 
 A checkpoint holds everything the next update depends on, so a resumed run continues exactly as an
-uninterrupted one would (tests/test_checkpoint.py): the adapter tensors, AdamW's moments and update
+uninterrupted one would (tests/train/test_checkpoint.py): the adapter tensors, AdamW's moments and update
 count and its hyperparameters, the step, the learning-rate schedule, the state of the run's
 random.Random, where the data order stands (the caller's dict, e.g. seed, epoch and position for
 data.epoch_order), free-form metadata (base model, rank, alpha, targets, data file...) and the

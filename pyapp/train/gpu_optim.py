@@ -5,7 +5,7 @@ The trainer places all LoRA tensors of a run in ONE f32 GPU buffer (flat_layout:
 their gradients in a second buffer of the same layout. An update is three dispatches
 (shaders/adamw.wgsl) recorded once into the training plan and replayed; the CPU only writes a small
 uniform before each submit. It computes what pyapp.train.optim's clip_grad_norm + AdamW.step compute
-(tests/test_gpu_optim.py), in float32.
+(tests/train/test_gpu_optim.py), in float32.
 
     offsets, total = flat_layout([a.size for a in tensors])
     opt = GpuAdamW(dev, total, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)

@@ -1,7 +1,7 @@
 """The optimizer of LoRA training: AdamW, a warmup + cosine learning-rate schedule, global-norm gradient
 clipping. Standard library only (it runs in Pyodide); parameters, gradients and moments are flat
 array('f') buffers, one per tensor, as the GPU holds them. This is also the spec of the GPU optimizer
-kernel, and it computes what torch does (tests/test_optim.py: torch.optim.AdamW, clip_grad_norm_ and
+kernel, and it computes what torch does (tests/train/test_optim.py: torch.optim.AdamW, clip_grad_norm_ and
 transformers' get_cosine_schedule_with_warmup, step for step):
 
     lr_t    = peak * warmup_cosine(t)                           t = 0, 1, ... (the update's index)

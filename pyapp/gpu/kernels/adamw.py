@@ -1,5 +1,5 @@
 """The training optimizer on the GPU (shaders/adamw.wgsl): AdamW + global-norm clipping over one flat
-buffer, mirroring pyapp.train.optim (tests/test_gpu_optim.py)."""
+buffer, mirroring pyapp.train.optim (tests/train/test_gpu_optim.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The training backward through the frozen model (shaders/*_backward.wgsl, matmul_dx.wgsl, cross_entropy.wgsl):
 each kernel mirrors a function of pyapp.reference.backward and has a parity test against it
-(tests/test_backward_kernels.py). LoRA's own gradients are lora.py's."""
+(tests/kernels/test_backward_kernels.py). LoRA's own gradients are lora.py's."""
 
 from __future__ import annotations
 
