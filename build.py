@@ -223,7 +223,8 @@ def test(pytest_args: list[str]) -> int:
     setup()
     build()
     env = dict(os.environ, PYTHONUNBUFFERED="1", GEMMA4_VENDORED=str(CACHE / "llama.cpp"))
-    rc = subprocess.run([str(VPY), "-m", "pytest", "-q", "-rs", *pytest_args], cwd=ROOT, env=env).returncode
+    rc = subprocess.run([str(VPY), "-m", "pytest", "-q", "-rs", "--durations=30", *pytest_args], cwd=ROOT,
+                        env=env).returncode   # the slowest 30: where CI's time goes
     if rc == 5:
         print("pytest collected no tests: that is a failure here", file=sys.stderr)
         return 1
