@@ -33,6 +33,7 @@ class Fault(Enum):
     NO_KERNEL = "no_kernel"      # a tensor type (quantization) no GPU kernel reads
     TOO_SMALL = "too_small"      # the GPU memory budget is below what the model needs (facts: need)
     DOES_NOT_FIT = "does_not_fit"   # the GPU cannot hold or bind it as set up
+    OTHER_BASE = "other_base"    # a LoRA adapter made for another base model than the one it is applied to
 
 
 class Gemma4Error(Exception):

@@ -10,17 +10,14 @@ disclosure. An error that says nothing about the file keeps its own message, wit
 
 What an error says about the file is read from its type and fields, never from its words:
 the fault its raiser states (pyapp.errors.Fault, on it or on an error it wraps), else the
-damaged-file types below. The patterns of `_NOT_YET_TYPED` and `_OTHER_BASE_MODEL` are the
-exception, for raisers in the engine's internals that do not state their fault yet.
+damaged-file types below.
 
 Runs unchanged in Pyodide and CPython (no browser imports): tests/cli/test_explain.py.
 """
 
 from __future__ import annotations
 
-import re
-
-from .errors import Fault, Gemma4Error, fault_of
+from .errors import Fault, fault_of
 from .gguf import GGUFError
 from .model.config import ConfigError, UnsupportedModelError
 from .model.weights import WeightsError
@@ -59,15 +56,6 @@ _DAMAGED = {
     WeightsError: "{file} is damaged or not a Gemma 4 model this app understands: its weights are not what Gemma 4 "
                   "has. Download it again, or use a GGUF made by a recent llama.cpp or Ollama.",
 }
-# Raisers in the engine's internals (being moved: issue 27) that do not state a fault yet: their words, the
-# fault, and the raiser. Each goes once its raiser passes fault= (and the facts named in the group).
-_NOT_YET_TYPED: list[tuple[str, Fault]] = [
-    (r"DiffusionGemma .*no next-token logits", Fault.DIFFUSION),                # diffusion.DiffusionEngine.forward
-    (r"architecture is '(?P<arch>[^']*)', not 'gemma4'", Fault.OTHER_MODEL),     # model.config.Gemma4Config
-    (r"has no GPU kernel", Fault.NO_KERNEL),                                     # runtime.upload
-    (r"needs at least (?P<need>[\d.,]+ \w+) of GPU memory", Fault.TOO_SMALL),    # runtime.memory
-    (r"out of GPU memory|binding limit|this GPU binds at most", Fault.DOES_NOT_FIT),   # engine, runtime.upload/state
-]
 
 
 def _chain(exc: BaseException):
@@ -80,19 +68,14 @@ def _chain(exc: BaseException):
 
 
 def _fault(chain: list) -> tuple[Fault, dict] | None:
-    """The fault the errors state, with its facts: the outermost stated one, then one a type means, then the
-    words of a raiser that states none yet (the outer message: wrappers keep their cause's words)."""
+    """The fault the errors state, with its facts: the outermost stated one, then one a type means."""
     for e in chain:
-        if (fault := fault_of(e)) is not None:
+        if (fault := fault_of(e)) in _WORDS:       # a fault about a model file (an adapter's is not: explain_adapter)
             return fault, getattr(e, "facts", {})
     for e in chain:
         for kind, fault in _FAULT_OF_TYPE.items():
             if isinstance(e, kind):
                 return fault, {}
-    if any(isinstance(e, Gemma4Error) for e in chain):
-        for pattern, fault in _NOT_YET_TYPED:
-            if (found := re.search(pattern, str(chain[0]), re.IGNORECASE)):
-                return fault, found.groupdict()
     return None
 
 
@@ -116,14 +99,9 @@ def explain(exc: BaseException, file: str | None = None, ollama_name: str | None
     return {"error": own}
 
 
-# LoRA checks (model.lora) that mean the adapter was trained on another base model; not typed yet either
-_OTHER_BASE_MODEL = ("incorrect shape", "does not exist in the base model", "is for architecture")
-
-
 def explain_adapter(exc: BaseException, name: str, model: str) -> str:
     """Why the adapter file `name` cannot be applied to `model`, in words (the LoraError's message kept)."""
-    message = str(exc)
-    if any(m in message for m in _OTHER_BASE_MODEL):
+    if fault_of(exc) is Fault.OTHER_BASE:
         return (f"\u201c{name}\u201d cannot be applied to {model}: it was made for a different base model. "
                 "Choose the adapter trained on this model.")
-    return f"\u201c{name}\u201d cannot be applied to {model}: {message}"
+    return f"\u201c{name}\u201d cannot be applied to {model}: {exc}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from ..errors import Fault
 from ..gguf import GGUFError
 from ..gpu import GPUError
 from ..families import family_for
@@ -52,7 +53,7 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
     if per_token and ctx * per_token > limit:
         raise EngineError(f"a context of {ctx} tokens needs {ctx * per_token / 2**20:,.0f} MiB of KV cache per "
                           f"layer in one GPU buffer; this GPU binds at most {limit / 2**20:,.0f} MiB: choose a "
-                          f"context of at most {limit // per_token} tokens")
+                          f"context of at most {limit // per_token} tokens", fault=Fault.DOES_NOT_FIT)
 
 
 def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
@@ -101,7 +102,7 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int, p
     except GPUError as e:
         raise EngineError(f"out of GPU memory while allocating the weights ({mem.total / 2**20:,.0f} MiB "
                           f"planned): {e}. Set a GPU memory budget (--gpu-memory) below what the GPU "
-                          "has free.") from e
+                          "has free.", fault=Fault.DOES_NOT_FIT) from e
     except ModelError as e:
         raise EngineError(str(e)) from e
 

@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..errors import Gemma4Error
+from ..errors import Fault, Gemma4Error
 from . import weights
 
 ARCH = "gemma4"
@@ -198,7 +198,8 @@ class Gemma4Config:
         if arch == DIFFUSION_ARCH:       # what needs next-token logits (reference forward, `logits`) says this
             raise UnsupportedModelError(DIFFUSION_NOT_AUTOREGRESSIVE)
         if arch != ARCH:
-            raise ConfigError(f"architecture is {show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only")
+            raise ConfigError(f"architecture is {show(arch)}, not {ARCH!r}: this app runs Gemma 4 models only",
+                              **({"fault": Fault.OTHER_MODEL, "arch": arch} if isinstance(arch, str) else {}))
         return ARCH
 
     @classmethod

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import ggml
-from ..errors import Gemma4Error
+from ..errors import Fault, Gemma4Error
 from ..gguf import VALUE_TYPE_NAMES, GGUFFile, read_gguf
 from .config import ARCH
 from .weights import names
@@ -179,7 +179,8 @@ def check_metadata(g: GGUFFile, arch: str = ARCH) -> float:
         what = "is missing" if gtype is None else f"is {gtype!r}"
         raise LoraError(f"not a LoRA adapter: general.type {what}, expected 'adapter' (is this a model file?)")
     if text("general.architecture") != arch:
-        raise LoraError(f"the adapter is for architecture {meta.get('general.architecture')!r}, the model is {arch!r}")
+        raise LoraError(f"the adapter is for architecture {meta.get('general.architecture')!r}, the model is {arch!r}",
+                        fault=Fault.OTHER_BASE)
     atype = text("adapter.type")
     if atype != "lora":
         raise LoraError(f"adapter.type is {atype!r}, expected 'lora' (only LoRA adapters are supported)")
@@ -235,7 +236,8 @@ def bind_lora(g: GGUFFile, cfg, bound, user_scale: float = 1.0, arch: str = ARCH
     targets = []
     for base, (a, b) in pairs.items():
         if base not in where:
-            raise LoraError(f"LoRA tensor {base!r} does not exist in the base model{_missing_hint(cfg, base)}")
+            raise LoraError(f"LoRA tensor {base!r} does not exist in the base model{_missing_hint(cfg, base)}",
+                            fault=Fault.OTHER_BASE)
         layer, f_name, w = where[base]
         if f_name in REFUSED:
             raise LoraError(f"LoRA for {base!r} refused: {REFUSED[f_name]}")
@@ -247,7 +249,8 @@ def bind_lora(g: GGUFFile, cfg, bound, user_scale: float = 1.0, arch: str = ARCH
         if len(a.shape) != 2 or len(b.shape) != 2 or a.shape[0] != w.shape[0] or b.shape[1] != w.shape[1]:
             raise LoraError(f"LoRA pair for {base!r} has incorrect shape (lora_a {list(a.shape)}, lora_b "
                             f"{list(b.shape)}, ggml order; the base tensor is {list(w.shape)}, so lora_a must be "
-                            f"[{w.shape[0]}, r] and lora_b [r, {w.shape[1]}]): wrong base model?")
+                            f"[{w.shape[0]}, r] and lora_b [r, {w.shape[1]}]): wrong base model?",
+                            fault=Fault.OTHER_BASE)
         if a.shape[1] != b.shape[0]:
             raise LoraError(f"LoRA pair for {base!r}: lora_a is {list(a.shape)} and lora_b {list(b.shape)}; their "
                             "ranks differ (lora_a not transposed? adapters of the old finetune example are not "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import Gemma4Error
+from ..errors import Fault, Gemma4Error
 from ..gpu import Device
 from .state import State
 from .upload import layer_experts, plan_uploads
@@ -162,7 +162,8 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
     if gpu_memory is None:
         return plan
     if gpu_memory < plan.minimum:
-        raise PlanError(_too_small(plan, plan.minimum, gpu_memory, context_length))
+        raise PlanError(_too_small(plan, plan.minimum, gpu_memory, context_length), fault=Fault.TOO_SMALL,
+                        need=size(plan.minimum))
     if ple_in_file is None and ple_table:
         plan.ple_in_file = plan.weights + ple_table + plan.state + (plan.n_used * plan.expert_each) > gpu_memory
     if expert_cache is None and streamable:
@@ -170,7 +171,8 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
         if left < plan.experts:
             plan.slots = min(E, left // plan.expert_each)
     if plan.total > gpu_memory:
-        raise PlanError(_too_small(plan, plan.total, gpu_memory, context_length))
+        raise PlanError(_too_small(plan, plan.total, gpu_memory, context_length), fault=Fault.TOO_SMALL,
+                        need=size(plan.total))
     return plan
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import ggml
-from ..errors import Gemma4Error
+from ..errors import Fault, Gemma4Error
 from ..gpu import Buffer, Device
 from ..gpu import kernels as K
 from ..model.weights import ModelWeights, names
@@ -162,7 +162,8 @@ def plan_uploads(dev: Device, cfg, bound: ModelWeights, ple_in_file: bool = Fals
 def _check_kernel(t) -> None:
     if t.type not in K.KERNEL_TYPES:
         supported = ", ".join(sorted(ggml.name(i) for i in K.KERNEL_TYPES))
-        raise ModelError(f"{t.name} is stored as {t.type_name}, which has no GPU kernel (supported: {supported})")
+        raise ModelError(f"{t.name} is stored as {t.type_name}, which has no GPU kernel (supported: {supported})",
+                         fault=Fault.NO_KERNEL)
 
 
 def _vector(dev: Device, t, uploads: list) -> GpuTensor:
@@ -198,7 +199,8 @@ def _row_blocks(dev: Device, t, rows: int, limit: int) -> list:
     per = rows if rows * rb + WEIGHT_PAD <= limit else max(1, (limit - WEIGHT_PAD) // rb // unit) * unit
     if per * rb + WEIGHT_PAD > limit:
         what = "one expert" if len(t.shape) == 3 else "one row block"
-        raise ModelError(f"{t.name}: {what} ({per * rb} bytes) exceeds the GPU's binding limit ({limit})")
+        raise ModelError(f"{t.name}: {what} ({per * rb} bytes) exceeds the GPU's binding limit ({limit})",
+                         fault=Fault.DOES_NOT_FIT)
     return [Part(dev.buffer(min(per, rows - r0) * rb + WEIGHT_PAD, label=t.name), r0, min(per, rows - r0))
             for r0 in range(0, rows, per)]
 

@@ -108,3 +108,14 @@ def test_the_words_follow_the_type_not_the_message():
     except Gemma4Error as e:
         wrapped = e
     assert explain(wrapped, "a.gguf")["error"].startswith("Permission to read \u201ca.gguf\u201d was denied")
+
+
+def test_the_engine_states_what_does_not_fit():
+    """The engine's checks state their fault (pyapp.errors.Fault); explain reads it, not their words."""
+    from pyapp.errors import Fault
+    g = read_gguf(DEMO)
+    e = _error_of(Engine.plan, g, {"max_storage_buffer_binding_size": 4096, "max_buffer_size": 1 << 30}, 4096)
+    assert isinstance(e, EngineError) and e.fault is Fault.DOES_NOT_FIT
+    assert explain(e, "demo.gguf")["error"].startswith("\u201cdemo.gguf\u201d does not fit this GPU as set up")
+    e = _error_of(Engine.plan, g, {}, 4096, 1)
+    assert e.__cause__.fault is Fault.TOO_SMALL and e.__cause__.facts["need"] in str(e)

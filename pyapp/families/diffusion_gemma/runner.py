@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 
+from ...errors import Fault
 from ...gpu import Device, GPUError
 from ...gpu import kernels as K
 from ...runtime.ops import Ops
@@ -38,7 +39,7 @@ class CanvasState(State):
         limit = binding_limit(dev.limits)
         if 4 * C * V > limit:
             raise GPUError(f"the canvas logits ({C} x {V} floats, {4 * C * V / 2**20:,.0f} MiB) exceed this GPU's "
-                           f"binding limit ({limit / 2**20:,.0f} MiB)")
+                           f"binding limit ({limit / 2**20:,.0f} MiB)", fault=Fault.DOES_NOT_FIT)
         super().__init__(dev, cfg, layout, context_length, max(chunk, C))   # the canvas runs as one step
 
         def f32(n: int, label: str):
