@@ -79,3 +79,66 @@ def test_a_text_only_file_has_no_encoder(dev):
     from pyapp.families.gemma4_vision.config import VisionError
     with pytest.raises(VisionError, match="no image encoder"):
         load(dev, FORMS / "llamacpp-dense-fused-qkv.gguf")
+
+
+def soft_run(dev, enc, golden, i, at):
+    from pyapp.runtime.soft_tokens import SoftRun
+    pixels, across, down = rgba_of(golden[f"patches_{i}"], golden[f"positions_{i}"], enc.cfg.patch)
+    n = across * down // enc.cfg.pool ** 2
+    return SoftRun(at=at, rows=enc.encode(pixels, across, down), n=n, key=f"image {i}")
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-moe-published"])
+def test_logits_with_an_image_match_transformers(dev, stem):
+    """The text engine with the encoder's soft tokens at the placeholder run gives transformers' logits
+    (the E2B-like fixture's per-layer inputs from the pad id included); without them it does not."""
+    from pyapp.engine import Engine
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    enc = load(dev, FORMS / f"{stem}.gguf", budget=3)
+    eng = Engine.open(FORMS / f"{stem}.gguf", device=dev, context_length=64, int8=False)
+    tokens, want = [int(t) for t in golden["image_tokens"]], golden["image_logits"]
+    image_token = eng.gguf.metadata["tokenizer.ggml.tokens"].index("<|image|>")
+    at = tokens.index(image_token)
+    run = soft_run(dev, enc, golden, 1, at)
+    assert all(t == image_token for t in tokens[at:at + run.n])
+    got = np.asarray(eng.forward(tokens, soft=[run]))
+    assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1
+
+
+def test_the_cache_keeps_a_prefix_only_with_the_same_image(dev):
+    """A chat's next turn reuses the cached image only when the same image sits at the same place; the
+    same ids with another image are evaluated again, and give that image's answer."""
+    from pyapp.engine import Engine
+    from pyapp.sampling import SamplingParams
+    golden = np.load(FORMS / "ollama-dense.vision.npz")
+    enc = load(dev, FORMS / "ollama-dense.gguf", budget=3)
+    eng = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    begin, soft, end = 6, 7, 8
+    prompt = [2, 300, begin] + [soft] * 2 + [end, 301, 302]       # image 0: 2 soft tokens
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    first = eng.generate(prompt, greedy, soft=[soft_run(dev, enc, golden, 0, 3)])
+    again = eng.generate(prompt, greedy, soft=[soft_run(dev, enc, golden, 0, 3)])
+    assert again.cached_tokens == len(prompt) - 1 and again.tokens == first.tokens
+    other = soft_run(dev, enc, golden, 0, 3)
+    pixels, across, down = rgba_of(golden["patches_0"][::-1].copy(), golden["positions_0"], 16)
+    other = type(other)(at=3, rows=enc.encode(pixels, across, down), n=2, key="image 0 reversed")
+    changed = eng.generate(prompt, greedy, soft=[other])
+    assert changed.cached_tokens == 3                    # up to the image, not past it
+    fresh = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    assert changed.tokens == fresh.generate(prompt, greedy, soft=[other]).tokens
+
+
+def test_soft_tokens_outside_the_prompt_are_refused(dev):
+    from pyapp.engine import Engine, EngineError
+    from pyapp.runtime.soft_tokens import SoftRun
+    eng = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    rows = dev.buffer(4 * 2 * eng.config.hidden)
+    prompt = [2, 6, 7, 7, 8]
+    for runs in ([SoftRun(3, rows, 2, "x")],                            # over the last token
+                 [SoftRun(-1, rows, 2, "x")], [SoftRun(2, rows, 0, "x")],   # before the prompt, empty
+                 [SoftRun(1, rows, 2, "x"), SoftRun(2, rows, 2, "y")]):     # overlapping
+        with pytest.raises(EngineError, match="do not fit"):
+            eng.forward(prompt, soft=runs)
+        with pytest.raises(EngineError, match="do not fit"):
+            eng.generate(prompt, soft=runs)
