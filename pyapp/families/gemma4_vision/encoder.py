@@ -28,8 +28,9 @@ from ... import ggml
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
-from ...runtime.requests import FileToGpu, ReadFile
+from ...runtime.requests import FileToGpu, ReadFile, handler
 from ...runtime.upload import WEIGHT_PAD, GpuTensor, Part, f32_vector
+from ...steps import drive, drive_async
 from .config import DEFAULT_BUDGET, VisionConfig, VisionError
 from .weights import BOUNDS, LINEARS, VisionWeights, bind
 
@@ -92,6 +93,16 @@ class ImageEncoder:
                 setattr(owner, name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
         bounds, clamped = yield from _bounds(dev, cfg, bound)
         return cls(dev, cfg, weights, bounds, clamped, cfg.max_patches(budget))
+
+    @classmethod
+    def open(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "ImageEncoder":
+        """load, natively (gguf: the parsed file that holds the encoder)."""
+        return drive(cls.load(dev, gguf, budget), handler(dev, gguf.source))
+
+    @classmethod
+    async def open_async(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "ImageEncoder":
+        """load in the browser: file bytes go Blob -> GPU inside JS."""
+        return await drive_async(cls.load(dev, gguf, budget), handler(dev, gguf.source, asynchronous=True))
 
     # -- the plan ------------------------------------------------------------------
     def _record(self):
