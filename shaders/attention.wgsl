@@ -15,6 +15,7 @@
 
 //!include attention_shape
 override WINDOW: u32 = 0u;
+override ALL_KEYS: bool = false;   // attend: every key of the step (bidirectional), not j <= pos
 override WG: u32 = 128u;
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
@@ -69,6 +70,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let h0 = wid.x * GH;
     let t = wid.y;
     let pos = S.pos0 + t;
+    let last = select(pos, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key it sees
     let kvh = h0 / (H / HKV);
     var lo = 0u;
     if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }
@@ -80,11 +82,11 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     var acc: array<f32, 4 * MAX_GH>;         // [head g][dim slot i] at 4g + i
     for (var g = 0u; g < GH; g++) { m[g] = NEG; l[g] = 0.0; }
     for (var i = 0u; i < 4u * GH; i++) { acc[i] = 0.0; }
-    for (var c = lo; c <= pos; c += WG) {
+    for (var c = lo; c <= last; c += WG) {
         let j = c + lid;
         var score: array<f32, MAX_GH>;
         for (var g = 0u; g < GH; g++) { score[g] = NEG; }
-        if (j <= pos) {
+        if (j <= last) {
             let kb = (kvh * CTX + j % CTX) * HD;
             for (var g = 0u; g < GH; g++) { score[g] = 0.0; }
             for (var d = 0u; d < HD; d++) {
@@ -97,7 +99,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         var alpha: array<f32, MAX_GH>;
         for (var g = 0u; g < GH; g++) {
             let m_new = max(m[g], red[g * WG]);
-            let e = select(0.0, exp(score[g] - m_new), j <= pos);
+            let e = select(0.0, exp(score[g] - m_new), j <= last);
             alpha[g] = exp(m[g] - m_new);
             m[g] = m_new;
             p[g * WG + lid] = e;
@@ -106,7 +108,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         for (var g = 0u; g < GH; g++) { red[g * WG + lid] = p[g * WG + lid]; }
         reduce_heads(lid, false);            // its barriers also publish p[]
         for (var g = 0u; g < GH; g++) { l[g] = l[g] * alpha[g] + red[g * WG]; }
-        let n = min(WG, pos + 1u - c);
+        let n = min(WG, last + 1u - c);
         for (var i = 0u; i < 4u; i++) {
             let d = lid + i * WG;
             if (d < HD) {

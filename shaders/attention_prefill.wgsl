@@ -5,7 +5,8 @@
 //
 // Mirrors reference.forward attention like attention.wgsl `attend` (same inputs and layout):
 // softmax(SCALE q k^T + mask) v over keys j <= p and (WINDOW == 0 or p - j < WINDOW) for a query at
-// position p = S.pos0 + t. Q, O: f32 [T, H, HD]; KC, VC: f32 [HKV, CTX, HD], position j in slot j % CTX.
+// position p = S.pos0 + t; with ALL_KEYS, every key of the step (j < S.pos0 + S.n_tokens, bidirectional:
+// an image encoder's patches). Q, O: f32 [T, H, HD]; KC, VC: f32 [HKV, CTX, HD], position j in slot j % CTX.
 //
 // Per key tile: scores (thread lid: key lid % BKV, rows lid / BKV + 8i), K read in chunks of DCQ
 // vec4 through shared memory; then each row's running max and sum (one thread a row); then
@@ -17,6 +18,7 @@
 
 //!include attention_shape
 override WINDOW: u32 = 0u;
+override ALL_KEYS: bool = false;
 override GH: u32 = 1u;         // query heads per KV head (H / HKV)
 override R: u32 = 32u;         // query rows per workgroup: 32 or 16
 
@@ -42,7 +44,8 @@ var<workgroup> row_a: array<f32, R>;
 fn masked(s: f32, r: u32, j: u32, t0: u32) -> f32 {
     let t = t0 + r / GH;
     let pos = S.pos0 + t;
-    let ok = t < S.n_tokens && j <= pos && (WINDOW == 0u || pos - j < WINDOW);
+    let ok = t < S.n_tokens && (j <= pos || ALL_KEYS && j < S.pos0 + S.n_tokens)
+             && (WINDOW == 0u || pos - j < WINDOW);
     return select(NEG, s, ok);
 }
 
@@ -89,7 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t0 = wid.y * (R / GH);
     if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
     let t_last = min(t0 + R / GH, S.n_tokens) - 1u;
-    let hi = S.pos0 + t_last;                       // the last key any row sees
+    let hi = select(S.pos0 + t_last, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key any row sees
     let p0 = S.pos0 + t0;
     var lo = 0u;                                    // the first key any row sees
     if (WINDOW > 0u && p0 + 1u > WINDOW) { lo = p0 + 1u - WINDOW; }

@@ -37,8 +37,9 @@ def round_vision(model) -> None:
 
 
 def image(rng, across: int, down: int, patch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(patches [across * down, patch * patch * 3] in [0, 1], their (x, y) positions), row by row."""
-    pixels = rng.uniform(0, 1, (3, down * patch, across * patch)).astype(np.float32)
+    """(patches [across * down, patch * patch * 3] in [0, 1], their (x, y) positions), row by row. The
+    pixels are bytes / 255, as a decoded image's are: the GPU encoder takes RGBA8."""
+    pixels = (rng.integers(0, 256, (3, down * patch, across * patch)) / np.float32(255)).astype(np.float32)
     patches = pixels.reshape(3, down, patch, across, patch).transpose(1, 3, 2, 4, 0).reshape(across * down, -1)
     ys, xs = np.meshgrid(np.arange(down), np.arange(across), indexing="ij")
     return patches, np.stack([xs.reshape(-1), ys.reshape(-1)], -1).astype(np.int64)

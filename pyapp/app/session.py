@@ -42,6 +42,9 @@ class Session:
     prefill_rate: dict = field(default_factory=dict)   # id(engine) -> prompt tokens/s of its last reply
     folder: object = None                     # an Ollama models folder opened (pyapp.ollama.AsyncDirectory)
     folder_models: dict = field(default_factory=dict)  # its models by name (pyapp.ollama.OllamaModel)
+    projector: object = None                  # the image encoder's file added beside the model (a parsed GGUF)
+    image_encoder: object = None              # the loaded ImageEncoder (pyapp.app.images), on first use
+    encoded_images: dict = field(default_factory=dict)   # digest -> EncodedImage: each image encoded once
 
     def chosen(self) -> ChosenModel:
         if self.model is None:
@@ -93,3 +96,5 @@ class Session:
                 pass
         self.engine = None
         self.prefill_rate = {}
+        self.image_encoder = None
+        self.encoded_images = {}

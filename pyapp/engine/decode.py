@@ -7,8 +7,9 @@ table left in the file (the CPU reads the token's row), or the last token of the
 Speculative decoding (pyapp.engine.speculative) is this loop with drafts checked after each token.
 
     generation(eng, prompt, params, ...)   steps of one generation; returns its GenerationResult
-    start(eng, prompt)                     the prompt checked, the cached prefix kept
-    prefill(eng, tokens, pos, on_prefill)  steps: the prompt's new tokens; the last one's row
+    start(eng, prompt, soft)               the prompt (and its soft tokens) checked, the cached prefix kept
+    prefill_prompt(eng, prompt, ...)       steps: the prompt's new tokens; the last one's row
+    prefill(eng, tokens, pos, on_prefill)  steps: tokens through the layers, chunk by chunk
     draw(eng, row, ...)                    steps: the next token, its step submitted ahead where it can be
     Tokens                                 hands each token out: stops, limits, the streamed text
 """
@@ -20,18 +21,18 @@ import time
 
 from ..gpu import kernels as K
 from ..runtime.loaded import EngineError, GenerationResult
+from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs
 from ..sampling import SamplingParams
 
 
 def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, should_stop=None, stop_ids=None,
-               on_prefill=None):
+               on_prefill=None, soft=()):
     """Steps of one generation (params validated); returns its GenerationResult."""
-    prompt, result = start(eng, prompt)
+    prompt, soft, result = start(eng, prompt, soft)
     tokens = Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids)
     rng = random.Random(params.seed)
     clock = Clock(eng, result)
-    row = yield from prefill(eng, prompt[result.cached_tokens:], result.cached_tokens, on_prefill)
-    eng.cached = list(prompt)
+    row = yield from prefill_prompt(eng, prompt, soft, result, on_prefill)
     while True:
         tok, fed = yield from draw(eng, row, params, tokens, rng, clock)
         if tokens.emit(tok):
@@ -43,28 +44,42 @@ def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, sh
     return finish(eng, tokens, result)
 
 
-def start(eng, prompt: list[int]) -> tuple[list[int], GenerationResult]:
-    """The prompt as ids, checked; the cached tokens it starts with are kept (eng.cached), the rest
-    will be evaluated."""
+def start(eng, prompt: list[int], soft=()) -> tuple[list[int], tuple, GenerationResult]:
+    """The prompt as ids and its soft tokens (pyapp.runtime.soft_tokens.SoftRun: an image's, in place of
+    its placeholders), checked; the cached tokens it starts with are kept (eng.cached: ids, and the
+    soft tokens' slots), the rest will be evaluated."""
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise EngineError("empty prompt")
     if len(prompt) >= eng.context_length:
         raise EngineError(f"prompt of {len(prompt)} tokens does not fit the context of {eng.context_length}")
     eng.check_ids(prompt)
-    reuse = eng.reusable(prompt)
-    eng.cached = prompt[:reuse]
-    return prompt, GenerationResult(cached_tokens=reuse, prompt_tokens=len(prompt) - reuse)
+    try:
+        soft = check_runs(soft, len(prompt))
+    except SoftTokensError as e:
+        raise EngineError(str(e)) from e
+    keys = cache_keys(prompt, soft)
+    reuse = eng.reusable(keys)
+    eng.cached = keys[:reuse]
+    return prompt, soft, GenerationResult(cached_tokens=reuse, prompt_tokens=len(prompt) - reuse)
 
 
-def prefill(eng, tokens: list[int], pos: int, on_prefill=None):
+def prefill_prompt(eng, prompt: list[int], soft: tuple, result: GenerationResult, on_prefill=None):
+    """Steps: the prompt's tokens past the cached ones through the layers; then eng.cached holds the
+    whole prompt. Returns the last token's row in its step."""
+    row = yield from prefill(eng, prompt[result.cached_tokens:], result.cached_tokens, on_prefill, soft)
+    eng.cached = cache_keys(prompt, soft)
+    return row
+
+
+def prefill(eng, tokens: list[int], pos: int, on_prefill=None, soft=()):
     """Steps: tokens through the layers; returns the row of the last token in its step.
     on_prefill(done, total): after each chunk's GPU work but the last (whose end the first token
     shows), read one chunk late: chunk i's mark is awaited once chunk i + 1 is submitted, so the
     GPU never waits for the CPU."""
     r = eng.runner
     if on_prefill is None or len(tokens) <= r.chunk:
-        return (yield from eng.feed(tokens, pos)) - 1
+        return (yield from eng.feed(tokens, pos, soft=soft)) - 1
     marked = []
 
     def mark(n: int):
@@ -74,7 +89,7 @@ def prefill(eng, tokens: list[int], pos: int, on_prefill=None):
         if len(marked) > 1:
             yield from r.read_mark(1 - k)
             on_prefill(marked[-2], len(tokens))
-    return (yield from eng.feed(tokens, pos, after_each=mark)) - 1
+    return (yield from eng.feed(tokens, pos, after_each=mark, soft=soft)) - 1
 
 
 def draw(eng, row: int, params: SamplingParams, tokens: "Tokens", rng: random.Random, clock: "Clock"):

@@ -24,6 +24,7 @@ from ..gpu import Device
 from ..model.logits import Logits
 from ..runtime.loaded import EngineError, LoadedModel
 from ..runtime.requests import handler
+from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs
 from ..sampling import SamplingParams
 from ..steps import drive, drive_async
 from . import decode, loading, speculative
@@ -60,36 +61,42 @@ class Engine(LoadedModel):
 
     # -- generation -------------------------------------------------------------------
     def generation(self, prompt: list[int], params: SamplingParams | None = None, on_token=None, should_stop=None,
-                   stop_ids=None, on_prefill=None):
+                   stop_ids=None, on_prefill=None, soft=()):
         """Steps of one generation (see generate); returns its GenerationResult."""
         params = (params or SamplingParams()).validate()        # fields may have changed since it was made
         # the speculative check picks argmax over every token; a model with suppressed tokens decodes
         # one token a step, through the sampler that leaves them out
         loop = speculative if params.speculates and not self.config.suppress_tokens else decode
-        return loop.generation(self, prompt, params, on_token, should_stop, stop_ids, on_prefill)
+        return loop.generation(self, prompt, params, on_token, should_stop, stop_ids, on_prefill, soft)
 
     def generate(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
-                 should_stop=None, stop_ids=None, on_prefill=None):
+                 should_stop=None, stop_ids=None, on_prefill=None, soft=()):
         """Sample until a stop token (default: the tokenizer's end-of-turn ids), max_tokens,
         should_stop() or the context end. on_token(id, text) streams decoded text; on_prefill(done,
-        total): the prompt tokens the GPU has read, after each of its chunks but the last."""
-        return self.drive(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill))
+        total): the prompt tokens the GPU has read, after each of its chunks but the last; soft: soft
+        tokens in place of placeholders (pyapp.runtime.soft_tokens.SoftRun: an image's)."""
+        return self.drive(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill, soft))
 
     async def generate_async(self, prompt: list[int], params: SamplingParams | None = None, on_token=None,
-                             should_stop=None, stop_ids=None, on_prefill=None):
-        return await self.drive_async(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill))
+                             should_stop=None, stop_ids=None, on_prefill=None, soft=()):
+        return await self.drive_async(self.generation(prompt, params, on_token, should_stop, stop_ids, on_prefill,
+                                                      soft))
 
     def timed_step(self, ids: list[int], pos: int, few: bool = False):
         """Steps: what one step of ids at pos costs alone, with its greedy head (pyapp.engine.speculative)."""
         return speculative.timed_step(self, ids, pos, few)
 
     # -- logits (tests, CLI) --------------------------------------------------------
-    def _forward(self, tokens: list[int]):
-        """Steps: logits of every position, from an empty cache."""
+    def _forward(self, tokens: list[int], soft=()):
+        """Steps: logits of every position, from an empty cache (soft: SoftRuns in place of placeholders)."""
         tokens = [int(t) for t in tokens]
         if len(tokens) > self.context_length:
             raise EngineError(f"{len(tokens)} tokens do not fit the context of {self.context_length}")
         self.check_ids(tokens)
+        try:
+            soft = check_runs(soft, len(tokens))
+        except SoftTokensError as e:
+            raise EngineError(str(e)) from e
         self.reset()
         rows = []
 
@@ -97,13 +104,13 @@ class Engine(LoadedModel):
             for row in range(n):
                 rows.append((yield from self.runner.logits(row)))
 
-        yield from self.feed(tokens, 0, after_each=logits_of_step)
-        self.cached = tokens
+        yield from self.feed(tokens, 0, after_each=logits_of_step, soft=soft)
+        self.cached = cache_keys(tokens, soft)
         return Logits.from_rows(rows)
 
-    def forward(self, tokens: list[int]) -> Logits:
+    def forward(self, tokens: list[int], soft=()) -> Logits:
         """Logits for every position (softcap applied), as the reference's forward returns them."""
-        return self.drive(self._forward(tokens))
+        return self.drive(self._forward(tokens, soft))
 
-    async def forward_async(self, tokens: list[int]) -> Logits:
-        return await self.drive_async(self._forward(tokens))
+    async def forward_async(self, tokens: list[int], soft=()) -> Logits:
+        return await self.drive_async(self._forward(tokens, soft))

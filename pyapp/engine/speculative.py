@@ -23,15 +23,14 @@ from . import decode
 
 
 def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, should_stop=None, stop_ids=None,
-               on_prefill=None):
+               on_prefill=None, soft=()):
     """Steps of one generation that drafts by prompt lookup (params validated, params.speculates)."""
-    prompt, result = decode.start(eng, prompt)
+    prompt, soft, result = decode.start(eng, prompt, soft)
     lookup = PromptLookup(prompt)
     tokens = decode.Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids, on_new=lookup.append)
     rng = random.Random(params.seed)
     clock = decode.Clock(eng, result)
-    row = yield from decode.prefill(eng, prompt[result.cached_tokens:], result.cached_tokens, on_prefill)
-    eng.cached = list(prompt)
+    row = yield from decode.prefill_prompt(eng, prompt, soft, result, on_prefill)
     tok, fed = None, False      # the newest token once read; fed: its step ran (decoded ahead)
     while True:
         if tok is None:         # draw the token after `row` of the last step on the GPU

@@ -164,6 +164,8 @@ class Gemma4Config:
     layers: tuple[LayerConfig, ...] = field(repr=False)
     # ids never sampled (tokenizer.ggml.suppress_tokens: the 12B's generation_config.json lists them)
     suppress_tokens: tuple[int, ...] = ()
+    # the id an image's soft tokens take for their per-layer embeddings (transformers' Gemma4Model)
+    pad_id: int = 0
 
     # the flag weights.py's DiffusionGemma tensors are declared under (pyapp.families.diffusion_gemma's config sets it)
     is_diffusion: ClassVar[bool] = False
@@ -266,6 +268,9 @@ class Gemma4Config:
         if not 1 <= vocab_size <= MAX_VOCAB:
             raise ConfigError(f"a vocabulary of {vocab_size} tokens: expected 1 to {MAX_VOCAB}")
         suppress = _suppress_tokens(meta, vocab_size)
+        pad_id = meta.get("tokenizer.ggml.padding_token_id", 0)
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
+            raise ConfigError(f"tokenizer.ggml.padding_token_id is {pad_id!r}: expected an id below {vocab_size}")
 
         def kv_source(i: int) -> int:
             # A shared layer reuses the K/V of the last non-shared layer of its own kind.
@@ -312,6 +317,7 @@ class Gemma4Config:
             expert_ffn_dim=expert_ffn,
             layers=layers,
             suppress_tokens=suppress,
+            pad_id=pad_id,
         )
 
     @classmethod

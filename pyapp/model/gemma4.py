@@ -9,7 +9,7 @@ fields holding GPU tensors). Whether an op runs as matvec or matmul, and which
 ops share a kernel, is decided after the whole step is recorded
 (pyapp.runtime.fusion), never here.
 
-  embed(ops)          x = token_embd[ids] * sqrt(hidden) (+ per-layer inputs)
+  embed(ops)          x = token_embd[ids] * sqrt(hidden), an image's soft tokens in place (+ per-layer inputs)
   layer(ops, lc)      one decoder layer on x, for the T tokens of the plan
   head(ops, row)      logits of one row of x [+ the sampled next token]
   head_argmax(ops)    the greedy next token after every row of x (speculative decoding's check)
@@ -43,6 +43,7 @@ class Gemma4:
         """reference: forward's embedding, then per_layer_inputs."""
         s, w = self.s, self.w
         ops.embed(w.token_embd, s.ids, s.x, scale=self.embed_scale)
+        ops.soft_tokens(s.soft_rows, s.soft_at, s.x)
         if self.cfg.has_ple:
             ops.embed(self.ple_table, self.ple_ids, s.ple_emb, scale=self.ple_scale)
             ops.linear(w.ple_model_proj, s.x, s.ple_proj)

@@ -274,25 +274,26 @@ def _cut_fused(t, prefix: str, parts: tuple[str, ...], sizes: dict) -> tuple[dic
     return views, None
 
 
-def bind(cfg, tensors: dict) -> ModelWeights:
-    """ModelWeights whose fields are tensors[name] (None when absent), checked against the config
-    before anything uses them: missing required tensors, present ones of the wrong shape or
-    type, and tensors no field reads raise WeightsError naming each.
+@dataclass
+class Binding:
+    """What binding the fields of one or more dataclasses to a file's tensors found: the names read, and
+    what is missing or misfits (each a line of the error that names them all)."""
+    tensors: dict
+    missing: list = field(default_factory=list)
+    misfits: list = field(default_factory=list)
+    read: set = field(default_factory=set)
 
-    `tensors` maps GGUF names to TensorInfo (or anything with its `shape`, ggml order, and `type`;
-    fused tensors are cut with dataclasses.replace, so a TensorInfo for those)."""
-    missing, misfits, read = [], [], set()
-
-    def take(cls, flags, prefix, sizes):
-        values = {}
-        if cls is LayerWeights:
-            for fused, parts in FUSED.items():
-                if (t := tensors.get(prefix + fused)) is not None:
-                    read.add(prefix + fused)
-                    views, why = _cut_fused(t, prefix, parts, sizes)
-                    values.update(views or dict.fromkeys(parts))     # present, even when it does not fit
-                    if why:
-                        misfits.append(f"{prefix + fused} {why}")
+    def take(self, cls, flags, prefix: str, sizes: dict, fused: dict | None = None):
+        """An instance of cls whose declared fields are the tensors `prefix + name` (None when absent),
+        checked against `sizes`; `fused`: tensors holding several fields' rows (FUSED)."""
+        tensors, values = self.tensors, {}
+        for fused_name, parts in (fused or {}).items():
+            if (t := tensors.get(prefix + fused_name)) is not None:
+                self.read.add(prefix + fused_name)
+                views, why = _cut_fused(t, prefix, parts, sizes)
+                values.update(views or dict.fromkeys(parts))     # present, even when it does not fit
+                if why:
+                    self.misfits.append(f"{prefix + fused_name} {why}")
         for f in _bound(cls):
             if f.name in values:
                 continue
@@ -300,22 +301,36 @@ def bind(cfg, tensors: dict) -> ModelWeights:
             t = values[f.name] = tensors.get(name)
             if t is None:
                 if _required(f.metadata["when"], flags):
-                    missing.append(name)
+                    self.missing.append(name)
                 continue
-            read.add(name)
+            self.read.add(name)
             if why := _misfit(t, f.metadata["shape"], sizes):
-                misfits.append(f"{name} {why}")
+                self.misfits.append(f"{name} {why}")
         return cls(**values)
 
+    def check(self) -> None:
+        """WeightsError naming every missing and misfitting tensor, if any."""
+        if self.missing:
+            raise WeightsError(f"the GGUF lacks {_listing(self.missing)}")
+        if self.misfits:
+            raise WeightsError("tensors that do not fit the model's hyperparameters (shapes in ggml order, row "
+                               f"length first): {_listing(self.misfits, '; ')}")
+
+
+def bind(cfg, tensors: dict) -> ModelWeights:
+    """ModelWeights whose fields are tensors[name] (None when absent), checked against the config
+    before anything uses them: missing required tensors, present ones of the wrong shape or
+    type, and tensors no field reads raise WeightsError naming each.
+
+    `tensors` maps GGUF names to TensorInfo (or anything with its `shape`, ggml order, and `type`;
+    fused tensors are cut with dataclasses.replace, so a TensorInfo for those)."""
+    found = Binding(tensors)
     sizes = _sizes(cfg)
-    w = take(ModelWeights, cfg, "", sizes)
-    w.layers = [take(LayerWeights, lc, layer_prefix(lc.index), sizes | _layer_sizes(cfg, lc)) for lc in cfg.layers]
-    if missing:
-        raise WeightsError(f"the GGUF lacks {_listing(missing)}")
-    if misfits:
-        raise WeightsError("tensors that do not fit the model's hyperparameters (shapes in ggml order, row "
-                           f"length first): {_listing(misfits, '; ')}")
-    unread = sorted(n for n in tensors if n not in read and encoder_part(n) is None)
+    w = found.take(ModelWeights, cfg, "", sizes)
+    w.layers = [found.take(LayerWeights, lc, layer_prefix(lc.index), sizes | _layer_sizes(cfg, lc), FUSED)
+                for lc in cfg.layers]
+    found.check()
+    unread = sorted(n for n in tensors if n not in found.read and encoder_part(n) is None)
     if unread:
         raise WeightsError(f"the GGUF has tensors this app does not know how to use: {_listing(unread)}. "
                            "Running without them would give wrong answers; the file may come from a newer "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from ..errors import Gemma4Error
 from ..steps import drive, drive_async
 from .requests import handler
+from .soft_tokens import step_share
 
 
 class EngineError(Gemma4Error):
@@ -115,8 +116,9 @@ class LoadedModel:
         self.cached = []
         self.kv_end = 0
 
-    def reusable(self, prompt: list[int]) -> int:
-        """How many leading prompt tokens can keep their cached K/V."""
+    def reusable(self, prompt: list) -> int:
+        """How many leading prompt tokens can keep their cached K/V (prompt: as the cache records it,
+        pyapp.runtime.soft_tokens.cache_keys)."""
         n = 0
         for a, b in zip(self.cached, prompt):
             if a != b:
@@ -134,9 +136,10 @@ class LoadedModel:
         if bad:
             raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
 
-    def step(self, tokens: list[int], pos: int, few: bool = False):
-        """Steps: one step of tokens through the layers at positions pos.. (few: a token and its drafts)."""
-        yield from self.runner.step(tokens, pos, few=few)
+    def step(self, tokens: list[int], pos: int, few: bool = False, soft=()):
+        """Steps: one step of tokens through the layers at positions pos.. (few: a token and its drafts;
+        soft: the step's share of soft tokens, soft_tokens.step_share)."""
+        yield from self.runner.step(tokens, pos, few=few, soft=soft)
         self.kv_end = max(self.kv_end, pos + len(tokens))
 
     def step_sampled(self, pos: int):
@@ -144,9 +147,10 @@ class LoadedModel:
         yield from self.runner.step_sampled(pos)
         self.kv_end = max(self.kv_end, pos + 1)
 
-    def feed(self, tokens: list[int], pos: int, after_each=None):
+    def feed(self, tokens: list[int], pos: int, after_each=None, soft=()):
         """Steps: tokens through the layers in steps of up to chunk tokens, the first at `pos`; after
         each step, `after_each(n)`'s steps (its n rows are then the runner's last step). Returns the last n.
+        soft: the prompt's soft tokens (SoftRun, at prompt positions), each step given its share.
         kv_end keeps the furthest position written since the cache was last filled from position 0:
         a sliding layer's ring may still hold what an earlier turn wrote past this prompt's end (a token
         decoded ahead, rejected drafts), over positions a later turn rolling back further needs."""
@@ -156,7 +160,7 @@ class LoadedModel:
         n = 0
         for i in range(0, len(tokens), chunk):
             part = tokens[i:i + chunk]
-            yield from self.step(part, pos + i)
+            yield from self.step(part, pos + i, soft=step_share(soft, pos + i, len(part)))
             n = len(part)
             if after_each:
                 yield from after_each(n)

@@ -362,6 +362,26 @@ class Embed(Op):
 
 
 @dataclass(eq=False)
+class SoftTokens(Op):
+    """out[t] = rows[t] where at[t] != 0: an encoder's soft tokens over the step's embeddings. A step of
+    one token never holds one (the engine checks: an image's run ends with its end marker), so a
+    one-token plan records nothing."""
+    rows: Buffer
+    at: Buffer
+    out: Buffer
+
+    def reads(self) -> tuple:
+        return (self.rows, self.at, self.out)
+
+    def writes(self) -> tuple:
+        return (self.out,)
+
+    def lower(self, L: Lowering) -> None:
+        if L.T > 1:
+            K.soft_tokens(L.dev, L.cfg.hidden, self.rows, self.at, L.now(self.out), L.step, L.T, plan=L.plan)
+
+
+@dataclass(eq=False)
 class SoftEmbed(Op):
     """out[t] = softmax(logits[t]) @ table * scale over the whole vocabulary."""
     table: GpuTensor

@@ -51,7 +51,7 @@ from .fusion import Rules, fuse
 from .lowering import (AddNorm, ArgmaxRows, Attend, AttendCanvas, Combine, Copy, Elementwise, Embed,
                        ExpertRoundsBegin, ExpertRoundsEnd, Experts, GegluHalves, GeluTimes, KvStore, Linear,
                        Lora, Lowering, NormRope, PleCombine, RmsNorm, RmsNormPair, Route, Sample, Scale,
-                       SoftEmbed)
+                       SoftEmbed, SoftTokens)
 from .upload import GpuTensor, Part
 
 
@@ -152,6 +152,11 @@ class Ops:
     def embed(self, table: GpuTensor, ids: Buffer, out: Buffer, scale: float) -> None:
         """out[t] = table[ids[t]] * scale (reference: w[tokens] * scale), block by block of rows."""
         self._record(Embed(table, ids, out, scale))
+
+    def soft_tokens(self, rows: Buffer, at: Buffer, out: Buffer) -> None:
+        """out[t] = rows[t] where at[t] != 0 (reference forward's soft=: an image's soft tokens in place
+        of its placeholders' embeddings)."""
+        self._record(SoftTokens(rows, at, out))
 
     def soft_embed(self, table: GpuTensor, logits: Buffer, out: Buffer, scale: float) -> None:
         """out[t] = softmax(logits[t]) @ table * scale over the whole vocabulary (DiffusionGemma's

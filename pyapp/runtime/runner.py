@@ -146,13 +146,14 @@ class Runner:
         return self._plans[key]
 
     # -- what the step loops ask of it ------------------------------------------------
-    def write_step(self, tokens: list[int], pos0: int) -> None:
-        """The next step's inputs: token ids at positions pos0.. (and PLE rows read from the file)."""
-        self.state.write_step(tokens, pos0, self.source)
+    def write_step(self, tokens: list[int], pos0: int, soft=()) -> None:
+        """The next step's inputs: token ids at positions pos0.. (and PLE rows read from the file, the
+        step's share of soft tokens: pyapp.runtime.soft_tokens.step_share)."""
+        self.state.write_step(tokens, pos0, self.source, soft)
 
-    def step(self, tokens: list[int], pos0: int, few: bool = False):
+    def step(self, tokens: list[int], pos0: int, few: bool = False, soft=()):
         """Steps: tokens through the layers at positions pos0.. (few: a token and its drafts)."""
-        self.write_step(tokens, pos0)
+        self.write_step(tokens, pos0, soft)
         yield from self.run_layers(len(tokens), few=few)
 
     def step_sampled(self, pos: int):

@@ -42,6 +42,10 @@ class State:
         self.ids = dev.buffer(4 * T, label="token ids")              # u32 [T]
         self.iota = dev.buffer(4 * T, label="iota")                  # u32 [T] = 0..T-1 (PLE rows in order)
         dev.write(self.iota, array("I", range(T)).tobytes())
+        # an encoder's soft tokens (an image's) over this step's embeddings: rows copied in per step
+        self.soft_rows = f32(T * d, "soft rows")                     # [T, d] the step's soft tokens, in place
+        self.soft_at = dev.buffer(4 * T, label="soft at")            # u32 [T]: 1 where row t is a soft token
+        self.soft_written = False                                    # soft_at holds a 1 (cleared when a step has none)
         # residual stream and the blocks' inputs and outputs
         self.x = f32(T * d, "x")                        # [T, d] residual stream
         self.x_alt = f32(d, "x alt")                    # [d] a decode step's residual stream, every other fused add (Ops)
@@ -168,15 +172,36 @@ class State:
             s += 1
         return s
 
+    def _write_soft(self, tokens: list[int], soft) -> list[int]:
+        """The soft rows and their flags (cleared after a step that had some); the ids with the pad id there."""
+        at = array("I", bytes(4 * len(tokens)))
+        tokens = list(tokens)
+        row_bytes = 4 * self.cfg.hidden
+        if soft:
+            copies = self.dev.plan()
+            for row, rows, first, n in soft:
+                copies.copy(rows, first * row_bytes, self.soft_rows, row * row_bytes, n * row_bytes)
+                for t in range(row, row + n):
+                    at[t] = 1
+                    tokens[t] = self.cfg.pad_id
+            self.dev.submit(copies)
+        self.dev.write(self.soft_at, at.tobytes())
+        self.soft_written = bool(soft)
+        return tokens
+
     def write_position(self, pos: int) -> None:
         """A one-token step at `pos` whose id the sampler already wrote on the GPU."""
         self.dev.write(self.step, K.pack_step(1, pos))
 
-    def write_step(self, tokens: list[int], pos0: int, source) -> None:
-        """Token ids, positions and (PLE models) the tokens' per-layer embedding rows from `source`."""
+    def write_step(self, tokens: list[int], pos0: int, source, soft=()) -> None:
+        """Token ids, positions and (PLE models) the tokens' per-layer embedding rows from `source`;
+        soft: the step's share of soft tokens (pyapp.runtime.soft_tokens.step_share), whose rows are
+        copied in and whose positions take the pad id."""
         if not 0 < len(tokens) <= self.chunk:
             raise GPUError(f"a step takes 1..{self.chunk} tokens, got {len(tokens)}")
         self.dev.write(self.step, K.pack_step(len(tokens), pos0))
+        if soft or self.soft_written:
+            tokens = self._write_soft(tokens, soft)
         self.dev.write(self.ids, array("I", tokens).tobytes())
         if self.ple_file_table is not None:
             t = self.ple_file_table

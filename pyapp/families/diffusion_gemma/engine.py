@@ -173,11 +173,15 @@ class DiffusionEngine(LoadedModel):
                                                      on_block, should_stop))
 
     # -- the engine's generate, by denoising ---------------------------------------------------
-    def generation(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None, on_prefill=None):
+    def generation(self, prompt, params=None, on_token=None, should_stop=None, stop_ids=None, on_prefill=None,
+                   soft=()):
         """Steps of pyapp.engine.Engine.generate's contract on a DiffusionGemma model: params a DenoiseParams,
         or the engine's SamplingParams (its max_tokens and seed; the rest are autoregressive settings,
         unused); on_token(id, text) gets each committed block's tokens up to its eos. stop_ids and
-        on_prefill are the next-token engine's (the model's own eos ids end a block here)."""
+        on_prefill are the next-token engine's (the model's own eos ids end a block here); it takes no
+        soft tokens (DiffusionGemma has no image encoder)."""
+        if soft:
+            raise EngineError("DiffusionGemma takes no images")
         params = params or SamplingParams()
         if not isinstance(params, DenoiseParams):
             limit = min(params.token_limit, self.context_length - len(prompt))

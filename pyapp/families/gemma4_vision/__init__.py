@@ -1,0 +1,10 @@
+"""Gemma 4's image encoder: a picture in, soft tokens in the text model's width out.
+
+Not a model of its own (no architecture a file is read as): it belongs to a Gemma 4 text model, inline
+in Ollama's original blobs or in a projector file beside it (llama.cpp's mmproj, Ollama's projector
+layer), and its soft tokens go where the prompt holds the image's placeholder run.
+
+    config.py       VisionConfig: the hyperparameters, from gemma4.vision.* or clip.vision.* keys
+    weights.py      its tensors, bound once (the same names in both forms; clamp bounds two ways)
+    encoder.py      ImageEncoder: the GPU forward, pixels -> soft tokens (pyapp/reference/vision.py: its oracle)
+"""

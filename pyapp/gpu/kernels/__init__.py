@@ -14,6 +14,7 @@ touches a backend, so it runs the same in the browser and natively.
     elementwise.py  GeGLU, softcap, add / mul / scale, the embedding lookup
     sample.py       argmax and the sampler
     diffusion.py    DiffusionGemma: soft embedding, canvas attention, the denoising sampler
+    vision.py       the image encoder's own ops: patches, 2-D positions and RoPE, clamps, pooling
     lora.py         LoRA adapters: the forward delta and its backward
     backward.py     the training backward through the frozen model
     adamw.py        AdamW with global-norm clipping
@@ -39,3 +40,4 @@ from .quants import *  # noqa: F401,F403
 from .router import *  # noqa: F401,F403
 from .sample import *  # noqa: F401,F403
 from .shared import *  # noqa: F401,F403
+from .vision import *  # noqa: F401,F403

@@ -27,13 +27,16 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Bu
 def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
               plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
-              tile_rows: int | None = None) -> Plan:
-    """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t.
+              tile_rows: int | None = None, all_keys: bool = False) -> Plan:
+    """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t;
+    all_keys: every key of the step, not causal (an image encoder's patches attend both ways).
 
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
+    if all_keys:
+        c["ALL_KEYS"] = True
     group = heads // kv_heads
     rows = tile_rows or attention_tile_rows(dev, group, head_dim)
     if tiled is None:

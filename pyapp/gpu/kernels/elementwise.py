@@ -1,8 +1,9 @@
 """Per-element ops: GeGLU, softcap, add, mul, scale (shaders/elementwise.wgsl) and the token embedding
-lookup (shaders/embed.wgsl)."""
+lookup with an encoder's soft tokens over it (shaders/embed.wgsl)."""
 
 from __future__ import annotations
 
+from ... import ggml
 from .. import Buffer, Device, Plan
 from .quants import quant_prelude, row_bytes
 from .shared import pipeline, thread_groups
@@ -45,4 +46,12 @@ def embed(dev: Device, qtype, d: int, table: Buffer, ids: Buffer, out: Buffer, s
     p = pipeline(dev, "embed", prelude=quant_prelude(qtype),
                  constants={"D": d, "R0": row0, "RN": nrows, "SCALE": scale})
     bg = dev.bind_group(p, {"W": table, "IDS": ids, "O": out, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_tokens * d // 4))
+
+
+def soft_tokens(dev: Device, d: int, rows: Buffer, at: Buffer, out: Buffer, step: Buffer, max_tokens: int,
+                plan: Plan | None = None) -> Plan:
+    """out[t] = rows[t] where at[t] != 0 (u32 flags): an encoder's soft tokens over the embeddings."""
+    p = pipeline(dev, "embed", entry="soft_tokens", prelude=quant_prelude(ggml.F32), constants={"D": d})
+    bg = dev.bind_group(p, {"ROWS": rows, "AT": at, "O": out, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_tokens * d // 4))

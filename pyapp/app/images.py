@@ -1,0 +1,113 @@
+"""Images in a conversation: the model's image encoder, found and loaded once, and each image's soft tokens.
+
+Where the encoder is (pyapp.families.gemma4_vision.source decides): inline in the model file (Ollama's
+original blobs), or a projector file the user adds (llama.cpp's mmproj, Ollama's projector layer). An
+image arrives as RGBA8 pixels already resized to the size `image_size` gives (the page resizes with
+OffscreenCanvas, the CLI with Pillow); `encode_image` turns it into soft tokens on the GPU, kept by a
+digest of its pixels, so a conversation re-sent turn after turn encodes each image once.
+
+    size = image_size(session, width, height)                 # (w, h) to resize to, and its soft tokens
+    image = yield from encode_image(session, rgba, w, h)      # EncodedImage: rows on the GPU, n, key
+    runs = soft_runs(ids, [image, ...], image_token)          # where each goes in the prompt (SoftRun)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ..families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
+from ..families.gemma4_vision.encoder import ImageEncoder
+from ..runtime.soft_tokens import SoftRun
+from ..steps import Steps, call
+from .session import Session
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    key: str             # digest of the pixels, their size and the budget: equal keys, equal soft tokens
+    rows: object         # GPU Buffer: f32 [n, text hidden]
+    n: int
+
+
+def encoder_file(session: Session):
+    """The parsed GGUF holding the chosen model's image encoder: the projector added, else the model file
+    itself; VisionError where there is none."""
+    model = session.chosen()
+    projector = getattr(session, "projector", None)
+    if projector is not None:
+        return projector
+    if "v.patch_embd.weight" in model.gguf.tensors:
+        return model.gguf
+    raise VisionError("this model has no image encoder: add its projector file (mmproj-*.gguf) beside it, "
+                      "or choose a model that takes images")
+
+
+def vision_config(session: Session) -> VisionConfig:
+    return VisionConfig.from_gguf(encoder_file(session))
+
+
+def image_encoder(session: Session, budget: int = DEFAULT_BUDGET) -> Steps:
+    """Steps: the session's ImageEncoder for images of up to `budget` soft tokens, loaded on first use
+    (and again for a larger budget or another file)."""
+    g = encoder_file(session)
+    enc = session.image_encoder
+    if enc is not None and enc.source is g and enc.max_patches >= enc.cfg.max_patches(budget):
+        return enc
+    cfg = VisionConfig.from_gguf(g)
+    text_hidden = session.loaded().config.hidden
+    if cfg.text_hidden != text_hidden:
+        raise VisionError(f"the image encoder writes soft tokens {cfg.text_hidden} wide; the model is "
+                          f"{text_hidden} wide: the projector belongs to another model")
+    session.image_encoder = enc = yield call(ImageEncoder.open, session.device, g, budget)
+    enc.source = g
+    session.encoded_images = {}          # soft tokens of another encoder are not these
+    return enc
+
+
+def image_size(session: Session, width: int, height: int, budget: int = DEFAULT_BUDGET) -> dict:
+    """The size an image of width x height pixels is resized to before encoding (aspect ratio kept, sides
+    multiples of patch * pool, at most `budget` soft tokens), and the soft tokens it then takes."""
+    from ..families.gemma4_vision.preprocess import target_size
+    cfg = vision_config(session)
+    if budget not in BUDGETS:
+        raise VisionError(f"an image budget of {budget!r} soft tokens: choose one of {', '.join(map(str, BUDGETS))}")
+    w, h = target_size(width, height, budget, cfg.patch, cfg.pool)
+    return {"width": w, "height": h, "tokens": (w // cfg.patch) * (h // cfg.patch) // cfg.pool ** 2}
+
+
+def encode_image(session: Session, rgba, width: int, height: int, budget: int = DEFAULT_BUDGET) -> Steps:
+    """Steps: the EncodedImage of RGBA8 pixels `width` x `height` (a size image_size gives), from the cache
+    when the same pixels were encoded before."""
+    enc = yield from image_encoder(session, budget)
+    p = enc.cfg.patch
+    if width % p or height % p:
+        raise VisionError(f"an image of {width} x {height} pixels: its sides must be multiples of {p}")
+    key = hashlib.sha256(b"%d %d %d " % (width, height, budget) + bytes(rgba)).hexdigest()[:32]
+    image = session.encoded_images.get(key)
+    if image is None:
+        rows = enc.encode(rgba, width // p, height // p)
+        image = EncodedImage(key, rows, (width // p) * (height // p) // enc.cfg.pool ** 2)
+        session.encoded_images[key] = image
+    return image
+
+
+def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
+    """The prompt position of each image's soft tokens: the i-th run of `image_token` ids holds image i,
+    and must be exactly as long as its soft tokens."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] != image_token:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == image_token:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    if len(runs) != len(images):
+        raise VisionError(f"the prompt holds {len(runs)} image placeholder runs for {len(images)} images")
+    for (at, n), image in zip(runs, images):
+        if n != image.n:
+            raise VisionError(f"the placeholder run at token {at} is {n} long; its image has {image.n} soft tokens")
+    return [SoftRun(at, image.rows, image.n, image.key) for (at, _), image in zip(runs, images)]

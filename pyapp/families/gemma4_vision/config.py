@@ -1,0 +1,90 @@
+"""Gemma 4's image encoder: its hyperparameters, read from the file that holds it.
+
+Ollama's original blobs keep them in the model file under `gemma4.vision.*`; llama.cpp's projector
+files (mmproj) under `clip.vision.*`. Widths the metadata does not state (heads' size, the position
+table's length, the text model's width) come from the tensors' shapes, so the two forms read alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...errors import Gemma4Error
+
+PREFIXES = ("gemma4.vision.", "clip.vision.")
+PATCH_EMBD = "v.patch_embd.weight"       # a file holds an image encoder iff it has this tensor
+PROJECTION = "mm.input_projection.weight"
+POSITIONS = "v.position_embd.weight"
+ROPE_THETA = 100.0                        # transformers' Gemma4VisionConfig default; Ollama's runtime too
+BUDGETS = (70, 140, 280, 560, 1120)       # soft tokens an image may take (the processor's choices)
+DEFAULT_BUDGET = 280
+
+
+class VisionError(Gemma4Error, ValueError):
+    """The file holds no Gemma 4 image encoder this app can run, or an image it cannot take."""
+
+
+def _key(meta: dict, name: str, default=None):
+    for prefix in PREFIXES:
+        if prefix + name in meta:
+            return meta[prefix + name]
+    if default is None:
+        raise VisionError(f"the image encoder's metadata lacks gemma4.vision.{name} (or clip.vision.{name})")
+    return default
+
+
+def _int(meta: dict, name: str, default=None, low: int = 1, high: int = 1 << 20) -> int:
+    v = _key(meta, name, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise VisionError(f"the image encoder's {name} is {v!r}, expected a whole number in {low}..{high}")
+    return v
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    eps: float
+    patch: int                 # pixels a patch side
+    pool: int                  # patches a pooled square's side: a soft token per pool^2 patches
+    n_positions: int           # rows of each axis of the 2-D position table
+    text_hidden: int           # the projector's output: the text model's width
+    channel_first: bool        # the patch embedding is a conv weight [n, 3, p, p] (else [n, p * p * 3])
+    has_std: bool              # v.std_bias / v.std_scale after pooling (the larger encoders)
+    theta: float = ROPE_THETA
+
+    @classmethod
+    def from_gguf(cls, gguf) -> "VisionConfig":
+        meta, tensors = gguf.metadata, gguf.tensors
+        if PATCH_EMBD not in tensors:
+            raise VisionError("this file holds no image encoder (no v.patch_embd.weight)")
+        hidden = _int(meta, "embedding_length")
+        heads = _int(meta, "attention.head_count", high=4096)
+        q_norm = tensors.get("v.blk.0.attn_q_norm.weight")
+        head_dim = q_norm.shape[0] if q_norm is not None else hidden // heads
+        k = tensors.get("v.blk.0.attn_k.weight")
+        kv_heads = k.shape[1] // head_dim if k is not None and head_dim else heads
+        embd, positions, projection = tensors[PATCH_EMBD], tensors.get(POSITIONS), tensors.get(PROJECTION)
+        if positions is None or projection is None:
+            raise VisionError(f"the image encoder lacks {POSITIONS if positions is None else PROJECTION}")
+        patch = _int(meta, "patch_size", 16, high=256)
+        cfg = cls(n_layers=_int(meta, "block_count", high=1024), hidden=hidden, n_heads=heads, n_kv_heads=kv_heads,
+                  head_dim=head_dim, ffn_dim=_int(meta, "feed_forward_length"),
+                  eps=float(_key(meta, "attention.layer_norm_epsilon", 1e-6)), patch=patch,
+                  pool=int(meta.get("gemma4.vision.projector.scale_factor", meta.get("clip.vision.projector.scale_factor", 3))),
+                  n_positions=positions.shape[1] if len(positions.shape) == 3 else 0,
+                  text_hidden=projection.shape[1], channel_first=len(embd.shape) == 4,
+                  has_std="v.std_bias" in tensors)
+        if not math.isfinite(cfg.eps) or cfg.eps <= 0 or heads % max(kv_heads, 1) or head_dim * heads != hidden \
+                or head_dim % 4 or cfg.n_positions < 1 or not 1 <= cfg.pool <= 8:
+            raise VisionError(f"the image encoder's shape is not one this app runs: {cfg}")
+        return cfg
+
+    def max_patches(self, budget: int) -> int:
+        """Patches of an image of `budget` soft tokens at most."""
+        return budget * self.pool * self.pool

@@ -1,0 +1,94 @@
+"""Where each weight of Gemma 4's image encoder lives in a GGUF: fields bound to tensor names, once.
+
+The same names in Ollama's original blobs (inline beside the text model) and llama.cpp's projector
+files; what differs is the clippable linears' bounds: four scalars per linear
+(`v.blk.N.attn_q.input_min` ...) in projector files and today's Ollama converter, all of them packed in
+`v.clamp_data` in the original library tags (7 linears x 4 a layer, in LINEARS' order).
+Shapes are in ggml order, as in pyapp.model.weights, whose binder checks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...model.weights import OPTIONAL, Binding, WeightsError, tensor
+
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
+BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+
+
+@dataclass
+class VisionLayerWeights:
+    attn_norm: object = tensor("ln1.weight", "hidden")
+    attn_q: object = tensor("attn_q.weight", "hidden heads*hd")
+    attn_k: object = tensor("attn_k.weight", "hidden kv_heads*hd")
+    attn_v: object = tensor("attn_v.weight", "hidden kv_heads*hd")
+    attn_q_norm: object = tensor("attn_q_norm.weight", "hd")
+    attn_k_norm: object = tensor("attn_k_norm.weight", "hd")
+    attn_output: object = tensor("attn_out.weight", "heads*hd hidden")
+    post_attention_norm: object = tensor("attn_post_norm.weight", "hidden")
+    ffn_norm: object = tensor("ln2.weight", "hidden")
+    ffn_gate: object = tensor("ffn_gate.weight", "hidden ff")
+    ffn_up: object = tensor("ffn_up.weight", "hidden ff")
+    ffn_down: object = tensor("ffn_down.weight", "ff hidden")
+    post_ffw_norm: object = tensor("ffn_post_norm.weight", "hidden")
+    # each clippable linear's (in_min, in_max, out_min, out_max), the scalars' tensors when the file has them
+    bounds: dict = field(default_factory=dict)
+
+
+@dataclass
+class VisionWeights:
+    patch_embd: object = None        # [p, p, 3, n] (a conv weight) or [p * p * 3, n]: checked in bind
+    position_embd: object = tensor("v.position_embd.weight", "hidden positions 2")
+    std_bias: object = tensor("v.std_bias", "hidden", when="has_std")
+    std_scale: object = tensor("v.std_scale", "hidden", when="has_std")
+    clamp_data: object = tensor("v.clamp_data", "packed", when=OPTIONAL)
+    projection: object = tensor("mm.input_projection.weight", "hidden text_hidden")
+    layers: list = field(default_factory=list)
+
+
+def layer_prefix(i: int) -> str:
+    return f"v.blk.{i}."
+
+
+def is_vision_tensor(name: str) -> bool:
+    """A tensor of the image encoder or its projector (the audio's are mm.a.* and a.*)."""
+    return name.startswith("v.") or name.startswith("mm.") and not name.startswith("mm.a.")
+
+
+def bind(cfg, tensors: dict) -> VisionWeights:
+    """VisionWeights of the file's tensors (TensorInfo), shapes checked; the encoder's tensors that no
+    field reads are an error, as in the text model."""
+    found = Binding(tensors)
+    sizes = {"hidden": cfg.hidden, "heads*hd": cfg.n_heads * cfg.head_dim, "kv_heads*hd": cfg.n_kv_heads * cfg.head_dim,
+             "hd": cfg.head_dim, "ff": cfg.ffn_dim, "positions": cfg.n_positions, "2": 2,
+             "text_hidden": cfg.text_hidden, "packed": None, "1": 1}
+    w = found.take(VisionWeights, cfg, "", sizes)
+    w.patch_embd = tensors["v.patch_embd.weight"]
+    p, n = cfg.patch, cfg.hidden
+    if tuple(w.patch_embd.shape) not in ((p, p, 3, n), (p * p * 3, n)):
+        found.misfits.append(f"v.patch_embd.weight has shape {list(w.patch_embd.shape)}, expected "
+                             f"[{p}, {p}, 3, {n}] or [{p * p * 3}, {n}]")
+    found.read.add("v.patch_embd.weight")
+    for i in range(cfg.n_layers):
+        lw = found.take(VisionLayerWeights, cfg, layer_prefix(i), sizes)
+        for lin in LINEARS:
+            stem = layer_prefix(i) + _gguf_stem(lin)
+            scalars = [tensors.get(f"{stem}.{b}") for b in BOUNDS]
+            if any(t is not None for t in scalars):
+                if any(t is None or t.shape != (1,) for t in scalars):
+                    found.misfits.append(f"{stem}: its clamp bounds are not four scalars")
+                found.read.update(f"{stem}.{b}" for b in BOUNDS)
+                lw.bounds[lin] = scalars
+        w.layers.append(lw)
+    found.check()
+    unread = sorted(n for n in tensors if is_vision_tensor(n) and n not in found.read)
+    if unread:
+        raise WeightsError(f"the image encoder has tensors this app does not know how to use: {', '.join(unread[:6])}")
+    return w
+
+
+def _gguf_stem(field_name: str) -> str:
+    """The GGUF name of a linear's weight, less `.weight` (its bounds are named after it)."""
+    return next(f.metadata["gguf"] for f in VisionLayerWeights.__dataclass_fields__.values()
+                if f.name == field_name).removesuffix(".weight")

@@ -1,0 +1,71 @@
+"""An encoder's output in a prompt: soft tokens (an image's, projected into the text model's width)
+that take the place of a run of placeholder tokens.
+
+    run = SoftRun(at=5, rows=features, n=280, key=digest)   # prompt positions 5..284, rows on the GPU
+
+The text model embeds those positions from the rows instead of the token table (the per-layer
+embeddings from the pad id, as transformers' Gemma4Model does); pyapp.runtime.state copies each step's
+share of the rows in, so the plans never change. `key` says what the rows are of (the image and the
+budget it was encoded at): the KV cache keeps a prefix only where the same images sit at the same places.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Gemma4Error
+
+
+class SoftTokensError(Gemma4Error, ValueError):
+    """Soft tokens that do not fit the prompt they are placed in."""
+
+
+@dataclass(frozen=True)
+class SoftRun:
+    at: int              # prompt position of its first row
+    rows: object         # GPU Buffer: f32 [n, hidden]
+    n: int
+    key: str             # what the rows are of: equal keys, equal rows
+
+    @property
+    def end(self) -> int:
+        return self.at + self.n
+
+
+@dataclass(frozen=True)
+class SoftSlot:
+    """The cache's record of a position that held row `row` of the soft tokens `key` (never equal to a token id)."""
+    key: str
+    row: int
+
+
+def check_runs(runs, prompt_length: int) -> tuple:
+    """The runs sorted, checked to lie inside the prompt, apart, and before its last token (which runs
+    alone as a one-token step when a prompt fills its chunks exactly: those plans embed no soft tokens)."""
+    runs = tuple(sorted(runs, key=lambda r: r.at))
+    end = 0
+    for r in runs:
+        if r.n < 1 or r.at < end or r.end > prompt_length - 1:
+            raise SoftTokensError(f"soft tokens at positions {r.at}..{r.end - 1} do not fit a prompt of "
+                                  f"{prompt_length} tokens (apart, before its last token)")
+        end = r.end
+    return runs
+
+
+def cache_keys(prompt: list[int], runs) -> list:
+    """The prompt as the KV cache records it: each soft position as its SoftSlot, the rest as ids."""
+    keys = list(prompt)
+    for r in runs:
+        for i in range(r.n):
+            keys[r.at + i] = SoftSlot(r.key, i)
+    return keys
+
+
+def step_share(runs, pos0: int, n: int) -> list[tuple[int, object, int, int]]:
+    """The soft rows a step of n tokens at pos0 holds: (step row, rows buffer, first row, count) each."""
+    out = []
+    for r in runs:
+        lo, hi = max(r.at, pos0), min(r.end, pos0 + n)
+        if lo < hi:
+            out.append((lo - pos0, r.rows, lo - r.at, hi - lo))
+    return out

@@ -1,0 +1,144 @@
+"""Gemma 4's image encoder on the GPU (pyapp.families.gemma4_vision.encoder) against transformers'
+get_image_features (tools/make_vision_golden.py) and the numpy reference (pyapp/reference/vision.py),
+on the Ollama-form fixtures: clamp bounds per linear and packed (v.clamp_data), a wide and a tall
+image, the pooled soft tokens in the text model's width."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyapp.gguf import read_gguf
+from pyapp.steps import drive
+from pyapp.runtime.requests import handler
+
+from support.paths import FIXTURES
+
+pytestmark = pytest.mark.gpu
+FORMS = FIXTURES / "forms"
+
+
+def rgba_of(patches: np.ndarray, positions: np.ndarray, patch: int) -> tuple[bytes, int, int]:
+    """The RGBA8 image whose patches (rows of patch * patch * 3 values in [0, 1], pixel (y, x) then
+    channel) these are, and its size in patches."""
+    across, down = int(positions[:, 0].max()) + 1, int(positions[:, 1].max()) + 1
+    image = np.zeros((down * patch, across * patch, 4), np.uint8)
+    for (x, y), row in zip(positions, patches):
+        image[y * patch:(y + 1) * patch, x * patch:(x + 1) * patch, :3] = np.round(
+            row.reshape(patch, patch, 3) * 255).astype(np.uint8)
+    return image.tobytes(), across, down
+
+
+def load(dev, path, budget=1):
+    from pyapp.families.gemma4_vision.encoder import ImageEncoder
+    g = read_gguf(path)
+    return drive(ImageEncoder.load(dev, g, budget=budget), handler(dev, g.source))
+
+
+def features(dev, enc, patches, positions) -> np.ndarray:
+    pixels, across, down = rgba_of(patches, positions, enc.cfg.patch)
+    out = enc.encode(pixels, across, down)
+    n = across * down // enc.cfg.pool ** 2
+    return np.frombuffer(dev.read(out, 0, 4 * n * enc.cfg.text_hidden), np.float32).reshape(n, -1)
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published"])
+def test_soft_tokens_match_transformers(dev, stem):
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    enc = load(dev, FORMS / f"{stem}.gguf", budget=3)      # 27 patches: both images, one plan
+    for i in range(2):
+        got = features(dev, enc, golden[f"patches_{i}"], golden[f"positions_{i}"])
+        want = golden[f"features_{i}"]
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max(), np.abs(got - want).max()
+
+
+def test_soft_tokens_match_the_reference(dev):
+    """The numpy oracle on the same bytes: closer than transformers' float32 (same op order)."""
+    from pyapp.reference.vision import VisionEncoder
+    golden = np.load(FORMS / "ollama-dense.vision.npz")
+    g = read_gguf(FORMS / "ollama-dense-published.gguf")
+    enc = load(dev, FORMS / "ollama-dense-published.gguf", budget=3)
+    for i in range(2):
+        patches, positions = golden[f"patches_{i}"], golden[f"positions_{i}"]
+        want = VisionEncoder(g).features(patches, positions)
+        got = features(dev, enc, patches, positions)
+        assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+
+
+def test_an_image_too_big_for_the_plan_is_refused(dev):
+    from pyapp.families.gemma4_vision.config import VisionError
+    enc = load(dev, FORMS / "ollama-dense.gguf", budget=1)       # 9 patches
+    with pytest.raises(VisionError, match="does not fit"):
+        enc.encode(bytes(4 * 16 * 16 * 18), 6, 3)
+    with pytest.raises(VisionError, match="multiples of 3"):
+        enc.encode(bytes(4 * 16 * 16 * 4), 2, 2)
+
+
+def test_a_text_only_file_has_no_encoder(dev):
+    from pyapp.families.gemma4_vision.config import VisionError
+    with pytest.raises(VisionError, match="no image encoder"):
+        load(dev, FORMS / "llamacpp-dense-fused-qkv.gguf")
+
+
+def soft_run(dev, enc, golden, i, at):
+    from pyapp.runtime.soft_tokens import SoftRun
+    pixels, across, down = rgba_of(golden[f"patches_{i}"], golden[f"positions_{i}"], enc.cfg.patch)
+    n = across * down // enc.cfg.pool ** 2
+    return SoftRun(at=at, rows=enc.encode(pixels, across, down), n=n, key=f"image {i}")
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-moe-published"])
+def test_logits_with_an_image_match_transformers(dev, stem):
+    """The text engine with the encoder's soft tokens at the placeholder run gives transformers' logits
+    (the E2B-like fixture's per-layer inputs from the pad id included); without them it does not."""
+    from pyapp.engine import Engine
+    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    enc = load(dev, FORMS / f"{stem}.gguf", budget=3)
+    eng = Engine.open(FORMS / f"{stem}.gguf", device=dev, context_length=64, int8=False)
+    tokens, want = [int(t) for t in golden["image_tokens"]], golden["image_logits"]
+    image_token = eng.gguf.metadata["tokenizer.ggml.tokens"].index("<|image|>")
+    at = tokens.index(image_token)
+    run = soft_run(dev, enc, golden, 1, at)
+    assert all(t == image_token for t in tokens[at:at + run.n])
+    got = np.asarray(eng.forward(tokens, soft=[run]))
+    assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1
+
+
+def test_the_cache_keeps_a_prefix_only_with_the_same_image(dev):
+    """A chat's next turn reuses the cached image only when the same image sits at the same place; the
+    same ids with another image are evaluated again, and give that image's answer."""
+    from pyapp.engine import Engine
+    from pyapp.sampling import SamplingParams
+    golden = np.load(FORMS / "ollama-dense.vision.npz")
+    enc = load(dev, FORMS / "ollama-dense.gguf", budget=3)
+    eng = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    begin, soft, end = 6, 7, 8
+    prompt = [2, 300, begin] + [soft] * 2 + [end, 301, 302]       # image 0: 2 soft tokens
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    first = eng.generate(prompt, greedy, soft=[soft_run(dev, enc, golden, 0, 3)])
+    again = eng.generate(prompt, greedy, soft=[soft_run(dev, enc, golden, 0, 3)])
+    assert again.cached_tokens == len(prompt) - 1 and again.tokens == first.tokens
+    other = soft_run(dev, enc, golden, 0, 3)
+    pixels, across, down = rgba_of(golden["patches_0"][::-1].copy(), golden["positions_0"], 16)
+    other = type(other)(at=3, rows=enc.encode(pixels, across, down), n=2, key="image 0 reversed")
+    changed = eng.generate(prompt, greedy, soft=[other])
+    assert changed.cached_tokens == 3                    # up to the image, not past it
+    fresh = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    assert changed.tokens == fresh.generate(prompt, greedy, soft=[other]).tokens
+
+
+def test_soft_tokens_outside_the_prompt_are_refused(dev):
+    from pyapp.engine import Engine, EngineError
+    from pyapp.runtime.soft_tokens import SoftRun
+    eng = Engine.open(FORMS / "ollama-dense.gguf", device=dev, context_length=64, int8=False)
+    rows = dev.buffer(4 * 2 * eng.config.hidden)
+    prompt = [2, 6, 7, 7, 8]
+    for runs in ([SoftRun(3, rows, 2, "x")],                            # over the last token
+                 [SoftRun(-1, rows, 2, "x")], [SoftRun(2, rows, 0, "x")],   # before the prompt, empty
+                 [SoftRun(1, rows, 2, "x"), SoftRun(2, rows, 2, "y")]):     # overlapping
+        with pytest.raises(EngineError, match="do not fit"):
+            eng.forward(prompt, soft=runs)
+        with pytest.raises(EngineError, match="do not fit"):
+            eng.generate(prompt, soft=runs)
