@@ -74,6 +74,8 @@ def test_patch_order_is_the_encoders():
     for k, (x, y) in enumerate(where):
         assert np.array_equal(got[k] * 255, img[16 * y:16 * y + 16, 16 * x:16 * x + 16].astype(np.float32))
     assert isinstance(patches, array) and patches.typecode == "f"
+    rgba = np.frombuffer(pp.to_rgba(img.tobytes(), 144, 96), np.uint8).reshape(96, 144, 4)
+    assert np.array_equal(rgba[..., :3], img) and (rgba[..., 3] == 255).all()
 
 
 def test_bad_input_is_refused():
@@ -87,7 +89,9 @@ def test_bad_input_is_refused():
         pp.patchify(b"\0" * 10, 16, 16)
     with pytest.raises(pp.ImageError, match="16-pixel patches"):
         pp.patchify(b"\0" * (20 * 16 * 3), 20, 16)
-    assert issubclass(pp.ImageError, __import__("pyapp.errors", fromlist=["Gemma4Error"]).Gemma4Error)
+    from pyapp.errors import Gemma4Error
+    from pyapp.families.gemma4_vision.config import VisionError
+    assert issubclass(pp.ImageError, VisionError) and issubclass(pp.ImageError, Gemma4Error)
 
 
 def test_resize_equals_pillow():

@@ -29,10 +29,8 @@ import sys
 from array import array
 from dataclasses import dataclass
 
-from ...errors import Gemma4Error
+from .config import BUDGETS, DEFAULT_BUDGET, VisionError
 
-BUDGETS = (70, 140, 280, 560, 1120)      # the soft-token budgets the processor accepts (max_soft_tokens)
-DEFAULT_BUDGET = 280
 PATCH, POOL = 16, 3                      # patch_size, pooling_kernel_size of every Gemma 4 image processor
 
 # Pillow's fixed-point resampling of 8-bit images (libImaging/Resample.c): coefficients scaled by 2^22
@@ -45,7 +43,7 @@ _BICUBIC_A = -0.5
 _SCALED = [bytes(struct.pack("=f", v * (1 / 255))[j] for v in range(256)) for j in range(4)]
 
 
-class ImageError(Gemma4Error, ValueError):
+class ImageError(VisionError):
     """An image, its size or its soft-token budget that cannot be turned into soft tokens."""
 
 
@@ -106,6 +104,15 @@ def soft_tokens(width: int, height: int, patch: int = PATCH, pool: int = POOL) -
         raise ImageError(f"a {width}x{height} image is not a whole number of {side}-pixel squares: "
                          "resize it to target_size first")
     return (width // patch) * (height // patch) // (pool * pool)
+
+
+def to_rgba(rgb, width: int, height: int) -> bytearray:
+    """RGB bytes as RGBA8 (alpha 255): what the GPU encoder reads, as the page's canvas gives it."""
+    view = _check_rgb(rgb, width, height)
+    out = bytearray(b"\xff") * (width * height * 4)
+    for c in range(3):
+        out[c::4] = view[c::3]
+    return out
 
 
 def positions(width: int, height: int, patch: int = PATCH) -> list[tuple[int, int]]:
