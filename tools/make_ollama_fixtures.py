@@ -251,7 +251,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = {}
+    manifest_path = args.out / "MANIFEST.json"      # other tools' entries (make_mmproj_fixtures.py) kept
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for stem, text, vision, audio in (("dense", DENSE, VISION, AUDIO), ("moe", MOE, VISION, None)):
             model = multimodal(text, vision, audio, args.seed)
@@ -278,7 +279,7 @@ def main() -> int:
         llama_convert(ckpt, dest, "f32")
         np.savez_compressed(dest.with_suffix(".golden.npz"), **llama_golden(model, dest, args.seed + 1))
         manifest[dest.name] = dest.stat().st_size
-    (args.out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     for name, size in manifest.items():
         print(f"{name}: {size / 2**20:.2f} MiB")
     return 0

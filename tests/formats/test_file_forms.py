@@ -19,7 +19,8 @@ import pytest
 from support.paths import ROOT, load_tool
 
 FORMS = ROOT / "tests" / "fixtures" / "forms"
-FILES = sorted(FORMS.glob("*.gguf"))
+PROJECTORS = sorted(FORMS.glob("mmproj-*.gguf"))     # llama.cpp's projector files: tests/reference/test_vision_reference.py
+FILES = sorted(set(FORMS.glob("*.gguf")) - set(PROJECTORS))
 OLLAMA = [p for p in FILES if p.stem.startswith("ollama-")]
 
 
@@ -35,8 +36,9 @@ def test_every_form_has_a_fixture():
     assert {"ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published",
             "llamacpp-dense-fused-qkv", "gemma4-12b"} <= stems
     assert all(p.with_suffix(".golden.npz").exists() for p in FILES)
+    assert {p.stem for p in PROJECTORS} == {"mmproj-dense", "mmproj-moe"}
     sizes = json.loads((FORMS / "MANIFEST.json").read_text())
-    assert all(sizes[p.name] == p.stat().st_size for p in FILES)
+    assert all(sizes[p.name] == p.stat().st_size for p in FILES + PROJECTORS)
 
 
 @pytest.fixture(scope="module", params=FILES, ids=lambda p: p.stem)

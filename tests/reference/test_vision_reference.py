@@ -2,7 +2,8 @@
 Gemma4Model.get_image_features on the Ollama-form fixtures' tiny vision towers
 (tools/make_vision_golden.py): a wide and a tall image, the encoder's pooled output and the
 projected soft tokens, from the per-linear clamp scalars (today's converter) and from the packed
-v.clamp_data (the original library tags)."""
+v.clamp_data (the original library tags), and from llama.cpp's projector files of the same
+checkpoints (mmproj-*.gguf, tools/make_mmproj_fixtures.py: `clip.vision.*` keys, no text model)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from support.paths import FIXTURES
 FORMS = FIXTURES / "forms"
 
 
-@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published"])
+def golden_of(stem: str):
+    """The vision golden of a fixture: its checkpoint's (the projector files hold the same values)."""
+    return np.load(FORMS / f"ollama-{stem.removeprefix('ollama-').removeprefix('mmproj-').removesuffix('-published')}"
+                           ".vision.npz")
+
+
+@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published",
+                                  "mmproj-dense", "mmproj-moe"])
 def test_image_features_match_transformers(stem):
     from pyapp.gguf import read_gguf
     from pyapp.reference.vision import VisionEncoder
-    golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
+    golden = golden_of(stem)
     enc = VisionEncoder(read_gguf(FORMS / f"{stem}.gguf"))
     for i in range(2):
         patches, positions = golden[f"patches_{i}"], golden[f"positions_{i}"]
@@ -72,3 +80,26 @@ def test_logits_with_an_image_match_transformers(stem):
     got = np.asarray(model.forward(tokens, soft=(at, features)))
     assert np.abs(got - want).max() < 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(np.asarray(model.forward(tokens)) - want).max() > 0.1
+
+
+@pytest.mark.parametrize("stem", ["dense", "moe"])
+def test_projector_files_are_llama_cpps(stem):
+    """What llama.cpp's converter writes, and the reader takes: a clip file (no text model), the
+    encoder's hyperparameters under clip.vision.* (no pooling key: 3 x 3 is the default), the
+    projection into the text width, clamp bounds as per-linear F32 scalars, F16 matrices."""
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.vision import VisionEncoder
+    g = read_gguf(FORMS / f"mmproj-{stem}.gguf")
+    text_hidden = read_gguf(FORMS / f"ollama-{stem}.gguf").metadata["gemma4.embedding_length"]
+    meta = g.metadata
+    assert meta["general.architecture"] == "clip" and meta["clip.vision.projector_type"] == "gemma4v"
+    assert meta["clip.has_vision_encoder"] is True and meta["clip.vision.projection_dim"] == text_hidden
+    assert meta.get("clip.has_audio_encoder", False) is (stem == "dense")
+    assert not any(n.startswith(("blk.", "token_embd")) for n in g.tensors)
+    assert g.tensors["v.blk.1.ffn_down.output_max"].shape == (1,) and "v.clamp_data" not in g.tensors
+    assert g.tensors["v.blk.0.attn_q.weight"].type_name == "F16"
+    assert g.tensors["v.position_embd.weight"].type_name == "F32"
+    enc = VisionEncoder(g)
+    assert (enc.n_layers, enc.hidden, enc.n_heads, enc.patch, enc.pool) == (2, 64, 2, 16, 3)
+    assert enc.projection.shape == (text_hidden, 64) and text_hidden == {"dense": 256, "moe": 128}[stem]
+    assert all(np.isfinite(b).all() and b[0] < 0 < b[1] for layer in enc.layers for b in layer["clamps"].values())
