@@ -604,3 +604,39 @@ def test_parts_from_inline_encoders_and_projector_layers(tmp_path):
     assert models["gemma4:12b"].parts == ("text", "vision")
     m = models["gemma4:bad-proj"]
     assert m.usable and m.parts == ("text",) and "projector blob" in m.warnings[0]
+
+
+def test_the_image_encoder_each_model_has(tmp_path):
+    """The projector layer a manifest pairs with llama.cpp's text blob (the real mmproj fixture of the same
+    checkpoint) is the model's image encoder; the Ollama blob's own inline one; another model's projector
+    is refused by name; a text model alone has none (pyapp.families.gemma4_vision.source)."""
+    from pyapp.families.gemma4_vision.source import (INLINE, OLLAMA_LAYER, NoImageEncoder, ProjectorError,
+                                                     find_image_encoder)
+    from pyapp.gguf import read_gguf
+    f = Folder(tmp_path / "models")
+    text = f.blob((FORMS / "llamacpp-dense-fused-qkv.gguf").read_bytes(), M + "model")
+    proj = f.blob((FORMS / "mmproj-dense.gguf").read_bytes(), M + "projector")
+    f.manifest("gemma4:e2b-qat", [text, proj], {"model_family": "gemma4"})
+    f.manifest("gemma4:wrong-proj", [text, f.blob((FORMS / "mmproj-moe.gguf").read_bytes(), M + "projector")], {})
+    f.manifest("gemma4:text", [text], {})
+    f.manifest("gemma4:e2b", [f.blob((FORMS / "ollama-dense.gguf").read_bytes(), M + "model")], {})
+    models = {m.name: m for m in list_models(f.root)}
+
+    def encoder(name):
+        m = models[name]
+        projector = read_gguf(f.root / m.projector.path) if m.projector else None
+        return find_image_encoder(read_gguf(f.root / m.model.path), ollama_projector=projector,
+                                  ollama_name=f"{name}'s projector layer")
+
+    m = models["gemma4:e2b-qat"]
+    assert m.projector.digest == proj["digest"] and m.projector.size == proj["size"]
+    assert m.parts == ("text", "vision", "audio")
+    where = encoder("gemma4:e2b-qat")
+    assert (where.kind, where.text_hidden, where.parts) == (OLLAMA_LAYER, 256, ("vision", "audio"))
+    assert where.gguf.metadata["clip.vision.projector_type"] == "gemma4v"
+    assert encoder("gemma4:e2b").kind == INLINE and models["gemma4:e2b"].projector is None
+    with pytest.raises(ProjectorError, match="gemma4:wrong-proj's projector layer belongs to another model"):
+        encoder("gemma4:wrong-proj")
+    assert models["gemma4:text"].parts == ("text",)
+    with pytest.raises(NoImageEncoder, match="this model has no image encoder"):
+        encoder("gemma4:text")
