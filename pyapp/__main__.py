@@ -153,17 +153,77 @@ def cmd_logits(args) -> int:
         raise ConfigError("DiffusionGemma scores its canvas, not a next token: use diffusion-logits (one "
                           "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
+    images = [_read_image(path, args.image_tokens) for path in args.image or ()]
+    projector = _open(args.mmproj) if args.mmproj else None
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens)
+        soft = _reference_soft(gguf, projector, tokens, images) if images else None
+        logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens, soft=soft)
     else:
         from .app.logits import logits as logits_of
         from .steps import run
-        logits = run(logits_of(_loaded(gguf, args), tokens))
+        session = _loaded(gguf, args)
+        session.projector = projector
+        soft = run(_soft_runs(session, tokens, images, args.image_tokens)) if images else ()
+        logits = run(logits_of(session, tokens, soft))
     logits = np.asarray(logits, dtype=np.float32)      # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
+
+
+def _read_image(path: str, budget: int):
+    """An image file decoded and prepared for the encoder at `budget` soft tokens (preprocess.Prepared)."""
+    from .families.gemma4_vision.preprocess import check_budget, decode, prepare
+    from .inputs import read_file
+    check_budget(budget)
+    rgb, width, height = decode(read_file(path, MAX_IMAGE_BYTES, "image"))
+    return prepare(rgb, width, height, budget)
+
+
+MAX_IMAGE_BYTES = 64 << 20          # a photo is a few MiB; past this it is not an image a person attaches
+
+
+def _placeholders(tokens: list[int], images: list, image_token: int) -> list[int]:
+    """Where each image's placeholder run starts in tokens, each as long as its image's soft tokens."""
+    from .app.images import placeholder_runs
+    from .families.gemma4_vision.config import VisionError
+    runs = placeholder_runs(tokens, image_token)
+    if len(runs) != len(images):
+        raise VisionError(f"--tokens hold {len(runs)} runs of the image token {image_token} for {len(images)} --image")
+    for (at, n), image in zip(runs, images):
+        if n != image.tokens:
+            raise VisionError(f"the image token run at {at} is {n} long; its --image makes {image.tokens} soft "
+                              "tokens at this --image-tokens")
+    return [at for at, _ in runs]
+
+
+def _image_token(gguf) -> int:
+    from .app.images import image_token
+    from .tokenizer import Tokenizer
+    return image_token(Tokenizer.from_metadata(gguf.metadata))
+
+
+def _soft_runs(session, tokens, images, budget):
+    """Steps: the SoftRuns of the images at their placeholder runs, encoded on the GPU."""
+    from .app.images import encode_image, soft_runs
+    from .families.gemma4_vision.preprocess import to_rgba
+    encoded = []
+    for image in images:
+        encoded.append((yield from encode_image(session, to_rgba(image.rgb, image.width, image.height),
+                                                image.width, image.height, budget)))
+    return soft_runs(tokens, encoded, _image_token(session.model.gguf))
+
+
+def _reference_soft(gguf, projector, tokens, images):
+    """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward."""
+    import numpy as np
+    from .reference.vision import VisionEncoder
+    enc = VisionEncoder(projector or gguf)
+    at = _placeholders(tokens, images, _image_token(gguf))
+    rows = [enc.features(np.frombuffer(im.patches, np.float32).reshape(len(im.positions), -1),
+                         np.array(im.positions)) for im in images]
+    return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))
 
 
 def cmd_diffusion_logits(args) -> int:
@@ -460,6 +520,15 @@ def _lora_args(p) -> None:
                    help="user scale of the adapter(s): delta = S * alpha / rank * B A (default 1; 0: off)")
 
 
+def _image_args(p, what: str) -> None:
+    from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET
+    p.add_argument("--image", action="append", metavar="FILE", help=f"an image (PNG, JPEG, WebP, ...; repeatable): {what}")
+    p.add_argument("--image-tokens", type=_integer, default=DEFAULT_BUDGET, metavar="N",
+                   help=f"soft tokens an image may take: {', '.join(map(str, BUDGETS))} (default {DEFAULT_BUDGET})")
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="the image encoder's projector file (llama.cpp's mmproj-*.gguf), for a model file without one")
+
+
 def main(argv=None) -> int:
     ap = _Parser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -482,6 +551,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
+    _image_args(p, "the tokens hold its placeholder run as Gemma 4's processor writes it: <|image>, one "
+                   "<|image|> per soft token, <image|>")
     _memory_args(p)
     _lora_args(p)
     p.set_defaults(fn=cmd_logits)
