@@ -426,6 +426,7 @@ async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGE
                 "image_error": True}
     dev = SESSION.device
     staging = None
+    SESSION.clear_gpu_error()              # an error from before is not this image's
     try:
         digest = (await js.crypto.subtle.digest("SHA-256", pixels)).to_bytes()
         buf = dev.buffer(n, label="image pixels")
