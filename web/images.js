@@ -257,7 +257,10 @@ export function setupImages(app) {
                  detail: String((err && err.message) || err), lost: e.id };
       }
       const r = await call("add_image", px, e.width, e.height, e.budget);
-      if (r.error) return { ...r, error: `The model could not read the image \u201c${e.name}\u201d: ${r.error}` };
+      if (r.error) {
+        const why = r.error.charAt(0).toLowerCase() + r.error.slice(1);
+        return { ...r, error: `The model could not read the image \u201c${e.name}\u201d: ${why}` };
+      }
       e.key = r.key;
       im.added.add(r.key);
     }
