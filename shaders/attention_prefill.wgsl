@@ -47,7 +47,7 @@ var<workgroup> row_a: array<f32, R>;
 fn masked(s: f32, r: u32, j: u32, t0: u32) -> f32 {
     let t = t0 + r / GH;
     let pos = S.pos0 + t;
-    let ahead = ALL_KEYS && j < S.pos0 + S.n_tokens || BLOCKS && j <= pos + KL[min(t, S.n_tokens - 1u)];
+    let ahead = (ALL_KEYS && j < S.pos0 + S.n_tokens) || (BLOCKS && j <= pos + KL[min(t, S.n_tokens - 1u)]);
     let ok = t < S.n_tokens && (j <= pos || ahead) && (WINDOW == 0u || j > pos || pos - j < WINDOW);
     return select(NEG, s, ok);
 }
