@@ -306,8 +306,13 @@ def cmd_generate(args) -> int:
     tok = _tokenizer(g)
     ids = _prompt_ids(tok, g, args.prompt, args.raw)
     if _is_diffusion(g):
+        if args.image:
+            from .model.config import ConfigError
+            raise ConfigError("DiffusionGemma takes text only: leave out --image")
         return _generate_diffusion(args, g, tok, ids)
     params = _params(args)       # checked before the model loads
+    if args.image:
+        return _generate_with_images(args, g, params)
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
         out = ReferenceModel(g, lora=_loras(args)).generate_greedy(ids, int(min(params.token_limit, args.context)))
@@ -321,6 +326,43 @@ def cmd_generate(args) -> int:
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
           f"{res.decode_tps:.1f} tok/s, {res.stop_reason}{_speculation_note(params, res)}]", file=sys.stderr)
     return 0
+
+
+def _generate_with_images(args, g, params) -> int:
+    """generate with --image: one user turn, the images before the prompt's text, through the chat use case."""
+    from .app.reply import reply
+    from .model.config import ConfigError
+    from .steps import run
+    if args.raw:
+        raise ConfigError("--raw takes no --image: the chat template places the images (or give the "
+                          "placeholder runs yourself to `logits --image`)")
+    if args.backend == "reference":
+        raise ConfigError("--backend reference generates from text only; `logits --image --backend reference` "
+                          "scores a prompt with images")
+    images = [_read_image(path, args.image_tokens) for path in args.image]
+    projector = _open(args.mmproj) if args.mmproj else None
+    printer = _Printer()
+    session = _loaded(g, args, printer)
+    session.projector = projector
+    content = run(_image_parts(session, images, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
+    r = run(reply(session, [{"role": "user", "content": content}], params=params, events=printer))
+    sys.stdout.write("\n")
+    print(f"[{r['prompt_tokens']} prompt tokens ({sum(i.tokens for i in images)} of them the images') in "
+          f"{r['prefill_s']:.2f}s, {r['tokens']} generated at {r['decode_tps']:.1f} tok/s, {r['stop_reason']}]",
+          file=sys.stderr)
+    return 0
+
+
+def _image_parts(session, images, budget):
+    """Steps: each prepared image encoded on the GPU, as a message's image part."""
+    from .app.images import encode_image
+    from .families.gemma4_vision.preprocess import to_rgba
+    parts = []
+    for image in images:
+        encoded = yield from encode_image(session, to_rgba(image.rgb, image.width, image.height), image.width,
+                                          image.height, budget)
+        parts.append({"type": "image", "key": encoded.key})
+    return parts
 
 
 def _speculation_note(params, res) -> str:
@@ -346,10 +388,17 @@ def cmd_chat(args) -> int:
     from .steps import run
     g = _open(args.model)
     params = _denoise_params(args, g) if _is_diffusion(g) else _params(args)   # checked before the model loads
+    if args.image and _is_diffusion(g):
+        from .model.config import ConfigError
+        raise ConfigError("DiffusionGemma takes text only: leave out --image")
+    images = [_read_image(path, args.image_tokens) for path in args.image or ()]   # checked before the model loads
     printer = _Printer()
     session = _loaded(g, args, printer)
+    session.projector = _open(args.mmproj) if args.mmproj else None
+    parts = run(_image_parts(session, images, args.image_tokens)) if images else []
     conv = Conversation(system=args.system, style=session.model.style)
-    print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
+    print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply."
+          + (f" The first message carries {len(images)} image(s)." if images else ""))
     while True:
         try:
             text = input("> ")
@@ -357,7 +406,8 @@ def cmd_chat(args) -> int:
             break
         if not text.strip():
             break
-        conv.add_user(text)
+        conv.add_user(text, parts)
+        parts = []
         try:
             r = run(reply(session, conv.all_messages(), params=params, events=printer))
         except KeyboardInterrupt:
@@ -590,6 +640,7 @@ def main(argv=None) -> int:
         p.add_argument("--context", type=_integer, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
+        _image_args(p, "placed before the prompt's text" if name == "generate" else "in the first message")
         d = p.add_argument_group("DiffusionGemma (default: the model's settings)")
         d.add_argument("--steps", type=_integer, default=None, help="most denoising steps per block")
         d.add_argument("--t-min", type=_number, default=None, help="temperature of the last step")
