@@ -16,11 +16,23 @@ these two switches; `style_for` reads them off a GGUF's own template, or its siz
 
 Message text is data: `render_ids` tokenizes only the markup above with special tokens and
 every message's content as plain text, so typed "<turn|>" or "<|channel>" stay characters.
+
+Images: a message's content may be a list of parts, `{"type": "text", "text": ...}` and
+`{"type": "image", "tokens": N}` (N: the image's soft tokens, preprocess.soft_tokens of its resized
+size; other keys are the caller's). The template writes an image as "\n\n<|image|>\n\n" and
+Gemma4Processor then replaces its <|image|> by the image's run, so an image renders as
+
+    \n\n<|image>  N x <|image|>  <image|>\n\n
+
+(without "tokens", the template's own "\n\n<|image|>\n\n", unexpanded). The run is markup: its ids come
+from this code, never from what a user typed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .errors import Gemma4Error
 
 BOS = "<bos>"
 TURN, END_TURN = "<|turn>", "<turn|>"
@@ -28,6 +40,13 @@ THINK = "<|think|>"
 CHANNEL, END_CHANNEL = "<|channel>", "<channel|>"
 EMPTY_THOUGHT = CHANNEL + "thought\n" + END_CHANNEL
 LARGE_MODEL_PARAMS = 12_000_000_000      # Ollama: at or above this, gemma4-large's renderer
+IMAGE_BEGIN, IMAGE_SOFT, IMAGE_END = "<|image>", "<|image|>", "<image|>"   # ids 255999, 258880, 258882
+IMAGE_MARGIN = "\n\n"                     # the template's newlines before and after an image
+MAX_IMAGE_TOKENS = 1 << 16
+
+
+class ChatError(Gemma4Error, ValueError):
+    """A message the chat format cannot render (an image part without a usable soft-token count)."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +73,34 @@ def style_for(meta: dict, n_params: int | None = None) -> ChatStyle:
 
 
 def content_parts(content) -> list[str]:
-    """Message content as text pieces: a string, or the text parts of a list (this app is text-only)."""
+    """Message content as text pieces: a string, or the text parts of a list (images left out)."""
     if isinstance(content, (list, tuple)):
         return [str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"]
     return ["" if content is None else str(content)]
+
+
+def image_run(tokens: int) -> str:
+    """The placeholder run of an image of `tokens` soft tokens, as Gemma4Processor expands <|image|>."""
+    return IMAGE_BEGIN + IMAGE_SOFT * tokens + IMAGE_END
+
+
+def image_tokens(part: dict) -> int | None:
+    """An image part's soft-token count, or None where it gives none (the template's unexpanded form)."""
+    n = part.get("tokens")
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGE_TOKENS:
+        raise ChatError(f"an image part's soft-token count is {n!r}: a whole number from 1 to {MAX_IMAGE_TOKENS}")
+    return n
+
+
+def user_content(text: str, images=()) -> list[dict] | str:
+    """A user message's content: its images (each a soft-token count, or a part dict) before its text,
+    as transformers' chat examples place them; the plain text when there are none."""
+    if not images:
+        return text
+    parts = [dict(i) if isinstance(i, dict) else {"type": "image", "tokens": i} for i in images]
+    return parts + [{"type": "text", "text": text}]
 
 
 def strip_thinking(text: str) -> str:
@@ -111,10 +154,20 @@ def prompt_pieces(messages: list[dict], add_generation_prompt: bool, thinking: b
         content(role)                    # the role is the caller's text too: only "user"/"model" are markup
         markup("\n")
         ids = kept_ids(m) if kept_ids and role == "model" else None
+        body = m.get("content")
         if ids:
             out.append((ids, False))
+        elif isinstance(body, (list, tuple)):
+            for part in body:                  # in order: the template writes each part where it is
+                if not isinstance(part, dict):
+                    continue
+                if part.get("type") == "text":
+                    content(clean(str(part.get("text", ""))))
+                elif part.get("type") == "image":
+                    n = image_tokens(part)
+                    markup(IMAGE_MARGIN + (IMAGE_SOFT if n is None else image_run(n)) + IMAGE_MARGIN)
         else:
-            content("".join(clean(p) for p in content_parts(m.get("content"))))
+            content(clean("" if body is None else str(body)))
         markup(END_TURN + "\n")
     if add_generation_prompt:
         markup(TURN + "model\n")
@@ -175,8 +228,9 @@ class Conversation:
     thinking: bool = False
     style: ChatStyle = TEMPLATE_STYLE
 
-    def add_user(self, text: str) -> None:
-        self.messages.append({"role": "user", "content": text})
+    def add_user(self, text: str, images=()) -> None:
+        """images: each image's soft-token count (or its part dict), placed before the text."""
+        self.messages.append({"role": "user", "content": user_content(text, images)})
 
     def add_assistant(self, text: str, kept: dict | None = None) -> None:
         """kept: reply_ids(...) of the reply, so the next prompt reuses the KV cache exactly."""
@@ -185,13 +239,13 @@ class Conversation:
     def pop_last(self) -> dict | None:
         return self.messages.pop() if self.messages else None
 
-    def edit_last_user(self, text: str) -> None:
+    def edit_last_user(self, text: str, images=()) -> None:
         """Replace the last user message and drop what followed it (edit-and-resend)."""
         for i in range(len(self.messages) - 1, -1, -1):
             if self.messages[i]["role"] == "user":
-                self.messages[i:] = [{"role": "user", "content": text}]
+                self.messages[i:] = [{"role": "user", "content": user_content(text, images)}]
                 return
-        self.add_user(text)
+        self.add_user(text, images)
 
     def all_messages(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
