@@ -72,3 +72,30 @@ def test_a_model_without_an_image_encoder_says_so(tmp_path, picture):
     r = pyapp("logits", FORMS / "llamacpp-dense-fused-qkv.gguf", "--tokens", prompt(60), "--image", picture,
               "--image-tokens", 70, "--out", tmp_path / "x.npy", "--backend", "reference", check=False)
     assert r.returncode == 2 and "no image encoder" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.gpu
+def test_generate_with_an_image_reads_its_soft_tokens(picture):
+    """generate --image: the template places the image before the text; its 60 soft tokens are read with
+    the prompt (the summary line counts them), and the greedy reply is the app layer's on the same picture."""
+    r = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "What is this?", "--image", picture,
+              "--image-tokens", 70, "--max-tokens", 6)
+    assert "96 prompt tokens (60 of them the images')" in r.stderr
+    from pyapp.__main__ import _image_parts, _loaded, _read_image
+    from pyapp.app.reply import reply
+    from pyapp.gguf import read_gguf
+    from pyapp.sampling import SamplingParams
+    from pyapp.steps import run
+
+    class Args:
+        context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
+    session = _loaded(read_gguf(FORMS / "ollama-dense.gguf"), Args())
+    parts = run(_image_parts(session, [_read_image(str(picture), 70)], 70))
+    want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
+                     params=SamplingParams(temperature=0, max_tokens=6)))
+    assert r.stdout.strip() == want["text"].strip() and want["prompt_tokens"] == 96
+
+
+def test_generate_raw_takes_no_image(picture):
+    r = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "x", "--raw", "--image", picture, check=False)
+    assert r.returncode == 2 and "--raw takes no --image" in r.stderr
