@@ -153,17 +153,77 @@ def cmd_logits(args) -> int:
         raise ConfigError("DiffusionGemma scores its canvas, not a next token: use diffusion-logits (one "
                           "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
+    images = [_read_image(path, args.image_tokens) for path in args.image or ()]
+    projector = _open(args.mmproj) if args.mmproj else None
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens)
+        soft = _reference_soft(gguf, projector, tokens, images) if images else None
+        logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens, soft=soft)
     else:
         from .app.logits import logits as logits_of
         from .steps import run
-        logits = run(logits_of(_loaded(gguf, args), tokens))
+        session = _loaded(gguf, args)
+        session.projector = projector
+        soft = run(_soft_runs(session, tokens, images, args.image_tokens)) if images else ()
+        logits = run(logits_of(session, tokens, soft))
     logits = np.asarray(logits, dtype=np.float32)      # engine and reference: Logits
     np.save(args.out, logits)
     print(f"wrote {args.out}: {logits.shape[0]} x {logits.shape[1]} float32 ({args.backend})")
     return 0
+
+
+def _read_image(path: str, budget: int):
+    """An image file decoded and prepared for the encoder at `budget` soft tokens (preprocess.Prepared)."""
+    from .families.gemma4_vision.preprocess import check_budget, decode, prepare
+    from .inputs import read_file
+    check_budget(budget)
+    rgb, width, height = decode(read_file(path, MAX_IMAGE_BYTES, "image"))
+    return prepare(rgb, width, height, budget)
+
+
+MAX_IMAGE_BYTES = 64 << 20          # a photo is a few MiB; past this it is not an image a person attaches
+
+
+def _placeholders(tokens: list[int], images: list, image_token: int) -> list[int]:
+    """Where each image's placeholder run starts in tokens, each as long as its image's soft tokens."""
+    from .app.images import placeholder_runs
+    from .families.gemma4_vision.config import VisionError
+    runs = placeholder_runs(tokens, image_token)
+    if len(runs) != len(images):
+        raise VisionError(f"--tokens hold {len(runs)} runs of the image token {image_token} for {len(images)} --image")
+    for (at, n), image in zip(runs, images):
+        if n != image.tokens:
+            raise VisionError(f"the image token run at {at} is {n} long; its --image makes {image.tokens} soft "
+                              "tokens at this --image-tokens")
+    return [at for at, _ in runs]
+
+
+def _image_token(gguf) -> int:
+    from .app.images import image_token
+    from .tokenizer import Tokenizer
+    return image_token(Tokenizer.from_metadata(gguf.metadata))
+
+
+def _soft_runs(session, tokens, images, budget):
+    """Steps: the SoftRuns of the images at their placeholder runs, encoded on the GPU."""
+    from .app.images import encode_image, soft_runs
+    from .families.gemma4_vision.preprocess import to_rgba
+    encoded = []
+    for image in images:
+        encoded.append((yield from encode_image(session, to_rgba(image.rgb, image.width, image.height),
+                                                image.width, image.height, budget)))
+    return soft_runs(tokens, encoded, _image_token(session.model.gguf))
+
+
+def _reference_soft(gguf, projector, tokens, images):
+    """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward."""
+    import numpy as np
+    from .reference.vision import VisionEncoder
+    enc = VisionEncoder(projector or gguf)
+    at = _placeholders(tokens, images, _image_token(gguf))
+    rows = [enc.features(np.frombuffer(im.patches, np.float32).reshape(len(im.positions), -1),
+                         np.array(im.positions)) for im in images]
+    return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))
 
 
 def cmd_diffusion_logits(args) -> int:
@@ -246,8 +306,13 @@ def cmd_generate(args) -> int:
     tok = _tokenizer(g)
     ids = _prompt_ids(tok, g, args.prompt, args.raw)
     if _is_diffusion(g):
+        if args.image:
+            from .model.config import ConfigError
+            raise ConfigError("DiffusionGemma takes text only: leave out --image")
         return _generate_diffusion(args, g, tok, ids)
     params = _params(args)       # checked before the model loads
+    if args.image:
+        return _generate_with_images(args, g, params)
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
         out = ReferenceModel(g, lora=_loras(args)).generate_greedy(ids, int(min(params.token_limit, args.context)))
@@ -261,6 +326,43 @@ def cmd_generate(args) -> int:
     print(f"[{res.prompt_tokens} prompt tokens in {res.prefill_s:.2f}s, {len(res.tokens)} generated at "
           f"{res.decode_tps:.1f} tok/s, {res.stop_reason}{_speculation_note(params, res)}]", file=sys.stderr)
     return 0
+
+
+def _generate_with_images(args, g, params) -> int:
+    """generate with --image: one user turn, the images before the prompt's text, through the chat use case."""
+    from .app.reply import reply
+    from .model.config import ConfigError
+    from .steps import run
+    if args.raw:
+        raise ConfigError("--raw takes no --image: the chat template places the images (or give the "
+                          "placeholder runs yourself to `logits --image`)")
+    if args.backend == "reference":
+        raise ConfigError("--backend reference generates from text only; `logits --image --backend reference` "
+                          "scores a prompt with images")
+    images = [_read_image(path, args.image_tokens) for path in args.image]
+    projector = _open(args.mmproj) if args.mmproj else None
+    printer = _Printer()
+    session = _loaded(g, args, printer)
+    session.projector = projector
+    content = run(_image_parts(session, images, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
+    r = run(reply(session, [{"role": "user", "content": content}], params=params, events=printer))
+    sys.stdout.write("\n")
+    print(f"[{r['prompt_tokens']} prompt tokens ({sum(i.tokens for i in images)} of them the images') in "
+          f"{r['prefill_s']:.2f}s, {r['tokens']} generated at {r['decode_tps']:.1f} tok/s, {r['stop_reason']}]",
+          file=sys.stderr)
+    return 0
+
+
+def _image_parts(session, images, budget):
+    """Steps: each prepared image encoded on the GPU, as a message's image part."""
+    from .app.images import encode_image
+    from .families.gemma4_vision.preprocess import to_rgba
+    parts = []
+    for image in images:
+        encoded = yield from encode_image(session, to_rgba(image.rgb, image.width, image.height), image.width,
+                                          image.height, budget)
+        parts.append({"type": "image", "key": encoded.key})
+    return parts
 
 
 def _speculation_note(params, res) -> str:
@@ -286,10 +388,17 @@ def cmd_chat(args) -> int:
     from .steps import run
     g = _open(args.model)
     params = _denoise_params(args, g) if _is_diffusion(g) else _params(args)   # checked before the model loads
+    if args.image and _is_diffusion(g):
+        from .model.config import ConfigError
+        raise ConfigError("DiffusionGemma takes text only: leave out --image")
+    images = [_read_image(path, args.image_tokens) for path in args.image or ()]   # checked before the model loads
     printer = _Printer()
     session = _loaded(g, args, printer)
+    session.projector = _open(args.mmproj) if args.mmproj else None
+    parts = run(_image_parts(session, images, args.image_tokens)) if images else []
     conv = Conversation(system=args.system, style=session.model.style)
-    print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply.")
+    print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply."
+          + (f" The first message carries {len(images)} image(s)." if images else ""))
     while True:
         try:
             text = input("> ")
@@ -297,7 +406,8 @@ def cmd_chat(args) -> int:
             break
         if not text.strip():
             break
-        conv.add_user(text)
+        conv.add_user(text, parts)
+        parts = []
         try:
             r = run(reply(session, conv.all_messages(), params=params, events=printer))
         except KeyboardInterrupt:
@@ -460,6 +570,15 @@ def _lora_args(p) -> None:
                    help="user scale of the adapter(s): delta = S * alpha / rank * B A (default 1; 0: off)")
 
 
+def _image_args(p, what: str) -> None:
+    from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET
+    p.add_argument("--image", action="append", metavar="FILE", help=f"an image (PNG, JPEG, WebP, ...; repeatable): {what}")
+    p.add_argument("--image-tokens", type=_integer, default=DEFAULT_BUDGET, metavar="N",
+                   help=f"soft tokens an image may take: {', '.join(map(str, BUDGETS))} (default {DEFAULT_BUDGET})")
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="the image encoder's projector file (llama.cpp's mmproj-*.gguf), for a model file without one")
+
+
 def main(argv=None) -> int:
     ap = _Parser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -482,6 +601,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", required=True, help="comma-separated token ids")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
+    _image_args(p, "the tokens hold its placeholder run as Gemma 4's processor writes it: <|image>, one "
+                   "<|image|> per soft token, <image|>")
     _memory_args(p)
     _lora_args(p)
     p.set_defaults(fn=cmd_logits)
@@ -519,6 +640,7 @@ def main(argv=None) -> int:
         p.add_argument("--context", type=_integer, default=DEFAULT_CONTEXT, help="context length (KV cache size)")
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
+        _image_args(p, "placed before the prompt's text" if name == "generate" else "in the first message")
         d = p.add_argument_group("DiffusionGemma (default: the model's settings)")
         d.add_argument("--steps", type=_integer, default=None, help="most denoising steps per block")
         d.add_argument("--t-min", type=_number, default=None, help="temperature of the last step")

@@ -17,10 +17,12 @@ import json
 import time
 from array import array
 
+from dataclasses import dataclass
+
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
-from .app import adapters, finetune, folder, model, settings
+from .app import adapters, finetune, folder, images, model, settings
 from .app.denoise import diffusion_engine, replay
 from .app.events import Events
 from .app.generate import generate
@@ -33,8 +35,11 @@ from .families.diffusion_gemma import DenoiseParams
 from .engine import DEFAULT_CONTEXT, Engine
 from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter
+from .families import model_config
+from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
 from .gguf import read_gguf
-from .gpu import GPUError, get_device_async
+from .gpu import Buffer, GPUError, get_device_async
+from .model.forms import projector_parts
 from .model.lora import LoraError
 from .sampling import page_rules
 from .source import SourceError
@@ -238,10 +243,10 @@ def open_file(blob, name: str = "") -> dict:
         return _error(e, shown)
     model.choose(SESSION, g, info)
     if info["denoise"]:       # the model's own generation settings (its GGUF) are the page's defaults
-        return {"model": info, "params": info["denoise"]}
+        return {"model": info, "params": info["denoise"], "images": _images()}
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
-        return {"model": info, "suggested": {"max_tokens": model.TEST_MODEL_MAX_TOKENS}}
-    return {"model": info}
+        return {"model": info, "suggested": {"max_tokens": model.TEST_MODEL_MAX_TOKENS}, "images": _images()}
+    return {"model": info, "images": _images()}
 
 
 @command
@@ -260,7 +265,7 @@ async def open_folder_model(name: str) -> dict:
     async def blob_source(path, shown):
         return BlobSource(await SESSION.folder.file(path), shown)
     try:
-        return await folder.choose_model(SESSION, name, blob_source)
+        return {**await folder.choose_model(SESSION, name, blob_source), "images": _images()}
     except EXPECTED as e:
         return _error(e, name, ollama_name=name)
 
@@ -287,7 +292,8 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
         return _error(e)
     return {"ready": True, "seconds": time.perf_counter() - t, "context_length": eng.context_length,
             "model": SESSION.model.info, "plan": eng.memory_plan.describe(eng.load_bytes_per_s),
-            "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION)}
+            "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION),
+            "images": _images()}
 
 
 @command
@@ -344,6 +350,152 @@ def remove_adapter() -> dict:
     """Forget the adapter; the page reloads the model without it."""
     adapters.remove_adapter(SESSION)
     return {}
+
+
+# -- commands: images (pyapp.app.images) ----------------------------------------------------------------
+# The page picks an image; the worker (web/worker.js prepare_image) decodes it, asks image_size for the size
+# to resize to, resizes it (OffscreenCanvas) and hands the page the RGBA pixels, which it keeps with the
+# conversation. add_image encodes them on the GPU when a message that holds them is sent: a message's
+# content then names the image by the key add_image returns.
+
+def _images() -> dict:
+    """Whether the chosen model takes images here: {"takes", "encoder": "model" (its file holds one) |
+    "projector" (the file the user added), "projector": that file's name, "why": words when it takes none,
+    "budgets", "default_budget"}."""
+    out = {"takes": False, "encoder": None, "projector": None, "why": "", "budgets": list(BUDGETS),
+           "default_budget": DEFAULT_BUDGET}
+    if SESSION.model is None:
+        return {**out, "why": "no model is chosen"}
+    if SESSION.model.info.get("denoise"):
+        return {**out, "why": "DiffusionGemma models take text only"}
+    try:
+        g = images.encoder_file(SESSION)
+        VisionConfig.from_gguf(g)
+    except VisionError as e:
+        return {**out, "why": str(e)}
+    added = g is SESSION.projector
+    return {**out, "takes": True, "encoder": "projector" if added else "model",
+            "projector": getattr(g.source, "name", "") if added else None}
+
+
+def _sentence(words: str) -> str:
+    words = words.strip()
+    return (words[:1].upper() + words[1:]).rstrip(".") + "." if words else words
+
+
+def _image_error(e: BaseException) -> dict:
+    """An image's error in words: a refusal or a lost device as any command's; an image or encoder this app
+    cannot take in its own words (pyapp.app.images' VisionError: not about the model file)."""
+    if isinstance(e, Refused) or SESSION.device_lost or not isinstance(e, EXPECTED):
+        return _error(e)
+    return {"error": _sentence(str(e)), "image_error": True}
+
+
+@command
+def image_size(width: int, height: int, budget: int = DEFAULT_BUDGET) -> dict:
+    """The size an image of width x height pixels is resized to for the chosen model, and its soft tokens:
+    {"width", "height", "tokens"}."""
+    try:
+        return images.image_size(SESSION, int(width), int(height), int(budget))
+    except Exception as e:
+        return _image_error(e)
+
+
+@dataclass(eq=False)
+class _PixelsOnGpu(Buffer):
+    """An image's RGBA8 pixels, written to the GPU from JS (the Uint8Array the page sent, never copied into
+    Python's heap). bytes() gives their SHA-256 (computed in JS): all encode_image reads of them in Python is
+    bytes(rgba) for the image's key, which is then a digest of the size, the budget and that digest."""
+    digest: bytes = b""
+
+    def __bytes__(self) -> bytes:
+        return self.digest
+
+
+@command
+async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGET) -> dict:
+    """Encode an image the worker resized (pixels: a Uint8Array of width x height RGBA8, at a size image_size
+    gave) with the loaded model's image encoder, once per distinct pixels: {"key", "tokens"}. A message's
+    content names it as {"type": "image", "key": key}."""
+    if SESSION.engine is None:
+        return {"error": "Load the model first: the loaded model reads the images."}
+    width, height, budget = int(width), int(height), int(budget)
+    n = int(pixels.byteLength)
+    if n != 4 * width * height or n == 0:
+        return {"error": f"The image's pixels ({n} bytes) are not those of a {width} x {height} image.",
+                "image_error": True}
+    dev = SESSION.device
+    staging = None
+    SESSION.clear_gpu_error()              # an error from before is not this image's
+    try:
+        digest = (await js.crypto.subtle.digest("SHA-256", pixels)).to_bytes()
+        buf = dev.buffer(n, label="image pixels")
+        staging = _PixelsOnGpu(buf.handle, buf.size, buf.kind, buf.label, digest)
+        dev.device.queue.writeBuffer(staging.handle, 0, pixels)        # JS -> GPU: the proxy is the Uint8Array
+        image = await run_async(images.encode_image(SESSION, staging, width, height, budget))
+        SESSION.check_gpu_accepted("the image")
+    except Exception as e:
+        return _image_error(e)
+    finally:
+        if staging is not None:
+            staging.handle.destroy()           # the copy into the encoder is submitted: the GPU keeps it alive
+    return {"key": image.key, "tokens": image.n}
+
+
+def _not_a_projector(g, name: str) -> str:
+    """Why a GGUF is not a Gemma 4 image projector, in words ("" when it is one)."""
+    meta = g.metadata
+    if meta.get("general.type") == "adapter":
+        return f"\u201c{name}\u201d is a LoRA adapter, not an image projector: add it under LoRA adapter."
+    if g.architecture != "clip":
+        return (f"\u201c{name}\u201d is not an image projector (its general.architecture is "
+                f"{g.architecture!r}, a projector's is 'clip'): add the mmproj-*.gguf file published with the model.")
+    if "vision" not in projector_parts(meta):
+        return f"\u201c{name}\u201d is a projector without an image encoder: add the one published for images."
+    kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type"))
+    if kind != "gemma4v":
+        return (f"\u201c{name}\u201d is the image projector of another kind of model (projector type {kind!r}), "
+                "not Gemma 4's (gemma4v): add the mmproj-*.gguf file published with this model.")
+    return ""
+
+
+@command
+def add_projector(blob, name: str = "") -> dict:
+    """Add the chosen model's image encoder from a projector file (llama.cpp's mmproj GGUF, clip.* keys): checked
+    to be Gemma 4's and made for this model's width. {"images"} as the model's results say it."""
+    shown = name or getattr(blob, "name", "") or "the projector"
+    if SESSION.model is None:
+        return {"error": f"Choose the model first: \u201c{shown}\u201d is an image projector, made for one model.",
+                "projector_error": True}
+    try:
+        g = read_gguf(BlobSource(blob, shown))
+    except EXPECTED as e:
+        return {**_error(e, shown), "projector_error": True}
+    why = _not_a_projector(g, shown)
+    if not why:
+        try:
+            cfg = VisionConfig.from_gguf(g)
+        except VisionError as e:
+            return {"error": f"\u201c{shown}\u201d holds no image encoder this app can run.", "detail": str(e),
+                    "projector_error": True}
+        hidden = model_config(SESSION.model.gguf).hidden
+        if cfg.text_hidden != hidden:
+            why = (f"\u201c{shown}\u201d is the image projector of another model: its soft tokens are "
+                   f"{cfg.text_hidden} wide, {SESSION.model.info.get('name', 'this model')}'s are {hidden}. Add the "
+                   "mmproj file published with this model.")
+    if why:
+        return {"error": why, "projector_error": True}
+    SESSION.projector = g
+    SESSION.image_encoder, SESSION.encoded_images = None, {}      # the next image loads this encoder
+    return {"images": _images()}
+
+
+@command
+def remove_projector() -> dict:
+    """Forget the projector added: the model takes images again only if its own file holds an encoder."""
+    SESSION.projector = None
+    SESSION.image_encoder, SESSION.encoded_images = None, {}
+    return {"images": _images()}
 
 
 # -- commands: replies -------------------------------------------------------------------------------

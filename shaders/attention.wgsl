@@ -16,6 +16,7 @@
 //!include attention_shape
 override WINDOW: u32 = 0u;
 override ALL_KEYS: bool = false;   // attend: every key of the step (bidirectional), not j <= pos
+override BLOCKS: bool = false;     // attend: also the KL[t] keys after pos (the rest of an image's block)
 override WG: u32 = 128u;
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
@@ -25,6 +26,7 @@ override WG: u32 = 128u;
 @group(0) @binding(4) var<uniform> S: Step;
 @group(0) @binding(5) var<storage, read> Kn: array<f32>;
 @group(0) @binding(6) var<storage, read> Vn: array<f32>;
+@group(0) @binding(7) var<storage, read> KL: array<u32>;   // attend with BLOCKS: keys after its own each token sees
 
 
 @compute @workgroup_size(64)
@@ -70,7 +72,8 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let h0 = wid.x * GH;
     let t = wid.y;
     let pos = S.pos0 + t;
-    let last = select(pos, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key it sees
+    var last = select(pos, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key it sees
+    if (BLOCKS) { last = max(last, pos + KL[t]); }
     let kvh = h0 / (H / HKV);
     var lo = 0u;
     if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }

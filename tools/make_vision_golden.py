@@ -55,6 +55,8 @@ def main() -> int:
     args = p.parse_args()
     for stem, text, audio in (("dense", mof.DENSE, mof.AUDIO), ("moe", mof.MOE, None)):
         model = mof.multimodal(text, mof.VISION, audio, args.seed)
+        if "moe" in stem:     # as 26B-A4B and 31B: an image's soft tokens see each other on sliding layers
+            model.config.text_config.use_bidirectional_attention = "vision"
         model.config.boi_token_id, model.config.image_token_id, model.config.eoi_token_id = mof.IMAGE_MARKERS.values()
         round_vision(model)
         mof.round_as_stored(model)       # the text weights too: the logits are the file's
@@ -74,15 +76,23 @@ def main() -> int:
             out[f"positions_{i}"] = positions
             out[f"encoded_{i}"] = res.last_hidden_state.float().numpy()
             out[f"features_{i}"] = res.pooler_output[0].float().numpy()
-        # a prompt with the second image: <|image>, a soft token per pooled square, <image|> amid text
+        # a prompt with the second image: <|image>, a soft token per pooled square, <image|> amid text; and
+        # one with it twice (two images: on the MoE model, whose images attend both ways on its sliding
+        # layers, a block must see its own image and not the other)
         begin, soft, end = mof.IMAGE_MARKERS.values()
         n = len(out["features_1"])
         tokens = [2, 300, 301, begin] + [soft] * n + [end, 302, 303, 304]
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(out["patches_1"])[None],
-                           image_position_ids=torch.from_numpy(out["positions_1"])[None]).logits[0]
-        out["image_tokens"] = np.array(tokens, np.int32)
-        out["image_logits"] = logits.float().numpy()
+        twice = [2, 300, begin] + [soft] * n + [end, 301, begin] + [soft] * n + [end, 302, 303]
+        pixels = torch.from_numpy(out["patches_1"])[None]
+        positions = torch.from_numpy(out["positions_1"])[None]
+        for name, ids, count in (("image", tokens, 1), ("two_image", twice, 2)):
+            ids_t = torch.tensor([ids])
+            with torch.no_grad():
+                logits = model(input_ids=ids_t, pixel_values=pixels.repeat(count, 1, 1),
+                               image_position_ids=positions.repeat(count, 1, 1),
+                               mm_token_type_ids=(ids_t == soft).long()).logits[0]
+            out[f"{name}_tokens"] = np.array(ids, np.int32)
+            out[f"{name}_logits"] = logits.float().numpy()
         np.savez_compressed(args.out / f"ollama-{stem}.vision.npz", **out)
         print(f"ollama-{stem}.vision.npz: {[out[f'features_{i}'].shape for i in range(len(SHAPES))]}")
     return 0

@@ -1,6 +1,7 @@
 // The page: UI only. Python (Pyodide) and the GPU work live in worker.js.
 import { escapeHtml, renderMarkdown } from "./markdown.js";
 import { setupFinetune } from "./finetune.js";
+import { setupImages } from "./images.js";
 
 const $ = (id) => document.getElementById(id);
 const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions kept: moved into CHATS_KEY
@@ -54,8 +55,9 @@ const state = {
   webgpu: true,        // false: the browser gives the page no WebGPU device
 };
 let finetune = null;   // the Fine-tune panel (finetune.js)
+let images = null;     // images attached to messages (images.js)
 state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
-window.app = { call, state, loadModel };   // for tests and the curious
+window.app = { call, state, loadModel, generate };   // for tests and the curious
 
 // "1 token", "2 tokens": every count the page shows goes through here.
 function plural(n, one, many = `${one}s`) { return `${n} ${n === 1 ? one : many}`; }
@@ -223,25 +225,25 @@ async function boot() {
     $("prompt").focus();
   };
   setState("ready");
+  images.prune(state.chats.chats);     // images no conversation holds any more
   await offerReopen();
 }
 
 // ---------------------------------------------------------------- choosing a model
-// What a model can take, in words: its file may hold image and audio encoders this app does not run yet.
-function takes(parts) {
-  const extra = (parts || []).filter((p) => p !== "text").map((p) => (p === "vision" ? "images" : p));
-  return extra.length ? `Takes text here (its ${extra.join(" and ")} encoder${extra.length > 1 ? "s are" : " is"} in ` +
-    "the file; this app reads text only so far)" : "Takes text";
-}
 // The chosen model's card; status: its line under it (loaded, or why not).
 function describe(m, status = "") {
   const tag = m.test_model ? ' <span class="badge">test model: random weights, it talks nonsense</span>' : "";
   const file = m.digest || m.file === m.name ? "" : `<br><small>${escapeHtml(m.file)}</small>`;
   return `<div class="info"><strong>${escapeHtml(m.name)}</strong>${tag}${file}<br>` +
     `${escapeHtml(m.quantization)} · ${escapeHtml(m.parameter_size)} parameters · ${formatBytes(m.bytes)}<br>` +
-    `<small>${escapeHtml(m.config)}</small><br><small class="parts">${escapeHtml(takes(m.parts))}</small>${status}</div>`;
+    `<small>${escapeHtml(m.config)}</small><br><small class="parts">${escapeHtml(images.takesText(m))}</small>${status}</div>`;
 }
 // The card with the truth under it: not loaded, and what to do (the error itself sits above the card).
+// What the card says the model takes changed (a projector added or removed).
+function modelCardChanged() {
+  const parts = document.querySelector("#model-info .parts");
+  if (parts && state.model) parts.textContent = images.takesText(state.model);
+}
 function showNotLoaded(why) {
   if (!state.model) return;
   $("model-info").innerHTML = describe(state.model, `<div class="not-loaded">Not loaded${why ? `: ${escapeHtml(why)}` : ""}</div>`);
@@ -255,6 +257,7 @@ async function afterOpen(r, source) {
   state.modelSource = source || null;
   showError("model-error", "");
   state.model = r.model;
+  images.modelChosen(r.images);  // whether it takes images (the projector added for the old one is forgotten)
   state.loaded = false;        // the worker dropped the model loaded before
   state.everLoaded = false;
   state.loadFailed = false;
@@ -308,9 +311,11 @@ async function loadModel() {
     setState(state.webgpu ? "ready" : "no-webgpu");
     markLoaded();
     finetune.modelLoaded();
+    images.modelLoaded(null);
     return;
   }
   state.loaded = true;
+  images.modelLoaded(r.images);
   state.everLoaded = true;
   state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16 };
   contextLoaded(r.context_length);
@@ -346,6 +351,7 @@ window.addEventListener("drop", (ev) => {
   dropZones().forEach((z) => z.classList.remove("over"));
   const file = ev.dataTransfer && ev.dataTransfer.files[0];
   if (finetune.isDataFile(file)) { finetune.chooseData(file); return; }   // training data: the Fine-tune panel
+  if (images.isImage(file)) { images.attachFiles(ev.dataTransfer.files); return; }   // images: the next message
   const handle = droppedHandle(ev.dataTransfer);   // asked for now: a drop's data is gone after an await
   if (file) handle.then((h) => openFile(file, { kind: "file", handle: h }));
 });
@@ -763,13 +769,15 @@ function samplingParams() {
 }
 
 // ---------------------------------------------------------------- chat
-function templateMessages() {
+function templateMessages(messages = state.chat.messages) {
   const head = state.chat.system ? [{ role: "system", content: state.chat.system }] : [];
-  return head.concat(state.chat.messages.map(sentMessage));
+  return head.concat(messages.map(sentMessage));
 }
 // A reply goes back with the token ids it was generated as (and their vocabulary): the worker builds
 // the next prompt from them, so the KV cache that holds them is reused (pyapp.chat.reply_ids).
+// A message with images sends its content as parts: each image by the key the worker gave it, then the text.
 function sentMessage(m) {
+  if (m.images && m.images.length) return { role: m.role, content: images.parts(m) };
   return m.ids ? { role: m.role, content: m.content, ids: m.ids, vocab: m.vocab } : { role: m.role, content: m.content };
 }
 
@@ -813,7 +821,9 @@ function messageEl(m, i) {
   copy.onclick = () => copyText(m.role === "assistant" ? replyAnswer(m.content) : m.content, copy);
   meta.append(copy);
   if (m.role === "user") meta.append(editButton(i));
-  div.append(author, body, meta);
+  div.append(author);
+  if (m.images && m.images.length) div.append(images.messageImages(m));   // your images, then your words
+  div.append(body, meta);
   return div;
 }
 // Copy, and say so: the clipboard API where the page has it, else the browser's copy command on a hidden
@@ -913,7 +923,7 @@ function updateButtons() {
   const busy = state.busy || state.training;   // a fine-tuning run has the model until it ends
   const msgs = state.chat.messages;
   const valid = settingsValid();
-  $("send").disabled = !state.loaded || gen || busy || !valid;
+  $("send").disabled = !state.loaded || gen || busy || !valid || (images && images.busy());
   $("stop").disabled = !gen;
   $("regen").disabled = !state.loaded || gen || busy || !msgs.length || !valid;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
@@ -936,6 +946,7 @@ function updateButtons() {
   for (const b of document.querySelectorAll("#model-list button.model")) b.disabled = !b.dataset.usable || gen || busy;
   $("messages").setAttribute("aria-busy", String(gen));   // screen readers read the reply once, when it is done
   composerHint(valid);
+  if (images) images.render();
   showModelStatus();
   updateReopenNotice();
   if (finetune) finetune.update();
@@ -1060,10 +1071,37 @@ function endPrefill() {
   if (box) box.remove();
 }
 
+// An error under the conversation, with Try again when retry is given.
+function showChatError(r, retry) {
+  showError("chat-error", r);
+  if (!retry) return;
+  const again = button("Try again", "retry", () => { showError("chat-error", ""); retry(); });
+  $("chat-error").append(" ", again);
+}
+// The conversation's images the worker has not encoded since the model loaded (a new message's, or those of a
+// conversation reopened or kept over a reload), encoded now; the streaming reply says so meanwhile.
+async function addImages(history) {
+  const entries = images.entriesOf(history);
+  if (!entries.length) return null;
+  return images.ensureAdded(entries, (text) => {
+    const msg = document.querySelector(".msg.streaming");
+    if (!msg) return;
+    let box = msg.querySelector(".prefill");
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "prefill";
+      box.innerHTML = '<span class="prefill-text"></span><progress max="1" aria-label="Reading the images"></progress>';
+      msg.querySelector(".body").before(box);
+    }
+    box.querySelector(".prefill-text").textContent = text;
+  });
+}
+
+// The next reply. Returns {imageError} when the conversation's images could not be given to the model.
 async function generate() {
-  if (!settingsValid()) { updateButtons(); return; }   // a setting marked invalid is never silently replaced
+  if (!settingsValid()) { updateButtons(); return {}; }   // a setting marked invalid is never silently replaced
   readSettings();
-  const msgs = templateMessages();
+  const history = state.chat.messages.slice();
   const reply = { role: "assistant", content: "" };
   state.streaming = reply;
   state.streamedTokens = 0;
@@ -1074,12 +1112,24 @@ async function generate() {
   setState("generating");
   showError("chat-error", "");
   state.denoiseSteps = 0;
-  const r = await call("chat", JSON.stringify(msgs), JSON.stringify(samplingParams()));
+  const ask = () => call("chat", JSON.stringify(templateMessages(history)), JSON.stringify(samplingParams()));
+  let r = await addImages(history);
+  let imageError = !!r;
+  if (!r) {
+    r = await ask();
+    if (r.missing_images && r.missing_images.length) {   // the worker lost them (a reload, another model): once more
+      images.forget(r.missing_images);
+      r = await addImages(history);
+      imageError = !!r;
+      if (!r) r = await ask();
+    }
+    if (r.missing_images) imageError = true;
+  }
   state.streaming = null;
   endPrefill();
   if (r.error) {
     state.chat.messages.pop();   // keep the user's message; drop the empty reply
-    showError("chat-error", r);
+    showChatError(r, imageError && !r.device_lost ? () => { if (!$("regen").disabled) generate(); } : null);
     if (r.device_lost) {         // the model is gone with the device: offer to load it again
       state.loaded = false;
       showNotLoaded("the GPU device was lost: reload it");
@@ -1087,7 +1137,8 @@ async function generate() {
       renderChat();
       setState("ready");
       markLoaded();
-      return;
+      images.modelLoaded(null);
+      return { imageError };
     }
   } else {
     reply.content = r.text;
@@ -1101,15 +1152,29 @@ async function generate() {
   saveChat();
   renderChat();
   setState("loaded");
+  return { imageError: imageError && !!r.error, result: r };
 }
 
 $("composer").onsubmit = async (ev) => {
   ev.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || $("send").disabled) return;
+  const attached = images.attached().slice();
+  if ((!text && !attached.length) || $("send").disabled) return;
   $("prompt").value = "";
-  state.chat.messages.push({ role: "user", content: text });
-  await generate();
+  images.clearAttached();
+  const msg = attached.length ? { role: "user", content: text, images: attached } : { role: "user", content: text };
+  state.chat.messages.push(msg);
+  const r = await generate();
+  const msgs = state.chat.messages;
+  if (r.imageError && msgs[msgs.length - 1] === msg && attached.length) {
+    // its images could not be read: the message goes back to the message box as it was, images and all
+    msgs.pop();
+    saveChat();
+    renderChat();
+    if (!$("prompt").value) $("prompt").value = text;
+    images.restoreAttached(attached);
+    showChatError(r.result, () => $("composer").requestSubmit());
+  }
 };
 $("prompt").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
@@ -1160,6 +1225,7 @@ function saveChats() {
 function chatTitle(chat) {
   const first = chat.messages.find((m) => m.role === "user");
   const text = first ? first.content.replace(/\s+/g, " ").trim() : "";
+  if (!text && first && first.images && first.images.length) return plural(first.images.length, "image");
   if (!text) return "New chat";
   return text.length > 48 ? `${text.slice(0, 47)}…` : text;
 }
@@ -1294,9 +1360,10 @@ function startEdit(i) {
 }
 async function saveEdit(i, text) {
   text = text.trim();
-  if (!text || state.streaming !== null) return;
+  const kept = state.chat.messages[i].images;      // its images stay with it
+  if ((!text && !(kept && kept.length)) || state.streaming !== null) return;
   state.chat.messages.splice(i);   // the edited message and everything after it are replaced
-  state.chat.messages.push({ role: "user", content: text });
+  state.chat.messages.push(kept && kept.length ? { role: "user", content: text, images: kept } : { role: "user", content: text });
   if (state.loaded && !state.busy && settingsValid()) {
     await generate();
   } else {                         // kept unanswered: Regenerate answers it once a model is loaded
@@ -1546,6 +1613,7 @@ on("token", (m) => {                              // a committed block (Diffusio
 });
 
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
+images = setupImages({ call, state, showError, updateButtons, modelCardChanged });
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
                            removeAdapter, setState, updateButtons });
 showSettings();

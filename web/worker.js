@@ -49,6 +49,34 @@ function toJs(value) {
   return value;
 }
 
+// Commands the worker runs in JS: an image decoded and resized here, off the page's thread, at the size the
+// chosen model takes (pyapp.webapp.image_size). Each returns [result, the buffers to transfer to the page].
+async function prepareImage(blob, budget) {
+  const name = (blob && blob.name) || "the image";
+  let bitmap;
+  try {
+    // colour values as stored (no ICC conversion) and the EXIF orientation applied, as transformers' loader does
+    bitmap = await createImageBitmap(blob, { imageOrientation: "from-image", colorSpaceConversion: "none" });
+  } catch (e) {
+    return [{ error: `\u201c${name}\u201d is not an image this browser can read: choose a PNG, JPEG, WebP or GIF.`,
+              detail: String((e && e.message) || e), image_error: true }, []];
+  }
+  try {
+    const size = toJs(webapp.image_size(bitmap.width, bitmap.height, budget));
+    if (size.error) return [size, []];
+    const canvas = new OffscreenCanvas(size.width, size.height);
+    const ctx = canvas.getContext("2d", { willReadFrequently: true });
+    ctx.imageSmoothingQuality = "high";
+    ctx.drawImage(bitmap, 0, 0, size.width, size.height);
+    const data = ctx.getImageData(0, 0, size.width, size.height).data;   // RGBA8, row-major
+    const pixels = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    return [{ ...size, budget, original: { width: bitmap.width, height: bitmap.height }, pixels }, [pixels.buffer]];
+  } finally {
+    bitmap.close();
+  }
+}
+const jsCommands = new Map([["prepare_image", prepareImage]]);
+
 // Chrome shows a worker's CSP violations only in DevTools: say them in the console the page sees too.
 self.addEventListener("securitypolicyviolation", (e) =>
   console.error(`Content-Security-Policy blocked ${e.blockedURI || "code"} (${e.effectiveDirective})`));
@@ -57,6 +85,11 @@ self.onmessage = async (ev) => {
   const { id, cmd, args = [] } = ev.data;
   try {
     await ready;
+    if (jsCommands.has(cmd)) {
+      const [result, transfer] = await jsCommands.get(cmd)(...args);
+      postMessage({ id, result }, transfer);
+      return;
+    }
     // a Set of names, not an object: `cmd in obj` would accept inherited names such as toString
     if (!commands.has(cmd)) throw new Error(`unknown command ${cmd}`);
     const result = toJs(await webapp[cmd](...args));

@@ -92,9 +92,16 @@ def encode_image(session: Session, rgba, width: int, height: int, budget: int = 
     return image
 
 
-def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
-    """The prompt position of each image's soft tokens: the i-th run of `image_token` ids holds image i,
-    and must be exactly as long as its soft tokens."""
+def image_token(tokenizer) -> int:
+    """The id of Gemma 4's image soft token, <|image|> (its placeholder runs hold it)."""
+    ids = tokenizer.encode_parts([("<|image|>", True)])
+    if len(ids) != 1:
+        raise VisionError("this model's vocabulary has no <|image|> token: it takes no images")
+    return ids[0]
+
+
+def placeholder_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of image_token ids in the prompt."""
     runs, i = [], 0
     while i < len(ids):
         if ids[i] != image_token:
@@ -105,6 +112,13 @@ def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> l
             j += 1
         runs.append((i, j - i))
         i = j
+    return runs
+
+
+def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
+    """The prompt position of each image's soft tokens: the i-th run of `image_token` ids holds image i,
+    and must be exactly as long as its soft tokens."""
+    runs = placeholder_runs(ids, image_token)
     if len(runs) != len(images):
         raise VisionError(f"the prompt holds {len(runs)} image placeholder runs for {len(images)} images")
     for (at, n), image in zip(runs, images):

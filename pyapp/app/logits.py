@@ -11,12 +11,13 @@ from .denoise import diffusion_engine
 from .session import Session
 
 
-def logits(session: Session, tokens: list[int]) -> Steps:
-    """Steps: the Logits [n_tokens, vocab] (softcap applied) of the loaded model for `tokens`."""
+def logits(session: Session, tokens: list[int], soft=()) -> Steps:
+    """Steps: the Logits [n_tokens, vocab] (softcap applied) of the loaded model for `tokens`; soft: images'
+    soft tokens in place of their placeholder runs (pyapp.app.images.soft_runs)."""
     eng = session.loaded()
     if eng.config.is_diffusion:              # it scores a canvas (diffusion_logits), not a next token
         raise EngineError(DIFFUSION_NOT_AUTOREGRESSIVE)
-    return (yield call(eng.forward, tokens))
+    return (yield call(eng.forward, tokens, soft))
 
 
 def diffusion_logits(session: Session, prompt: list[int], canvas: list[int], prev_logits: bytes | None = None,

@@ -57,11 +57,12 @@ def describe(g, source_name: str) -> dict:
 
 def choose(session: Session, g, info: dict | None = None) -> ChosenModel:
     """Make a model the session's (info: what describe() says of it, when the front door shows it): the one
-    loaded before is let go, and so is the adapter (made for another model)."""
+    loaded before is let go, and so are the adapter and the image projector added (made for another model)."""
     info = info or {}
     session.unload()
     session.model = ChosenModel(g, info, chat_style(g, info.get("parameters")))
     session.adapter = None
+    session.projector = None
     return session.model
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 
 from ..chat import render_ids, reply_ids, split_thinking
+from ..runtime.soft_tokens import cache_keys
 from ..steps import Steps, call
 from .adapters import reply_adapter
 from .denoise import denoise
 from .events import Events
+from .images import image_token, soft_runs
 from .session import Refused, Session
 from .settings import denoise_params_from_settings, sampling_params
 
@@ -34,18 +36,20 @@ def reply(session: Session, messages: list[dict], settings: dict | None = None, 
         return (yield from _denoised_reply(session, eng, messages, settings, params, thinking, events))
     if params is None:
         params = sampling_params(settings or {})
+    messages, pictures = with_images(session, messages)
     ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=session.model.style)
+    soft = soft_runs(ids, pictures, image_token(eng.tokenizer)) if pictures else ()
     if len(ids) + 1 >= eng.context_length:
         raise Refused(f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
                       "start a new chat or shorten it")
     session.stop_requested = False
     session.clear_gpu_error()
-    new = len(ids) - eng.reusable(ids)
+    new = len(ids) - eng.reusable(cache_keys(ids, soft))
     rate = session.prefill_rate.get(id(eng))
     events.prefill(tokens=new, prompt_tokens=len(ids), eta=new / rate if rate else -1, measured=bool(rate),
                    context_used=len(ids), context_length=eng.context_length)
     res = yield call(eng.generate, ids, params, on_token=token_events(events, len(ids), eng.context_length),
-                     should_stop=session.should_stop, on_prefill=events.prefill_done)
+                     should_stop=session.should_stop, on_prefill=events.prefill_done, soft=soft)
     session.check_gpu_accepted("a command during the reply")
     if res.prompt_tokens and res.prefill_s > 0 and res.tokens:      # the next reply's estimate
         session.prefill_rate[id(eng)] = res.prompt_tokens / res.prefill_s
@@ -56,6 +60,35 @@ def reply(session: Session, messages: list[dict], settings: dict | None = None, 
             "prefill_s": res.prefill_s, "decode_tps": res.decode_tps, "context_used": eng.n_past + 1,
             "context_length": eng.context_length, "drafted": res.drafted, "accepted": res.accepted,
             "adapter": reply_adapter(session)}
+
+
+def with_images(session: Session, messages: list[dict]) -> tuple[list[dict], list]:
+    """The messages with each image part ({"type": "image", "key": ...}, a key pyapp.app.images.encode_image
+    gave) given its soft-token count for the template, and the EncodedImages in prompt order. An image the
+    session no longer holds (a reload, another model) is Refused with missing_images: the page adds those
+    again from what it kept and retries."""
+    out, found, missing = [], [], []
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, (list, tuple)) or not any(isinstance(p, dict) and p.get("type") == "image"
+                                                               for p in content):
+            out.append(m)
+            continue
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") == "image":
+                image = session.encoded_images.get(p.get("key"))
+                if image is None:
+                    missing.append(p.get("key"))
+                    continue
+                found.append(image)
+                p = {**p, "tokens": image.n}
+            parts.append(p)
+        out.append({**m, "content": parts})
+    if missing:
+        raise Refused(f"{len(missing)} of the conversation's images must be added again (the model was "
+                      "loaded again since)", missing_images=missing)
+    return out, found
 
 
 def token_events(events: Events, prompt_tokens: int, context_length: int):

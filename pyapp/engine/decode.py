@@ -21,7 +21,7 @@ import time
 
 from ..gpu import kernels as K
 from ..runtime.loaded import EngineError, GenerationResult
-from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs
+from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs, reusable_before_runs
 from ..sampling import SamplingParams
 
 
@@ -59,7 +59,7 @@ def start(eng, prompt: list[int], soft=()) -> tuple[list[int], tuple, Generation
     except SoftTokensError as e:
         raise EngineError(str(e)) from e
     keys = cache_keys(prompt, soft)
-    reuse = eng.reusable(keys)
+    reuse = reusable_before_runs(eng.reusable(keys), soft)
     eng.cached = keys[:reuse]
     return prompt, soft, GenerationResult(cached_tokens=reuse, prompt_tokens=len(prompt) - reuse)
 
@@ -85,7 +85,7 @@ def prefill(eng, tokens: list[int], pos: int, on_prefill=None, soft=()):
     def mark(n: int):
         k = len(marked) % 2
         r.mark(k)
-        marked.append(len(marked) * r.chunk + n)
+        marked.append((marked[-1] if marked else 0) + n)
         if len(marked) > 1:
             yield from r.read_mark(1 - k)
             on_prefill(marked[-2], len(tokens))

@@ -179,6 +179,14 @@ class Gemma4Config:
         return self.ple_dim > 0
 
     @property
+    def image_attention_both_ways(self) -> bool:
+        """Whether an image's soft tokens see each other both ways on the sliding layers (transformers'
+        use_bidirectional_attention == "vision": 26B-A4B, 31B). The GGUF does not say; the models that do
+        are those without per-layer embeddings (llama.cpp's mtmd tells them by their width, 1536 and
+        2560 being E2B's and E4B's, the two with PLE)."""
+        return not self.has_ple
+
+    @property
     def first_shared_layer(self) -> int:
         return self.n_layers - self.n_shared_kv_layers
 

@@ -106,6 +106,20 @@ class KVCache:
         return allowed
 
 
+def image_key_last(positions: np.ndarray, soft_positions: np.ndarray) -> np.ndarray:
+    """Each query's last key on a both-ways model's sliding layers: its own position, or for a soft
+    token the last position of its image (a contiguous run of soft positions)."""
+    last = positions.copy()
+    soft_positions = np.sort(np.asarray(soft_positions, np.int64))
+    start = 0
+    for i in range(1, len(soft_positions) + 1):
+        if i == len(soft_positions) or soft_positions[i] != soft_positions[i - 1] + 1:
+            run = soft_positions[start:i]
+            last[np.isin(positions, run)] = run[-1]
+            start = i
+    return last
+
+
 class ReferenceModel:
     def __init__(self, gguf, config: Gemma4Config | None = None, lora=()):
         """lora: [(adapter path or source, user scale)] in llama.cpp's format (pyapp.model.lora)."""
@@ -114,6 +128,7 @@ class ReferenceModel:
         bound = bind(self.cfg, gguf.tensors)
         self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t))
         self.pad_id = int(gguf.metadata.get("tokenizer.ggml.padding_token_id", 0))
+        self.key_last = None      # during a forward with soft tokens on a both-ways model: each query's last key
         self.adapters = [load_lora(src, self.cfg, bound, scale, gguf.architecture) for src, scale in lora]
         for adapter in self.adapters:
             apply_lora(self.w, adapter)
@@ -151,6 +166,9 @@ class ReferenceModel:
             keys, values = cache.append(lc.index, k, v)
 
         allowed = cache.allowed(lc, positions, keys.shape[1], cfg.sliding_window)
+        if lc.sliding and self.key_last is not None:       # an image's soft tokens see their whole image
+            later = np.arange(keys.shape[1])[None, :]
+            allowed |= (later > positions[:, None]) & (later <= self.key_last[:, None])
         group = cfg.n_heads // keys.shape[0]
         kq = np.repeat(keys, group, axis=0)                    # [heads, T, hd]
         vq = np.repeat(values, group, axis=0)
@@ -224,7 +242,9 @@ class ReferenceModel:
 
         soft: (indices into tokens, rows [n, hidden]): an encoder's soft tokens (an image's projected
         features) in place of those positions' embeddings; there the per-layer embedding is the pad
-        id's (transformers' Gemma4Model), its projection part made from the soft token."""
+        id's (transformers' Gemma4Model), its projection part made from the soft token. On models whose
+        images attend both ways (Gemma4Config.image_attention_both_ways: 26B-A4B, 31B) each contiguous
+        run of them is one image: on sliding layers its tokens also see the image's later tokens."""
         cfg, w = self.cfg, self.w
         cache = cache if cache is not None else KVCache()
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -238,8 +258,13 @@ class ReferenceModel:
         if soft is not None:
             x[at] = rows
         ple = self.per_layer_inputs(tokens, x) if cfg.has_ple else None
-        for lc in cfg.layers:
-            x = self.layer(lc, x, positions, ple, cache)
+        if soft is not None and cfg.image_attention_both_ways:
+            self.key_last = image_key_last(positions, at + cache.length)
+        try:
+            for lc in cfg.layers:
+                x = self.layer(lc, x, positions, ple, cache)
+        finally:
+            self.key_last = None
         cache.length += len(tokens)
 
         x = rms_norm(x, w.output_norm, cfg.eps)

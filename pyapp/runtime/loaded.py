@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..errors import Gemma4Error
 from ..steps import drive, drive_async
 from .requests import handler
-from .soft_tokens import step_share
+from .soft_tokens import SoftTokensError, step_bounds, step_share
 
 
 class EngineError(Gemma4Error):
@@ -154,12 +154,16 @@ class LoadedModel:
         kv_end keeps the furthest position written since the cache was last filled from position 0:
         a sliding layer's ring may still hold what an earlier turn wrote past this prompt's end (a token
         decoded ahead, rejected drafts), over positions a later turn rolling back further needs."""
-        chunk = self.runner.chunk
         if pos == 0:             # every position before the end is written again, after anything older
             self.kv_end = 0
         n = 0
-        for i in range(0, len(tokens), chunk):
-            part = tokens[i:i + chunk]
+        whole = bool(soft) and self.config.image_attention_both_ways
+        try:
+            bounds = step_bounds(len(tokens), self.runner.chunk, pos, soft, whole)
+        except SoftTokensError as e:
+            raise EngineError(str(e)) from e
+        for i, end in bounds:
+            part = tokens[i:end]
             yield from self.step(part, pos + i, soft=step_share(soft, pos + i, len(part)))
             n = len(part)
             if after_each:

@@ -61,11 +61,40 @@ def cache_keys(prompt: list[int], runs) -> list:
     return keys
 
 
-def step_share(runs, pos0: int, n: int) -> list[tuple[int, object, int, int]]:
-    """The soft rows a step of n tokens at pos0 holds: (step row, rows buffer, first row, count) each."""
+def step_share(runs, pos0: int, n: int) -> list[tuple[int, object, int, int, int]]:
+    """The soft rows a step of n tokens at pos0 holds: (step row, rows buffer, first row, count, the step
+    row of its run's last token) each."""
     out = []
     for r in runs:
         lo, hi = max(r.at, pos0), min(r.end, pos0 + n)
         if lo < hi:
-            out.append((lo - pos0, r.rows, lo - r.at, hi - lo))
+            out.append((lo - pos0, r.rows, lo - r.at, hi - lo, r.end - 1 - pos0))
     return out
+
+
+def step_bounds(n_tokens: int, chunk: int, pos: int, runs, whole: bool) -> list[tuple[int, int]]:
+    """(start, end) of each step feeding n_tokens tokens at pos, up to chunk each; whole: no run split
+    between two steps (where an image's tokens see each other both ways, all of them must be in the
+    step that computes them)."""
+    out, i = [], 0
+    while i < n_tokens:
+        end = min(i + chunk, n_tokens)
+        for r in runs if whole else ():
+            a, b = r.at - pos, r.end - pos
+            if a < end < b:
+                if a <= i:
+                    raise SoftTokensError(f"an image of {r.n} soft tokens does not fit one step of {chunk} tokens: "
+                                          "choose a smaller image budget, or load the model with a larger chunk")
+                end = a
+                break
+        out.append((i, end))
+        i = end
+    return out
+
+
+def reusable_before_runs(n: int, runs) -> int:
+    """n cached positions cut back to the start of a run they would end inside."""
+    for r in runs:
+        if r.at < n < r.end:
+            return r.at
+    return n

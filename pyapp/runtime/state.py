@@ -46,6 +46,8 @@ class State:
         self.soft_rows = f32(T * d, "soft rows")                     # [T, d] the step's soft tokens, in place
         self.soft_at = dev.buffer(4 * T, label="soft at")            # u32 [T]: 1 where row t is a soft token
         self.soft_written = False                                    # soft_at holds a 1 (cleared when a step has none)
+        # models whose images attend both ways (26B-A4B, 31B): the keys after its own each row also sees
+        self.keys_ahead = dev.buffer(4 * T, label="keys ahead") if cfg.image_attention_both_ways else None   # u32 [T]
         # residual stream and the blocks' inputs and outputs
         self.x = f32(T * d, "x")                        # [T, d] residual stream
         self.x_alt = f32(d, "x alt")                    # [d] a decode step's residual stream, every other fused add (Ops)
@@ -175,17 +177,24 @@ class State:
     def _write_soft(self, tokens: list[int], soft) -> list[int]:
         """The soft rows and their flags (cleared after a step that had some); the ids with the pad id there."""
         at = array("I", bytes(4 * len(tokens)))
+        ahead = array("I", bytes(4 * len(tokens)))
         tokens = list(tokens)
         row_bytes = 4 * self.cfg.hidden
         if soft:
             copies = self.dev.plan()
-            for row, rows, first, n in soft:
+            for row, rows, first, n, last in soft:
                 copies.copy(rows, first * row_bytes, self.soft_rows, row * row_bytes, n * row_bytes)
                 for t in range(row, row + n):
                     at[t] = 1
                     tokens[t] = self.cfg.pad_id
+                    ahead[t] = last - t
             self.dev.submit(copies)
         self.dev.write(self.soft_at, at.tobytes())
+        if self.keys_ahead is not None:
+            if any(last >= len(tokens) for *_, last in soft):
+                raise GPUError("an image's soft tokens are split between two steps on a model whose images "
+                               "attend both ways (pyapp.runtime.soft_tokens.step_bounds keeps them whole)")
+            self.dev.write(self.keys_ahead, ahead.tobytes())
         self.soft_written = bool(soft)
         return tokens
 

@@ -691,8 +691,7 @@ def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
         page.wait_for_function(f"window.app.state.model && window.app.state.model.name === {json.dumps(name)}")
         wait_state(page, "loaded")
         page.wait_for_function("document.getElementById('model-info').textContent.includes('Loaded in')")
-        assert name in page.inner_text("#model-info") and "this app reads text only so far" in \
-            page.inner_text("#model-info")
+        assert name in page.inner_text("#model-info") and "Takes text and images" in page.inner_text("#model-info")
         golden = np.load(forms / f"{stem}.golden.npz")
         tokens = golden["tokens_0"].tolist()
         rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")

@@ -132,3 +132,31 @@ def test_attention_over_every_key(dev, tiled):
     p /= p.sum(-1, keepdims=True)
     want = np.einsum("hts,shd->thd", p, v)
     np.testing.assert_allclose(read_f32(dev, out, q.size).reshape(q.shape), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_attention_sees_an_image_block_both_ways(dev, tiled):
+    """keys_ahead: a query inside an image's block also sees the block's later keys; the sliding window
+    bounds only the keys before it (transformers' AND(window, OR(causal, block)) on 26B-A4B's sliding layers)."""
+    rng = np.random.default_rng(7)
+    T, pos0, heads, kv_heads, hd, ctx, window = 40, 5, 4, 2, 16, 64, 6
+    block = (pos0 + 12, pos0 + 21)          # positions 17..25 form an image
+    q = rng.standard_normal((T, heads, hd)).astype(np.float32)
+    kc = rng.standard_normal((kv_heads, ctx, hd)).astype(np.float32)
+    vc = rng.standard_normal((kv_heads, ctx, hd)).astype(np.float32)
+    positions = pos0 + np.arange(T)
+    last = np.where((positions >= block[0]) & (positions < block[1]), block[1] - 1, positions)
+    out = dev.buffer(q.nbytes)
+    dev.submit(K.attention(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, step_buffer(dev, T, pos0), heads,
+                           kv_heads, hd, ctx, max_tokens=T, window=window, tiled=tiled,
+                           keys_ahead=f32(dev, (last - positions).astype(np.uint32).view(np.float32))))
+    j = np.arange(ctx)
+    allowed = ((j[None] <= positions[:, None]) | (j[None] <= last[:, None])) \
+        & ((j[None] > positions[:, None]) | (positions[:, None] - j[None] < window))
+    k, v = np.repeat(kc, heads // kv_heads, 0), np.repeat(vc, heads // kv_heads, 0)
+    s = np.einsum("thd,hjd->htj", q.astype(np.float64), k)
+    s = np.where(allowed[None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.einsum("htj,hjd->thd", p, v)
+    np.testing.assert_allclose(read_f32(dev, out, q.size).reshape(q.shape), want, rtol=1e-4, atol=1e-5)

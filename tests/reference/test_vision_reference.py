@@ -72,14 +72,15 @@ def test_logits_with_an_image_match_transformers(stem):
     golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
     g = read_gguf(FORMS / f"{stem}.gguf")
     image_token = g.metadata["tokenizer.ggml.tokens"].index("<|image|>")
-    tokens, want = golden["image_tokens"], golden["image_logits"]
-    at = np.nonzero(tokens == image_token)[0]
     features = VisionEncoder(g).features(golden["patches_1"], golden["positions_1"])
-    assert len(at) == len(features) == 3
     model = ReferenceModel(g)
-    got = np.asarray(model.forward(tokens, soft=(at, features)))
-    assert np.abs(got - want).max() < 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
-    assert np.abs(np.asarray(model.forward(tokens)) - want).max() > 0.1
+    for name, images in (("image", 1), ("two_image", 2)):     # the MoE fixture's images attend both ways
+        tokens, want = golden[f"{name}_tokens"], golden[f"{name}_logits"]
+        at = np.nonzero(tokens == image_token)[0]
+        assert len(at) == images * len(features) == images * 3
+        got = np.asarray(model.forward(tokens, soft=(at, np.concatenate([features] * images))))
+        assert np.abs(got - want).max() < 1e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+        assert np.abs(np.asarray(model.forward(tokens)) - want).max() > 0.1
 
 
 @pytest.mark.parametrize("stem", ["dense", "moe"])

@@ -88,22 +88,40 @@ def soft_run(dev, enc, golden, i, at):
     return SoftRun(at=at, rows=enc.encode(pixels, across, down), n=n, key=f"image {i}")
 
 
-@pytest.mark.parametrize("stem", ["ollama-dense", "ollama-moe-published"])
-def test_logits_with_an_image_match_transformers(dev, stem):
-    """The text engine with the encoder's soft tokens at the placeholder run gives transformers' logits
-    (the E2B-like fixture's per-layer inputs from the pad id included); without them it does not."""
+def placeholder_runs(tokens: list[int], image_token: int) -> list[int]:
+    return [i for i, t in enumerate(tokens) if t == image_token and (i == 0 or tokens[i - 1] != image_token)]
+
+
+@pytest.mark.parametrize("stem,chunk", [("ollama-dense", 64), ("ollama-moe-published", 64),
+                                        ("ollama-moe-published", 4)])
+def test_logits_with_images_match_transformers(dev, stem, chunk):
+    """The text engine with the encoder's soft tokens at the placeholder runs gives transformers' logits,
+    for one image and for two: the E2B-like fixture causal (its per-layer inputs from the pad id), the
+    MoE one as 26B-A4B, each image's tokens seeing each other both ways on sliding layers (steps of 4
+    tokens: the engine ends a step before an image rather than split it); without them it does not."""
     from pyapp.engine import Engine
     golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
     enc = load(dev, FORMS / f"{stem}.gguf", budget=3)
-    eng = Engine.open(FORMS / f"{stem}.gguf", device=dev, context_length=64, int8=False)
-    tokens, want = [int(t) for t in golden["image_tokens"]], golden["image_logits"]
+    eng = Engine.open(FORMS / f"{stem}.gguf", device=dev, context_length=64, chunk=chunk, int8=False)
+    assert eng.config.image_attention_both_ways == ("moe" in stem)
     image_token = eng.gguf.metadata["tokenizer.ggml.tokens"].index("<|image|>")
-    at = tokens.index(image_token)
-    run = soft_run(dev, enc, golden, 1, at)
-    assert all(t == image_token for t in tokens[at:at + run.n])
-    got = np.asarray(eng.forward(tokens, soft=[run]))
-    assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
-    assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1
+    for name in ("image", "two_image"):
+        tokens, want = [int(t) for t in golden[f"{name}_tokens"]], golden[f"{name}_logits"]
+        runs = [soft_run(dev, enc, golden, 1, at) for at in placeholder_runs(tokens, image_token)]
+        assert all(t == image_token for r in runs for t in tokens[r.at:r.end])
+        got = np.asarray(eng.forward(tokens, soft=runs))
+        assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+        assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1
+
+
+def test_an_image_longer_than_a_step_is_refused_where_it_must_stay_whole(dev):
+    from pyapp.engine import Engine, EngineError
+    golden = np.load(FORMS / "ollama-moe.vision.npz")
+    enc = load(dev, FORMS / "ollama-moe-published.gguf", budget=3)
+    eng = Engine.open(FORMS / "ollama-moe-published.gguf", device=dev, context_length=64, chunk=2, int8=False)
+    tokens = [int(t) for t in golden["image_tokens"]]
+    with pytest.raises(EngineError, match="does not fit one step"):
+        eng.forward(tokens, soft=[soft_run(dev, enc, golden, 1, tokens.index(7))])
 
 
 def test_the_cache_keeps_a_prefix_only_with_the_same_image(dev):

@@ -27,9 +27,11 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Bu
 def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
               plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
-              tile_rows: int | None = None, all_keys: bool = False) -> Plan:
+              tile_rows: int | None = None, all_keys: bool = False, keys_ahead: Buffer | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t;
-    all_keys: every key of the step, not causal (an image encoder's patches attend both ways).
+    all_keys: every key of the step, not causal (an image encoder's patches attend both ways);
+    keys_ahead: u32 [T], query t also sees that many keys after its own (an image's soft tokens see the
+    whole image on 26B-A4B's and 31B's sliding layers; the window bounds only the earlier keys).
 
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
@@ -37,6 +39,9 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
         c["ALL_KEYS"] = True
+    if keys_ahead is not None:
+        c["BLOCKS"] = True
+    kl = keys_ahead if keys_ahead is not None else dev.dummy
     group = heads // kv_heads
     rows = tile_rows or attention_tile_rows(dev, group, head_dim)
     if tiled is None:
@@ -45,11 +50,11 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
         if not rows:
             raise ValueError(f"tiled attention: no tile for {group} heads a KV head of head_dim {head_dim}")
         p = pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
-        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
         return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
     gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
     p = pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
-    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step})
+    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
     return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
 
 
