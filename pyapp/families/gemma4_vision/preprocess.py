@@ -244,16 +244,18 @@ def _vertical(img: bytes, width: int, height: int, new_height: int) -> bytes:
     return b"".join(_resample_lines(rows, _coefficients(height, new_height)))
 
 
-def resize_bicubic(rgb, width: int, height: int, new_width: int, new_height: int) -> bytes:
+def resize_bicubic(rgb, width: int, height: int, new_width: int, new_height: int,
+                   horizontal_first: bool = False) -> bytes:
     """PIL's Image.resize(..., BICUBIC) of a uint8 RGB image, in pure Python: two passes (only those
     whose side changes), each rounded to bytes. Their order is Pillow 13's: the vertical pass first
     when the height shrinks by more than twice the pixels the width does, else the horizontal one
-    (Pillow 12 and older always went horizontal first: up to a few levels apart on such images).
+    (Pillow 12 and older always went horizontal first, as horizontal_first=True does: up to a few
+    levels apart on such images, and transformers' pixels follow the Pillow installed).
     Seconds for a photo: the fallback when Pillow is not importable, and the spec of the pixels."""
     view = _check_rgb(rgb, width, height)
     _side(new_width, "width"), _side(new_height, "height")
     img = bytes(view)
-    if height - new_height > 0 and height - new_height > (width - new_width) * 2:
+    if not horizontal_first and height - new_height > 0 and height - new_height > (width - new_width) * 2:
         if new_height != height:
             img = _vertical(img, width, height, new_height)
         if new_width != width:
