@@ -163,7 +163,7 @@ def cmd_logits(args) -> int:
         from .app.logits import logits as logits_of
         from .steps import run
         session = _loaded(gguf, args)
-        session.projector = projector
+        session.projector, session.projector_name = projector, args.mmproj
         soft = run(_soft_runs(session, tokens, images, args.image_tokens)) if images else ()
         logits = run(logits_of(session, tokens, soft))
     logits = np.asarray(logits, dtype=np.float32)      # engine and reference: Logits
@@ -343,7 +343,7 @@ def _generate_with_images(args, g, params) -> int:
     projector = _open(args.mmproj) if args.mmproj else None
     printer = _Printer()
     session = _loaded(g, args, printer)
-    session.projector = projector
+    session.projector, session.projector_name = projector, args.mmproj
     content = run(_image_parts(session, images, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
     r = run(reply(session, [{"role": "user", "content": content}], params=params, events=printer))
     sys.stdout.write("\n")
@@ -395,6 +395,7 @@ def cmd_chat(args) -> int:
     printer = _Printer()
     session = _loaded(g, args, printer)
     session.projector = _open(args.mmproj) if args.mmproj else None
+    session.projector_name = args.mmproj
     parts = run(_image_parts(session, images, args.image_tokens)) if images else []
     conv = Conversation(system=args.system, style=session.model.style)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply."

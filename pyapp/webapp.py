@@ -37,9 +37,9 @@ from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter
 from .families import model_config
 from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
+from .families.gemma4_vision.source import check_projector
 from .gguf import read_gguf
 from .gpu import Buffer, GPUError, get_device_async
-from .model.forms import projector_parts
 from .model.lora import LoraError
 from .sampling import page_rules
 from .source import SourceError
@@ -442,23 +442,6 @@ async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGE
     return {"key": image.key, "tokens": image.n}
 
 
-def _not_a_projector(g, name: str) -> str:
-    """Why a GGUF is not a Gemma 4 image projector, in words ("" when it is one)."""
-    meta = g.metadata
-    if meta.get("general.type") == "adapter":
-        return f"\u201c{name}\u201d is a LoRA adapter, not an image projector: add it under LoRA adapter."
-    if g.architecture != "clip":
-        return (f"\u201c{name}\u201d is not an image projector (its general.architecture is "
-                f"{g.architecture!r}, a projector's is 'clip'): add the mmproj-*.gguf file published with the model.")
-    if "vision" not in projector_parts(meta):
-        return f"\u201c{name}\u201d is a projector without an image encoder: add the one published for images."
-    kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type"))
-    if kind != "gemma4v":
-        return (f"\u201c{name}\u201d is the image projector of another kind of model (projector type {kind!r}), "
-                "not Gemma 4's (gemma4v): add the mmproj-*.gguf file published with this model.")
-    return ""
-
-
 @command
 def add_projector(blob, name: str = "") -> dict:
     """Add the chosen model's image encoder from a projector file (llama.cpp's mmproj GGUF, clip.* keys): checked
@@ -471,21 +454,13 @@ def add_projector(blob, name: str = "") -> dict:
         g = read_gguf(BlobSource(blob, shown))
     except EXPECTED as e:
         return {**_error(e, shown), "projector_error": True}
-    why = _not_a_projector(g, shown)
-    if not why:
-        try:
-            cfg = VisionConfig.from_gguf(g)
-        except VisionError as e:
-            return {"error": f"\u201c{shown}\u201d holds no image encoder this app can run.", "detail": str(e),
-                    "projector_error": True}
-        hidden = model_config(SESSION.model.gguf).hidden
-        if cfg.text_hidden != hidden:
-            why = (f"\u201c{shown}\u201d is the image projector of another model: its soft tokens are "
-                   f"{cfg.text_hidden} wide, {SESSION.model.info.get('name', 'this model')}'s are {hidden}. Add the "
-                   "mmproj file published with this model.")
-    if why:
-        return {"error": why, "projector_error": True}
-    SESSION.projector = g
+    try:
+        check_projector(g, model_config(SESSION.model.gguf).hidden, f"\u201c{shown}\u201d")
+        VisionConfig.from_gguf(g)
+    except VisionError as e:
+        return {"error": _sentence(str(e)) + " Add the mmproj file published with this model.", "detail": str(e),
+                "projector_error": True}
+    SESSION.projector, SESSION.projector_name = g, shown
     SESSION.image_encoder, SESSION.encoded_images = None, {}      # the next image loads this encoder
     return {"images": _images()}
 
@@ -493,7 +468,7 @@ def add_projector(blob, name: str = "") -> dict:
 @command
 def remove_projector() -> dict:
     """Forget the projector added: the model takes images again only if its own file holds an encoder."""
-    SESSION.projector = None
+    SESSION.projector = SESSION.projector_name = None
     SESSION.image_encoder, SESSION.encoded_images = None, {}
     return {"images": _images()}
 

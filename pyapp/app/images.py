@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
 from ..families.gemma4_vision.encoder import ImageEncoder
+from ..families.gemma4_vision.source import NoImageEncoder, find_image_encoder
 from ..runtime.soft_tokens import SoftRun
 from ..steps import Steps, call
 from .session import Session
@@ -31,16 +32,15 @@ class EncodedImage:
 
 
 def encoder_file(session: Session):
-    """The parsed GGUF holding the chosen model's image encoder: the projector added, else the model file
-    itself; VisionError where there is none."""
+    """The parsed GGUF holding the chosen model's image encoder (pyapp.families.gemma4_vision.source: the
+    projector added, else the model file's own, else its Ollama projector layer); VisionError where there
+    is none or the projector cannot serve this model."""
     model = session.chosen()
-    projector = getattr(session, "projector", None)
-    if projector is not None:
-        return projector
-    if "v.patch_embd.weight" in model.gguf.tensors:
-        return model.gguf
-    raise VisionError("this model has no image encoder: add its projector file (mmproj-*.gguf) beside it, "
-                      "or choose a model that takes images")
+    try:
+        return find_image_encoder(model.gguf, session.projector, projector_name=session.projector_name).gguf
+    except NoImageEncoder:
+        raise NoImageEncoder("this model has no image encoder: add its projector file (mmproj-*.gguf) beside "
+                             "it, or choose a model that takes images") from None
 
 
 def vision_config(session: Session) -> VisionConfig:
@@ -54,11 +54,7 @@ def image_encoder(session: Session, budget: int = DEFAULT_BUDGET) -> Steps:
     enc = session.image_encoder
     if enc is not None and enc.source is g and enc.max_patches >= enc.cfg.max_patches(budget):
         return enc
-    cfg = VisionConfig.from_gguf(g)
-    text_hidden = session.loaded().config.hidden
-    if cfg.text_hidden != text_hidden:
-        raise VisionError(f"the image encoder writes soft tokens {cfg.text_hidden} wide; the model is "
-                          f"{text_hidden} wide: the projector belongs to another model")
+    session.loaded()
     session.image_encoder = enc = yield call(ImageEncoder.open, session.device, g, budget)
     enc.source = g
     session.encoded_images = {}          # soft tokens of another encoder are not these

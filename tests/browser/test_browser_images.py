@@ -173,7 +173,7 @@ def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(p
     # a model file is no projector: refused in words
     page.set_input_files("#projector-input", str(FIXTURES / "demo.gguf"))
     page.wait_for_function("document.getElementById('projector-error').textContent.length > 0")
-    assert "\u201cdemo.gguf\u201d is not an image projector" in page.inner_text("#projector-error")
+    assert "\u201cdemo.gguf\u201d is a 'gemma4' model, not an image projector" in page.inner_text("#projector-error")
     assert page.is_disabled("#attach")
     # llama.cpp's mmproj for it: images on (nothing reloads: the encoder loads with the first image)
     projector = tmp_path / "mmproj-tiny.gguf"

@@ -99,3 +99,20 @@ def test_generate_with_an_image_reads_its_soft_tokens(picture):
 def test_generate_raw_takes_no_image(picture):
     r = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "x", "--raw", "--image", picture, check=False)
     assert r.returncode == 2 and "--raw takes no --image" in r.stderr
+
+
+@pytest.mark.gpu
+def test_an_image_through_llama_cpps_projector_file(tmp_path, picture):
+    """llama.cpp's two files: its text GGUF (no encoder) with --mmproj (the projector its --mmproj writes):
+    native equal to the reference; a projector of another model refused."""
+    out = {}
+    for backend in ("native", "reference"):
+        path = tmp_path / f"{backend}.npy"
+        pyapp("logits", FORMS / "llamacpp-dense-fused-qkv.gguf", "--tokens", prompt(60), "--image", picture,
+              "--image-tokens", 70, "--mmproj", FORMS / "mmproj-dense.gguf", "--out", path, "--backend", backend,
+              "--no-int8")
+        out[backend] = np.load(path)
+    assert np.abs(out["native"] - out["reference"]).max() < 1e-3
+    r = pyapp("logits", FORMS / "llamacpp-dense-fused-qkv.gguf", "--tokens", prompt(60), "--image", picture,
+              "--image-tokens", 70, "--mmproj", FORMS / "mmproj-moe.gguf", "--out", tmp_path / "x.npy", check=False)
+    assert r.returncode == 2 and "belongs to another model" in r.stderr
