@@ -21,9 +21,7 @@ override RPT: u32 = 1u;      // geglu_halves: rows per token
 @group(0) @binding(2) var<uniform> S: Step;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
-fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 64u;
-}
+//!include thread_index
 
 //!include gelu
 

@@ -41,9 +41,7 @@ struct Grid { n: u32, across: u32, down: u32, pad: u32 }
 
 //!include quants
 
-fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 64u;
-}
+//!include thread_index
 
 @compute @workgroup_size(64)
 fn patchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -21,7 +21,7 @@ import time
 
 from ..gpu import kernels as K
 from ..runtime.loaded import EngineError, GenerationResult
-from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs, reusable_before_runs
+from ..runtime.soft_tokens import cache_keys, reusable_before_runs
 from ..sampling import SamplingParams
 
 
@@ -53,11 +53,7 @@ def start(eng, prompt: list[int], soft=()) -> tuple[list[int], tuple, Generation
         raise EngineError("empty prompt")
     if len(prompt) >= eng.context_length:
         raise EngineError(f"prompt of {len(prompt)} tokens does not fit the context of {eng.context_length}")
-    eng.check_ids(prompt)
-    try:
-        soft = check_runs(soft, len(prompt))
-    except SoftTokensError as e:
-        raise EngineError(str(e)) from e
+    soft = eng.check_soft(prompt, soft)
     keys = cache_keys(prompt, soft)
     reuse = reusable_before_runs(eng.reusable(keys), soft)
     eng.cached = keys[:reuse]

@@ -24,7 +24,7 @@ from ..gpu import Device
 from ..model.logits import Logits
 from ..runtime.loaded import EngineError, LoadedModel
 from ..runtime.requests import handler
-from ..runtime.soft_tokens import SoftTokensError, cache_keys, check_runs
+from ..runtime.soft_tokens import cache_keys
 from ..sampling import SamplingParams
 from ..steps import drive, drive_async
 from . import decode, loading, speculative
@@ -92,11 +92,7 @@ class Engine(LoadedModel):
         tokens = [int(t) for t in tokens]
         if len(tokens) > self.context_length:
             raise EngineError(f"{len(tokens)} tokens do not fit the context of {self.context_length}")
-        self.check_ids(tokens)
-        try:
-            soft = check_runs(soft, len(tokens))
-        except SoftTokensError as e:
-            raise EngineError(str(e)) from e
+        soft = self.check_soft(tokens, soft)
         self.reset()
         rows = []
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from ..errors import Gemma4Error
 from ..steps import drive, drive_async
 from .requests import handler
-from .soft_tokens import SoftTokensError, step_bounds, step_share
+from .soft_tokens import SoftTokensError, check_runs, step_bounds, step_share
 
 
 class EngineError(Gemma4Error):
@@ -135,6 +135,14 @@ class LoadedModel:
         bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
         if bad:
             raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+
+    def check_soft(self, tokens: list[int], soft) -> tuple:
+        """The ids checked against the vocabulary and the soft tokens against the prompt: the runs, sorted."""
+        self.check_ids(tokens)
+        try:
+            return check_runs(soft, len(tokens))
+        except SoftTokensError as e:
+            raise EngineError(str(e)) from e
 
     def step(self, tokens: list[int], pos: int, few: bool = False, soft=()):
         """Steps: one step of tokens through the layers at positions pos.. (few: a token and its drafts;
