@@ -269,9 +269,11 @@ export function setupImages(app) {
   const entriesOf = (messages) => messages.flatMap((m) => m.images || []);
   // The images a reply did not find (the worker's missing_images): forgotten as added, so they are added again.
   function forget(keys) { for (const k of keys) im.added.delete(k); }
-  // A message's content as the worker takes it: its images (by key) and its text, as parts.
+  // A message's content as the worker takes it: its images (by key, with their soft tokens, so the context is
+  // counted right before they are encoded again) and its text, as parts.
   function parts(m) {
-    return [...m.images.map((e) => ({ type: "image", key: e.key })), ...(m.content ? [{ type: "text", text: m.content }] : [])];
+    return [...m.images.map((e) => ({ type: "image", key: e.key, tokens: e.tokens })),
+            ...(m.content ? [{ type: "text", text: m.content }] : [])];
   }
 
   // ------------------------------------------------------------ the projector (mmproj) box
