@@ -9,8 +9,9 @@ worker that lost its images (as after a reload or a model change) says which, an
 from OPFS and gets the same reply.
 
 A model whose file holds no image encoder (llama.cpp's text GGUF) disables attaching and says why and how; a
-file that is not an image projector is refused in words; the projector llama.cpp's --mmproj writes (clip.*
-keys; built here from the Ollama-form fixture's own encoder) turns attaching on, and removing it turns it off.
+model file or another model's projector offered as its projector is refused in words; the projector
+llama.cpp's --mmproj writes for it (tests/fixtures/forms/mmproj-dense.gguf) turns attaching on, and removing it
+turns it off.
 Screenshots go to tests/screenshots/ (the composer and the sent message; the model without an encoder).
 """
 
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.browser
 
 DENSE = FIXTURES / "forms" / "ollama-dense.gguf"             # a tiny E2B-like Gemma 4, its image encoder inline
 TEXT_ONLY = FIXTURES / "forms" / "llamacpp-dense-fused-qkv.gguf"   # the same model as llama.cpp writes its text
+MMPROJ = FIXTURES / "forms" / "mmproj-dense.gguf"      # its image encoder as llama.cpp's --mmproj writes it
+OTHER_MMPROJ = FIXTURES / "forms" / "mmproj-moe.gguf"  # the MoE fixture's: soft tokens 128 wide, not 256
 BUDGET = 70
 MAX_TOKENS = 8
 
@@ -41,29 +44,6 @@ def png(width: int, height: int, seed: int = 0) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
-
-
-def projector_from(model_path, out_path) -> None:
-    """The image encoder of an Ollama-form file as llama.cpp's mmproj GGUF: arch clip, clip.vision.* keys, the v.*
-    tensors and the vision projection (the audio ones left out)."""
-    import gguf
-
-    from pyapp.gguf import read_gguf
-    meta = read_gguf(model_path).metadata
-    w = gguf.GGUFWriter(str(out_path), arch="clip")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_string("clip.vision.projector_type", "gemma4v")
-    for key, value in meta.items():
-        if key.startswith("gemma4.vision."):
-            name = "clip.vision." + key.removeprefix("gemma4.vision.")
-            (w.add_float32 if isinstance(value, float) else w.add_uint32)(name, value)
-    for t in gguf.GGUFReader(str(model_path)).tensors:
-        if t.name.startswith("v.") or t.name == "mm.input_projection.weight":
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def open_model(page, path) -> None:
@@ -163,24 +143,26 @@ def test_an_attached_image_is_answered_as_natively(page, tmp_path):
     assert messages(page)[-1]["ids"] == want["ids"]
 
 
-def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(page, tmp_path):
+def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(page):
     open_model(page, TEXT_ONLY)
     assert page.is_disabled("#attach")
     why = page.inner_text("#attach-why")
     assert "has no image encoder" in why and "mmproj" in why and "Image projector" in why
     assert "Takes text" in page.inner_text("#model-info") and "images" not in page.inner_text("#model-info .parts")
     page.screenshot(path=str(SCREENSHOTS / "image-no-encoder.png"))
-    # a model file is no projector: refused in words
-    page.set_input_files("#projector-input", str(FIXTURES / "demo.gguf"))
-    page.wait_for_function("document.getElementById('projector-error').textContent.length > 0")
-    assert "\u201cdemo.gguf\u201d is a 'gemma4' model, not an image projector" in page.inner_text("#projector-error")
-    assert page.is_disabled("#attach")
+    # a model file, or another model's projector, is refused in words
+    for path, words in ((FIXTURES / "demo.gguf", "\u201cdemo.gguf\u201d is a 'gemma4' model, not an image projector"),
+                        (OTHER_MMPROJ, "\u201cmmproj-moe.gguf\u201d belongs to another model")):
+        page.evaluate("document.getElementById('projector-error').textContent = ''")
+        page.set_input_files("#projector-input", str(path))
+        page.wait_for_function("document.getElementById('projector-error').textContent.length > 0")
+        assert words in page.inner_text("#projector-error") and "Add the mmproj file published with this model" in \
+            page.inner_text("#projector-error")
+        assert page.is_disabled("#attach")
     # llama.cpp's mmproj for it: images on (nothing reloads: the encoder loads with the first image)
-    projector = tmp_path / "mmproj-tiny.gguf"
-    projector_from(DENSE, projector)
-    page.set_input_files("#projector-input", str(projector))
+    page.set_input_files("#projector-input", str(MMPROJ))
     page.wait_for_function("!document.getElementById('attach').disabled")
-    assert page.inner_text("#projector-error") == "" and "mmproj-tiny.gguf" in page.inner_text("#projector-info")
+    assert page.inner_text("#projector-error") == "" and "mmproj-dense.gguf" in page.inner_text("#projector-info")
     assert page.is_hidden("#attach-why") and "Takes text and images" in page.inner_text("#model-info")
     assert page.evaluate("window.app.state.loaded")
     # a pasted image is resized for this model (and can be removed)
