@@ -74,6 +74,14 @@ async def choose_model(session: Session, name: str, blob_source) -> dict:
     info["digest"] = m.model.digest     # the model blob's: names the base model an adapter belongs to
     info["name"] = m.name               # as Ollama names it (name:tag), not the file's internal name
     info["parts"] = list(m.parts or info["parts"])      # with a projector layer's encoders
+    projector = None
+    if m.projector is not None:         # the image encoder the tag ships apart (a newer tag's projector layer)
+        psrc = await blob_source(m.projector.path, f"{name} (projector)")
+        if psrc.size != m.projector.size:
+            raise ollama.OllamaError(f"{name}: the projector blob is {psrc.size} bytes, the manifest says "
+                                     f"{m.projector.size}: incomplete download?", fault=Fault.INCOMPLETE)
+        projector = read_gguf(psrc)
     choose(session, g, info)
+    session.ollama_projector = projector
     # the manifest's system prompt: the page applies it to a conversation that has none (as Ollama does)
     return {"model": info, "params": params, "system": m.system or ""}

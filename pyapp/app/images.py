@@ -37,7 +37,8 @@ def encoder_file(session: Session):
     is none or the projector cannot serve this model."""
     model = session.chosen()
     try:
-        return find_image_encoder(model.gguf, session.projector, projector_name=session.projector_name).gguf
+        return find_image_encoder(model.gguf, session.projector, session.ollama_projector,
+                                  projector_name=session.projector_name).gguf
     except NoImageEncoder:
         raise NoImageEncoder("this model has no image encoder: add its projector file (mmproj-*.gguf) beside "
                              "it, or choose a model that takes images") from None
@@ -55,9 +56,10 @@ def image_encoder(session: Session, budget: int = DEFAULT_BUDGET) -> Steps:
     if enc is not None and enc.source is g and enc.max_patches >= enc.cfg.max_patches(budget):
         return enc
     session.loaded()
+    if enc is None or enc.source is not g:
+        session.encoded_images = {}      # soft tokens of another encoder are not these (a larger budget's are)
     session.image_encoder = enc = yield call(ImageEncoder.open, session.device, g, budget)
     enc.source = g
-    session.encoded_images = {}          # soft tokens of another encoder are not these
     return enc
 
 

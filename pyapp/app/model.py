@@ -62,7 +62,7 @@ def choose(session: Session, g, info: dict | None = None) -> ChosenModel:
     session.unload()
     session.model = ChosenModel(g, info, chat_style(g, info.get("parameters")))
     session.adapter = None
-    session.projector = None
+    session.projector = session.projector_name = session.ollama_projector = None
     return session.model
 
 

@@ -44,6 +44,7 @@ class Session:
     folder_models: dict = field(default_factory=dict)  # its models by name (pyapp.ollama.OllamaModel)
     projector: object = None                  # the image encoder's file added beside the model (a parsed GGUF)
     projector_name: str | None = None         # its name, as the user knows it
+    ollama_projector: object = None           # the chosen Ollama tag's projector layer (a parsed GGUF), if any
     image_encoder: object = None              # the loaded ImageEncoder (pyapp.app.images), on first use
     encoded_images: dict = field(default_factory=dict)   # digest -> EncodedImage: each image encoded once
 

@@ -640,3 +640,29 @@ def test_the_image_encoder_each_model_has(tmp_path):
     assert models["gemma4:text"].parts == ("text",)
     with pytest.raises(NoImageEncoder, match="this model has no image encoder"):
         encoder("gemma4:text")
+
+
+def test_choosing_a_tag_with_a_projector_layer_gives_it_images(tmp_path):
+    """The app layer: choosing a tag whose manifest pairs llama.cpp's text blob with a projector layer
+    reads that layer, and the model's image encoder is it; a text-only tag chosen next has none."""
+    from pyapp.app import folder as app_folder
+    from pyapp.app import images
+    from pyapp.app.session import Session
+    from pyapp.families.gemma4_vision.source import NoImageEncoder
+    from pyapp.source import FileSource
+    f = Folder(tmp_path / "models")
+    text = f.blob((FORMS / "llamacpp-dense-fused-qkv.gguf").read_bytes(), M + "model")
+    f.manifest("gemma4:e2b-qat", [text, f.blob((FORMS / "mmproj-dense.gguf").read_bytes(), M + "projector")],
+               {"model_family": "gemma4"})
+    f.manifest("gemma4:text", [text], {})
+    session = Session(folder=object(), folder_models={m.name: m for m in list_models(f.root)})
+
+    async def blob_source(path, shown):
+        return FileSource(f.root / path)
+    asyncio.run(app_folder.choose_model(session, "gemma4:e2b-qat", blob_source))
+    assert images.encoder_file(session) is session.ollama_projector
+    assert session.ollama_projector.metadata["clip.vision.projector_type"] == "gemma4v"
+    asyncio.run(app_folder.choose_model(session, "gemma4:text", blob_source))
+    assert session.ollama_projector is None
+    with pytest.raises(NoImageEncoder, match="no image encoder"):
+        images.encoder_file(session)
