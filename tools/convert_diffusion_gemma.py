@@ -67,6 +67,7 @@ from make_bench_model import FILE_TYPES, read_kv, storage_type  # noqa: E402
 
 from pyapp import ggml  # noqa: E402
 from pyapp.model import weights as W  # noqa: E402
+from pyapp.families.diffusion_gemma import weights as DW  # noqa: E402
 
 ARCH = "diffusion-gemma"
 HF_ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
@@ -113,14 +114,14 @@ LAYER_FIELDS = {
     "layer_scalar": "output_scale",                 # the decoder's scale
 }
 GLOBAL_FIELDS = {"model.decoder.embed_tokens.weight": "token_embd", "model.decoder.norm.weight": "output_norm"}
-# DiffusionGemma's own tensors (not in Gemma 4), also declared in pyapp/model/weights.py
-EXTRA_NAMES = {hf: W.gguf_name(W.ModelWeights, fld) for hf, fld in {
+# DiffusionGemma's own tensors (not in Gemma 4), declared in pyapp/families/diffusion_gemma/weights.py
+EXTRA_NAMES = {hf: W.gguf_name(DW.DiffusionWeights, fld) for hf, fld in {
     "model.decoder.self_conditioning.pre_norm.weight": "self_cond_pre_norm",
     "model.decoder.self_conditioning.gate_proj.weight": "self_cond_gate",
     "model.decoder.self_conditioning.up_proj.weight": "self_cond_up",
     "model.decoder.self_conditioning.down_proj.weight": "self_cond_down",
 }.items()}
-ENC_LAYER_SCALE = W.gguf_name(W.LayerWeights, "enc_output_scale")    # blk.N. + this: the encoder's layer scalar
+ENC_LAYER_SCALE = W.gguf_name(DW.DiffusionLayerWeights, "enc_output_scale")    # blk.N. + this: the encoder's layer scalar
 DECODER_LAYER = "model.decoder.layers."
 ENCODER_LAYER = "model.encoder.language_model.layers."
 SKIPPED = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")    # vision only

@@ -394,7 +394,7 @@ def write_diffusion_tensors(w: GGUFWriter, rng, conv, s: dict, qtype, n: int) ->
     """DiffusionGemma's extras: the self-conditioning MLP (the dense MLP's width) and the encoder's layer
     scales (the decoder's are Gemma 4's layer_output_scale), named as the converter names them."""
     h, ffn = s["hidden"], s["ffn"]
-    names = {fld: conv.W.gguf_name(conv.W.ModelWeights, fld)
+    names = {fld: conv.W.gguf_name(conv.DW.DiffusionWeights, fld)
              for fld in ("self_cond_pre_norm", "self_cond_gate", "self_cond_up", "self_cond_down")}
     assert set(names.values()) == set(conv.EXTRA_NAMES.values()), "the converter's extras changed"
     add_vector(w, rng, names["self_cond_pre_norm"], h)

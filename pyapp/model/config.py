@@ -127,7 +127,6 @@ class LayerConfig:
     k_eq_v: bool = False     # no V projection: V is the raw K projection (attention_k_eq_v)
     has_ple: bool = False    # per-layer embedding gate after the FFN (E2B, E4B)
     experts_fused: bool = False   # experts' gate and up stored as one tensor (ffn_gate_up_exps)
-    is_diffusion: bool = False    # a DiffusionGemma layer: it also has the encoder's layer scale
 
     @property
     def shares_kv(self) -> bool:
@@ -167,8 +166,17 @@ class Gemma4Config:
     # the id an image's soft tokens take for their per-layer embeddings (transformers' Gemma4Model)
     pad_id: int = 0
 
-    # the flag weights.py's DiffusionGemma tensors are declared under (pyapp.families.diffusion_gemma's config sets it)
+    # a DiffusionGemma model (it writes by denoising: what next-token use cases ask before they start)
     is_diffusion: ClassVar[bool] = False
+
+    @classmethod
+    def weights_classes(cls) -> tuple[type, type]:
+        """The model's and a layer's weights (pyapp.model.weights): a family with more tensors subclasses them."""
+        return weights.ModelWeights, weights.LayerWeights
+
+    def weight_sizes(self) -> dict:
+        """Sizes the family's own weight declarations name, beside weights._sizes' (none for Gemma 4 text)."""
+        return {}
 
     @property
     def is_moe(self) -> bool:
@@ -304,7 +312,6 @@ class Gemma4Config:
                 k_eq_v=kv_source(i) == i and tensors is not None and not weights.present(tensors, "attn_v", i),
                 has_ple=ple_dim > 0,
                 experts_fused=has_moe(i) and tensors is not None and weights.present(tensors, "experts_gate_up", i),
-                is_diffusion=cls.is_diffusion,
             )
             for i in range(n)
         )

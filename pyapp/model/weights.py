@@ -15,9 +15,10 @@ the upload planner read fields.
     w.layers[3].attn_q                      # -> TensorInfo of blk.3.attn_q.weight
     w = w.map(load)                         # the same structure, any value type
 
-A new feature's tensors are a few more declared fields: DiffusionGemma's extras
-(the self-conditioning MLP, the encoder's layer scales) are, under the flag
-`is_diffusion`; LoRA pairs will be.
+A family with more tensors declares them in subclasses of ModelWeights and
+LayerWeights that its config names (`Gemma4Config.weights_classes`): DiffusionGemma's
+self-conditioning MLP and encoder layer scales are pyapp.families.diffusion_gemma.weights';
+the image encoder's, pyapp.families.gemma4_vision.weights', bound by the same `Binding`.
 
 Every spelling a converter writes is declared here too (README, "Supported files"):
 `alt=` names the other names of one tensor (Ollama's published blobs keep the
@@ -107,8 +108,6 @@ class LayerWeights:
     ple_post_norm: object = tensor("post_norm.weight", "hidden", when="has_ple")
     # the layer's output scale (Gemma 4's layer_scalar; DiffusionGemma: the decoder's)
     output_scale: object = tensor("layer_output_scale.weight", "1", when=OPTIONAL, alt=("layer_scalar",))
-    # DiffusionGemma: the encoder's layer scale (the only weight its two passes do not share)
-    enc_output_scale: object = tensor("enc_layer_output_scale.weight", "1", when="is_diffusion")
     # filled by the GPU upload planner (pyapp.runtime.upload), absent in the GGUF
     qkv: object = runtime("q, k (and v) rows in one buffer: one matvec per decode step")
     ffn_gate_up: object = runtime("ffn_gate and ffn_up rows in one buffer: one GeGLU matvec")
@@ -123,11 +122,6 @@ class ModelWeights:
     ple_token_embd: object = tensor("per_layer_token_embd.weight", "layers*ple vocab", when="has_ple")
     ple_model_proj: object = tensor("per_layer_model_proj.weight", "hidden layers*ple", when="has_ple")
     ple_proj_norm: object = tensor("per_layer_proj_norm.weight", "ple", when="has_ple")
-    # DiffusionGemma's self-conditioning MLP (previous step's soft embeddings -> a canvas input signal)
-    self_cond_pre_norm: object = tensor("self_cond_pre_norm.weight", "hidden", when="is_diffusion")
-    self_cond_gate: object = tensor("self_cond_gate.weight", "hidden self_cond_ff", when="is_diffusion")
-    self_cond_up: object = tensor("self_cond_up.weight", "hidden self_cond_ff", when="is_diffusion")
-    self_cond_down: object = tensor("self_cond_down.weight", "self_cond_ff hidden", when="is_diffusion")
     layers: list = field(default_factory=list)
 
     @property
@@ -227,7 +221,7 @@ def _sizes(cfg) -> dict:
     return {"1": 1, "hidden": cfg.hidden, "vocab": cfg.vocab_size, "ple": cfg.ple_dim,
             "layers*ple": cfg.n_layers * cfg.ple_dim, "experts": cfg.n_experts,
             "expert_ff": cfg.expert_ffn_dim, "2*expert_ff": 2 * cfg.expert_ffn_dim,
-            "self_cond_ff": cfg.self_cond_ffn_dim if cfg.is_diffusion else None,
+            **cfg.weight_sizes(),          # a family's own sizes (DiffusionGemma's self-conditioning width)
             # one frequency factor per rotated pair of a global head (any length without global layers)
             "global_hd/2": global_hd // 2 if global_hd else None}
 
@@ -326,8 +320,9 @@ def bind(cfg, tensors: dict) -> ModelWeights:
     fused tensors are cut with dataclasses.replace, so a TensorInfo for those)."""
     found = Binding(tensors)
     sizes = _sizes(cfg)
-    w = found.take(ModelWeights, cfg, "", sizes)
-    w.layers = [found.take(LayerWeights, lc, layer_prefix(lc.index), sizes | _layer_sizes(cfg, lc), FUSED)
+    model_class, layer_class = cfg.weights_classes()
+    w = found.take(model_class, cfg, "", sizes)
+    w.layers = [found.take(layer_class, lc, layer_prefix(lc.index), sizes | _layer_sizes(cfg, lc), FUSED)
                 for lc in cfg.layers]
     found.check()
     unread = sorted(n for n in tensors if n not in found.read and encoder_part(n) is None)
@@ -340,10 +335,10 @@ def bind(cfg, tensors: dict) -> ModelWeights:
 
 def names(cfg, weights: ModelWeights):
     """(GGUF name, field owner, field name) for every present tensor: messages and planners."""
-    for f in _bound(ModelWeights):
+    for f in _bound(type(weights)):
         if getattr(weights, f.name) is not None:
             yield f.metadata["gguf"], weights, f.name
     for lc, lw in zip(cfg.layers, weights.layers):
-        for f in _bound(LayerWeights):
+        for f in _bound(type(lw)):
             if getattr(lw, f.name) is not None:
                 yield layer_prefix(lc.index) + f.metadata["gguf"], lw, f.name

@@ -204,12 +204,18 @@ def test_shared_tensors_bind_as_gemma4(converted):
     assert [lc.sliding for lc in cfg.layers] == SLIDING
     assert all(lc.has_moe and lc.experts_fused for lc in cfg.layers)
     assert [lc.k_eq_v for lc in cfg.layers] == [False, True, False, True]
-    w = weights.bind(cfg, g.tensors)
-    # the extras are declared too (under is_diffusion, which a Gemma 4 config leaves false)
-    extra_fields = {f.name for cls in (weights.ModelWeights, weights.LayerWeights)
-                    for f in cls.__dataclass_fields__.values() if f.metadata.get("when") == "is_diffusion"}
-    bound = {name for name, _owner, field in weights.names(cfg, w) if field not in extra_fields}
-    assert set(g.tensors) - bound == EXTRAS
+    # the extras are the family's own declarations (pyapp.families.diffusion_gemma.weights): a Gemma 4 config
+    # binds everything else, and refuses the file with them (a tensor the math needs is never skipped)
+    from pyapp.families.diffusion_gemma.weights import DiffusionLayerWeights, DiffusionWeights
+    own = {f.metadata["gguf"] for cls, base in ((DiffusionWeights, weights.ModelWeights),
+                                                 (DiffusionLayerWeights, weights.LayerWeights))
+           for f in cls.__dataclass_fields__.values() if f.name not in base.__dataclass_fields__}
+    extras = {n for n in g.tensors if n in own or n.split(".", 2)[-1] in own}
+    assert extras == EXTRAS
+    w = weights.bind(cfg, {n: t for n, t in g.tensors.items() if n not in extras})
+    assert {name for name, _owner, _field in weights.names(cfg, w)} == set(g.tensors) - EXTRAS
+    with pytest.raises(weights.WeightsError, match="does not know how to use"):
+        weights.bind(cfg, g.tensors)
 
 
 def _blockwise_max(x: np.ndarray, block: int) -> np.ndarray:

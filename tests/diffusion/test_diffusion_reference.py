@@ -51,7 +51,8 @@ def test_config_reads_the_diffusion_gguf(gguf_files):
     assert (cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.vocab_size, cfg.sliding_window) == (4, 64, 4, 512, 8)
     assert [lc.sliding for lc in cfg.layers] == [True, False, True, False]
     assert [lc.k_eq_v for lc in cfg.layers] == [False, True, False, True]
-    assert all(lc.has_moe and lc.experts_fused and lc.is_diffusion for lc in cfg.layers)
+    assert all(lc.has_moe and lc.experts_fused for lc in cfg.layers)
+    assert [c.__name__ for c in cfg.weights_classes()] == ["DiffusionWeights", "DiffusionLayerWeights"]
     assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn_dim, cfg.self_cond_ffn_dim) == (4, 2, 32, 96)
     # generation defaults: tools/make_diffusion_fixture.py's generation_config.json
     assert (cfg.canvas_length, cfg.max_new_tokens, cfg.max_denoising_steps, cfg.stability_threshold) == (16, 32, 12, 2)
@@ -68,9 +69,11 @@ def test_config_reads_the_diffusion_gguf(gguf_files):
         Gemma4Config.from_gguf(g)
     with pytest.raises(ConfigError, match="not 'diffusion-gemma'"):
         DiffusionGemmaConfig.from_gguf(read_gguf(ROOT / "tests" / "fixtures" / "gemma4-moe-f32.gguf"))
-    # a Gemma 4 file does not need the DiffusionGemma tensors
+    # a Gemma 4 file does not need the DiffusionGemma tensors: its weights are Gemma 4's classes, which have none
     moe = read_gguf(ROOT / "tests" / "fixtures" / "gemma4-moe-f32.gguf")
-    assert weights.bind(Gemma4Config.from_gguf(moe), moe.tensors).self_cond_gate is None
+    bound = weights.bind(Gemma4Config.from_gguf(moe), moe.tensors)
+    assert type(bound) is weights.ModelWeights and not hasattr(bound, "self_cond_gate")
+    assert type(w).__name__ == "DiffusionWeights" and type(w.layers[0]).__name__ == "DiffusionLayerWeights"
 
 
 def test_diffusion_config_checks_its_keys(gguf_files):

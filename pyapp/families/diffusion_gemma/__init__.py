@@ -4,7 +4,8 @@ One text stack run as a causal encoder over the prompt and as a bidirectional de
 canvas of C tokens step by step; a block is committed once its argmax is stable and confident.
 
     config.py      DiffusionGemmaConfig: the Gemma 4 keys under `diffusion-gemma.*`, the canvas and the
-                   generation defaults; its extra tensors are pyapp.model.weights' `is_diffusion` fields
+                   generation defaults
+    weights.py     its tensors beyond Gemma 4's (the self-conditioning MLP, the encoder's layer scales)
     model.py       the GPU forward, op by op: DiffusionEncoder, DiffusionDecoder (Gemma 4's, pieces replaced)
     runner.py      CanvasState (the decoder's buffers), DiffusionRunner (the canvas and sampler plans)
     denoising.py   DenoiseParams, the random draws, DenoiseResult: shared by the engine and the reference

@@ -2,8 +2,8 @@
 
 tools/convert_diffusion_gemma.py writes `diffusion-gemma` GGUFs: Gemma 4 26B-A4B's keys and tensor
 names under another architecture name, plus `diffusion-gemma.diffusion.*` (canvas length, generation
-defaults) and the extra tensors of shared/notes/diffusion_gemma.md, declared in pyapp.model.weights
-under the flag `is_diffusion` that this config sets. The Gemma 4 keys are read as Gemma4Config reads
+defaults) and the extra tensors of shared/notes/diffusion_gemma.md, declared in .weights (the
+classes `weights_classes` names). The Gemma 4 keys are read as Gemma4Config reads
 them (one text stack: the causal encoder over the prompt and the bidirectional decoder over the canvas).
 """
 
@@ -34,6 +34,14 @@ class DiffusionGemmaConfig(Gemma4Config):
     confidence_threshold: float = 0.005
 
     is_diffusion: ClassVar[bool] = True
+
+    @classmethod
+    def weights_classes(cls) -> tuple[type, type]:
+        from .weights import DiffusionLayerWeights, DiffusionWeights
+        return DiffusionWeights, DiffusionLayerWeights
+
+    def weight_sizes(self) -> dict:
+        return {"self_cond_ff": self.self_cond_ffn_dim}
 
     @classmethod
     def _architecture(cls, arch) -> str:

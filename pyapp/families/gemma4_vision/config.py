@@ -11,11 +11,9 @@ import math
 from dataclasses import dataclass
 
 from ...errors import Gemma4Error
+from .weights import PATCH_EMBD, POSITIONS, PROJECTION, STD_BIAS, layer_tensor
 
 PREFIXES = ("gemma4.vision.", "clip.vision.")
-PATCH_EMBD = "v.patch_embd.weight"       # a file holds an image encoder iff it has this tensor
-PROJECTION = "mm.input_projection.weight"
-POSITIONS = "v.position_embd.weight"
 ROPE_THETA = 100.0                        # transformers' Gemma4VisionConfig default; Ollama's runtime too
 BUDGETS = (70, 140, 280, 560, 1120)       # soft tokens an image may take (the processor's choices)
 DEFAULT_BUDGET = 280
@@ -62,12 +60,12 @@ class VisionConfig:
     def from_gguf(cls, gguf) -> "VisionConfig":
         meta, tensors = gguf.metadata, gguf.tensors
         if PATCH_EMBD not in tensors:
-            raise VisionError("this file holds no image encoder (no v.patch_embd.weight)")
+            raise VisionError(f"this file holds no image encoder (no {PATCH_EMBD})")
         hidden = _int(meta, "embedding_length")
         heads = _int(meta, "attention.head_count", high=4096)
-        q_norm = tensors.get("v.blk.0.attn_q_norm.weight")
+        q_norm = tensors.get(layer_tensor(0, "attn_q_norm"))
         head_dim = q_norm.shape[0] if q_norm is not None else hidden // heads
-        k = tensors.get("v.blk.0.attn_k.weight")
+        k = tensors.get(layer_tensor(0, "attn_k"))
         kv_heads = k.shape[1] // head_dim if k is not None and head_dim else heads
         embd, positions, projection = tensors[PATCH_EMBD], tensors.get(POSITIONS), tensors.get(PROJECTION)
         if positions is None or projection is None:
@@ -79,7 +77,7 @@ class VisionConfig:
                   pool=int(meta.get("gemma4.vision.projector.scale_factor", meta.get("clip.vision.projector.scale_factor", 3))),
                   n_positions=positions.shape[1] if len(positions.shape) == 3 else 0,
                   text_hidden=projection.shape[1], channel_first=len(embd.shape) == 4,
-                  has_std="v.std_bias" in tensors)
+                  has_std=STD_BIAS in tensors)
         if not math.isfinite(cfg.eps) or cfg.eps <= 0 or heads % max(kv_heads, 1) or head_dim * heads != hidden \
                 or head_dim % 4 or cfg.n_positions < 1 or not 1 <= cfg.pool <= 8:
             raise VisionError(f"the image encoder's shape is not one this app runs: {cfg}")

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import PATCH_EMBD, PROJECTION, VisionError
+from .config import VisionError
+from .weights import PATCH_EMBD, PROJECTION
 
 INLINE = "inline"                 # the model file's own v.* / mm.* tensors
 GIVEN = "projector"               # a projector file the user gave (--mmproj, the page's file box)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...model.weights import OPTIONAL, Binding, WeightsError, tensor
+from ...model.weights import OPTIONAL, Binding, WeightsError, gguf_name, tensor
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
 BOUNDS = ("input_min", "input_max", "output_min", "output_max")
@@ -51,6 +51,17 @@ def layer_prefix(i: int) -> str:
     return f"v.blk.{i}."
 
 
+PATCH_EMBD = "v.patch_embd.weight"       # a file holds an image encoder iff it has this tensor
+POSITIONS = gguf_name(VisionWeights, "position_embd")
+PROJECTION = gguf_name(VisionWeights, "projection")
+STD_BIAS = gguf_name(VisionWeights, "std_bias")       # the larger encoders' standardization after pooling
+
+
+def layer_tensor(i: int, field_name: str) -> str:
+    """The GGUF name of a layer field of the encoder (config reads widths off their shapes)."""
+    return layer_prefix(i) + gguf_name(VisionLayerWeights, field_name)
+
+
 def is_vision_tensor(name: str) -> bool:
     """A tensor of the image encoder or its projector (the audio's are mm.a.* and a.*)."""
     return name.startswith("v.") or name.startswith("mm.") and not name.startswith("mm.a.")
@@ -64,12 +75,12 @@ def bind(cfg, tensors: dict) -> VisionWeights:
              "hd": cfg.head_dim, "ff": cfg.ffn_dim, "positions": cfg.n_positions, "2": 2,
              "text_hidden": cfg.text_hidden, "packed": None, "1": 1}
     w = found.take(VisionWeights, cfg, "", sizes)
-    w.patch_embd = tensors["v.patch_embd.weight"]
+    w.patch_embd = tensors[PATCH_EMBD]
     p, n = cfg.patch, cfg.hidden
     if tuple(w.patch_embd.shape) not in ((p, p, 3, n), (p * p * 3, n)):
-        found.misfits.append(f"v.patch_embd.weight has shape {list(w.patch_embd.shape)}, expected "
+        found.misfits.append(f"{PATCH_EMBD} has shape {list(w.patch_embd.shape)}, expected "
                              f"[{p}, {p}, 3, {n}] or [{p * p * 3}, {n}]")
-    found.read.add("v.patch_embd.weight")
+    found.read.add(PATCH_EMBD)
     for i in range(cfg.n_layers):
         lw = found.take(VisionLayerWeights, cfg, layer_prefix(i), sizes)
         for lin in LINEARS:
