@@ -218,7 +218,7 @@ def _soft_runs(session, tokens, images, budget):
 def _reference_soft(gguf, projector, tokens, images):
     """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward."""
     import numpy as np
-    from .reference.vision import VisionEncoder
+    from .families.gemma4_vision.reference import VisionEncoder
     enc = VisionEncoder(projector or gguf)
     at = _placeholders(tokens, images, _image_token(gguf))
     rows = [enc.features(np.frombuffer(im.patches, np.float32).reshape(len(im.positions), -1),

@@ -17,8 +17,6 @@ import json
 import time
 from array import array
 
-from dataclasses import dataclass
-
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
@@ -39,7 +37,7 @@ from .families import model_config
 from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
 from .families.gemma4_vision.source import check_projector
 from .gguf import read_gguf
-from .gpu import Buffer, GPUError, get_device_async
+from .gpu import GPUError, get_device_async
 from .model.lora import LoraError
 from .sampling import page_rules
 from .source import SourceError
@@ -401,17 +399,6 @@ def image_size(width: int, height: int, budget: int = DEFAULT_BUDGET) -> dict:
         return _image_error(e)
 
 
-@dataclass(eq=False)
-class _PixelsOnGpu(Buffer):
-    """An image's RGBA8 pixels, written to the GPU from JS (the Uint8Array the page sent, never copied into
-    Python's heap). bytes() gives their SHA-256 (computed in JS): all encode_image reads of them in Python is
-    bytes(rgba) for the image's key, which is then a digest of the size, the budget and that digest."""
-    digest: bytes = b""
-
-    def __bytes__(self) -> bytes:
-        return self.digest
-
-
 @command
 async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGET) -> dict:
     """Encode an image the worker resized (pixels: a Uint8Array of width x height RGBA8, at a size image_size
@@ -428,11 +415,10 @@ async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGE
     staging = None
     SESSION.clear_gpu_error()              # an error from before is not this image's
     try:
-        digest = (await js.crypto.subtle.digest("SHA-256", pixels)).to_bytes()
-        buf = dev.buffer(n, label="image pixels")
-        staging = _PixelsOnGpu(buf.handle, buf.size, buf.kind, buf.label, digest)
+        digest = (await js.crypto.subtle.digest("SHA-256", pixels)).to_bytes()     # the pixels' key, from JS
+        staging = dev.buffer(n, label="image pixels")
         dev.device.queue.writeBuffer(staging.handle, 0, pixels)        # JS -> GPU: the proxy is the Uint8Array
-        image = await run_async(images.encode_image(SESSION, staging, width, height, budget))
+        image = await run_async(images.encode_image(SESSION, staging, width, height, budget, digest=digest))
         SESSION.check_gpu_accepted("the image")
     except Exception as e:
         return _image_error(e)

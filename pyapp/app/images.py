@@ -74,14 +74,17 @@ def image_size(session: Session, width: int, height: int, budget: int = DEFAULT_
     return {"width": w, "height": h, "tokens": (w // cfg.patch) * (h // cfg.patch) // cfg.pool ** 2}
 
 
-def encode_image(session: Session, rgba, width: int, height: int, budget: int = DEFAULT_BUDGET) -> Steps:
-    """Steps: the EncodedImage of RGBA8 pixels `width` x `height` (a size image_size gives), from the cache
-    when the same pixels were encoded before."""
+def encode_image(session: Session, rgba, width: int, height: int, budget: int = DEFAULT_BUDGET,
+                 digest: bytes | None = None) -> Steps:
+    """Steps: the EncodedImage of RGBA8 pixels `width` x `height` (a size image_size gives: bytes, or a GPU
+    Buffer holding them), from the cache when the same pixels were encoded before. digest: the pixels'
+    SHA-256 when the caller has it (the page computes it in JS; a Buffer's pixels are not in Python)."""
     enc = yield from image_encoder(session, budget)
     p = enc.cfg.patch
     if width % p or height % p:
         raise VisionError(f"an image of {width} x {height} pixels: its sides must be multiples of {p}")
-    key = hashlib.sha256(b"%d %d %d " % (width, height, budget) + bytes(rgba)).hexdigest()[:32]
+    digest = digest if digest is not None else hashlib.sha256(bytes(rgba)).digest()
+    key = hashlib.sha256(b"%d %d %d " % (width, height, budget) + digest).hexdigest()[:32]
     image = session.encoded_images.get(key)
     if image is None:
         rows = enc.encode(rgba, width // p, height // p)

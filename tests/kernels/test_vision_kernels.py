@@ -1,5 +1,5 @@
 """Parity of the image encoder's own kernels (pyapp.gpu.kernels.vision: shaders/vision.wgsl) and of
-attention over every key (attention(all_keys=True)) against pyapp/reference/vision.py, on odd grids."""
+attention over every key (attention(all_keys=True)) against pyapp/families/gemma4_vision/reference.py, on odd grids."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyapp.gpu import kernels as K
-from pyapp.reference import vision as ref
+from pyapp.families.gemma4_vision import reference as ref
 
 from support.gpu import f32, read_f32, step_buffer
 

@@ -1,4 +1,4 @@
-"""The numpy image encoder (pyapp/reference/vision.py, issue 28's oracle) against transformers'
+"""The numpy image encoder (pyapp/families/gemma4_vision/reference.py, issue 28's oracle) against transformers'
 Gemma4Model.get_image_features on the Ollama-form fixtures' tiny vision towers
 (tools/make_vision_golden.py): a wide and a tall image, the encoder's pooled output and the
 projected soft tokens, from the per-linear clamp scalars (today's converter) and from the packed
@@ -26,7 +26,7 @@ def golden_of(stem: str):
                                   "mmproj-dense", "mmproj-moe"])
 def test_image_features_match_transformers(stem):
     from pyapp.gguf import read_gguf
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     golden = golden_of(stem)
     enc = VisionEncoder(read_gguf(FORMS / f"{stem}.gguf"))
     for i in range(2):
@@ -42,7 +42,7 @@ def test_the_clamps_and_the_positions_matter():
     """The fixture's clamp bounds (|2..4|) and 2-D positions change the output: the test above would
     see either dropped."""
     from pyapp.gguf import read_gguf
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     golden = np.load(FORMS / "ollama-dense.vision.npz")
     enc = VisionEncoder(read_gguf(FORMS / "ollama-dense-published.gguf"))
     patches, positions, want = golden["patches_1"], golden["positions_1"], golden["features_1"]
@@ -55,7 +55,7 @@ def test_the_clamps_and_the_positions_matter():
 
 def test_a_text_only_file_says_so():
     from pyapp.gguf import read_gguf
-    from pyapp.reference.vision import VisionEncoder, VisionError
+    from pyapp.families.gemma4_vision.reference import VisionEncoder, VisionError
     with pytest.raises(VisionError, match="no image encoder"):
         VisionEncoder(read_gguf(FORMS / "llamacpp-dense-fused-qkv.gguf"))
 
@@ -68,7 +68,7 @@ def test_logits_with_an_image_match_transformers(stem):
     feature); without them it does not."""
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     golden = np.load(FORMS / f"{stem.removesuffix('-published')}.vision.npz")
     g = read_gguf(FORMS / f"{stem}.gguf")
     image_token = g.metadata["tokenizer.ggml.tokens"].index("<|image|>")
@@ -89,7 +89,7 @@ def test_projector_files_are_llama_cpps(stem):
     encoder's hyperparameters under clip.vision.* (no pooling key: 3 x 3 is the default), the
     projection into the text width, clamp bounds as per-linear F32 scalars, F16 matrices."""
     from pyapp.gguf import read_gguf
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     g = read_gguf(FORMS / f"mmproj-{stem}.gguf")
     text_hidden = read_gguf(FORMS / f"ollama-{stem}.gguf").metadata["gemma4.embedding_length"]
     meta = g.metadata

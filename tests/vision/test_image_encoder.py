@@ -1,5 +1,5 @@
 """Gemma 4's image encoder on the GPU (pyapp.families.gemma4_vision.encoder) against transformers'
-get_image_features (tools/make_vision_golden.py) and the numpy reference (pyapp/reference/vision.py),
+get_image_features (tools/make_vision_golden.py) and the numpy reference (pyapp/families/gemma4_vision/reference.py),
 on the Ollama-form fixtures: clamp bounds per linear and packed (v.clamp_data), a wide and a tall
 image, the pooled soft tokens in the text model's width."""
 
@@ -55,7 +55,7 @@ def test_soft_tokens_match_transformers(dev, stem):
 
 def test_soft_tokens_match_the_reference(dev):
     """The numpy oracle on the same bytes: closer than transformers' float32 (same op order)."""
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     golden = np.load(FORMS / "ollama-dense.vision.npz")
     g = read_gguf(FORMS / "ollama-dense-published.gguf")
     enc = load(dev, FORMS / "ollama-dense-published.gguf", budget=3)

@@ -64,7 +64,7 @@ def test_pixels_and_positions_match_transformers(golden, monkeypatch):
 
 
 def test_patch_order_is_the_encoders():
-    """patchify's layout is the one reference.vision and tools/make_vision_golden.py use: patches row by
+    """patchify's layout is the one gemma4_vision/reference.py and tools/make_vision_golden.py use: patches row by
     row, each pixel (y, x) then channel; positions (x, y)."""
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, (96, 144, 3), dtype=np.uint8)                   # 6 rows of 9 patches

@@ -55,7 +55,7 @@ def test_a_text_only_model_has_none(files):
 def test_a_projector_given(files):
     """llama.cpp's text GGUF and its mmproj (both from the same checkpoint): the projector serves, and
     the numpy encoder run from it gives transformers' features."""
-    from pyapp.reference.vision import VisionEncoder
+    from pyapp.families.gemma4_vision.reference import VisionEncoder
     where = find_image_encoder(files["llamacpp-dense-fused-qkv"], projector=files["mmproj-dense"],
                                projector_name="mmproj-dense.gguf")
     assert (where.kind, where.gguf, where.name, where.text_hidden, where.parts) == (

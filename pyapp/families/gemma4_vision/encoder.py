@@ -1,7 +1,7 @@
 """Gemma 4's image encoder on the GPU: an image's pixels in, its soft tokens (in the text model's
 width) out, in a GPU buffer the text engine reads at the image's placeholder positions.
 
-It mirrors pyapp/reference/vision.py op for op (the oracle it is tested against):
+It mirrors pyapp/families/gemma4_vision/reference.py op for op (the oracle it is tested against):
 
     x = patch_embd(2 * (pixels / 255 - 0.5)) + position_embd[0][px] + position_embd[1][py]
     per layer:  h = ln1(x); q, k, v = clippable linears of h; q, k = rope_2d(norm(q), norm(k));

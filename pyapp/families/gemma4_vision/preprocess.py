@@ -150,7 +150,7 @@ def patch_bytes(rgb, width: int, height: int, patch: int = PATCH) -> bytearray:
 def patchify(rgb, width: int, height: int, patch: int = PATCH) -> tuple[array, list[tuple[int, int]]]:
     """(patches, positions) of an image already at its target size: patches flattened
     [n, patch * patch * 3] float32 in [0, 1] (the processor's pixel_values, without its padding),
-    positions their (x, y) (its image_position_ids): what reference.vision's VisionEncoder.encode takes."""
+    positions their (x, y) (its image_position_ids): what the oracle's VisionEncoder.encode takes (gemma4_vision/reference.py)."""
     data = patch_bytes(rgb, width, height, patch)
     raw = bytearray(4 * len(data))
     for j, table in enumerate(_SCALED):

@@ -2,9 +2,9 @@
 
 Mirrors transformers' models/gemma4 (Gemma4VisionModel + Gemma4MultimodalEmbedder), one op per line,
 reading the encoder's tensors where Ollama's original blobs keep them inline (`v.*`, `mm.*`,
-`gemma4.vision.*` keys) and where llama.cpp's projector files (mmproj, `clip.vision.*`) keep them: the
-tensor names are the same in both (Ollama's compat layer renames none, llama/compat handle_gemma4_clip);
-the clamp bounds come as per-linear scalars or packed in `v.clamp_data` (Ollama's original tags).
+`gemma4.vision.*` keys) and where llama.cpp's projector files (mmproj, `clip.vision.*`) keep them, through
+the one declaration of their names (pyapp.families.gemma4_vision.weights: the same in both forms; the
+clamp bounds per-linear scalars, or packed in `v.clamp_data` in Ollama's original tags).
 
     enc = VisionEncoder(gguf)
     feats = enc.features(patches, positions)    # [soft tokens, text hidden]
@@ -19,25 +19,11 @@ import math
 
 import numpy as np
 
-from ..errors import Gemma4Error
-from .quants import load_tensor
+from .config import VisionConfig, VisionError  # noqa: F401  (VisionError: raised here)
+from .weights import bind
+from ...reference.quants import load_tensor
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
-BOUNDS = ("input_min", "input_max", "output_min", "output_max")
-
-
-class VisionError(Gemma4Error, ValueError):
-    """The GGUF has no Gemma 4 image encoder this code can read."""
-
-
-def _key(meta: dict, name: str, default=None):
-    """A vision hyperparameter from Ollama's `gemma4.vision.*` or llama.cpp's `clip.vision.*` keys."""
-    for prefix in ("gemma4.vision.", "clip.vision."):
-        if prefix + name in meta:
-            return meta[prefix + name]
-    if default is None:
-        raise VisionError(f"GGUF metadata lacks gemma4.vision.{name} (or clip.vision.{name})")
-    return default
 
 
 def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.ndarray:
@@ -66,46 +52,44 @@ def rope_2d(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return out
 
 
+# the oracle's names for a layer's weights -> their fields (pyapp.families.gemma4_vision.weights)
+LAYER_FIELDS = {"ln1": "attn_norm", "attn_q": "attn_q", "attn_k": "attn_k", "attn_v": "attn_v",
+                "attn_q_norm": "attn_q_norm", "attn_k_norm": "attn_k_norm", "attn_out": "attn_output",
+                "attn_post_norm": "post_attention_norm", "ln2": "ffn_norm", "ffn_gate": "ffn_gate",
+                "ffn_up": "ffn_up", "ffn_down": "ffn_down", "ffn_post_norm": "post_ffw_norm"}
+
+
 class VisionEncoder:
     def __init__(self, gguf):
         self.g = gguf
-        meta, names = gguf.metadata, gguf.tensors
-        if "v.patch_embd.weight" not in names:
-            raise VisionError("this GGUF holds no image encoder (no v.patch_embd.weight)")
-        self.n_layers = int(_key(meta, "block_count"))
-        self.hidden = int(_key(meta, "embedding_length"))
-        self.n_heads = int(_key(meta, "attention.head_count"))
-        self.eps = float(_key(meta, "attention.layer_norm_epsilon", 1e-6))
-        self.patch = int(_key(meta, "patch_size", 16))
-        self.pool = int(meta.get("gemma4.vision.projector.scale_factor", 3))
-        self.theta = 100.0              # Ollama's runtime and transformers' default (rope_theta 100)
+        cfg = VisionConfig.from_gguf(gguf)       # "holds no image encoder" where it has none
+        w = bind(cfg, gguf.tensors)              # the tensors, by the one declaration of their names
+        self.n_layers, self.hidden, self.n_heads, self.eps = cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.eps
+        self.patch, self.pool, self.theta = cfg.patch, cfg.pool, cfg.theta
         t = self.tensor
-        embd = t("v.patch_embd.weight")                      # [n, 3, p, p] (c, h, w) or [n, p * p * 3]
+        embd = t(w.patch_embd)                               # [n, 3, p, p] (c, h, w) or [n, p * p * 3]
         if embd.ndim == 4:                                   # back to the processor's (h, w, c) order
             embd = embd.transpose(0, 2, 3, 1).reshape(embd.shape[0], -1)
         self.patch_embd = embd
-        self.position_embd = t("v.position_embd.weight")     # [2, positions, n]
-        self.std_bias = t("v.std_bias") if "v.std_bias" in names else None
-        self.std_scale = t("v.std_scale") if "v.std_scale" in names else None
-        self.projection = t("mm.input_projection.weight")    # [text hidden, n]
-        packed = t("v.clamp_data").reshape(-1, 4) if "v.clamp_data" in names else None
+        self.position_embd = t(w.position_embd)              # [2, positions, n]
+        self.std_bias = t(w.std_bias) if w.std_bias is not None else None
+        self.std_scale = t(w.std_scale) if w.std_scale is not None else None
+        self.projection = t(w.projection)                    # [text hidden, n]
+        packed = t(w.clamp_data).reshape(-1, 4) if w.clamp_data is not None else None
         self.layers = []
-        for i in range(self.n_layers):
-            p = f"v.blk.{i}."
-            layer = {k: t(p + k + ".weight") for k in ("ln1", "attn_q", "attn_k", "attn_v", "attn_q_norm",
-                                                       "attn_k_norm", "attn_out", "attn_post_norm", "ln2",
-                                                       "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm")}
-            layer["clamps"] = {lin: self._bounds(p + lin + ".", packed, i * len(LINEARS) + j)
+        for i, lw in enumerate(w.layers):
+            layer = {k: t(getattr(lw, f)) for k, f in LAYER_FIELDS.items()}
+            layer["clamps"] = {lin: self._bounds(lw.bounds.get(LAYER_FIELDS[lin]), packed, i * len(LINEARS) + j)
                                for j, lin in enumerate(LINEARS)}
             self.layers.append(layer)
 
-    def tensor(self, name: str) -> np.ndarray:
-        return load_tensor(self.g, name).astype(np.float64)
+    def tensor(self, info) -> np.ndarray:
+        return load_tensor(self.g, info).astype(np.float64)
 
-    def _bounds(self, prefix: str, packed, row: int) -> tuple[float, float, float, float]:
+    def _bounds(self, scalars, packed, row: int) -> tuple[float, float, float, float]:
         """A clippable linear's (in_min, in_max, out_min, out_max): its scalars, else its v.clamp_data row."""
-        if prefix + BOUNDS[0] in self.g.tensors:
-            return tuple(float(self.tensor(prefix + b).reshape(-1)[0]) for b in BOUNDS)
+        if scalars is not None:
+            return tuple(float(self.tensor(x).reshape(-1)[0]) for x in scalars)
         if packed is not None:
             return tuple(float(v) for v in packed[row])
         return (-np.inf, np.inf, -np.inf, np.inf)
