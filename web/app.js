@@ -1031,17 +1031,23 @@ on("prefill_done", (m) => {
   prefill.done = m.done;
   drawPrefill();
 });
-function drawPrefill() {
-  const msg = document.querySelector(".msg.streaming");
-  const m = prefill.m;
-  if (!msg || !m || state.streamedTokens > 0 || state.denoiseSteps > 0) { endPrefill(); return; }
+// The streaming reply's box for what is read before its first token (the prompt, the images): made once.
+function prefillBox(msg, label) {
   let box = msg.querySelector(".prefill");
   if (!box) {
     box = document.createElement("div");
     box.className = "prefill";
-    box.innerHTML = '<span class="prefill-text"></span><progress max="1" aria-label="Reading the prompt"></progress>';
+    box.innerHTML = '<span class="prefill-text"></span><progress max="1"></progress>';
     msg.querySelector(".body").before(box);
   }
+  box.querySelector("progress").setAttribute("aria-label", label);
+  return box;
+}
+function drawPrefill() {
+  const msg = document.querySelector(".msg.streaming");
+  const m = prefill.m;
+  if (!msg || !m || state.streamedTokens > 0 || state.denoiseSteps > 0) { endPrefill(); return; }
+  const box = prefillBox(msg, "Reading the prompt");
   const secs = (performance.now() - prefill.t0) / 1000;
   const bar = box.querySelector("progress");
   let left;
@@ -1086,14 +1092,7 @@ async function addImages(history) {
   return images.ensureAdded(entries, (text) => {
     const msg = document.querySelector(".msg.streaming");
     if (!msg) return;
-    let box = msg.querySelector(".prefill");
-    if (!box) {
-      box = document.createElement("div");
-      box.className = "prefill";
-      box.innerHTML = '<span class="prefill-text"></span><progress max="1" aria-label="Reading the images"></progress>';
-      msg.querySelector(".body").before(box);
-    }
-    box.querySelector(".prefill-text").textContent = text;
+    prefillBox(msg, "Reading the images").querySelector(".prefill-text").textContent = text;
   });
 }
 

@@ -19,6 +19,7 @@ BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 @dataclass
 class VisionLayerWeights:
+    # attention: every patch sees every patch (q, k normed and rotated in 2-D; v normed without a scale)
     attn_norm: object = tensor("ln1.weight", "hidden")
     attn_q: object = tensor("attn_q.weight", "hidden heads*hd")
     attn_k: object = tensor("attn_k.weight", "hidden kv_heads*hd")
@@ -27,6 +28,7 @@ class VisionLayerWeights:
     attn_k_norm: object = tensor("attn_k_norm.weight", "hd")
     attn_output: object = tensor("attn_out.weight", "heads*hd hidden")
     post_attention_norm: object = tensor("attn_post_norm.weight", "hidden")
+    # GeGLU MLP
     ffn_norm: object = tensor("ln2.weight", "hidden")
     ffn_gate: object = tensor("ffn_gate.weight", "hidden ff")
     ffn_up: object = tensor("ffn_up.weight", "hidden ff")
