@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support.diffusion import decoder_step
 from support.paths import ROOT
 from pyapp.gguf import read_gguf
 
@@ -31,17 +32,8 @@ def gguf_files(diffusion_gguf):
     return {outtype: diffusion_gguf(outtype) for outtype in ("f32", "q8_0")}
 
 
-@pytest.fixture(scope="module")
-def engine(gguf_files, dev):
-    from pyapp.engine import Engine
-    # chunk 16 (= the canvas): the 20-token prompts are encoded in two steps
-    return Engine.open(read_gguf(gguf_files["f32"]), device=dev, context_length=96, chunk=16)
-
-
 def step_logits(eng, i):
-    prompt, canvas, prev, blocks, want = case(i)
-    got = np.asarray(eng.decoder_logits(prompt, canvas, None if prev is None else prev.tobytes(), blocks))
-    return got, want
+    return decoder_step(eng, case(i))       # the engine fixture: tests/diffusion/conftest.py
 
 
 @pytest.mark.parametrize("i", range(N_CASES))

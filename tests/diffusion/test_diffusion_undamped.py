@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support.diffusion import decoder_step
 from support.paths import ROOT, load_tool
 from pyapp.gguf import read_gguf
 
@@ -91,16 +92,8 @@ def test_reference_matches_transformers(reference, i):
 
 # -- the GPU (native backend) -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def engine(gguf_files, dev):
-    from pyapp.engine import Engine
-    return Engine.open(read_gguf(gguf_files["f32"]), device=dev, context_length=96, chunk=16)
-
-
 def gpu_step(eng, i):
-    prompt, canvas, prev, blocks, want = case(i)
-    got = np.asarray(eng.decoder_logits(prompt, canvas, None if prev is None else prev.tobytes(), blocks))
-    return got, want
+    return decoder_step(eng, case(i))       # the engine fixture: tests/diffusion/conftest.py
 
 
 @pytest.mark.gpu
