@@ -26,16 +26,25 @@ class KVCache:
     slots: int        # positions held: the whole context, or a ring for sliding layers
 
 
+def widest(cfg) -> tuple[int, int, int]:
+    """The largest head_dim, KV head count and FFN width over the layers: what per-layer buffers are sized by."""
+    return (max(lc.head_dim for lc in cfg.layers), max(lc.n_kv_heads for lc in cfg.layers),
+            max(lc.ffn_dim for lc in cfg.layers))
+
+
+def f32_allocator(dev: Device):
+    """f32(n, label): a storage buffer of n floats (at least 4: a binding may not be empty)."""
+    def f32(n: int, label: str) -> Buffer:
+        return dev.buffer(4 * max(n, 4), label=label)
+    return f32
+
+
 class State:
     def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int):
         self.dev, self.cfg, self.ctx, self.chunk = dev, cfg, context_length, chunk
         T, d, H, V = chunk, cfg.hidden, cfg.n_heads, cfg.vocab_size
-        hd = max(lc.head_dim for lc in cfg.layers)
-        kvh = max(lc.n_kv_heads for lc in cfg.layers)
-        ff = max(lc.ffn_dim for lc in cfg.layers)
-
-        def f32(n: int, label: str) -> Buffer:
-            return dev.buffer(4 * max(n, 4), label=label)
+        hd, kvh, ff = widest(cfg)
+        f32 = f32_allocator(dev)
 
         # per-step inputs
         self.step = dev.buffer(K.STEP_BYTES, "uniform", "step")     # Step: tokens this step, first position

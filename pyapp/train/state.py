@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from array import array
 
-from ..gpu import Buffer, Device
+from ..gpu import Device
 from ..gpu import kernels as K
-from ..runtime.state import State
+from ..runtime.state import State, f32_allocator, widest
 
 
 class TrainState:
@@ -26,12 +26,8 @@ class TrainState:
         self.dev, self.cfg, self.T = dev, cfg, seq_len
         self.fwd = State(dev, cfg, layout, context_length=seq_len, chunk=seq_len)
         T, d, H, L = seq_len, cfg.hidden, cfg.n_heads, cfg.n_layers
-        hd = max(lc.head_dim for lc in cfg.layers)
-        kvh = max(lc.n_kv_heads for lc in cfg.layers)
-        ff = max(lc.ffn_dim for lc in cfg.layers)
-
-        def f32(n: int, label: str) -> Buffer:
-            return dev.buffer(4 * max(n, 4), label=label)
+        hd, kvh, ff = widest(cfg)
+        f32 = f32_allocator(dev)
 
         # checkpoints: what the backward recomputes each layer from
         self.layer_in = [f32(T * d, f"layer {i} input") for i in range(L)]    # [T, d] each

@@ -25,7 +25,7 @@ from ...gpu import kernels as K
 from ...runtime.ops import Ops
 from ...runtime.requests import ReadGpu, ReadMapped
 from ...runtime.runner import Runner
-from ...runtime.state import State
+from ...runtime.state import State, f32_allocator
 from ...runtime.upload import binding_limit
 from .model import DiffusionDecoder, DiffusionEncoder
 
@@ -42,8 +42,7 @@ class CanvasState(State):
                            f"binding limit ({limit / 2**20:,.0f} MiB)", fault=Fault.DOES_NOT_FIT)
         super().__init__(dev, cfg, layout, context_length, max(chunk, C))   # the canvas runs as one step
 
-        def f32(n: int, label: str):
-            return dev.buffer(4 * max(n, 4), label=label)
+        f32 = f32_allocator(dev)
 
         # [C, V] the decoder's logits (softcapped); the sampler divides them by the step's temperature in
         # place, and so they are the next step's self-conditioning input
