@@ -40,6 +40,7 @@ struct Grid { n: u32, across: u32, down: u32, pad: u32 }
 @group(0) @binding(8) var<storage, read> SS: array<f32>;
 
 //!include quants
+//!include sincos
 
 //!include thread_index
 
@@ -98,8 +99,9 @@ fn rope_2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let t = row / H;
     let pos = select(t % G.across, t / G.across, axis == 1u);
     let angle = f32(pos) * pow(THETA, -f32(4u * j) / f32(HD));
-    let c = cos(angle);
-    let s = sin(angle);
+    let sc = sin_cos(angle);                // not the built-ins: SwiftShader's are 1.9e-4 off (sincos.wgsl)
+    let s = sc.x;
+    let c = sc.y;
     let base = row * HD + axis * (HD / 2u) + j;
     let a = X[base];
     let b = X[base + quarter];
