@@ -9,8 +9,8 @@
 # Steps (each skips what is already done; REDO=1 redoes result steps):
 #   setup    unpack .carry/base (wheels -> $W/site, Vulkan loader if the machine lacks one, llama.cpp
 #            source, vocabulary) and .carry/node (node, Pyodide, Dawn), print the versions
-#   build    start the CUDA build of llama-bench in the background (setsid: it outlives this call,
-#            ~7 min on 16 cores), log in $W/build.log
+#   build    start the CUDA build of BUILD_TARGETS (llama-bench, llama-mtmd-cli) in the background (setsid:
+#            it outlives this call, ~7 min on 16 cores), log in $W/build.log
 #   models   write the bench models (MODELS) into /tmp with tools/make_bench_model.py, in parallel
 #   wait     wait for the build (until this call's time budget runs short)
 #   llama    llama-bench -p PROMPT -n GEN -ngl 99 -o jsonl, one run per model
@@ -45,12 +45,21 @@
 #            greedy, for each prompt kind of SPEC_PROMPTS (repeat: a random block of 16 ids repeated;
 #            random) and each SPEC_N (0: off, the baseline; N: up to N prompt-lookup drafts a step):
 #            decode tok/s with drafted, accepted, tokens_per_step -> speculate.jsonl, then table
+#   vision   image input (issue 28), for each shape of VISION_SHAPES (e2b a26b): writes the projector
+#            MODEL_DIR/mmproj-bench-SHAPE.gguf (tools/make_vision_bench.py) if missing, then natively
+#            bench/vision_bench.py (encode at each of VISION_BUDGETS, and the time to first token of a prompt
+#            with one image on the MODELS file SHAPE:VISION_QUANT), the browser path where node was carried
+#            (node bench/node_bench.mjs --vision; VISION_BROWSER=0: not), then llama-mtmd-cli on the same files
+#            and image (img-BUDGET.png): -p "Describe." -n 1 with the image once, then VISION_IMAGES times in
+#            one prompt (warm encodes), both -ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --jinja -v
+#            --image-max-tokens BUDGET (+ VISION_LLAMA_ARGS), parsed -> vision.jsonl, logs -> vision-llama.log
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
 #
 # Every call ends by copying to $OUT (what comes back from the device): table.md, native.jsonl,
-# browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, speculate.jsonl, h100.log (this script's output, all calls)
+# browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, speculate.jsonl, vision.jsonl, vision-llama.log (the
+# llama-mtmd-cli logs), h100.log (this script's output, all calls)
 # and build.log.
 # State lives in $W (/tmp/h100) and the models in /tmp: they persist only while the machine is
 # held, and a machine goes back ~30 s after a call ends, so the calls must follow each other at
@@ -72,6 +81,10 @@
 #      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
 #      SPEC_MODELS ("e2b:Q4_K"), SPEC_PROMPTS ("repeat random"), SPEC_N ("0 4 8 16"), SPEC_GEN (GEN).
 #      INT8 (0: our engine on f32 activations throughout, Engine.open(int8=False): browser, gpuprof).
+#      BUILD_TARGETS ("llama-bench llama-mtmd-cli"; llama-mtmd-cli is left out when the carried source has no
+#      tools/mtmd), VISION_SHAPES ("e2b a26b"), VISION_BUDGETS ("280 1120"), VISION_QUANT (Q4_K), VISION_REPEAT (5),
+#      VISION_IMAGES (4: images in llama-mtmd-cli's second run), VISION_LLAMA_ARGS (extra llama-mtmd-cli
+#      arguments), VISION_BROWSER (1).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -108,6 +121,13 @@ SPEC_MODELS=${SPEC_MODELS:-"e2b:Q4_K"}
 SPEC_PROMPTS=${SPEC_PROMPTS:-"repeat random"}
 SPEC_N=${SPEC_N:-"0 4 8 16"}
 SPEC_GEN=${SPEC_GEN:-$GEN}
+BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-mtmd-cli"}
+VISION_SHAPES=${VISION_SHAPES:-"e2b a26b"}
+VISION_BUDGETS=${VISION_BUDGETS:-"280 1120"}
+VISION_QUANT=${VISION_QUANT:-Q4_K}
+VISION_REPEAT=${VISION_REPEAT:-5}
+VISION_IMAGES=${VISION_IMAGES:-4}
+VISION_LLAMA_ARGS=${VISION_LLAMA_ARGS:-}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -135,8 +155,20 @@ environment() {
     PY=${PYTHON:-python3}
 }
 
+# the targets to build: llama-mtmd-cli only where the carried source has tools/mtmd (bench/carry.sh adds it)
+build_targets() {
+    local t out=()
+    for t in $BUILD_TARGETS; do
+        [ "$t" = llama-mtmd-cli ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/tools/mtmd" ] && continue
+        out+=("$t")
+    done
+    echo "${out[*]}"
+}
+
+built() { local t; for t in $(build_targets); do [ -x "$W/build/bin/$t" ] || return 1; done; }
+
 build_state() {   # none | running | ok | failed
-    if [ -x "$W/build/bin/llama-bench" ] && [ "$(cat "$W/build.rc" 2>/dev/null)" = 0 ]; then echo ok
+    if built && [ "$(cat "$W/build.rc" 2>/dev/null)" = 0 ]; then echo ok
     elif [ -f "$W/build.rc" ]; then echo failed
     elif [ -f "$W/build.pid" ] && kill -0 "$(cat "$W/build.pid")" 2>/dev/null; then echo running
     else echo none; fi
@@ -192,7 +224,7 @@ step_setup() {
 
 step_build() {
     case $(build_state) in
-        ok) log "build: llama-bench already built"; return 0 ;;
+        ok) log "build: $(build_targets) already built"; return 0 ;;
         running) log "build: already running"; return 0 ;;
     esac
     [ -d "$W/llama.cpp" ] || { log "build: no llama.cpp source (setup first)"; return 1; }
@@ -202,7 +234,10 @@ step_build() {
     local gen=Ninja
     command -v ninja >/dev/null || gen="Unix Makefiles"
     rm -f "$W/build.rc"
-    log "build: llama-bench ($gpu, $gen) in the background, -j $JOBS, log $W/build.log"
+    local targets
+    targets=$(build_targets)
+    [ -d "$W/llama.cpp/tools/mtmd" ] || log "build: the carried llama.cpp has no tools/mtmd (an old .carry/base): no llama-mtmd-cli"
+    log "build: $targets ($gpu, $gen) in the background, -j $JOBS, log $W/build.log"
     # setsid: its own process session, so it runs on after this call returns
     setsid nohup bash -c "
         set -o pipefail
@@ -210,7 +245,7 @@ step_build() {
         cmake -S '$W/llama.cpp' -B '$W/build' -G '$gen' -DCMAKE_BUILD_TYPE=Release $gpu \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT='$(cat "$W/llama.cpp/SOURCE")' \
-        && cmake --build '$W/build' --target llama-bench -j $JOBS
+        && cmake --build '$W/build' --target $targets -j $JOBS
         rc=\$?
         echo \"build finished: rc \$rc after \$(( \$(date +%s) - start )) s\"
         echo \$rc > '$W/build.rc'
@@ -464,6 +499,73 @@ step_speculate() {
     step_table
 }
 
+# image input (issue 28): ours natively, then llama-mtmd-cli, on the same projector, text model and image
+step_vision() {
+    local shape mmproj text res b img one many base rc
+    busy vision && return 1
+    mkdir -p "$W/vision" "$RES/vision"
+    for shape in $VISION_SHAPES; do
+        mmproj=$MODEL_DIR/mmproj-bench-$shape.gguf
+        if [ ! -f "$mmproj.ok" ]; then
+            log "vision: $mmproj"
+            limited 0 "$PY" tools/make_vision_bench.py --shape "$shape" --out "$mmproj.tmp" && mv "$mmproj.tmp" "$mmproj" \
+                && touch "$mmproj.ok" || { log "vision: making $mmproj failed"; continue; }
+        fi
+        text=$(model_path "$shape:$VISION_QUANT")
+        [ -f "$text.ok" ] || { log "vision: no $text (the models step, with $shape:$VISION_QUANT in MODELS)"; text=; }
+        res=$RES/vision/ours-$shape.jsonl
+        if ! done_already "$res"; then
+            log "vision (ours, native): $shape, budgets $VISION_BUDGETS"
+            # shellcheck disable=SC2086
+            limited 20 "$PY" bench/vision_bench.py --mmproj "$mmproj" ${text:+--text "$text"} --budgets $VISION_BUDGETS \
+                --repeat "$VISION_REPEAT" --png-dir "$W/vision" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res.tmp" "$res" 2>/dev/null
+        fi
+        for b in $VISION_BUDGETS; do         # the images (the native run writes them): the browser path and llama.cpp read them
+            # shellcheck disable=SC2086
+            [ -f "$W/vision/img-$b.png" ] || { "$PY" bench/vision_bench.py --mmproj "$mmproj" --budgets $VISION_BUDGETS \
+                --png-dir "$W/vision" --png-only; break; }
+        done
+        res=$RES/vision/browser-$shape.jsonl
+        if [ "${VISION_BROWSER:-1}" = 1 ] && [ -x "$W/bin/node" ] && [ -f "$W/.node" ] && ! done_already "$res"; then
+            log "vision (ours, browser path: Pyodide + Dawn in Node): $shape, budgets $VISION_BUDGETS"
+            VISION_BUDGETS=$VISION_BUDGETS VISION_REPEAT=$VISION_REPEAT VISION_PNG_DIR=$W/vision PYODIDE_DIR=$W/pyodide \
+                WEBGPU_DIR=$W/webgpu limited 20 "$W/bin/node" bench/node_bench.mjs --vision "$mmproj" ${text:+"$text"} \
+                > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res.tmp" "$res" 2>/dev/null
+        fi
+        for b in $VISION_BUDGETS; do
+            img=$W/vision/img-$b.png
+            [ -x "$W/build/bin/llama-mtmd-cli" ] || { log "vision: llama-mtmd-cli not built ($(build_state))"; break; }
+            [ -n "$text" ] || break
+            res=$RES/vision/llama-$shape-$b.jsonl
+            done_already "$res" && continue
+            base=$RES/vision/llama-$shape-$b
+            one=$base-one.log; many=$base-many.log
+            log "vision (llama-mtmd-cli): $shape, budget $b: the image once, then $VISION_IMAGES times in one prompt"
+            # shellcheck disable=SC2086
+            limited 20 "$W/build/bin/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" --image "$img" -p "Describe." -n 1 \
+                -ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --image-max-tokens "$b" --jinja -v $VISION_LLAMA_ARGS \
+                > "$one" 2>&1 < /dev/null
+            rc=$?
+            echo "[rc $rc]" >> "$one"
+            # shellcheck disable=SC2086
+            limited 20 "$W/build/bin/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" $(printf -- '--image %s ' $(yes "$img" | head -n "$VISION_IMAGES")) \
+                -p "Describe." -n 1 -ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --image-max-tokens "$b" --jinja -v \
+                $VISION_LLAMA_ARGS > "$many" 2>&1 < /dev/null
+            echo "[rc $?]" >> "$many"
+            "$PY" bench/vision_bench.py --llama "$one" "$many" --images "$VISION_IMAGES" \
+                --label "{\"runtime\": \"llama.cpp\", \"shape\": \"$shape\", \"budget\": $b, \"text\": \"$(basename "$text")\", \"mmproj\": \"$(basename "$mmproj")\", \"rc\": $rc}" \
+                > "$res.tmp" || continue
+            # a record that says what went wrong is kept apart (vision-*.err.jsonl): a repeated call measures again
+            if grep -q '"error"\|"many_error"' "$res.tmp"; then mv "$res.tmp" "$base.err.jsonl"; else mv "$res.tmp" "$res"; fi
+            cat "$res" "$base.err.jsonl" 2>/dev/null
+            grep -E "encoding done|image decoded|prompt eval time|error|failed|abort|invalid argument" "$one" "$many" \
+                | grep -v "control-looking" | head -30
+        done
+    done
+}
+
 step_table() {
     local a=() kv
     for kv in $A26B_DECODE; do a+=(--a26b-decode "$kv"); done
@@ -610,6 +712,10 @@ finish() {   # what comes back: the files in $OUT
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cat "$RES"/speculate/*.jsonl > "$OUT/speculate.jsonl" 2>/dev/null || rm -f "$OUT/speculate.jsonl"
+    cat "$RES"/vision/*.jsonl > "$OUT/vision.jsonl" 2>/dev/null || rm -f "$OUT/vision.jsonl"
+    if ls "$RES"/vision/*.log >/dev/null 2>&1; then
+        for f in "$RES"/vision/*.log; do echo "==== $(basename "$f")"; cat "$f"; done | tail -c 8000000 > "$OUT/vision-llama.log"
+    fi
     cp "$RES/table.md" "$OUT/" 2>/dev/null
     [ -f "$W/build.log" ] && tail -c 8000000 "$W/build.log" > "$OUT/build.log"
     log "call done; build $(build_state)"
@@ -625,7 +731,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|table|status) ;;
+        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

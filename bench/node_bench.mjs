@@ -7,6 +7,9 @@
 //   node bench/node_bench.mjs --gpu-profile MODEL.gguf   where a decode step's GPU time goes (bench/gpu_profile.py;
 //        FEW=N: a speculative step of 1 + N tokens)
 //   node bench/node_bench.mjs --overlap                do independent dispatches overlap (bench/overlap_probe.py)
+//   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
+//        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
+//        VISION_PNG_DIR (/tmp/h100/vision: img-BUDGET.png, written by bench/vision_bench.py --png-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
@@ -87,6 +90,23 @@ from pyapp.gpu import get_device_async
 eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"), context_length=2048,
                               int8=${process.env.INT8 === "0" ? "False" : "True"})
 rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)})
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--vision")) {
+  const files = process.argv.slice(2).filter((a) => !a.startsWith("--")).map((m) => "/models" + path.resolve(m));
+  const budgets = (process.env.VISION_BUDGETS || "280 1120").split(/\s+/).filter(Boolean).map(Number);
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import vision_bench
+from pyapp.gpu import get_device_async
+files = ${JSON.stringify(files)}
+rows = await vision_bench.measure_async(await get_device_async("browser"), files[0], files[1] if len(files) > 1 else None,
+                                        "/models" + ${JSON.stringify(path.resolve(process.env.VISION_PNG_DIR || "/tmp/h100/vision"))},
+                                        budgets=${JSON.stringify(budgets)}, repeat=${Number(process.env.VISION_REPEAT || 5)},
+                                        context=4096, chunk=2048)
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);
