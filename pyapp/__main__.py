@@ -184,20 +184,6 @@ def _read_image(path: str, budget: int):
 MAX_IMAGE_BYTES = 64 << 20          # a photo is a few MiB; past this it is not an image a person attaches
 
 
-def _placeholders(tokens: list[int], images: list, image_token: int) -> list[int]:
-    """Where each image's placeholder run starts in tokens, each as long as its image's soft tokens."""
-    from .app.images import placeholder_runs
-    from .families.gemma4_vision.config import VisionError
-    runs = placeholder_runs(tokens, image_token)
-    if len(runs) != len(images):
-        raise VisionError(f"--tokens hold {len(runs)} runs of the image token {image_token} for {len(images)} --image")
-    for (at, n), image in zip(runs, images):
-        if n != image.tokens:
-            raise VisionError(f"the image token run at {at} is {n} long; its --image makes {image.tokens} soft "
-                              "tokens at this --image-tokens")
-    return [at for at, _ in runs]
-
-
 def _image_token(gguf) -> int:
     from .app.images import image_token
     from .tokenizer import Tokenizer
@@ -218,9 +204,10 @@ def _soft_runs(session, tokens, images, budget):
 def _reference_soft(gguf, projector, tokens, images):
     """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward."""
     import numpy as np
+    from .app.images import placeholder_starts
     from .families.gemma4_vision.reference import VisionEncoder
     enc = VisionEncoder(projector or gguf)
-    at = _placeholders(tokens, images, _image_token(gguf))
+    at = placeholder_starts(tokens, [im.tokens for im in images], _image_token(gguf))
     rows = [enc.features(np.frombuffer(im.patches, np.float32).reshape(len(im.positions), -1),
                          np.array(im.positions)) for im in images]
     return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))

@@ -116,13 +116,19 @@ def placeholder_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
     return runs
 
 
-def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
-    """The prompt position of each image's soft tokens: the i-th run of `image_token` ids holds image i,
-    and must be exactly as long as its soft tokens."""
+def placeholder_starts(ids: list[int], sizes: list[int], image_token: int) -> list[int]:
+    """Where each image's soft tokens start in the prompt: the i-th run of `image_token` ids holds image i,
+    and must be exactly as long as its soft tokens (sizes[i])."""
     runs = placeholder_runs(ids, image_token)
-    if len(runs) != len(images):
-        raise VisionError(f"the prompt holds {len(runs)} image placeholder runs for {len(images)} images")
-    for (at, n), image in zip(runs, images):
-        if n != image.n:
-            raise VisionError(f"the placeholder run at token {at} is {n} long; its image has {image.n} soft tokens")
-    return [SoftRun(at, image.rows, image.n, image.key) for (at, _), image in zip(runs, images)]
+    if len(runs) != len(sizes):
+        raise VisionError(f"the prompt holds {len(runs)} runs of the image token {image_token} for {len(sizes)} images")
+    for (at, n), size in zip(runs, sizes):
+        if n != size:
+            raise VisionError(f"the placeholder run at token {at} is {n} long; its image has {size} soft tokens")
+    return [at for at, _ in runs]
+
+
+def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
+    """The SoftRun of each image at its placeholder run (placeholder_starts)."""
+    starts = placeholder_starts(ids, [image.n for image in images], image_token)
+    return [SoftRun(at, image.rows, image.n, image.key) for at, image in zip(starts, images)]
