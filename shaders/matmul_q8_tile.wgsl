@@ -7,8 +7,9 @@
 // with the integer sum exact (dot4I8Packed: DP4A, four multiply-adds an instruction), one float
 // fix-up per 32 weights, and the offset term on the exact sum of x.
 //
-// The weight format comes from an include the prelude names (q8_weights_q4k.wgsl, q8_weights_b32.wgsl):
-// it declares W and
+// The weight format comes from an include the prelude names (q8_weights_q4k.wgsl, q8_weights_b32.wgsl,
+// q8_weights_q6k.wgsl): it declares W, Q8_W_ALIGN, Q8_SUBS (sub-blocks per 32 weights, each with its own a:
+// 1, or 2 for Q6_K's scale per 16, whose b must be 0: the activations' sums are per 32) and
 //   fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob     load job jh (0, 1) of a row's step at k
 //   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and (a, b) into ws, wa, wb
 // Each thread owns TM rows (4 or 8: row groups tx and tx + TX of 4) x 4 tokens. Shared tiles are
@@ -41,8 +42,8 @@ fn q8_tile_row(lid: u32, g: u32, i: u32) -> u32 { return 4u * (lid % TX + g * TX
 fn q8_tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TX) + j; }
 
 var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
-var<workgroup> wa: array<vec4<f32>, 2u * GM>;     // [sub-block][rows]: a = d sc
-var<workgroup> wb: array<vec4<f32>, 2u * GM>;     //                    b = dmin m
+var<workgroup> wa: array<vec4<f32>, 2u * Q8_SUBS * GM>;   // [sub-block][rows]: a = d sc
+var<workgroup> wb: array<vec4<f32>, 2u * Q8_SUBS * GM>;   //                    b = dmin m
 var<workgroup> xs: array<vec4<u32>, 16u * GN>;    // [word][tokens 4h .. 4h + 3]
 var<workgroup> xd: array<vec4<f32>, 2u * GN>;     // [sub-block][tokens]: activation scale
 var<workgroup> xm: array<vec4<f32>, 2u * GN>;     //                      sum of the block's x
@@ -100,7 +101,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
                 xsc = XS[xrow * (K / 64u) + k1 / 64u];
             }
         }
-        for (var s = 0u; s < 2u; s++) {
+        for (var u = 0u; u < 2u * Q8_SUBS; u++) {     // the step's sub-blocks: 2 x Q8_SUBS of 32 / Q8_SUBS
             var i0 = vec4<i32>(0);
             var i1 = vec4<i32>(0);
             var i2 = vec4<i32>(0);
@@ -109,7 +110,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             var i5 = vec4<i32>(0);
             var i6 = vec4<i32>(0);
             var i7 = vec4<i32>(0);
-            for (var kk = 8u * s; kk < 8u * s + 8u; kk++) {
+            for (var kk = u * (8u / Q8_SUBS); kk < (u + 1u) * (8u / Q8_SUBS); kk++) {
                 let w = ws[kk * GM + tx];
                 let x = xs[kk * GN + ty];
                 i0 += vec4<i32>(dot4I8Packed(w.x, x.x), dot4I8Packed(w.x, x.y), dot4I8Packed(w.x, x.z),
@@ -132,8 +133,9 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
                                     dot4I8Packed(v.w, x.w));
                 }
             }
-            let a = wa[s * GM + tx];
-            let b = wb[s * GM + tx];
+            let s = u / Q8_SUBS;                      // the activations' 32-block
+            let a = wa[u * GM + tx];
+            let b = wb[u * GM + tx];
             let d = xd[s * GN + ty];
             let m = xm[s * GN + ty];
             acc[0] += vec4<f32>(i0) * (a.x * d) - b.x * m;
@@ -141,8 +143,8 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             acc[2] += vec4<f32>(i2) * (a.z * d) - b.z * m;
             acc[3] += vec4<f32>(i3) * (a.w * d) - b.w * m;
             if (TM == 8u) {
-                let a2 = wa[s * GM + tx + TX];
-                let b2 = wb[s * GM + tx + TX];
+                let a2 = wa[u * GM + tx + TX];
+                let b2 = wb[u * GM + tx + TX];
                 acc2[0] += vec4<f32>(i4) * (a2.x * d) - b2.x * m;
                 acc2[1] += vec4<f32>(i5) * (a2.y * d) - b2.y * m;
                 acc2[2] += vec4<f32>(i6) * (a2.z * d) - b2.z * m;

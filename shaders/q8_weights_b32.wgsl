@@ -5,6 +5,7 @@
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 
 const Q8_W_ALIGN: u32 = 64u;      // K is a multiple of this
+const Q8_SUBS: u32 = 1u;          // one scale per 32 weights
 
 //!include b32_codes
 

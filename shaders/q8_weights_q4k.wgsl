@@ -8,6 +8,7 @@
 @group(0) @binding(0) var<storage, read> W: array<vec4<u32>>;
 
 const Q8_W_ALIGN: u32 = 256u;     // K is a multiple of this
+const Q8_SUBS: u32 = 1u;          // one scale per 32 weights
 
 // 6-bit scale and min j (0..7) from a block's first 16 bytes h (scales in words h.y, h.z, h.w), as
 // get_scale_min_k4

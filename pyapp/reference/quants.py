@@ -320,9 +320,10 @@ def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A weight tensor [n, k] as the int8 matmul reads it, per 32-weight block w = a q - b:
-    (codes int64 [n, k / 32, 32], a, b [n, k / 32]). Q4_K: a = d sc, b = dmin m; Q4_0 / Q5_0: a = d,
-    b = 8 d / 16 d with 4- / 5-bit codes; Q8_0: a = d, b = 0 with the signed bytes as codes."""
+    """A weight tensor [n, k] as the int8 matmul reads it, per sub-block of g weights w = a q - b:
+    (codes int64 [n, k / g, g], a, b [n, k / g]), g = 32 but for Q6_K's 16. Q4_K: a = d sc, b = dmin m;
+    Q6_K: a = d sc, b = 0 with signed codes q - 32; Q4_0 / Q5_0: a = d, b = 8 d / 16 d with 4- / 5-bit
+    codes; Q8_0: a = d, b = 0 with the signed bytes as codes."""
     t = ggml.lookup(qtype).id
     if t == ggml.Q4_K:
         blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 144)
@@ -332,6 +333,14 @@ def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarr
         codes = np.concatenate([qs & 15, qs >> 4], axis=2)
         return (codes.reshape(n, k // 32, 32).astype(np.int64), (dm[:, :1] * sc).reshape(n, k // 32),
                 (dm[:, 1:] * mn).reshape(n, k // 32))
+    if t == ggml.Q6_K:
+        blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 210)
+        ql = blocks[:, 0:128].reshape(-1, 2, 64)
+        qh = blocks[:, 128:192].reshape(-1, 2, 32)
+        low = [ql[:, :, 0:32] & 15, ql[:, :, 32:64] & 15, ql[:, :, 0:32] >> 4, ql[:, :, 32:64] >> 4]
+        codes = np.stack([low[g] | (((qh >> (2 * g)) & 3) << 4) for g in range(4)], axis=2).astype(np.int64) - 32
+        a = _f16(blocks, 208).astype(np.float64) * blocks[:, 192:208].view(np.int8).astype(np.float64)
+        return codes.reshape(n, k // 16, 16), a.reshape(n, k // 16), np.zeros((n, k // 16))
     size = {ggml.Q4_0: 18, ggml.Q5_0: 22, ggml.Q8_0: 34}[t]
     blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 32, size)
     d = _f16(blocks, 0).astype(np.float64)[:, 0]
@@ -346,9 +355,11 @@ def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarr
 
 def matmul_int8(raw: bytes, qtype, n: int, q: np.ndarray, d: np.ndarray, sums: np.ndarray) -> np.ndarray:
     """Y [t, n] = X W^T with W raw GGUF rows [n, k] of an int8-matmul type and X as
-    quantize_activations_q8 gave it: per 32-weight block, a d_x sum(code q_x) - b sum(x), the sum of
-    codes exact (float64 here)."""
+    quantize_activations_q8 gave it: per sub-block, a d_x sum(code q_x) - b sum(x), the sum of codes
+    exact (float64 here; b is 0 where sub-blocks are shorter than the activations' 32)."""
     t, k = q.shape
     codes, a, b = int8_blocks(raw, qtype, n, k)
-    isum = np.einsum("nbk,tbk->tnb", codes, q.reshape(t, k // 32, 32).astype(np.int64))
-    return (isum * a[None] * d.astype(np.float64)[:, None, :]).sum(-1) - sums.astype(np.float64) @ b.T
+    g = codes.shape[2]
+    isum = np.einsum("nbk,tbk->tnb", codes, q.reshape(t, k // g, g).astype(np.int64))
+    dx = np.repeat(d.astype(np.float64), 32 // g, axis=1)
+    return (isum * a[None] * dx[:, None, :]).sum(-1) - sums.astype(np.float64) @ b[:, ::32 // g].T

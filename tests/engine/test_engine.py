@@ -356,18 +356,19 @@ def _pipelines(engine) -> set[str]:
             for plan in program if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"}
 
 
-@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
-def test_int8_prefill_on_q4_k_within_its_rounding(dev, tmp_path, model):
-    """A 90-token prompt runs in the 128-token plan, whose Q4_K matmuls (the dense ones and the grouped
-    experts) take int8 activations (K.INT8_MIN_TOKENS): logits within int8's rounding of the f32
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "toy-moe-1-layer"])
+def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
+    """A 90-token prompt runs in the 128-token plan, whose Q4_K / Q6_K matmuls (the dense ones and the
+    grouped experts) take int8 activations (K.INT8_MIN_TOKENS): logits within int8's rounding of the f32
     reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
     within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
     module's docstring), so int8's rounding says nothing there."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
-    if model == "fixture-dense":
-        path, kernels = FIXTURES / "gemma4-dense-q4_k.gguf", {"matmul_q8:main"}
+    if model.startswith("fixture-dense"):
+        quant = model.removeprefix("fixture-dense").lstrip("-") or "q4_k"
+        path, kernels = FIXTURES / f"gemma4-dense-{quant}.gguf", {"matmul_q8:main"}
     else:
         tool = load_tool("make_bench_model")
         path, kernels = tmp_path / "moe.gguf", {"matmul_q8:main", "moe_grouped_q8:matmul"}

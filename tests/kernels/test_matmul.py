@@ -134,14 +134,15 @@ def test_quantize_q8(dev):
 Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, None),
             ("q4_k", 150, 70, K.Q8Tile(64, 32)), ("q4_k", 150, 70, K.Q8Tile(128, 64, 8)),
             ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
-            ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8))]
+            ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8)),
+            ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32))]
 
 
 @pytest.mark.parametrize("qtype,rows,t,tile", Q8_CASES,
                          ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}" if isinstance(v, K.Q8Tile) else str(v))
 def test_matmul_q8(dev, qtype, rows, t, tile):
     """The int8 matmul on the codes quantize_q8 made (each weight type whose codes are int8: Q4_K's
-    sub-blocks, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of
+    sub-blocks, Q6_K's signed codes with a scale per 16, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of
     several steps and, for the 32-blocks, not a multiple of 256): against pyapp.reference.quants' exact
     integer sums (float32 rounding only), and against the f32 product within int8's rounding; also as
     two row blocks writing their columns of a wider Y (ldy)."""
@@ -149,7 +150,7 @@ def test_matmul_q8(dev, qtype, rows, t, tile):
         pytest.skip("tile beyond this device's workgroup limits")
     from pyapp.reference.quants import matmul_int8, quantize_activations_q8
     rng = np.random.default_rng(41 + t + ggml.lookup(qtype).id)
-    k = 512 if qtype == "q4_k" else 64 * 11
+    k = 512 if qtype in ("q4_k", "q6_k") else 64 * 11
     raw = random_tensor(qtype, rows, k, rng)
     w = dequantize(qtype, raw, rows, k)
     x = rng.standard_normal((t, k)).astype(np.float32)

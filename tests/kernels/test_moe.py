@@ -113,15 +113,15 @@ def test_moe_grouped_experts_match_slot_by_slot(dev, qtype, t, e, ksel, per_slot
 
 @pytest.mark.parametrize("qtype,t,e,ksel,per_slot", [("q4_k", 70, 11, 4, False), ("q4_k", 37, 128, 8, True),
                                                      ("q4_k", 5, 3, 2, False), ("q5_0", 37, 128, 8, True),
-                                                     ("q8_0", 70, 11, 4, False)],
-                         ids=["tiles-over-64", "26b-a4b-per-slot", "few", "q5_0-down", "q8_0"])
+                                                     ("q8_0", 70, 11, 4, False), ("q6_k", 37, 11, 4, True)],
+                         ids=["tiles-over-64", "26b-a4b-per-slot", "few", "q5_0-down", "q8_0", "q6_k"])
 def test_moe_grouped_experts_q8(dev, qtype, t, e, ksel, per_slot):
     """The grouped int8 expert matmul (moe_grouped_q8, after moe_group with the device's MoE tile)
     against pyapp.reference.quants' exact integer sums for each slot's expert and input row, with ids
     the cache leaves out (NOT_HERE: unwritten) and W split into two buffers of experts."""
     from pyapp.reference.quants import matmul_int8
     rng = np.random.default_rng(5 * t + e)
-    k, n = (512, 130) if qtype == "q4_k" else (704, 67)
+    k, n = (512, 130) if qtype in ("q4_k", "q6_k") else (704, 67)
     raw = random_tensor(qtype, e * n, k, rng)
     w = dequantize(qtype, raw, e * n, k).reshape(e, n, k)
     ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)

@@ -159,7 +159,7 @@ def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
 
 
 # weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
-INT8_TYPES = {ggml.Q4_K: 256, ggml.Q4_0: 64, ggml.Q5_0: 64, ggml.Q8_0: 64}
+INT8_TYPES = {ggml.Q4_K: 256, ggml.Q6_K: 256, ggml.Q4_0: 64, ggml.Q5_0: 64, ggml.Q8_0: 64}
 
 
 def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
@@ -169,12 +169,15 @@ def int8_matmul(qtype, k: int, n_tokens: int) -> bool:
 
 
 def q8_weights_prelude(qtype, k: int) -> str:
-    """The int8 tile's weight format (shaders/q8_weights_q4k.wgsl or q8_weights_b32.wgsl) for qtype."""
+    """The int8 tile's weight format (shaders/q8_weights_q4k.wgsl, q8_weights_q6k.wgsl or q8_weights_b32.wgsl)
+    for qtype."""
     t = quant_type(qtype)
     if t not in INT8_TYPES or k % INT8_TYPES[t]:
         raise ValueError(f"no int8 matmul for {ggml.name(t)} rows of {k}")
     if t == ggml.Q4_K:
         return "//!include q8_weights_q4k\n"
+    if t == ggml.Q6_K:
+        return "//!include quants\n//!include q8_weights_q6k\n"
     return q8_b32_prelude(t) + "//!include quants\n//!include q8_weights_b32\n"
 
 
