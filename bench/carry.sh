@@ -5,7 +5,8 @@
 #
 # .carry/base  (~10 MiB)  llama.cpp.tar.xz   llama.cpp source from the llama-cpp-python sdist
 #                                            (.cache/sdist, see build.py), trimmed to what the
-#                                            CUDA build of llama-bench and llama-mtmd-cli needs
+#                                            CUDA build of llama-bench, llama-quantize and
+#                                            llama-mtmd-cli needs
 #                         vocab.gguf.xz      llama.cpp's ggml-vocab-gemma-4.gguf (tokenizer keys
 #                                            for the bench models; a26b's gemma4.* header)
 #                         whl/*.whl          wgpu cffi pycparser rendercanvas gguf, cp312 manylinux
@@ -48,16 +49,17 @@ cp -a "$SRC"/CMakeLists.txt "$SRC"/LICENSE "$SRC"/cmake "$SRC"/include "$SRC"/sr
 cp -a "$SRC"/ggml/CMakeLists.txt "$SRC"/ggml/cmake "$SRC"/ggml/include "$DST/ggml/"
 find "$SRC/ggml/src" -maxdepth 1 -type f -exec cp -a {} "$DST/ggml/src/" \;
 cp -a "$SRC/ggml/src/ggml-cpu" "$SRC/ggml/src/ggml-cuda" "$DST/ggml/src/"
-cp -a "$SRC/tools/llama-bench" "$DST/tools/"
+cp -a "$SRC/tools/llama-bench" "$SRC/tools/quantize" "$DST/tools/"
 # tools/mtmd (llama-mtmd-cli: images, issue 28) without its sample media, tests and legacy models
 mkdir -p "$DST/tools/mtmd"
 (cd "$SRC/tools/mtmd" && cp -a ./*.cpp ./*.h CMakeLists.txt models debug "$DST/tools/mtmd/")
-# tools/CMakeLists.txt adds every tool (their sources must exist at configure time): only these two
+# tools/CMakeLists.txt adds every tool (their sources must exist at configure time): only these three
 cat > "$DST/tools/CMakeLists.txt" <<'EOF'
-# trimmed by bench/carry.sh: only llama-bench and mtmd (llama-mtmd-cli)
+# trimmed by bench/carry.sh: only llama-bench, quantize (llama-quantize) and mtmd (llama-mtmd-cli)
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
+add_subdirectory(quantize)
 add_subdirectory(mtmd)
 EOF
 VERSION=$(basename "$SDIST" .tar.gz)

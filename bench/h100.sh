@@ -9,9 +9,12 @@
 # Steps (each skips what is already done; REDO=1 redoes result steps):
 #   setup    unpack .carry/base (wheels -> $W/site, Vulkan loader if the machine lacks one, llama.cpp
 #            source, vocabulary) and .carry/node (node, Pyodide, Dawn), print the versions
-#   build    start the CUDA build of BUILD_TARGETS (llama-bench, llama-mtmd-cli) in the background (setsid:
+#   build    start the CUDA build of BUILD_TARGETS (llama-bench, llama-quantize, llama-mtmd-cli) in the background (setsid:
 #            it outlives this call, ~7 min on 16 cores), log in $W/build.log
-#   models   write the bench models (MODELS) into /tmp with tools/make_bench_model.py, in parallel
+#   models   write the bench models (MODELS) into /tmp with tools/make_bench_model.py, in parallel; for a
+#            spec SHAPE:lq-TYPE (e2b:lq-Q4_K_M, a26b:lq-Q4_0: the files people pull) its SHAPE:Q8_0 source
+#   quantize SHAPE:lq-TYPE specs of MODELS: llama.cpp's own llama-quantize SHAPE:Q8_0 -> TYPE (after the build;
+#            Q4_K_M keeps the head, the PLE table and some layers in Q6_K), its log -> quantize.log
 #   wait     wait for the build (until this call's time budget runs short)
 #   llama    llama-bench -p PROMPT -n GEN -ngl 99 -o jsonl, one run per model
 #   ours     bench/bench.py --kernels (native wgpu backend), PROMPT/GEN/CONTEXT/CHUNK
@@ -81,8 +84,8 @@
 #      bench/RESULTS.md, 2026-11-23, shown beside the diffusion rows unless a26b records are in $RES).
 #      SPEC_MODELS ("e2b:Q4_K"), SPEC_PROMPTS ("repeat random"), SPEC_N ("0 4 8 16"), SPEC_GEN (GEN).
 #      INT8 (0: our engine on f32 activations throughout, Engine.open(int8=False): browser, gpuprof).
-#      BUILD_TARGETS ("llama-bench llama-mtmd-cli"; llama-mtmd-cli is left out when the carried source has no
-#      tools/mtmd), VISION_SHAPES ("e2b a26b"), VISION_BUDGETS ("280 1120"), VISION_QUANT (Q4_K), VISION_REPEAT (5),
+#      BUILD_TARGETS ("llama-bench llama-quantize llama-mtmd-cli"; llama-quantize and llama-mtmd-cli are left out
+#      when the carried source has no tools/quantize or tools/mtmd), VISION_SHAPES ("e2b a26b"), VISION_BUDGETS ("280 1120"), VISION_QUANT (Q4_K), VISION_REPEAT (5),
 #      VISION_IMAGES (4: images in llama-mtmd-cli's second run), VISION_LLAMA_ARGS (extra llama-mtmd-cli
 #      arguments), VISION_BROWSER (1).
 set -uo pipefail
@@ -121,7 +124,7 @@ SPEC_MODELS=${SPEC_MODELS:-"e2b:Q4_K"}
 SPEC_PROMPTS=${SPEC_PROMPTS:-"repeat random"}
 SPEC_N=${SPEC_N:-"0 4 8 16"}
 SPEC_GEN=${SPEC_GEN:-$GEN}
-BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-mtmd-cli"}
+BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-quantize llama-mtmd-cli"}
 VISION_SHAPES=${VISION_SHAPES:-"e2b a26b"}
 VISION_BUDGETS=${VISION_BUDGETS:-"280 1120"}
 VISION_QUANT=${VISION_QUANT:-Q4_K}
@@ -160,6 +163,7 @@ build_targets() {
     local t out=()
     for t in $BUILD_TARGETS; do
         [ "$t" = llama-mtmd-cli ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/tools/mtmd" ] && continue
+        [ "$t" = llama-quantize ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/tools/quantize" ] && continue
         out+=("$t")
     done
     echo "${out[*]}"
@@ -266,9 +270,13 @@ step_wait() {
     [ "$s" = ok ]
 }
 
+# a spec's source for make_bench_model.py: SHAPE:lq-TYPE files are llama-quantize's, from SHAPE:Q8_0
+generated_spec() { case ${1##*:} in lq-*) echo "${1%%:*}:Q8_0" ;; *) echo "$1" ;; esac; }
+
 step_models() {
     local spec path pids=() specs=() i rc=0
     for spec in $MODELS $TTFT_MODELS; do
+        spec=$(generated_spec "$spec")
         path=$(model_path "$spec")
         case " ${specs[*]} " in *" $spec "*) continue ;; esac
         [ -f "$path" ] && [ -f "$path.ok" ] && continue
@@ -280,6 +288,28 @@ step_models() {
     done
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || { rc=1; log "models: ${specs[$i]} failed"; }; done
     ls -la "$MODEL_DIR"/bench-*.gguf 2>/dev/null
+    return $rc
+}
+
+step_quantize() {
+    local spec path src rc=0
+    for spec in $MODELS $TTFT_MODELS; do
+        case ${spec##*:} in lq-*) ;; *) continue ;; esac
+        path=$(model_path "$spec")
+        [ -f "$path" ] && [ -f "$path.ok" ] && continue
+        [ -x "$W/build/bin/llama-quantize" ] || { log "quantize: llama-quantize not built ($(build_state))"; return 1; }
+        src=$(model_path "$(generated_spec "$spec")")
+        [ -f "$src.ok" ] || { log "quantize: $src missing (the models step first)"; rc=1; continue; }
+        log "quantize: $src -> $path (${spec##*:lq-})"
+        # --allow-requantize: the source is Q8_0, as a Q8_0 download would be
+        if limited 0 "$W/build/bin/llama-quantize" --allow-requantize "$src" "$path.tmp" "${spec##*:lq-}" \
+                >> "$W/quantize.log" 2>&1; then
+            mv "$path.tmp" "$path" && touch "$path.ok"
+            grep -E "model size|quant size" "$W/quantize.log" | tail -2
+        else
+            rc=1; log "quantize: $spec failed (tail of $W/quantize.log:)"; tail -5 "$W/quantize.log"
+        fi
+    done
     return $rc
 }
 
@@ -718,6 +748,7 @@ finish() {   # what comes back: the files in $OUT
     fi
     cp "$RES/table.md" "$OUT/" 2>/dev/null
     [ -f "$W/build.log" ] && tail -c 8000000 "$W/build.log" > "$OUT/build.log"
+    [ -f "$W/quantize.log" ] && tail -c 2000000 "$W/quantize.log" > "$OUT/quantize.log"
     log "call done; build $(build_state)"
     sleep 0.2
     tail -c 8000000 "$W/h100.log" > "$OUT/h100.log"
@@ -731,7 +762,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|table|status) ;;
+        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done
