@@ -75,7 +75,7 @@ def moe_tiles():
 
 def _q8_tiles():
     from pyapp.gpu.kernels import Q8Tile
-    return [Q8Tile(64, 64), Q8Tile(64, 128), Q8Tile(128, 64, 8), Q8Tile(128, 128, 8), Q8Tile(128, 64)]
+    return [Q8Tile(64, 64), Q8Tile(64, 128), Q8Tile(128, 64, 8), Q8Tile(128, 128, 8), Q8Tile(128, 64), Q8Tile(64, 32)]
 
 
 Q8_TILES = _q8_tiles()

@@ -11,7 +11,7 @@
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
 //        VISION_PNG_DIR (/tmp/h100/vision: img-BUDGET.png, written by bench/vision_bench.py --png-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
-//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES)
+//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k")
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -58,7 +58,8 @@ sys.path.insert(0, "/repo/bench")
 import matmul_sweep
 from pyapp.gpu import get_device_async
 shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAPES || ""}".split()]
-rows = await matmul_sweep.sweep_async(await get_device_async("browser"), n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
+quants = tuple("${process.env.SWEEP_QUANTS || "q4_k"}".split())
+rows = await matmul_sweep.sweep_async(await get_device_async("browser"), quants, n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
                                       shapes=shapes or matmul_sweep.SHAPES)
 if not shapes:
     rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))

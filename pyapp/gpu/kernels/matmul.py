@@ -143,13 +143,24 @@ class Q8Tile:
             ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
 
 
-# bench/matmul_sweep.py on an H100 (bench/RESULTS.md): 8 rows a thread is 5-20% faster on rows of 1536,
-# 2048, 4096 and 6144; rows not a multiple of 128 take 64-row tiles (a26b's 2112: 1.45x slower at 128).
-# Rows of 2816 are 1.3-1.8x slower at 128 than at 64 (a partial second wave of workgroups): not yet
-# picked by this rule. Devices allowing fewer threads take Q8_FALLBACK.
+# The tile by the workgroups a matmul makes (bench/matmul_sweep.py on the H100's browser path, 512 tokens,
+# int8, quantization included, bench/RESULTS.md 2026-11-27): the 128 x 64 tile with 8 rows a thread runs best
+# where it makes many workgroups (E4B's 20480-row gate|up: 1184 us against 1297 at 64 x 32); with a few waves
+# of them or fewer, the GPU idles in the last wave and 64 x 32 (4x the workgroups) wins: E4B's 2560 x 10240
+# down 788 against 1047 us (Q6_K 1112 against 1509), 256 x 2560 79 against 152, 1536 x 12288 622 against 699.
+# (2048 rows, 128 workgroups at 128 x 64, one exact wave of the H100's 132 SMs, is the exception: 182 against
+# 235.) Devices allowing fewer threads take Q8_FALLBACK.
 Q8_MATMUL = Q8Tile(128, 64, 8)
-Q8_NARROW = Q8Tile(64, 64)
-Q8_FALLBACK = Q8Tile(64, 32)       # 128 threads
+Q8_SMALL = Q8Tile(64, 32)          # 128 threads
+Q8_FALLBACK = Q8_SMALL
+Q8_MATMUL_MIN_WORKGROUPS = 256
+
+
+def q8_tile_for(rows: int, n_tokens: int) -> Q8Tile:
+    """The int8 matmul's tile for rows of W and a step of n_tokens: the large one only where it fills the GPU."""
+    big = Q8_MATMUL
+    workgroups = rows // big.rows * -(-n_tokens // big.tokens)
+    return big if rows % big.rows == 0 and workgroups >= Q8_MATMUL_MIN_WORKGROUPS else Q8_SMALL
 
 
 def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
@@ -201,7 +212,7 @@ def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: 
 def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs)."""
-    tile = tile or fit_q8_tile(dev, Q8_MATMUL if n % Q8_MATMUL.rows == 0 else Q8_NARROW)
+    tile = tile or fit_q8_tile(dev, q8_tile_for(n, n_tokens))
     p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()
