@@ -220,11 +220,28 @@ def serve(port: int) -> None:
 
 
 def test(pytest_args: list[str]) -> int:
+    """The suite, or the tests pytest_args select. The whole suite runs as two pytest processes side by side:
+    the browser tests (Chromium on SwiftShader; their time goes to the GPU process, which leaves a core
+    partly idle) and everything else; each process's output is printed whole, the browser's when it ends."""
     setup()
     build()
     env = dict(os.environ, PYTHONUNBUFFERED="1", GEMMA4_VENDORED=str(CACHE / "llama.cpp"))
-    rc = subprocess.run([str(VPY), "-m", "pytest", "-q", "-rs", "--durations=30", *pytest_args], cwd=ROOT,
-                        env=env).returncode   # the slowest 30: where CI's time goes
+    pytest = [str(VPY), "-m", "pytest", "-q", "-rs", "--durations=30"]   # the slowest 30: where CI's time goes
+    if any(not a.startswith("-") for a in pytest_args):                  # a selection: one process
+        return _pytest_rc(subprocess.run([*pytest, *pytest_args], cwd=ROOT, env=env).returncode)
+    with open(ROOT / ".cache" / "browser-tests.log", "w+", encoding="utf-8") as log:
+        browser = subprocess.Popen([*pytest, *pytest_args, "tests/browser"], cwd=ROOT, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)
+        rest = subprocess.run([*pytest, *pytest_args, "tests", "--ignore=tests/browser"], cwd=ROOT, env=env)
+        browser_rc = browser.wait()
+        log.seek(0)
+        print("\n==== the browser tests (tests/browser), run beside the others ====", flush=True)
+        shutil.copyfileobj(log, sys.stdout)
+        sys.stdout.flush()
+    return max(_pytest_rc(rest.returncode), _pytest_rc(browser_rc))
+
+
+def _pytest_rc(rc: int) -> int:
     if rc == 5:
         print("pytest collected no tests: that is a failure here", file=sys.stderr)
         return 1

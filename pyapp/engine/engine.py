@@ -28,13 +28,12 @@ from ..runtime.soft_tokens import cache_keys
 from ..sampling import SamplingParams
 from ..steps import drive, drive_async
 from . import decode, loading, speculative
-from .loading import DEFAULT_CHUNK
 
 
 class Engine(LoadedModel):
     # -- loading ------------------------------------------------------------------
     @classmethod
-    def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
+    def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int | None = None,
              progress=None, cancelled=None, device: Device | None = None, **memory) -> LoadedModel:
         """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device; returns its family's
         engine (pyapp.families: an Engine, or the family's own, e.g. a DiffusionEngine). memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16 (pyapp.engine.loading.load)."""
@@ -46,7 +45,7 @@ class Engine(LoadedModel):
                      handler(dev, gguf.source))
 
     @classmethod
-    async def open_async(cls, gguf, device: Device, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
+    async def open_async(cls, gguf, device: Device, context_length: int | None = None, chunk: int | None = None,
                          progress=None, cancelled=None, **memory) -> LoadedModel:
         """Load in the browser. gguf.source: a sync ByteSource (FileReaderSync, for per-token
         PLE rows) with a `.blob` (the File) so weights go Blob -> GPU inside JS."""
@@ -55,7 +54,7 @@ class Engine(LoadedModel):
 
     @staticmethod
     def plan(gguf, limits: dict, context_length: int | None = None, gpu_memory_mib: float | None = None,
-             expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int = DEFAULT_CHUNK):
+             expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int | None = None):
         """The MemoryPlan loading would follow (see pyapp.engine.loading.load's options), without a GPU."""
         return loading.plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file)[3]
 

@@ -18,6 +18,7 @@ from ..errors import Fault
 from ..gguf import GGUFError
 from ..gpu import GPUError
 from ..families import family_for
+from ..families.gemma4_vision.config import BUDGETS as IMAGE_BUDGETS
 from ..model.config import ConfigError
 from ..model.lora import LoraError, load_lora
 from ..model.weights import WeightsError, bind
@@ -32,6 +33,14 @@ from ..source import SourceError
 # The most tokens one prefill step takes. Long prompts need wide steps to fill a big GPU (on an
 # H100, E2B prefill: 928 tok/s in steps of 64, 3026 in steps of 512); short ones take a 64-token plan.
 DEFAULT_CHUNK = 512
+
+
+def default_chunk(cfg) -> int:
+    """DEFAULT_CHUNK, or, where an image's soft tokens attend each other both ways (26B-A4B, 31B: all of
+    them must be in the step that computes them), a step that holds the largest image budget's."""
+    if getattr(cfg, "image_attention_both_ways", False):
+        return max(DEFAULT_CHUNK, max(IMAGE_BUDGETS))
+    return DEFAULT_CHUNK
 
 
 def _mib(n: float | None) -> int | None:
@@ -56,12 +65,14 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
                           f"context of at most {limit // per_token} tokens", fault=Fault.DOES_NOT_FIT)
 
 
-def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEFAULT_CHUNK,
+def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | None = None,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None):
-    """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU."""
+    """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU.
+    chunk: the most tokens a prefill step takes (None: default_chunk)."""
     family = family_for(gguf)
     try:
         cfg = family.config.from_gguf(gguf)
+        chunk = chunk or default_chunk(cfg)
         bound = bind(cfg, gguf.tensors)
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
@@ -72,7 +83,7 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int = DEF
     return family, cfg, bound, mem
 
 
-def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int, progress, cancelled,
+def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | None, progress, cancelled,
          gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
          ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True, f16: bool = False):
     """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
@@ -91,6 +102,7 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int, p
     declare none (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                    ple_in_file)
+    chunk = chunk or default_chunk(cfg)
     try:
         adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]
     except (LoraError, GGUFError, SourceError, OSError) as e:

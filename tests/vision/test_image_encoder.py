@@ -124,6 +124,21 @@ def test_an_image_longer_than_a_step_is_refused_where_it_must_stay_whole(dev):
         eng.forward(tokens, soft=[soft_run(dev, enc, golden, 1, tokens.index(7))])
 
 
+@pytest.mark.parametrize("stem,chunk", [("ollama-dense", 512), ("ollama-moe-published", 1120)])
+def test_the_default_step_holds_the_largest_image_where_it_must_stay_whole(dev, stem, chunk):
+    """Loaded without a chunk, a model whose images attend both ways (26B-A4B, 31B) takes prefill steps of
+    the largest image budget's soft tokens (1120), so no budget the app offers is refused; the others keep
+    512. The memory plan counts the wider step's activations."""
+    from pyapp.engine import DEFAULT_CHUNK, Engine
+    from pyapp.families.gemma4_vision.config import BUDGETS
+    assert chunk in (DEFAULT_CHUNK, max(BUDGETS))
+    eng = Engine.open(FORMS / f"{stem}.gguf", device=dev, context_length=64, int8=False)
+    assert eng.runner.chunk == chunk and chunk in eng.runner.step_sizes
+    wide = Engine.plan(eng.gguf, dev.limits, context_length=64)
+    narrow = Engine.plan(eng.gguf, dev.limits, context_length=64, chunk=DEFAULT_CHUNK)
+    assert (wide.state > narrow.state) == (chunk > DEFAULT_CHUNK)
+
+
 def test_the_cache_keeps_a_prefix_only_with_the_same_image(dev):
     """A chat's next turn reuses the cached image only when the same image sits at the same place; the
     same ids with another image are evaluated again, and give that image's answer."""
