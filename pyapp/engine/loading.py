@@ -18,7 +18,6 @@ from ..errors import Fault
 from ..gguf import GGUFError
 from ..gpu import GPUError
 from ..families import family_for
-from ..families.gemma4_vision.config import BUDGETS as IMAGE_BUDGETS
 from ..model.config import ConfigError
 from ..model.lora import LoraError, load_lora
 from ..model.weights import WeightsError, bind
@@ -36,11 +35,9 @@ DEFAULT_CHUNK = 512
 
 
 def default_chunk(cfg) -> int:
-    """DEFAULT_CHUNK, or, where an image's soft tokens attend each other both ways (26B-A4B, 31B: all of
-    them must be in the step that computes them), a step that holds the largest image budget's."""
-    if getattr(cfg, "image_attention_both_ways", False):
-        return max(DEFAULT_CHUNK, max(IMAGE_BUDGETS))
-    return DEFAULT_CHUNK
+    """DEFAULT_CHUNK, or more where a step must hold a whole image (its soft tokens attend each other both
+    ways: 26B-A4B, 31B; Gemma4Config.whole_image_tokens)."""
+    return max(DEFAULT_CHUNK, getattr(cfg, "whole_image_tokens", 0))
 
 
 def _mib(n: float | None) -> int | None:

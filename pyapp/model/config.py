@@ -21,6 +21,9 @@ from typing import ClassVar
 from ..errors import Fault, Gemma4Error
 from . import weights
 
+# The most soft tokens one image takes (Gemma 4's processor's largest budget; the vision family's BUDGETS).
+IMAGE_TOKENS_MAX = 1120
+
 ARCH = "gemma4"
 
 # Bounds: each far above any Gemma 4, and within what the kernels take. They keep a
@@ -193,6 +196,12 @@ class Gemma4Config:
         are those without per-layer embeddings (llama.cpp's mtmd tells them by their width, 1536 and
         2560 being E2B's and E4B's, the two with PLE)."""
         return not self.has_ple
+
+    @property
+    def whole_image_tokens(self) -> int:
+        """Soft tokens a prompt step must hold at least: where an image attends both ways, all of its
+        tokens are computed in one step, so the largest image (IMAGE_TOKENS_MAX); else none."""
+        return IMAGE_TOKENS_MAX if self.image_attention_both_ways else 0
 
     @property
     def first_shared_layer(self) -> int:

@@ -11,11 +11,12 @@ import math
 from dataclasses import dataclass
 
 from ...errors import Gemma4Error
+from ...model.config import IMAGE_TOKENS_MAX
 from .weights import PATCH_EMBD, POSITIONS, PROJECTION, STD_BIAS, layer_tensor
 
 PREFIXES = ("gemma4.vision.", "clip.vision.")
 ROPE_THETA = 100.0                        # transformers' Gemma4VisionConfig default; Ollama's runtime too
-BUDGETS = (70, 140, 280, 560, 1120)       # soft tokens an image may take (the processor's choices)
+BUDGETS = (70, 140, 280, 560, IMAGE_TOKENS_MAX)   # soft tokens an image may take (the processor's choices)
 DEFAULT_BUDGET = 280
 
 
