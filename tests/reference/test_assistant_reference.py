@@ -1,0 +1,62 @@
+"""The numpy assistant drafter (pyapp/families/gemma4_assistant/reference.py, issue 29 goal 4) against
+transformers' Gemma4AssistantForCausalLM on the tiny drafter fixture (tools/make_assistant_fixture.py):
+4 chained draft steps after prompts of 3, 5 and 13 tokens (shorter than the drafter's sliding view of
+window + 1 keys, equal to it, longer), first from transformers' own target K/V and state, then from
+the numpy target's (pyapp/reference/forward.py) on the same file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support.paths import FIXTURES
+
+DRAFTER = FIXTURES / "gemma4-assistant-f32.gguf"
+TARGET = FIXTURES / "gemma4-dense-f32.gguf"
+GOLDEN = FIXTURES / "gemma4-assistant-f32.golden.npz"
+CASES = range(3)
+
+
+@pytest.fixture(scope="module")
+def models():
+    from pyapp.families.gemma4_assistant.reference import DrafterReference
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    return DrafterReference(read_gguf(DRAFTER)), ReferenceModel(read_gguf(TARGET)), np.load(GOLDEN)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_draft_steps_match_transformers(models, case):
+    from pyapp.families.gemma4_assistant.reference import TargetKV, target_embedder
+    drafter, target, golden = models
+    kv = TargetKV(*(golden[f"{name}_{case}"] for name in ("k_sliding", "v_sliding", "k_full", "v_full")))
+    prompt = golden[f"prompt_{case}"]
+    steps = drafter.draft(target_embedder(target.w.token_embd), int(golden[f"first_token_{case}"][0]),
+                          golden[f"target_state_{case}"], len(prompt), kv, len(golden[f"tokens_{case}"]))
+    logits = np.stack([s.logits for s in steps])
+    states = np.stack([s.state for s in steps])
+    print(f"case {case}: logits max abs diff {np.abs(logits - golden[f'logits_{case}']).max():.2e}, "
+          f"states {np.abs(states - golden[f'states_{case}']).max():.2e}")
+    assert relative_error(logits, golden[f"logits_{case}"]) < 1e-5
+    assert relative_error(states, golden[f"states_{case}"]) < 1e-5
+    assert [s.token for s in steps] == golden[f"tokens_{case}"].tolist()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_numpy_target_gives_the_drafter_what_transformers_does(models, case):
+    """The numpy target's K/V (its last layer of each kind with its own K/V) equal transformers' shared_kv_states."""
+    from pyapp.families.gemma4_assistant.config import kv_layer
+    from pyapp.reference.forward import KVCache
+    drafter, target, golden = models
+    drafter.cfg.check_target(target.cfg)
+    cache = KVCache()
+    target.forward(golden[f"prompt_{case}"].tolist(), cache)
+    sliding, full = kv_layer(target.cfg, True), kv_layer(target.cfg, False)
+    assert relative_error(cache.k[sliding], golden[f"k_sliding_{case}"]) < 1e-5
+    assert relative_error(cache.v[sliding], golden[f"v_sliding_{case}"]) < 1e-5
+    assert relative_error(cache.k[full], golden[f"k_full_{case}"]) < 1e-5
+    assert relative_error(cache.v[full], golden[f"v_full_{case}"]) < 1e-5
