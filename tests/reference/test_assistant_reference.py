@@ -60,3 +60,37 @@ def test_numpy_target_gives_the_drafter_what_transformers_does(models, case):
     assert relative_error(cache.v[sliding], golden[f"v_sliding_{case}"]) < 1e-5
     assert relative_error(cache.k[full], golden[f"k_full_{case}"]) < 1e-5
     assert relative_error(cache.v[full], golden[f"v_full_{case}"]) < 1e-5
+
+
+@pytest.mark.parametrize("n_drafts", [1, 4])
+def test_speculation_with_the_drafter_keeps_greedy_output(models, n_drafts):
+    """Greedy tokens with the drafter's drafts checked by the numpy target equal plain greedy decoding.
+    The random drafter was not trained on this target: its drafts are rarely right (the rate is printed)."""
+    from pyapp.families.gemma4_assistant.reference import speculative_greedy
+    drafter, target, golden = models
+    prompt = golden["prompt_2"].tolist()
+    plain = target.generate_greedy(prompt, 24)
+    result = speculative_greedy(target, drafter, prompt, 24, n_drafts)
+    print(f"{n_drafts} drafts a step: {result.accepted}/{result.drafted} accepted ({result.acceptance:.0%}), "
+          f"{len(result.tokens) / (result.steps + 1):.2f} tokens a target step")
+    assert result.tokens == plain
+
+
+def test_speculation_keeps_greedy_output_when_drafts_are_partly_right(models, monkeypatch):
+    """The cut-back of the target's cache after partly accepted drafts: drafts that are the greedy
+    continuation with every third position wrong."""
+    from pyapp.families.gemma4_assistant import reference
+    drafter, target, golden = models
+    prompt = golden["prompt_1"].tolist()
+    plain = target.generate_greedy(prompt, 30)
+    history = prompt + plain
+
+    def partly_right(target_embed, token, state, position, kv, n):
+        right = history[position + 1:position + 1 + n]
+        wrong = [(t + 1) % drafter.cfg.vocab_size if (position + i) % 3 == 0 else t for i, t in enumerate(right)]
+        return [reference.DraftStep(logits=np.eye(drafter.cfg.vocab_size, dtype=np.float32)[t], state=state)
+                for t in wrong]
+    monkeypatch.setattr(drafter, "draft", partly_right)
+    result = reference.speculative_greedy(target, drafter, prompt, 30, 4)
+    assert result.tokens == plain
+    assert 0 < result.accepted < result.drafted

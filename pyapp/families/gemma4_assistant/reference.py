@@ -132,3 +132,62 @@ def target_embedder(target_token_embd: np.ndarray):
     def target_embed(token: int) -> np.ndarray:
         return target_token_embd[token] * scale
     return target_embed
+
+
+@dataclass
+class SpeculativeResult:
+    tokens: list[int]
+    drafted: int          # drafts checked by the target
+    accepted: int         # drafts the target's greedy choice confirmed
+    steps: int            # target steps after the prompt
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def speculative_greedy(target, drafter: DrafterReference, prompt: list[int], n_new: int,
+                       n_drafts: int) -> SpeculativeResult:
+    """Greedy generation of n_new tokens by a numpy target (pyapp.reference.forward.ReferenceModel) with
+    the drafter's n_drafts drafts checked in each target step, as transformers' assisted generation
+    chains them: the drafter starts from the newest token and the target's final-normed state of the
+    token before it, reads the target's K/V of the positions before it, and the target's cache is cut
+    back to the kept tokens after each check. The tokens equal target.generate_greedy's."""
+    from ...reference.forward import KVCache
+    from .config import kv_layer
+    drafter.cfg.check_target(target.cfg)
+    sliding_source = kv_layer(target.cfg, True)
+    full_source = kv_layer(target.cfg, False)
+    target_embed = target_embedder(target.w.token_embd)
+    cache = KVCache()
+    logits = target.forward(prompt, cache)
+    token = logits.argmax_row(-1)
+    state = target.final_hidden[-1]
+    out = [token]
+    drafted = accepted = steps = 0
+    while len(out) < n_new:
+        position = cache.length
+        kv = TargetKV(cache.k[sliding_source], cache.v[sliding_source], cache.k[full_source], cache.v[full_source])
+        n_ask = min(n_drafts, n_new - len(out) - 1)
+        drafts = [step.token for step in drafter.draft(target_embed, token, state, position, kv, n_ask)]
+        logits = target.forward([token] + drafts, cache)
+        choices = [logits.argmax_row(row) for row in range(len(drafts) + 1)]
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == choices[kept]:
+            kept += 1
+        drafted += len(drafts)
+        accepted += kept
+        steps += 1
+        out += drafts[:kept] + [choices[kept]]
+        cut_back(cache, position + 1 + kept)
+        state = target.final_hidden[kept]
+        token = choices[kept]
+    return SpeculativeResult(tokens=out[:n_new], drafted=drafted, accepted=accepted, steps=steps)
+
+
+def cut_back(cache, length: int) -> None:
+    """Forget a numpy KVCache's positions from `length` on (rejected drafts)."""
+    for layer in cache.k:
+        cache.k[layer] = cache.k[layer][:, :length]
+        cache.v[layer] = cache.v[layer][:, :length]
+    cache.length = length
