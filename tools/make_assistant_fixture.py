@@ -1,4 +1,4 @@
-"""Make the tiny Gemma 4 assistant drafter fixture and its golden draft steps (tests/fixtures/).
+"""Make the tiny Gemma 4 assistant drafter fixture and its golden draft steps (tests/fixtures/assistant/).
 
     python tools/make_assistant_fixture.py [--out tests/fixtures] [--seed 7]
 
@@ -124,7 +124,8 @@ def main() -> int:
     out = Path(args.out)
     target = target_model(out / f"{TARGET}.gguf")
     drafter = drafter_model(args.seed)
-    dest = out / f"{STEM}.gguf"
+    dest = out / "assistant" / f"{STEM}.gguf"
+    dest.parent.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "hf"
         write_checkpoint(drafter, ckpt)
@@ -135,7 +136,7 @@ def main() -> int:
         prompt = [2] + rng.integers(5, TARGET_VOCAB, n - 1).tolist()
         for key, value in draft_chain(target, drafter, prompt).items():
             golden[f"{key}_{i}"] = value
-    np.savez_compressed(out / f"{STEM}.golden.npz", **golden)
+    np.savez_compressed(dest.parent / f"{STEM}.golden.npz", **golden)
     print(f"{dest.name}: {dest.stat().st_size / 2**20:.2f} MiB; draft tokens "
           + " ".join(str(golden[f"tokens_{i}"].tolist()) for i in range(len(PROMPT_LENGTHS))))
     return 0

@@ -11,9 +11,9 @@ import pytest
 
 from support.paths import FIXTURES
 
-DRAFTER = FIXTURES / "gemma4-assistant-f32.gguf"
+DRAFTER = FIXTURES / "assistant" / "gemma4-assistant-f32.gguf"
 TARGET = FIXTURES / "gemma4-dense-f32.gguf"
-GOLDEN = FIXTURES / "gemma4-assistant-f32.golden.npz"
+GOLDEN = FIXTURES / "assistant" / "gemma4-assistant-f32.golden.npz"
 CASES = range(3)
 
 
