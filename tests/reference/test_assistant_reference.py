@@ -94,3 +94,19 @@ def test_speculation_keeps_greedy_output_when_drafts_are_partly_right(models, mo
     result = reference.speculative_greedy(target, drafter, prompt, 30, 4)
     assert result.tokens == plain
     assert 0 < result.accepted < result.drafted
+
+
+def test_a_drafter_refuses_a_target_it_was_not_made_for(models):
+    from pyapp.families.gemma4_assistant.config import DrafterConfig
+    from pyapp.gguf import read_gguf
+    from pyapp.model.config import ConfigError, Gemma4Config
+    drafter, _, _ = models
+    moe = Gemma4Config.from_gguf(read_gguf(FIXTURES / "gemma4-moe-f32.gguf"))
+    with pytest.raises(ConfigError, match="width 256, the target's is 128"):
+        drafter.cfg.check_target(moe)
+    meta = dict(read_gguf(DRAFTER).metadata)
+    meta["gemma4-assistant.attention.shared_kv_layers"] = 2
+    with pytest.raises(ConfigError, match="every layer reads the target's K/V"):
+        DrafterConfig.from_metadata(meta)
+    with pytest.raises(ConfigError, match="not an assistant drafter"):
+        DrafterConfig.from_metadata(read_gguf(TARGET).metadata)
