@@ -1,10 +1,11 @@
 """Speculative decoding: the next-token loop with drafts checked in one step.
 
 Greedy only (params.speculates). Each token the CPU knows is followed by the tokens a draft source
-drafts after it (prompt lookup, pyapp.prompt_lookup; or the engine's `drafter`: an assistant drafter), all run through the layers as one step (`verify`); the
-drafts that match the greedy choice after the token before them are kept, plus that choice after
-the last one kept. The rest of the step's K/V lie past the kept tokens, where later steps write
-again in order. No draft: the one-token step of pyapp.engine.decode.
+drafts after it (prompt lookup, pyapp.prompt_lookup, or the engine's `drafter`: an assistant
+drafter), all run through the layers as one step (`verify`); the drafts that match the greedy choice
+after the token before them are kept, plus that choice after the last one kept. The rest of the
+step's K/V lie past the kept tokens, where later steps write again in order. No draft: the one-token
+step of pyapp.engine.decode.
 
     generation(eng, prompt, params, ...)   steps of one generation; returns its GenerationResult
     verify(eng, tok, fed, drafts)          steps: the greedy choice after tok and after each draft
@@ -24,7 +25,7 @@ from . import decode
 
 def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, should_stop=None, stop_ids=None,
                on_prefill=None, soft=()):
-    """Steps of one generation that drafts by prompt lookup (params validated, params.speculates)."""
+    """Steps of one generation that drafts by prompt lookup or eng.drafter (params validated, params.speculates)."""
     prompt, soft, result = decode.start(eng, prompt, soft)
     source = eng.drafter(prompt) if eng.drafter is not None else LookupDrafts(prompt)
     tokens = decode.Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids, on_new=source.append)

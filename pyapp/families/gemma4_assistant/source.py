@@ -37,12 +37,10 @@ class ReferenceDrafts:
     def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
         """Steps: up to `limit` drafts after tok, at its position (tok's K/V, when its step ran ahead, is not
         read); none when the sliding ring no longer holds the window + 1 keys before it."""
-        if limit <= 0:
-            return []
         position = len(eng.cached) - 1 if fed else len(eng.cached)
-        first_sliding = max(0, position - self.window - 1)
-        if position == 0:
+        if limit <= 0 or position == 0:
             return []
+        first_sliding = max(0, position - self.window - 1)
         sliding = yield from self.keys_and_values(eng, self.sliding_source, first_sliding, position)
         full = yield from self.keys_and_values(eng, self.full_source, 0, position)
         if sliding is None or full is None:
