@@ -1,10 +1,11 @@
 """Speculative decoding: the next-token loop with drafts checked in one step.
 
-Greedy only (params.speculates). Each token the CPU knows is followed by the tokens prompt lookup
-(pyapp.prompt_lookup) drafts after it, all run through the layers as one step (`verify`); the
-drafts that match the greedy choice after the token before them are kept, plus that choice after
-the last one kept. The rest of the step's K/V lie past the kept tokens, where later steps write
-again in order. No draft: the one-token step of pyapp.engine.decode.
+Greedy only (params.speculates). Each token the CPU knows is followed by the tokens a draft source
+drafts after it (prompt lookup, pyapp.prompt_lookup, or the engine's `drafter`: an assistant
+drafter), all run through the layers as one step (`verify`); the drafts that match the greedy choice
+after the token before them are kept, plus that choice after the last one kept. The rest of the
+step's K/V lie past the kept tokens, where later steps write again in order. No draft: the one-token
+step of pyapp.engine.decode.
 
     generation(eng, prompt, params, ...)   steps of one generation; returns its GenerationResult
     verify(eng, tok, fed, drafts)          steps: the greedy choice after tok and after each draft
@@ -24,22 +25,25 @@ from . import decode
 
 def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, should_stop=None, stop_ids=None,
                on_prefill=None, soft=()):
-    """Steps of one generation that drafts by prompt lookup (params validated, params.speculates)."""
+    """Steps of one generation that drafts by prompt lookup or eng.drafter (params validated, params.speculates)."""
     prompt, soft, result = decode.start(eng, prompt, soft)
-    lookup = PromptLookup(prompt)
-    tokens = decode.Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids, on_new=lookup.append)
+    source = eng.drafter(prompt) if eng.drafter is not None else LookupDrafts(prompt)
+    tokens = decode.Tokens(eng, prompt, params, result, on_token, should_stop, stop_ids, on_new=source.append)
     rng = random.Random(params.seed)
     clock = decode.Clock(eng, result)
     row = yield from decode.prefill_prompt(eng, prompt, soft, result, on_prefill)
     tok, fed = None, False      # the newest token once read; fed: its step ran (decoded ahead)
+    state_row = None            # the final-normed row of the token before tok: a greedy head row, None: the last head's
     while True:
         if tok is None:         # draw the token after `row` of the last step on the GPU
             tok, fed = yield from decode.draw(eng, row, params, tokens, rng, clock)
+            state_row = None
             if tokens.emit(tok):
                 break
             if fed:
                 eng.cached.append(tok)
-        drafts = lookup.draft(draft_limit(eng, params, result, len(prompt), fed))
+        limit = draft_limit(eng, params, result, len(prompt), fed)
+        drafts = yield from source.draft(eng, tok, fed, limit, state_row)
         if drafts:
             ids = yield from verify(eng, tok, fed, drafts)
             clock.token_read()
@@ -52,6 +56,7 @@ def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, sh
             result.drafted, result.accepted = result.drafted + len(drafts), result.accepted + n
             if emit_kept(eng, tokens, drafts[:n]) or tokens.emit(ids[n]):
                 break
+            state_row = last_kept_row(fed, n)
             tok, fed = ids[n], False        # the greedy choice after the last kept token: known, not fed
             continue
         if not fed:
@@ -59,6 +64,30 @@ def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, sh
             eng.cached.append(tok)
         tok, row = None, 0
     return decode.finish(eng, tokens, result)
+
+
+class LookupDrafts:
+    """Prompt lookup as a draft source: what followed the latest earlier occurrence of the text's end."""
+
+    def __init__(self, prompt: list[int]):
+        self.lookup = PromptLookup(prompt)
+
+    def append(self, token: int) -> None:
+        self.lookup.append(token)
+
+    def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
+        """Steps (none): up to `limit` drafts after tok."""
+        return self.lookup.draft(limit)
+        yield
+
+
+def last_kept_row(fed: bool, n_kept: int):
+    """Where a checking step left the final-normed row of its last kept token: the greedy head's row
+    (the step ran tok, then the drafts: row n_kept), or, tok's step having run ahead (the step ran the
+    drafts only), row n_kept - 1; None when that token is tok itself, whose row the one-row head normed."""
+    if not fed:
+        return n_kept
+    return n_kept - 1 if n_kept else None
 
 
 def emit_kept(eng, tokens: decode.Tokens, kept: list[int]) -> bool:

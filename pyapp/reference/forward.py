@@ -129,6 +129,7 @@ class ReferenceModel:
         self.w: ModelWeights = bound.map(lambda t: load_tensor(gguf, t))
         self.pad_id = int(gguf.metadata.get("tokenizer.ggml.padding_token_id", 0))
         self.key_last = None      # during a forward with soft tokens on a both-ways model: each query's last key
+        self.final_hidden = None  # the last forward's final-normed rows [n, hidden] (an assistant drafter's input)
         self.adapters = [load_lora(src, self.cfg, bound, scale, gguf.architecture) for src, scale in lora]
         for adapter in self.adapters:
             apply_lora(self.w, adapter)
@@ -268,6 +269,7 @@ class ReferenceModel:
         cache.length += len(tokens)
 
         x = rms_norm(x, w.output_norm, cfg.eps)
+        self.final_hidden = x
         logits = softcap(x @ w.head.T, cfg.final_softcap).astype(np.float32)
         return Logits.from_rows(list(logits))
 

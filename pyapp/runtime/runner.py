@@ -184,6 +184,23 @@ class Runner:
         self.dev.submit(self.head_plan(row, sample=False))
         return (yield ReadGpu(self.state.logits, 0, 4 * self.cfg.vocab_size))
 
+    def final_norm_row(self, row: int | None):
+        """Steps: a final-normed row the heads computed last, float32 bytes [hidden]: row `row` of the greedy
+        head's rows (greedy), or (None) the one row of the last head_plan (sample, logits). An assistant
+        drafter starts from it."""
+        s, width = self.state, 4 * self.cfg.hidden
+        if row is None:
+            return (yield ReadGpu(s.x_last_norm, 0, width))
+        return (yield ReadGpu(s.x_rows_norm, row * width, width))
+
+    def kv_of_layer(self, layer: int):
+        """Steps: (K bytes, V bytes, slots) of a layer that computes its own K/V: float32 [n_kv_heads,
+        slots, head_dim] each, position j in slot j % slots."""
+        cache = self.state.kv[layer]
+        keys = yield ReadGpu(cache.k, 0, cache.k.size)
+        values = yield ReadGpu(cache.v, 0, cache.v.size)
+        return keys, values, cache.slots
+
     def mark(self, k: int) -> None:
         """Mark the end of the work submitted so far in chunk mark k (0 or 1); read_mark waits for it."""
         self.dev.submit(self.mark_plan(k))
