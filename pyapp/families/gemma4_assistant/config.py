@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ...model.config import MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, VEC, ARRAYS, \
     ConfigError, Keys
+from .weights import HEAD
 
 ARCH = "gemma4-assistant"
 
@@ -38,7 +39,7 @@ class DrafterConfig:
 
     @classmethod
     def from_gguf(cls, gguf) -> "DrafterConfig":
-        vocab = gguf.tensors["token_embd.weight"].shape[1] if "token_embd.weight" in gguf.tensors else None
+        vocab = gguf.tensors[HEAD].shape[1] if HEAD in gguf.tensors else None
         return cls.from_metadata(gguf.metadata, vocab)
 
     @classmethod

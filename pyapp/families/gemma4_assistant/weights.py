@@ -28,11 +28,14 @@ class DrafterLayerWeights:
     output_scale: object = tensor("layer_output_scale.weight", "1")
 
 
+HEAD = "token_embd.weight"     # the tied head: its shape gives the vocabulary (config.py)
+
+
 @dataclass
 class DrafterWeights:
     pre_projection: object = tensor("nextn.pre_projection.weight", "2*backbone hidden")
     post_projection: object = tensor("nextn.post_projection.weight", "hidden backbone")
-    token_embd: object = tensor("token_embd.weight", "hidden vocab")      # the head
+    token_embd: object = tensor(HEAD, "hidden vocab")      # the head
     output_norm: object = tensor("output_norm.weight", "hidden")
     rope_freqs: object = tensor("rope_freqs.weight", "full_hd/2", when=OPTIONAL)   # full layers' frequency factors
     layers: list = field(default_factory=list)
