@@ -16,7 +16,8 @@ tiny vision encoder; Gemma4UnifiedForConditionalGeneration for the 12B), written
 - `llamacpp-dense-fused-qkv.gguf`: the text model by llama.cpp's convert_hf_to_gguf.py
   `--fuse-qkv --outtype q8_0` (attn_qkv tensors);
 - `gemma4-12b.gguf`: the 12B's text model by llama.cpp's converter (F32), with the
-  `tokenizer.ggml.suppress_tokens` its generation_config.json lists.
+  `tokenizer.ggml.suppress_tokens` its generation_config.json lists (`--only-12b` makes it alone);
+  its image embedder's projector files are tools/make_unified_vision_fixtures.py's.
 
 Golden logits and greedy tokens come from transformers (float32, eager) run on each
 file's own values (the same weights rounded as the file stores them); before that, every
@@ -53,6 +54,10 @@ AUDIO = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, subsamp
 UNIFIED_TEXT = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, global_head_dim=64, sliding_window=4,
                     layer_types=[S, G, S, G], final_logit_softcapping=30.0)
+# Its image embedder (no encoder: 48 x 48 patches, LayerNorm, Dense, LayerNorm, + 2-D positions, LayerNorm,
+# then RMSNorm and the projection): the real processor's 16-px patches merged 3 x 3, a narrow embedding and
+# a position table of 64 per axis (images up to 64 patches a side: 3072 px).
+UNIFIED_VISION = dict(patch_size=16, pooling_kernel_size=3, mm_embed_dim=16, mm_posemb_size=64, output_proj_dims=16)
 IMAGE_MARKERS = {"<|image>": 6, "<|image|>": 7, "<image|>": 8}     # begin, soft token, end
 SUPPRESS = [3, 4, 5]     # <unk>, <mask>, [multimodal]: ids the tiny vocabulary has
 # Tokens Google's tokenizer.json flags special though llama.cpp types them USER_DEFINED.
@@ -95,10 +100,27 @@ def multimodal(text: dict, vision: dict | None, audio: dict | None, seed: int):
 def unified(seed: int):
     from transformers import Gemma4UnifiedConfig, Gemma4UnifiedForConditionalGeneration
     cfg = Gemma4UnifiedConfig(text_config=dict(vocab_size=VOCAB_SIZE, max_position_embeddings=4096, **UNIFIED_TEXT),
-                              vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=32,
-                                                 mm_posemb_size=16, output_proj_dims=32),
-                              audio_config=dict(audio_embed_dim=32))
-    return randomized(Gemma4UnifiedForConditionalGeneration, cfg, seed)
+                              vision_config=UNIFIED_VISION, audio_config=dict(audio_embed_dim=32))
+    model = randomized(Gemma4UnifiedForConditionalGeneration, cfg, seed)
+    undamp_patch_projection(model, seed)
+    return model
+
+
+def undamp_patch_projection(model, seed: int) -> None:
+    """The 12B's image embedder with values that show every mistake (after randomize, whose stream the
+    text weights were drawn from first, so they stay as they were): LayerNorm biases N(0, 0.5), not
+    randomize's 1 + noise (a bias left in another order than its weight must show), LayerNorm gains
+    1 + 0.3 N(0, 1), the position table N(0, 1): as large as the normed patch it is added to."""
+    import torch
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.model.embed_vision.named_parameters():
+            if name == "pos_embedding":
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif p.ndim == 1:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
 
 
 def randomized(model_class, cfg, seed: int):
@@ -118,6 +140,8 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     model.config.architectures = [architecture]
     model.config.boi_token_id, model.config.image_token_id, model.config.eoi_token_id = IMAGE_MARKERS.values()
     model.save_pretrained(out, safe_serialization=True)
+    if architecture.startswith("Gemma4Unified"):
+        google_vision_names(out)
     write_tokenizer(reduce_vocab(read_gguf(VOCAB).metadata, VOCAB_SIZE), out)
     tj = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
     for a in tj["added_tokens"]:        # as Google's tokenizer.json flags them
@@ -155,6 +179,33 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     if suppress is not None:
         gen["suppress_tokens"] = suppress
     (out / "generation_config.json").write_text(json.dumps(gen))
+
+
+# The 12B's image embedder under the names of Google's checkpoints (transformers renames them on load,
+# conversion_mapping.py "gemma4_unified"; llama.cpp's converter maps these): ours -> theirs.
+GOOGLE_VISION_NAMES = {
+    "model.embed_vision.patch_ln1.": "model.vision_embedder.patch_ln1.",
+    "model.embed_vision.patch_dense.": "model.vision_embedder.patch_dense.",
+    "model.embed_vision.patch_ln2.": "model.vision_embedder.patch_ln2.",
+    "model.embed_vision.pos_embedding": "model.vision_embedder.pos_embedding",
+    "model.embed_vision.pos_norm.": "model.vision_embedder.pos_norm.",
+    "model.embed_vision.multimodal_embedder.embedding_projection.": "model.embed_vision.embedding_projection.",
+}
+
+
+def google_vision_names(ckpt: Path) -> None:
+    """Rename the saved image embedder's tensors as GOOGLE_VISION_NAMES says (save_pretrained of a model
+    made in memory writes transformers' own names)."""
+    from safetensors.torch import load_file, save_file
+    path = ckpt / "model.safetensors"
+    renamed = {}
+    for name, value in load_file(path).items():
+        for ours, theirs in GOOGLE_VISION_NAMES.items():
+            if name.startswith(ours):
+                name = theirs + name[len(ours):]
+                break
+        renamed[name] = value
+    save_file(renamed, path, metadata={"format": "pt"})
 
 
 def round_as_stored(model) -> dict[str, str]:
@@ -249,12 +300,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "forms")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only-12b", action="store_true", help="make gemma4-12b.gguf and its golden only")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest_path = args.out / "MANIFEST.json"      # other tools' entries (make_mmproj_fixtures.py) kept
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
-        for stem, text, vision, audio in (("dense", DENSE, VISION, AUDIO), ("moe", MOE, VISION, None)):
+        for stem, text, vision, audio in () if args.only_12b else (("dense", DENSE, VISION, AUDIO),
+                                                                   ("moe", MOE, VISION, None)):
             model = multimodal(text, vision, audio, args.seed)
             ckpt = Path(tmp) / stem
             write_checkpoint(model, ckpt, "Gemma4ForConditionalGeneration")

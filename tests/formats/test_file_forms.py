@@ -36,7 +36,7 @@ def test_every_form_has_a_fixture():
     assert {"ollama-dense", "ollama-dense-published", "ollama-moe", "ollama-moe-published",
             "llamacpp-dense-fused-qkv", "gemma4-12b"} <= stems
     assert all(p.with_suffix(".golden.npz").exists() for p in FILES)
-    assert {p.stem for p in PROJECTORS} == {"mmproj-dense", "mmproj-moe"}
+    assert {p.stem for p in PROJECTORS} == {"mmproj-dense", "mmproj-moe", "mmproj-12b", "mmproj-12b-bf16"}
     sizes = json.loads((FORMS / "MANIFEST.json").read_text())
     assert all(sizes[p.name] == p.stat().st_size for p in FILES + PROJECTORS)
 
