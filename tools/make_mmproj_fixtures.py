@@ -22,7 +22,6 @@ checked here to hold those same values, so the goldens are this file's goldens t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -76,12 +75,8 @@ def check_vision_values(projector: Path, inline: Path) -> int:
 
 def main() -> int:
     from pyapp.gguf import read_gguf
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "forms")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    manifest_path = args.out / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    args = mof.forms_parser(__doc__).parse_args()
+    manifest_path, manifest = mof.read_manifest(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         for stem, text, audio in (("dense", mof.DENSE, mof.AUDIO), ("moe", mof.MOE, None)):
             model = mof.multimodal(text, mof.VISION, audio, args.seed)

@@ -296,15 +296,26 @@ def _hf_of(model, gguf_name: str, values) -> str:
     return best
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def forms_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the tools that make tests/fixtures/forms/: --out and --seed."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "forms")
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def read_manifest(out: Path) -> tuple[Path, dict]:
+    """The forms' MANIFEST.json (file -> size) and its entries so far: each tool keeps the others'."""
+    path = out / "MANIFEST.json"
+    return path, json.loads(path.read_text()) if path.exists() else {}
+
+
+def main() -> int:
+    p = forms_parser(__doc__)
     p.add_argument("--only-12b", action="store_true", help="make gemma4-12b.gguf and its golden only")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest_path = args.out / "MANIFEST.json"      # other tools' entries (make_mmproj_fixtures.py) kept
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest_path, manifest = read_manifest(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         for stem, text, vision, audio in () if args.only_12b else (("dense", DENSE, VISION, AUDIO),
                                                                    ("moe", MOE, VISION, None)):

@@ -36,7 +36,6 @@ table turned back), so the goldens test the forward, not the rounding:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import importlib
@@ -220,12 +219,8 @@ def image_logits(model, ids: list[int], images: list, soft: int) -> np.ndarray:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "forms")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    manifest_path = args.out / "MANIFEST.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    args = mof.forms_parser(__doc__).parse_args()
+    manifest_path, manifest = mof.read_manifest(args.out)
     with tempfile.TemporaryDirectory() as tmp, without_torchvision() as ip:
         model = mof.unified(args.seed)
         ckpt = Path(tmp) / "unified"
