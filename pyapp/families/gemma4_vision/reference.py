@@ -11,6 +11,10 @@ clamp bounds per-linear scalars, or packed in `v.clamp_data` in Ollama's origina
 
 `patches` are the image's 16x16 patches as the processor writes them (rows of p * p * 3 values in
 [0, 1], pixel (y, x) then channel), `positions` their (x, y) patch coordinates.
+
+The 12B has no encoder: PatchProjection mirrors transformers' models/gemma4_unified
+(Gemma4UnifiedVisionEmbedder + Gemma4UnifiedMultimodalEmbedder) on its 48x48 patches (the processor's
+16-px patches merged 3 x 3, laid out the same way). `reference_encoder(gguf)` gives the file's kind.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import math
 
 import numpy as np
 
-from .config import VisionConfig, VisionError  # noqa: F401  (VisionError: raised here)
-from .weights import bind
+from .config import PatchProjectionConfig, VisionConfig, VisionError, is_patch_projection  # noqa: F401  (VisionError: raised here)
+from .weights import bind, bind_patch_projection
 from ...reference.quants import load_tensor
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
@@ -29,6 +33,13 @@ LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_
 def rms_norm(x: np.ndarray, eps: float, weight: np.ndarray | None = None) -> np.ndarray:
     y = x * (np.mean(x * x, axis=-1, keepdims=True) + eps) ** -0.5
     return y if weight is None else y * weight
+
+
+def layer_norm(x: np.ndarray, eps: float, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """PyTorch's nn.LayerNorm: the row centered, over the root of its variance (biased) plus eps."""
+    centered = x - np.mean(x, axis=-1, keepdims=True)
+    variance = np.mean(centered * centered, axis=-1, keepdims=True)
+    return centered / np.sqrt(variance + eps) * weight + bias
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -155,3 +166,52 @@ class VisionEncoder:
     def features(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Soft tokens in the text model's width: the projector's unscaled RMSNorm, then its linear."""
         return rms_norm(self.encode(patches, positions), self.eps) @ self.projection.T
+
+
+class PatchProjection:
+    """The 12B's image input: each 48x48 patch alone, in numpy (float64)."""
+
+    def __init__(self, gguf):
+        self.g = gguf
+        cfg = PatchProjectionConfig.from_gguf(gguf)
+        w = bind_patch_projection(cfg, gguf.tensors)
+        self.patch, self.pool, self.hidden = cfg.patch, cfg.pool, cfg.hidden
+        self.eps, self.norm_eps = cfg.eps, cfg.norm_eps
+        t = self.tensor
+        # the file's patch values are (c, y, x) (llama.cpp's im2col order): back to the processor's (y, x, c)
+        order = _channel_first_order(cfg.patch) if cfg.channel_first else np.arange(3 * cfg.patch ** 2)
+        self.patch_norm = (t(w.patch_norm)[order], t(w.patch_norm_bias)[order])
+        self.patch_embd = t(w.patch_embd)[:, order]                  # [hidden, values]
+        self.patch_embd_bias = t(w.patch_embd_bias)
+        self.embd_norm = (t(w.embd_norm), t(w.embd_norm_bias))
+        self.position_embd = t(w.position_embd)                      # [2, positions, hidden]
+        self.position_norm = (t(w.position_norm), t(w.position_norm_bias))
+        self.projection = t(w.projection)                            # [text hidden, hidden]
+
+    def tensor(self, info) -> np.ndarray:
+        return load_tensor(self.g, info).astype(np.float64)
+
+    def encode(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The embedder's output before the projector: [patches, hidden]."""
+        positions = np.asarray(positions, np.int64)
+        x = layer_norm(patches.astype(np.float64), self.norm_eps, *self.patch_norm)
+        x = x @ self.patch_embd.T + self.patch_embd_bias
+        x = layer_norm(x, self.norm_eps, *self.embd_norm)
+        x = x + self.position_embd[0][positions[:, 0]] + self.position_embd[1][positions[:, 1]]
+        return layer_norm(x, self.norm_eps, *self.position_norm)
+
+    def features(self, patches: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Soft tokens in the text model's width: the projector's unscaled RMSNorm, then its linear."""
+        return rms_norm(self.encode(patches, positions), self.eps) @ self.projection.T
+
+
+def _channel_first_order(patch: int) -> np.ndarray:
+    """order[j] = the (c, y, x) index of the (y, x, c) value j of a patch."""
+    j = np.arange(3 * patch * patch)
+    pixel, channel = j // 3, j % 3
+    return channel * patch * patch + pixel
+
+
+def reference_encoder(gguf) -> VisionEncoder | PatchProjection:
+    """The numpy oracle of the image encoder the file holds."""
+    return PatchProjection(gguf) if is_patch_projection(gguf) else VisionEncoder(gguf)

@@ -5,6 +5,10 @@ files; what differs is the clippable linears' bounds: four scalars per linear
 (`v.blk.N.attn_q.input_min` ...) in projector files and today's Ollama converter, all of them packed in
 `v.clamp_data` in the original library tags (7 linears x 4 a layer, in LINEARS' order).
 Shapes are in ggml order, as in pyapp.model.weights, whose binder checks them.
+
+The 12B's patch projection (PatchProjectionWeights) has no layers: three LayerNorms (weight and bias)
+around the patch embedding (with its bias) and the position table, then the same projection; llama.cpp's
+projector files name its LayerNorms `v.patch_norm.{1,2,3}` (3: transformers' pos_norm).
 """
 
 from __future__ import annotations
@@ -59,6 +63,24 @@ PROJECTION = gguf_name(VisionWeights, "projection")
 STD_BIAS = gguf_name(VisionWeights, "std_bias")       # the larger encoders' standardization after pooling
 
 
+@dataclass
+class PatchProjectionWeights:
+    """The 12B's: each patch's values (3 * patch^2 of them) normed, embedded, normed, positioned, normed."""
+    patch_norm: object = tensor("v.patch_norm.1.weight", "values")
+    patch_norm_bias: object = tensor("v.patch_norm.1.bias", "values")
+    patch_embd: object = tensor(PATCH_EMBD, "values hidden")
+    patch_embd_bias: object = tensor("v.patch_embd.bias", "hidden")
+    embd_norm: object = tensor("v.patch_norm.2.weight", "hidden")
+    embd_norm_bias: object = tensor("v.patch_norm.2.bias", "hidden")
+    position_embd: object = tensor("v.position_embd.weight", "hidden positions 2")
+    position_norm: object = tensor("v.patch_norm.3.weight", "hidden")
+    position_norm_bias: object = tensor("v.patch_norm.3.bias", "hidden")
+    projection: object = tensor("mm.input_projection.weight", "hidden text_hidden")
+
+
+PATCH_NORM = gguf_name(PatchProjectionWeights, "patch_norm")    # only the 12B's patch projection has it
+
+
 def layer_tensor(i: int, field_name: str) -> str:
     """The GGUF name of a layer field of the encoder (config reads widths off their shapes)."""
     return layer_prefix(i) + gguf_name(VisionLayerWeights, field_name)
@@ -95,10 +117,25 @@ def bind(cfg, tensors: dict) -> VisionWeights:
                 lw.bounds[lin] = scalars
         w.layers.append(lw)
     found.check()
-    unread = sorted(n for n in tensors if is_vision_tensor(n) and n not in found.read)
+    _refuse_unread(tensors, found.read)
+    return w
+
+
+def bind_patch_projection(cfg, tensors: dict) -> PatchProjectionWeights:
+    """PatchProjectionWeights of the file's tensors, shapes checked; image tensors no field reads are an error."""
+    found = Binding(tensors)
+    sizes = {"values": 3 * cfg.patch * cfg.patch, "hidden": cfg.hidden, "positions": cfg.n_positions, "2": 2,
+             "text_hidden": cfg.text_hidden}
+    w = found.take(PatchProjectionWeights, cfg, "", sizes)
+    found.check()
+    _refuse_unread(tensors, found.read)
+    return w
+
+
+def _refuse_unread(tensors: dict, read: set) -> None:
+    unread = sorted(n for n in tensors if is_vision_tensor(n) and n not in read)
     if unread:
         raise WeightsError(f"the image encoder has tensors this app does not know how to use: {', '.join(unread[:6])}")
-    return w
 
 
 def _gguf_stem(field_name: str) -> str:
