@@ -6,6 +6,7 @@
 //            a fused gate_up projection's output, T * RPT rows (RPT = experts per token, or 1)
 //   softcap: A = tanh(A / CAP) * CAP        (final logits; reference softcap)
 //   add:     A = A + B                      (residuals)
+//   add_bias: A[t, i] = A[t, i] + B[i]      (a linear's bias, B of D floats)
 //   mul:     A = A * B                      (PLE gating)
 //   scale:   A = A * SCALE * (B[0] if SCALE_BY_B)   (embedding sqrt(hidden), layer_output_scale)
 // tanh's argument is clamped (gelu.wgsl's tanh_safe): some drivers overflow to NaN.
@@ -53,6 +54,13 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     let i = index(gid, nwg);
     if (i >= S.n_tokens * D) { return; }
     A[i] += B[i];
+}
+
+@compute @workgroup_size(64)
+fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= S.n_tokens * D) { return; }
+    A[i] += B[i % D];
 }
 
 @compute @workgroup_size(64)

@@ -15,6 +15,9 @@
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.pos0 + t.
+//   layer_norm: Y = (X - mean) / sqrt(var + EPS) * Wt + LB: PyTorch's LayerNorm (not RMS: the
+//               12B's image patch projection), the variance of the centered row (two passes,
+//               as torch). Mirrors gemma4_vision/reference.py layer_norm.
 
 override D: u32;
 override RPT: u32 = 1u;
@@ -36,6 +39,7 @@ override WG: u32 = 256u;
 @group(0) @binding(5) var<storage, read> SC: array<f32>;
 @group(0) @binding(6) var<storage, read> FF: array<f32>;
 @group(0) @binding(8) var<storage, read> W2: array<f32>;
+@group(0) @binding(9) var<storage, read> LB: array<f32>;
 
 //!include workgroup_sum
 //!include sincos
@@ -122,4 +126,25 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let inv = inv_rms(base, lid);
     let pos = f32(S.pos0 + row / RPT);
     for (var i = lid; i < D; i += WG) { Y[base + i] = roped(base, i, inv, pos); }
+}
+
+// The mean of row `base` and 1 / the root of its centered values' mean square + EPS, shared by every
+// thread of the workgroup.
+fn mean_inv_std(base: u32, lid: u32) -> vec2<f32> {
+    var sum = 0.0;
+    for (var i = lid; i < D; i += WG) { sum += X[base + i]; }
+    let mean = workgroup_sum(lid, sum) / f32(D);
+    var ss = 0.0;
+    for (var i = lid; i < D; i += WG) { ss += (X[base + i] - mean) * (X[base + i] - mean); }
+    return vec2<f32>(mean, inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS));
+}
+
+@compute @workgroup_size(WG)
+fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.n_tokens) { return; }
+    let base = row * D;
+    let stats = mean_inv_std(base, lid);
+    for (var i = lid; i < D; i += WG) { Y[base + i] = (X[base + i] - stats.x) * stats.y * Wt[i] + LB[i]; }
 }

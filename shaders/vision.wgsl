@@ -4,6 +4,7 @@
 // P x P pixels, patch t = py * G.across + px at (px, py), row by row, G.n = across * down (G: Grid,
 // the encoder's uniform; the other kernels of the encoder take the Step uniform, n_tokens = G.n).
 //   patchify:  X[t, k] = 2 * (pixel / 255 - 0.5) of the RGBA8 image PX (G.across * P pixels a row),
+//              or pixel / 255 unless SIGNED (the 12B's patch projection takes [0, 1]),
 //              k in the patch embedding's order: (c, y, x) when CHANNEL_FIRST (a conv weight
 //              [n, 3, P, P]), else (y, x, c). Thread per value; dispatch ceil(G.n * 3P^2 / 64).
 //   positions: X[t] += TBL[px] + TBL[NPOS + py]: the learned 2-D position table [2, NPOS, D] (any
@@ -19,6 +20,7 @@
 override D: u32 = 4u;
 override P: u32 = 16u;
 override CHANNEL_FIRST: bool = true;
+override SIGNED: bool = true;
 override NPOS: u32 = 1u;
 override H: u32 = 1u;
 override HD: u32 = 4u;
@@ -67,7 +69,8 @@ fn patchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let py = (t / G.across) * P + y;
     let rgba = PX[py * G.across * P + px];
     let byte = (rgba >> (8u * c)) & 0xffu;
-    X[i] = 2.0 * (f32(byte) / 255.0 - 0.5);
+    let unit = f32(byte) / 255.0;
+    X[i] = select(unit, 2.0 * (unit - 0.5), SIGNED);
 }
 
 @compute @workgroup_size(64)

@@ -48,6 +48,19 @@ def test_elementwise(dev):
     np.testing.assert_allclose(read_f32(dev, ab, a.size).reshape(t, d), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_add_bias(dev):
+    """a[t] += bias over the step's tokens (a linear's bias: the 12B's patch embedding), odd width."""
+    rng = np.random.default_rng(9)
+    t, d = 5, 37
+    a = rng.standard_normal((t + 1, d)).astype(np.float32)
+    bias = rng.standard_normal(d).astype(np.float32)
+    ab = f32(dev, a)
+    dev.submit(K.elementwise(dev, "add_bias", d, ab, step_buffer(dev, t), t + 1, b=f32(dev, bias)))
+    got = read_f32(dev, ab, a.size).reshape(a.shape)
+    np.testing.assert_allclose(got[:t], a[:t] + bias, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got[t:], a[t:])
+
+
 @pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_k", "q6_k"])
 def test_embed(dev, qtype):
     rng = np.random.default_rng(8)

@@ -1,5 +1,5 @@
 """Parity of the norm and RoPE kernels (pyapp.gpu.kernels' rms_norm, rms_norm_pair, add_normed, norm_rope, rope,
-ple_combine: shaders/norm.wgsl, rope.wgsl, sincos.wgsl, ple.wgsl) against numpy on odd sizes."""
+ple_combine, layer_norm: shaders/norm.wgsl, rope.wgsl, sincos.wgsl, ple.wgsl) against numpy on odd sizes."""
 
 from __future__ import annotations
 
@@ -40,6 +40,24 @@ def test_rms_norm_scale(dev, weighted):
                           max_tokens=t, scale=scale))
     np.testing.assert_allclose(read_f32(dev, y, x.size).reshape(x.shape), rms_norm(x, w, 1e-6) * scale,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("t,d", [(7, 333), (3, 6915)])
+def test_layer_norm(dev, t, d):
+    """PyTorch's LayerNorm (the 12B's patch projection, pyapp/families/gemma4_vision/reference.py layer_norm):
+    rows far from zero mean (the centering matters), a row wider than the workgroup many times over, only the
+    step's tokens written."""
+    from pyapp.families.gemma4_vision.reference import layer_norm
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((t + 2, d)) * 3 + 5).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    b = rng.standard_normal(d).astype(np.float32)
+    y = f32(dev, np.full((t + 2, d), 7.0))
+    dev.submit(K.layer_norm(dev, d, f32(dev, x), y, f32(dev, w), f32(dev, b), step_buffer(dev, t), max_tokens=t + 2,
+                            eps=1e-5))
+    got = read_f32(dev, y, x.size).reshape(x.shape)
+    np.testing.assert_allclose(got[:t], layer_norm(x[:t].astype(np.float64), 1e-5, w, b), rtol=1e-4, atol=1e-4)
+    assert (got[t:] == 7.0).all()
 
 
 @pytest.mark.parametrize("hd,nrot,ff", [(68, 68, False), (68, 36, True)])

@@ -31,25 +31,27 @@ def rgba(rng, width: int, height: int) -> np.ndarray:
     return rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
 
 
-def ref_patches(image: np.ndarray, patch: int, channel_first: bool) -> np.ndarray:
-    """The encoder's input rows: 2 * (pixel / 255 - 0.5), patch by patch, in the weight's order."""
+def ref_patches(image: np.ndarray, patch: int, channel_first: bool, signed: bool = True) -> np.ndarray:
+    """The encoder's input rows: 2 * (pixel / 255 - 0.5) (signed; else pixel / 255, the 12B's), patch by
+    patch, in the weight's order."""
     h, w = image.shape[0] // patch, image.shape[1] // patch
     px = image[..., :3].astype(np.float64) / 255.0
     blocks = px.reshape(h, patch, w, patch, 3).transpose(0, 2, 1, 3, 4)     # [py, px, y, x, c]
     if channel_first:
         blocks = blocks.transpose(0, 1, 4, 2, 3)                              # [py, px, c, y, x]
-    return 2.0 * (blocks.reshape(h * w, -1) - 0.5)
+    rows = blocks.reshape(h * w, -1)
+    return 2.0 * (rows - 0.5) if signed else rows
 
 
-@pytest.mark.parametrize("channel_first", [True, False])
-def test_patchify(dev, channel_first):
+@pytest.mark.parametrize("channel_first,signed", [(True, True), (False, True), (True, False)])
+def test_patchify(dev, channel_first, signed):
     rng = np.random.default_rng(1)
     patch, across, down = 5, 3, 7
     image = rgba(rng, across * patch, down * patch)
     x = dev.buffer(4 * across * down * 3 * patch * patch)
     dev.submit(K.patchify(dev, patch, channel_first, grid(dev, across, down),
-                          f32(dev, image.view(np.float32)), x, max_patches=across * down + 5))
-    want = ref_patches(image, patch, channel_first)
+                          f32(dev, image.view(np.float32)), x, max_patches=across * down + 5, signed=signed))
+    want = ref_patches(image, patch, channel_first, signed)
     np.testing.assert_allclose(read_f32(dev, x, want.size).reshape(want.shape), want, atol=1e-6)
 
 

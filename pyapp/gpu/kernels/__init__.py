@@ -10,7 +10,7 @@ touches a backend, so it runs the same in the browser and natively.
     matmul.py       the prefill matmul tiles: f32/f16 (MatmulTile) and int8 (Q8Tile, quantize_q8)
     attention.py    the KV cache store, prefill and decode attention
     moe.py          a MoE layer's experts: per slot, grouped into tiles, combined
-    norm.py         RMS norms (and their fusions), RoPE, the per-layer embeddings' combine
+    norm.py         RMS norms (and their fusions), LayerNorm, RoPE, the per-layer embeddings' combine
     elementwise.py  GeGLU, softcap, add / mul / scale, the embedding lookup
     sample.py       argmax and the sampler
     diffusion.py    DiffusionGemma: soft embedding, canvas attention, the denoising sampler

@@ -12,7 +12,8 @@ from .shared import pipeline, thread_groups
 def elementwise(dev: Device, op: str, d: int, a: Buffer, step: Buffer, max_tokens: int,
                 b: Buffer | None = None, out: Buffer | None = None, cap: float = 30.0,
                 scale: float = 1.0, plan: Plan | None = None) -> Plan:
-    """op in geglu (out = gelu(a) * b), softcap (a), add / mul (a op= b), scale (a *= scale [* b[0]])."""
+    """op in geglu (out = gelu(a) * b), softcap (a), add / mul (a op= b), add_bias (a[t] += b, b of d floats),
+    scale (a *= scale [* b[0]])."""
     consts = {"D": d}
     res = {"A": a, "S": step}
     if op == "softcap":

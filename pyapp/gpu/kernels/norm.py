@@ -1,5 +1,5 @@
-"""RMS norms (alone, in pairs, fused with the residual add or with RoPE), RoPE, and the per-layer
-embeddings' combine (shaders/norm.wgsl, rope.wgsl, ple.wgsl)."""
+"""RMS norms (alone, in pairs, fused with the residual add or with RoPE), LayerNorm, RoPE, and the
+per-layer embeddings' combine (shaders/norm.wgsl, rope.wgsl, ple.wgsl)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ def rms_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, s
                                          "HAS_W": weight is not None, "SCALE": scale})
     bg = dev.bind_group(p, {"X": x, "Y": y, "Wt": weight if weight is not None else dev.dummy, "S": step})
     return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens * rows_per_token))
+
+
+def layer_norm(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer, bias: Buffer, step: Buffer,
+               max_tokens: int, eps: float = 1e-5, plan: Plan | None = None) -> Plan:
+    """y = (x - mean) / sqrt(variance + eps) * weight + bias over rows of d floats (PyTorch's LayerNorm)."""
+    p = pipeline(dev, "norm", entry="layer_norm", constants={"D": d, "EPS": eps})
+    bg = dev.bind_group(p, {"X": x, "Y": y, "Wt": weight, "LB": bias, "S": step})
+    return (plan or dev.plan()).dispatch(p, bg, *groups(max_tokens))
 
 
 def rms_norm_pair(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | None, y2: Buffer, weight2: Buffer,

@@ -25,10 +25,10 @@ def pack_grid(across: int, down: int) -> bytes:
 
 
 def patchify(dev: Device, patch: int, channel_first: bool, grid: Buffer, pixels: Buffer, x: Buffer,
-             max_patches: int, plan: Plan | None = None) -> Plan:
-    """x[t] = the patch t of the RGBA8 image in pixels, scaled to [-1, 1], in the patch embedding's
-    order: (c, y, x) for a conv weight [n, 3, p, p] (channel_first), else (y, x, c)."""
-    p = _pipeline(dev, "patchify", {"P": patch, "CHANNEL_FIRST": channel_first})
+             max_patches: int, signed: bool = True, plan: Plan | None = None) -> Plan:
+    """x[t] = the patch t of the RGBA8 image in pixels, scaled to [-1, 1] (signed) or [0, 1], in the patch
+    embedding's order: (c, y, x) for a conv weight [n, 3, p, p] (channel_first), else (y, x, c)."""
+    p = _pipeline(dev, "patchify", {"P": patch, "CHANNEL_FIRST": channel_first, "SIGNED": signed})
     bg = dev.bind_group(p, {"G": grid, "X": x, "PX": pixels})
     return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_patches * 3 * patch * patch))
 
