@@ -157,7 +157,7 @@ def cmd_logits(args) -> int:
     projector = _open(args.mmproj) if args.mmproj else None
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        soft = _reference_soft(gguf, projector, tokens, images) if images else None
+        soft = _reference_soft(gguf, projector, args.mmproj, tokens, images) if images else None
         logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens, soft=soft)
     else:
         from .app.logits import logits as logits_of
@@ -201,15 +201,21 @@ def _soft_runs(session, tokens, images, budget):
     return soft_runs(tokens, encoded, _image_token(session.model.gguf))
 
 
-def _reference_soft(gguf, projector, tokens, images):
-    """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward."""
+def _reference_soft(gguf, projector, projector_name, tokens, images):
+    """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward; the
+    encoder found as the GPU path finds it (a projector checked to be this model's)."""
     import numpy as np
     from .app.images import placeholder_starts
-    from .families.gemma4_vision.reference import VisionEncoder
-    enc = VisionEncoder(projector or gguf)
+    from .families.gemma4_vision.preprocess import patchify
+    from .families.gemma4_vision.reference import reference_encoder
+    from .families.gemma4_vision.source import find_image_encoder
+    enc = reference_encoder(find_image_encoder(gguf, projector, projector_name=projector_name).gguf)
     at = placeholder_starts(tokens, [im.tokens for im in images], _image_token(gguf))
-    rows = [enc.features(np.frombuffer(im.patches, np.float32).reshape(len(im.positions), -1),
-                         np.array(im.positions)) for im in images]
+    rows = []
+    for im in images:
+        patches, positions = patchify(im.rgb, im.width, im.height, enc.patch)    # the 12B's are 48 px
+        rows.append(enc.features(np.frombuffer(patches, np.float32).reshape(len(positions), -1),
+                                 np.array(positions)))
     return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))
 
 

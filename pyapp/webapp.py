@@ -34,7 +34,7 @@ from .engine import DEFAULT_CONTEXT, Engine
 from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter
 from .families import model_config
-from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
+from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionError, encoder_config
 from .families.gemma4_vision.source import check_projector
 from .gguf import read_gguf
 from .gpu import GPUError, get_device_async
@@ -368,7 +368,7 @@ def _images() -> dict:
         return {**out, "why": "DiffusionGemma models take text only"}
     try:
         g = images.encoder_file(SESSION)
-        VisionConfig.from_gguf(g)
+        encoder_config(g)
     except VisionError as e:
         return {**out, "why": str(e)}
     added = g is SESSION.projector
@@ -442,7 +442,7 @@ def add_projector(blob, name: str = "") -> dict:
         return {**_error(e, shown), "projector_error": True}
     try:
         check_projector(g, model_config(SESSION.model.gguf).hidden, f"\u201c{shown}\u201d")
-        VisionConfig.from_gguf(g)
+        encoder_config(g)
     except VisionError as e:
         return {"error": _sentence(str(e)) + " Add the mmproj file published with this model.", "detail": str(e),
                 "projector_error": True}

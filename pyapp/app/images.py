@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ..families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionConfig, VisionError
-from ..families.gemma4_vision.encoder import ImageEncoder
+from ..families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionError, encoder_config
+from ..families.gemma4_vision.encoder import encoder_class
 from ..families.gemma4_vision.source import NoImageEncoder, find_image_encoder
 from ..runtime.soft_tokens import SoftRun
 from ..steps import Steps, call
@@ -44,13 +44,14 @@ def encoder_file(session: Session):
                              "it, or choose a model that takes images") from None
 
 
-def vision_config(session: Session) -> VisionConfig:
-    return VisionConfig.from_gguf(encoder_file(session))
+def vision_config(session: Session):
+    """The config of the session's image encoder (VisionConfig, or the 12B's PatchProjectionConfig)."""
+    return encoder_config(encoder_file(session))
 
 
 def image_encoder(session: Session, budget: int = DEFAULT_BUDGET) -> Steps:
-    """Steps: the session's ImageEncoder for images of up to `budget` soft tokens, loaded on first use
-    (and again for a larger budget or another file)."""
+    """Steps: the session's image encoder (ImageEncoder, or the 12B's PatchProjectionEncoder) for images of up
+    to `budget` soft tokens, loaded on first use (and again for a larger budget or another file)."""
     g = encoder_file(session)
     enc = session.image_encoder
     if enc is not None and enc.source is g and enc.max_patches >= enc.cfg.max_patches(budget):
@@ -58,7 +59,7 @@ def image_encoder(session: Session, budget: int = DEFAULT_BUDGET) -> Steps:
     session.loaded()
     if enc is None or enc.source is not g:
         session.encoded_images = {}      # soft tokens of another encoder are not these (a larger budget's are)
-    session.image_encoder = enc = yield call(ImageEncoder.open, session.device, g, budget)
+    session.image_encoder = enc = yield call(encoder_class(g).open, session.device, g, budget)
     enc.source = g
     return enc
 

@@ -116,3 +116,77 @@ def test_an_image_through_llama_cpps_projector_file(tmp_path, picture):
     r = pyapp("logits", FORMS / "llamacpp-dense-fused-qkv.gguf", "--tokens", prompt(60), "--image", picture,
               "--image-tokens", 70, "--mmproj", FORMS / "mmproj-moe.gguf", "--out", tmp_path / "x.npy", check=False)
     assert r.returncode == 2 and "belongs to another model" in r.stderr
+
+
+# ---- the 12B: llama.cpp's text GGUF with its projector (gemma4uv: the patch projection) ------------------------
+
+@pytest.fixture(scope="module")
+def golden_picture(tmp_path_factory):
+    """The 12B golden's case 0 image (576 x 240, a size the processor keeps at budget 70: 60 soft tokens) as a PNG."""
+    from PIL import Image
+    from support.unified_images import case_image, golden
+    rgb, width, height = case_image(golden("mmproj-12b"), 0)
+    path = tmp_path_factory.mktemp("img12b") / "wide.png"
+    Image.frombytes("RGB", (width, height), rgb).save(path)
+    return path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("projector", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12bs_logits_with_an_image_match_transformers(tmp_path, golden_picture, projector):
+    """`logits --image PNG --mmproj` on the 12B, natively and by the numpy reference: transformers' logits of the
+    same prompt and picture (within 2e-2, the same argmax), each projector file its own golden."""
+    from support.unified_images import golden
+    gold = golden(projector)
+    tokens = ",".join(map(str, gold["image_tokens"]))
+    for backend in ("native", "reference"):
+        path = tmp_path / f"{backend}.npy"
+        pyapp("logits", FORMS / "gemma4-12b.gguf", "--tokens", tokens, "--image", golden_picture, "--image-tokens",
+              70, "--mmproj", FORMS / f"{projector}.gguf", "--out", path, "--backend", backend, "--no-int8")
+        got, want = np.load(path), gold["image_logits"]
+        assert np.abs(got - want).max() <= 2e-2 and (got.argmax(-1) == want.argmax(-1)).all(), backend
+
+
+@pytest.mark.gpu
+def test_the_12bs_logits_with_a_resized_picture_native_equal_the_reference(tmp_path, picture):
+    """A picture the CLI resizes (300 x 200 -> 480 x 288: 10 x 6 patches of 48 px): native equal to the reference."""
+    out = {}
+    for backend in ("native", "reference"):
+        path = tmp_path / f"{backend}.npy"
+        pyapp("logits", FORMS / "gemma4-12b.gguf", "--tokens", prompt(60), "--image", picture, "--image-tokens", 70,
+              "--mmproj", FORMS / "mmproj-12b.gguf", "--out", path, "--backend", backend, "--no-int8")
+        out[backend] = np.load(path)
+    assert np.abs(out["native"] - out["reference"]).max() < 1e-3
+    assert (out["native"].argmax(-1) == out["reference"].argmax(-1)).all()
+
+
+@pytest.mark.gpu
+def test_the_12b_generates_with_an_image(picture):
+    """generate --image --mmproj on the 12B: 60 soft tokens read with the prompt, the greedy reply the app layer's."""
+    r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "What is this?", "--image", picture,
+              "--image-tokens", 70, "--mmproj", FORMS / "mmproj-12b.gguf", "--max-tokens", 6)
+    assert "of them the images')" in r.stderr and "(60 of them" in r.stderr
+    from pyapp.__main__ import _image_parts, _loaded, _read_image
+    from pyapp.app.reply import reply
+    from pyapp.gguf import read_gguf
+    from pyapp.sampling import SamplingParams
+    from pyapp.steps import run
+
+    class Args:
+        context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
+    session = _loaded(read_gguf(FORMS / "gemma4-12b.gguf"), Args())
+    session.projector = read_gguf(FORMS / "mmproj-12b.gguf")
+    parts = run(_image_parts(session, [_read_image(str(picture), 70)], 70))
+    want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
+                     params=SamplingParams(temperature=0, max_tokens=6)))
+    assert r.stdout.strip() == want["text"].strip()
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "no image encoder"),                                                      # the text GGUF alone
+    (["--mmproj", FORMS / "mmproj-dense.gguf"], "belongs to another model"),      # another model's projector
+])
+def test_the_12b_without_its_projector_is_refused(tmp_path, picture, args, message):
+    r = pyapp("logits", FORMS / "gemma4-12b.gguf", "--tokens", prompt(60), "--image", picture, "--image-tokens", 70,
+              *args, "--out", tmp_path / "x.npy", "--backend", "reference", check=False)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

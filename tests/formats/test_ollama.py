@@ -666,3 +666,38 @@ def test_choosing_a_tag_with_a_projector_layer_gives_it_images(tmp_path):
     assert session.ollama_projector is None
     with pytest.raises(NoImageEncoder, match="no image encoder"):
         images.encoder_file(session)
+
+
+@pytest.mark.gpu
+def test_the_12b_as_ollama_ships_it_takes_images(tmp_path, dev):
+    """The 12B's tag as Ollama ships it: llama.cpp's text blob and its projector (gemma4uv, the patch
+    projection) as the projector layer. Chosen and loaded through the app layer, an image (the golden's
+    576 x 240 one at 70 soft tokens) sized, encoded and read in a prompt gives transformers' logits."""
+    from pyapp.app import folder as app_folder
+    from pyapp.app import images, model
+    from pyapp.app.logits import logits
+    from pyapp.app.session import Session
+    from pyapp.families.gemma4_vision.preprocess import to_rgba
+    from pyapp.source import FileSource
+    from pyapp.steps import run
+    from support.unified_images import SOFT, case_image, golden
+    f = Folder(tmp_path / "models")
+    f.manifest("gemma4:12b", [f.blob((FORMS / "gemma4-12b.gguf").read_bytes(), M + "model"),
+                              f.blob((FORMS / "mmproj-12b.gguf").read_bytes(), M + "projector")],
+               {"model_family": "gemma4"})
+    models = {m.name: m for m in list_models(f.root)}
+    assert models["gemma4:12b"].parts == ("text", "vision", "audio")
+    session = Session(folder=object(), folder_models=models, device=dev)
+
+    async def blob_source(path, shown):
+        return FileSource(f.root / path)
+    asyncio.run(app_folder.choose_model(session, "gemma4:12b", blob_source))
+    run(model.load(session, context_length=128, int8=False))
+    gold = golden("mmproj-12b")
+    rgb, width, height = case_image(gold, 0)
+    assert images.image_size(session, width, height, 70) == {"width": width, "height": height, "tokens": 60}
+    image = run(images.encode_image(session, bytes(to_rgba(rgb, width, height)), width, height, 70))
+    tokens = [int(t) for t in gold["image_tokens"]]
+    got = np.asarray(run(logits(session, tokens, images.soft_runs(tokens, [image], SOFT))))
+    want = gold["image_logits"]
+    assert np.abs(got - want).max() <= 2e-2 and (got.argmax(-1) == want.argmax(-1)).all()

@@ -1,13 +1,16 @@
 """Gemma 4's image encoder on the GPU (pyapp.families.gemma4_vision.encoder) against transformers'
 get_image_features (tools/make_vision_golden.py) and the numpy reference (pyapp/families/gemma4_vision/reference.py),
 on the Ollama-form fixtures: clamp bounds per linear and packed (v.clamp_data), a wide and a tall
-image, the pooled soft tokens in the text model's width."""
+image, the pooled soft tokens in the text model's width. The 12B's patch projection
+(pyapp.families.gemma4_vision.projection) likewise on llama.cpp's projector files of it
+(tools/make_unified_vision_fixtures.py), and the 12B's logits with its images."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from pyapp.families.gemma4_vision.preprocess import to_rgba
 from pyapp.gguf import read_gguf
 from pyapp.steps import drive
 from pyapp.runtime.requests import handler
@@ -30,9 +33,9 @@ def rgba_of(patches: np.ndarray, positions: np.ndarray, patch: int) -> tuple[byt
 
 
 def load(dev, path, budget=1):
-    from pyapp.families.gemma4_vision.encoder import ImageEncoder
+    from pyapp.families.gemma4_vision.encoder import encoder_class
     g = read_gguf(path)
-    return drive(ImageEncoder.load(dev, g, budget=budget), handler(dev, g.source))
+    return drive(encoder_class(g).load(dev, g, budget=budget), handler(dev, g.source))
 
 
 def features(dev, enc, patches, positions) -> np.ndarray:
@@ -175,3 +178,77 @@ def test_soft_tokens_outside_the_prompt_are_refused(dev):
             eng.forward(prompt, soft=runs)
         with pytest.raises(EngineError, match="do not fit"):
             eng.generate(prompt, soft=runs)
+
+
+# ---- the 12B: its patch projection (gemma4uv) --------------------------------------------------------------
+
+def patch_projection_features(dev, enc, rgb: bytes, width: int, height: int) -> np.ndarray:
+    from pyapp.families.gemma4_vision.preprocess import to_rgba
+    across, down = width // enc.cfg.patch, height // enc.cfg.patch
+    out = enc.encode(bytes(to_rgba(rgb, width, height)), across, down)
+    return np.frombuffer(dev.read(out, 0, 4 * across * down * enc.cfg.text_hidden), np.float32).reshape(
+        across * down, -1)
+
+
+@pytest.mark.parametrize("stem", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12bs_soft_tokens_match_transformers(dev, stem):
+    """The GPU patch projection on llama.cpp's projector files of the 12B (F16, BF16): transformers'
+    get_image_features for a wide and a tall image at budgets 70 and 140, one plan for all four (RGBA8
+    pixels in, patches cut and scaled to [0, 1] on the GPU); the numpy oracle on the same file closer still."""
+    from pyapp.families.gemma4_vision.encoder import encoder_class
+    from pyapp.families.gemma4_vision.projection import PatchProjectionEncoder
+    from pyapp.families.gemma4_vision.reference import PatchProjection
+    from support.unified_images import case_image, golden, patches_of
+    gold = golden(stem)
+    g = read_gguf(FORMS / f"{stem}.gguf")
+    assert encoder_class(g) is PatchProjectionEncoder
+    enc = load(dev, FORMS / f"{stem}.gguf", budget=140)
+    assert isinstance(enc, PatchProjectionEncoder) and enc.max_patches == 140
+    oracle = PatchProjection(g)
+    for i in range(4):
+        image = case_image(gold, i)
+        got = patch_projection_features(dev, enc, *image)
+        want = gold[f"features_{i}"]
+        assert got.shape == want.shape == (gold[f"case_{i}"][3], 128)
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), np.abs(got - want).max()
+        assert np.abs(got - oracle.features(*patches_of(*image))).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_the_12bs_images_beyond_the_plan_or_the_position_table_are_refused(dev):
+    from pyapp.families.gemma4_vision.config import VisionError
+    enc = load(dev, FORMS / "mmproj-12b.gguf", budget=70)
+    with pytest.raises(VisionError, match="at most 70 patches"):
+        enc.encode(bytes(4 * 48 * 48 * 72), 9, 8)
+    with pytest.raises(VisionError, match="position table holds 64 a side"):
+        enc.encode(bytes(4 * 48 * 48 * 65), 65, 1)
+
+
+@pytest.mark.parametrize("stem,chunk,prompts", [("mmproj-12b", 1120, ("image", "two_image")),
+                                                ("mmproj-12b-bf16", 1120, ("image", "two_image")),
+                                                ("mmproj-12b", 8, ("two_image",))])
+def test_the_12bs_logits_with_images_match_transformers(dev, stem, chunk, prompts):
+    """llama.cpp's text GGUF of the 12B on the GPU with the patch projection's soft tokens at the placeholder
+    runs: transformers' logits (generate's masks) for one image and for two, within 2e-2 and the same argmax;
+    in steps of 8 tokens too (the engine ends a step before an image: the 12B's images attend both ways on
+    sliding layers); without the images far off."""
+    from pyapp.engine import Engine
+    from pyapp.runtime.soft_tokens import SoftRun
+    from support.unified_images import SOFT, case_image, golden, small_image
+    gold = golden(stem)
+    enc = load(dev, FORMS / f"{stem}.gguf", budget=70)
+    eng = Engine.open(FORMS / "gemma4-12b.gguf", device=dev, context_length=128, chunk=chunk, int8=False)
+    assert eng.config.image_attention_both_ways
+    images = {"image": [case_image(gold, 0)], "two_image": [small_image(gold, 0), small_image(gold, 1)]}
+    for name in prompts:
+        pictures = images[name]
+        tokens, want = [int(t) for t in gold[f"{name}_tokens"]], gold[f"{name}_logits"]
+        starts = placeholder_runs(tokens, SOFT)
+        runs = []
+        for at, (rgb, width, height) in zip(starts, pictures):
+            n = (width // 48) * (height // 48)
+            rows = enc.encode(bytes(to_rgba(rgb, width, height)), width // 48, height // 48)
+            runs.append(SoftRun(at=at, rows=rows, n=n, key=f"{name} {at}"))
+        assert all(t == SOFT for r in runs for t in tokens[r.at:r.end])
+        got = np.asarray(eng.forward(tokens, soft=runs))
+        assert np.abs(got - want).max() <= 2e-2 and (got.argmax(-1) == want.argmax(-1)).all(), np.abs(got - want).max()
+        assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1

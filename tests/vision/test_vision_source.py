@@ -1,6 +1,6 @@
 """Where a model's image encoder is (pyapp.families.gemma4_vision.source): inline in Ollama's blobs,
-a projector file given (llama.cpp's mmproj), or an Ollama manifest's projector layer; projectors of
-another kind or another model refused by name, a text-only model told it has none."""
+a projector file given (llama.cpp's mmproj; the 12B's gemma4uv too), or an Ollama manifest's projector
+layer; projectors of another kind or another model refused by name, a text-only model told it has none."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ FORMS = FIXTURES / "forms"
 
 @pytest.fixture(scope="module")
 def files():
-    names = ("ollama-dense", "ollama-moe", "llamacpp-dense-fused-qkv", "mmproj-dense", "mmproj-moe", "gemma4-12b")
+    names = ("ollama-dense", "ollama-moe", "llamacpp-dense-fused-qkv", "mmproj-dense", "mmproj-moe", "gemma4-12b",
+             "mmproj-12b")
     return {n: read_gguf(FORMS / f"{n}.gguf") for n in names}
 
 
@@ -70,6 +71,28 @@ def test_a_projector_given(files):
         == OLLAMA_LAYER
 
 
+def test_the_12bs_projector(files):
+    """llama.cpp's projector of the 12B (gemma4uv: its patch projection, the audio's gemma4ua beside it)
+    serves its text GGUF, given or as an Ollama tag's projector layer; another model's width is refused
+    both ways; a file that says gemma4v but holds the 12B's tensors is refused by name."""
+    where = find_image_encoder(files["gemma4-12b"], projector=files["mmproj-12b"], projector_name="mmproj-12b.gguf")
+    assert (where.kind, where.gguf, where.text_hidden, where.parts) == (GIVEN, files["mmproj-12b"], 128,
+                                                                       ("vision", "audio"))
+    assert find_image_encoder(files["gemma4-12b"], ollama_projector=files["mmproj-12b"]).kind == OLLAMA_LAYER
+    with pytest.raises(ProjectorError, match="belongs to another model: its soft tokens are 128 wide"):
+        find_image_encoder(files["llamacpp-dense-fused-qkv"], projector=files["mmproj-12b"])
+    with pytest.raises(ProjectorError, match="belongs to another model: its soft tokens are 256 wide"):
+        find_image_encoder(files["gemma4-12b"], projector=files["mmproj-dense"])
+    with pytest.raises(NoImageEncoder):
+        find_image_encoder(files["gemma4-12b"])
+    files["mmproj-12b"].metadata["clip.vision.projector_type"] = "gemma4v"
+    try:
+        with pytest.raises(ProjectorError, match="type is 'gemma4v' but its tensors are the 12B's patch projection"):
+            check_projector(files["mmproj-12b"], 128)
+    finally:
+        files["mmproj-12b"].metadata["clip.vision.projector_type"] = "gemma4uv"
+
+
 def test_another_models_projector_is_refused(files):
     with pytest.raises(ProjectorError, match="mmproj-moe.gguf belongs to another model: its soft tokens are 128 "
                                              "wide, this model's hidden size is 256"):
@@ -80,7 +103,9 @@ def test_another_models_projector_is_refused(files):
 
 
 @pytest.mark.parametrize("keys, words", [
-    ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "gemma4uv"}, "the 12B's image patch projection"),
+    ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "gemma4uv"},
+     "projector type is 'gemma4uv' but its tensors are not the 12B's patch projection"),
+    ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "gemma4ua"}, "the 12B's audio encoder only"),
     ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "gemma3"}, "Gemma 3's image encoder"),
     ({"clip.has_vision_encoder": True, "clip.vision.projector_type": "qwen2vl_merger"}, "projector type 'qwen2vl_merger'"),
     ({"clip.has_vision_encoder": True}, "a projector of no stated type"),

@@ -7,4 +7,5 @@ layer), and its soft tokens go where the prompt holds the image's placeholder ru
     config.py       VisionConfig: the hyperparameters, from gemma4.vision.* or clip.vision.* keys
     weights.py      its tensors, bound once (the same names in both forms; clamp bounds two ways)
     encoder.py      ImageEncoder: the GPU forward, pixels -> soft tokens (pyapp/families/gemma4_vision/reference.py: its oracle)
+    projection.py   PatchProjectionEncoder: the 12B's encoder-free patch projection (gemma4uv), the same way
 """

@@ -16,6 +16,9 @@ It mirrors pyapp/families/gemma4_vision/reference.py op for op (the oracle it is
 chooses the size): RGBA8 bytes, or a GPU buffer the page filled; the patches are cut on the GPU.
 One plan serves every image of up to `max_patches` patches: its kernels read the image's size from
 two uniforms (the grid, and the Step of the text kernels). The buffers are sized for max_patches.
+
+The 12B has no encoder: its patch projection (pyapp/families/gemma4_vision/projection.py) is loaded and
+used the same way (GpuEncoder); `encoder_class(gguf)` says which of the two a file's encoder is.
 """
 
 from __future__ import annotations
@@ -31,13 +34,54 @@ from ...gpu import kernels as K
 from ...runtime.requests import FileToGpu, ReadFile, handler
 from ...runtime.upload import WEIGHT_PAD, GpuTensor, Part, f32_vector
 from ...steps import drive, drive_async
-from .config import DEFAULT_BUDGET, VisionConfig, VisionError
+from .config import DEFAULT_BUDGET, VisionConfig, VisionError, is_patch_projection
 from .weights import BOUNDS, LINEARS, VisionWeights, bind
 
 BOUNDS_STRIDE = 256          # bytes between two linears' bounds: a storage binding's offset alignment
 
 
-class ImageEncoder:
+class GpuEncoder:
+    """What the app layer loads for a model's images: `load` (steps) driven natively or in the browser."""
+
+    @classmethod
+    def load(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET):
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
+        """load, natively (gguf: the parsed file that holds the encoder)."""
+        return drive(cls.load(dev, gguf, budget), handler(dev, gguf.source))
+
+    @classmethod
+    async def open_async(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
+        """load in the browser: file bytes go Blob -> GPU inside JS."""
+        return await drive_async(cls.load(dev, gguf, budget), handler(dev, gguf.source, asynchronous=True))
+
+    def set_size(self, across: int, down: int) -> int:
+        """Check that an image of across x down patches fits, write the plan's uniforms for it; its soft tokens."""
+        raise NotImplementedError
+
+    def encode(self, rgba, across: int, down: int) -> Buffer:
+        """The soft tokens of an image of across x down patches (RGBA8 bytes of its across * patch x
+        down * patch pixels, or a GPU buffer holding them): a new buffer [soft tokens, text hidden],
+        float32, the caller's to keep. The encoder's `pixels`, `plan` and `soft` do the work."""
+        soft = self.set_size(across, down)
+        p = self.cfg.patch
+        size = 4 * across * down * p * p
+        if isinstance(rgba, Buffer):
+            self.dev.submit(self.dev.plan().copy(rgba, 0, self.pixels, 0, size))
+        else:
+            if len(rgba) != size:
+                raise VisionError(f"{len(rgba)} bytes of pixels for {across * p} x {down * p} RGBA pixels")
+            self.dev.write(self.pixels, rgba)
+        self.dev.submit(self.plan)
+        out_size = 4 * soft * self.cfg.text_hidden
+        out = self.dev.buffer(out_size, label="image soft tokens")
+        self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, out_size))
+        return out
+
+
+class ImageEncoder(GpuEncoder):
     def __init__(self, dev: Device, cfg: VisionConfig, weights: VisionWeights, bounds: Buffer, clamped: set,
                  max_patches: int):
         self.dev, self.cfg, self.w = dev, cfg, weights
@@ -81,28 +125,9 @@ class ImageEncoder:
         cfg = VisionConfig.from_gguf(gguf)
         bound = bind(cfg, gguf.tensors)
         weights = replace(bound, layers=[replace(lw) for lw in bound.layers])    # its fields become GpuTensors
-        for owner, name, t in _tensors(weights):
-            if len(t.shape) == 1:           # norms, std: f32 vectors
-                buf = dev.buffer(4 * t.shape[0], label=t.name)
-                dev.write(buf, f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type))
-                setattr(owner, name, GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)]))
-            else:                           # matrices as stored: the kernels dequantize
-                K.quant_type(t.type)        # a type no kernel reads: refused before the upload
-                buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
-                yield FileToGpu(buf, t.offset, t.nbytes)
-                setattr(owner, name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
+        yield from upload(dev, [weights, *weights.layers])
         bounds, clamped = yield from _bounds(dev, cfg, bound)
         return cls(dev, cfg, weights, bounds, clamped, cfg.max_patches(budget))
-
-    @classmethod
-    def open(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "ImageEncoder":
-        """load, natively (gguf: the parsed file that holds the encoder)."""
-        return drive(cls.load(dev, gguf, budget), handler(dev, gguf.source))
-
-    @classmethod
-    async def open_async(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "ImageEncoder":
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, budget), handler(dev, gguf.source, asynchronous=True))
 
     # -- the plan ------------------------------------------------------------------
     def _record(self):
@@ -165,11 +190,9 @@ class ImageEncoder:
         K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_patches, plan=plan)
 
     # -- one image -------------------------------------------------------------------
-    def encode(self, rgba, across: int, down: int) -> Buffer:
-        """The soft tokens of an image of across x down patches (RGBA8 bytes of its across * patch x
-        down * patch pixels, or a GPU buffer holding them): a new buffer [across * down / pool^2, text
-        hidden], float32, the caller's to keep."""
-        cfg, p = self.cfg, self.cfg.patch
+    def set_size(self, across: int, down: int) -> int:
+        """GpuEncoder.set_size: patches in multiples of the pool, the soft tokens' step too."""
+        cfg = self.cfg
         n = across * down
         if across % cfg.pool or down % cfg.pool or not 0 < n <= self.max_patches:
             raise VisionError(f"an image of {across} x {down} patches does not fit this encoder (multiples of "
@@ -178,26 +201,33 @@ class ImageEncoder:
         self.dev.write(self.grid, K.pack_grid(across, down))
         self.dev.write(self.step, K.pack_step(n, 0))
         self.dev.write(self.soft_step, K.pack_step(soft, 0))
-        if isinstance(rgba, Buffer):
-            copy = self.dev.plan().copy(rgba, 0, self.pixels, 0, 4 * n * p * p)
-            self.dev.submit(copy)
-        else:
-            if len(rgba) != 4 * n * p * p:
-                raise VisionError(f"{len(rgba)} bytes of pixels for {across * p} x {down * p} RGBA pixels")
-            self.dev.write(self.pixels, rgba)
-        self.dev.submit(self.plan)
-        out = self.dev.buffer(4 * soft * cfg.text_hidden, label="image soft tokens")
-        self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * soft * cfg.text_hidden))
-        return out
+        return soft
 
 
-def _tensors(w: VisionWeights):
-    """(owner, field name, TensorInfo) of every tensor the encoder uploads (the bounds are read apart)."""
-    for owner in (w, *w.layers):
+def encoder_class(gguf) -> type[GpuEncoder]:
+    """The GPU encoder of the image encoder the file holds: the 12B's patch projection, else ImageEncoder."""
+    from .projection import PatchProjectionEncoder      # it builds on this module
+    return PatchProjectionEncoder if is_patch_projection(gguf) else ImageEncoder
+
+
+def upload(dev: Device, owners: list):
+    """Steps: every TensorInfo field of the owners (weights dataclasses, whose fields become GpuTensors) to the
+    GPU: 1-D tensors (norms, biases, std) as f32 vectors, matrices as stored (the kernels dequantize).
+    The clamp bounds are read apart (_bounds)."""
+    for owner in owners:
         for f in fields(owner):
             t = getattr(owner, f.name)
-            if isinstance(t, TensorInfo) and f.name != "clamp_data":
-                yield owner, f.name, t
+            if not isinstance(t, TensorInfo) or f.name == "clamp_data":
+                continue
+            if len(t.shape) == 1:
+                buf = dev.buffer(4 * t.shape[0], label=t.name)
+                dev.write(buf, f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type))
+                setattr(owner, f.name, GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)]))
+            else:
+                K.quant_type(t.type)        # a type no kernel reads: refused before the upload
+                buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
+                yield FileToGpu(buf, t.offset, t.nbytes)
+                setattr(owner, f.name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
 
 
 def _bounds(dev: Device, cfg: VisionConfig, w: VisionWeights):

@@ -10,10 +10,9 @@ A Gemma 4 model's image encoder reaches people three ways (README, "Supported fi
 
 `find_image_encoder` takes the headers already parsed (reading is the caller's: sync on the CLI, async
 in the browser) and answers which file holds the encoder, or says why none can serve: a projector
-file must be a Gemma 4 image projector (`clip.vision.projector_type` gemma4v, an image encoder in it)
-whose soft tokens are as wide as the text model's hidden size, so that a projector of another model
-(or of the 12B, whose `gemma4uv` patch projection this app does not run yet, or an audio-only one)
-is refused by name before anything is uploaded.
+file must be a Gemma 4 image projector (`clip.vision.projector_type` gemma4v, or the 12B's patch projection
+gemma4uv; an image encoder in it) whose soft tokens are as wide as the text model's hidden size, so that
+a projector of another model (or an audio-only one) is refused by name before anything is uploaded.
 
     where = find_image_encoder(model_gguf, projector=mmproj_gguf, projector_name="mmproj-e2b.gguf")
     where.gguf        # the parsed GGUF whose v.* / mm.* tensors the encoder reads
@@ -26,16 +25,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import VisionError
-from .weights import PATCH_EMBD, PROJECTION
+from .config import VisionError, is_patch_projection
+from .weights import PATCH_EMBD, PATCH_NORM, PROJECTION
 
 INLINE = "inline"                 # the model file's own v.* / mm.* tensors
 GIVEN = "projector"               # a projector file the user gave (--mmproj, the page's file box)
 OLLAMA_LAYER = "ollama projector"  # an Ollama manifest's application/vnd.ollama.image.projector layer
 
 GEMMA4_VISION = "gemma4v"         # llama.cpp's projector type of Gemma 4's image encoder
-OTHER_TYPES = {"gemma4uv": "the 12B's image patch projection (gemma4uv), which this app does not run yet",
-               "gemma4a": "Gemma 4's audio encoder only", "gemma4ua": "the 12B's audio encoder only",
+GEMMA4_PATCH_PROJECTION = "gemma4uv"    # the 12B's: no encoder, its 48-px patches projected (encoder_class says)
+IMAGE_TYPES = (GEMMA4_VISION, GEMMA4_PATCH_PROJECTION)
+OTHER_TYPES = {"gemma4a": "Gemma 4's audio encoder only", "gemma4ua": "the 12B's audio encoder only",
                "gemma3": "Gemma 3's image encoder", "gemma3n": "Gemma 3n's encoders"}
 
 
@@ -87,14 +87,18 @@ def check_projector(g, width: int | None, name: str = "the projector file") -> t
     if not has_vision:
         raise ProjectorError(f"{name} holds no image encoder (clip.has_vision_encoder is not set)"
                              + (": an audio projector" if has_audio else ""))
-    if vtype != GEMMA4_VISION:
+    if vtype not in IMAGE_TYPES:
         shown = OTHER_TYPES.get(vtype, f"projector type {str(vtype)[:40]!r}" if vtype is not None else
                                 "a projector of no stated type")
         raise ProjectorError(f"{name} is {shown}, not Gemma 4's image encoder (clip.vision.projector_type "
-                             f"{GEMMA4_VISION!r})")
+                             f"{GEMMA4_VISION!r}, or the 12B's {GEMMA4_PATCH_PROJECTION!r})")
     missing = [t for t in (PATCH_EMBD, PROJECTION) if t not in g.tensors]
     if missing:
         raise ProjectorError(f"{name} says it holds Gemma 4's image encoder but lacks {', '.join(missing)}")
+    if (vtype == GEMMA4_PATCH_PROJECTION) != is_patch_projection(g):
+        raise ProjectorError(f"{name} says its projector type is {vtype!r} but its tensors are "
+                             f"{'not ' if vtype == GEMMA4_PATCH_PROJECTION else ''}the 12B's patch projection "
+                             f"({PATCH_NORM})")
     out = _projection_width(g)
     stated = meta.get("clip.vision.projection_dim")
     if isinstance(stated, int) and out is not None and stated != out:
