@@ -8,4 +8,5 @@ layer), and its soft tokens go where the prompt holds the image's placeholder ru
     weights.py      its tensors, bound once (the same names in both forms; clamp bounds two ways)
     encoder.py      ImageEncoder: the GPU forward, pixels -> soft tokens (pyapp/families/gemma4_vision/reference.py: its oracle)
     projection.py   PatchProjectionEncoder: the 12B's encoder-free patch projection (gemma4uv), the same way
+    gpu_encoder.py  what the two share: loading (steps), the weights' upload, encoding an image's pixels
 """

@@ -18,67 +18,25 @@ One plan serves every image of up to `max_patches` patches: its kernels read the
 two uniforms (the grid, and the Step of the text kernels). The buffers are sized for max_patches.
 
 The 12B has no encoder: its patch projection (pyapp/families/gemma4_vision/projection.py) is loaded and
-used the same way (GpuEncoder); `encoder_class(gguf)` says which of the two a file's encoder is.
+used the same way (gpu_encoder.py: GpuEncoder); `encoder_class(gguf)` says which of the two a file's encoder is.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import fields, replace
+from dataclasses import replace
 
-from ... import ggml
-from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
-from ...runtime.requests import FileToGpu, ReadFile, handler
-from ...runtime.upload import WEIGHT_PAD, GpuTensor, Part, f32_vector
-from ...steps import drive, drive_async
+from ...runtime.requests import ReadFile
+from ...runtime.upload import f32_vector
 from .config import DEFAULT_BUDGET, VisionConfig, VisionError, is_patch_projection
+from .gpu_encoder import GpuEncoder, upload
+from .projection import PatchProjectionEncoder
 from .weights import BOUNDS, LINEARS, VisionWeights, bind
 
 BOUNDS_STRIDE = 256          # bytes between two linears' bounds: a storage binding's offset alignment
-
-
-class GpuEncoder:
-    """What the app layer loads for a model's images: `load` (steps) driven natively or in the browser."""
-
-    @classmethod
-    def load(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET):
-        raise NotImplementedError
-
-    @classmethod
-    def open(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
-        """load, natively (gguf: the parsed file that holds the encoder)."""
-        return drive(cls.load(dev, gguf, budget), handler(dev, gguf.source))
-
-    @classmethod
-    async def open_async(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, budget), handler(dev, gguf.source, asynchronous=True))
-
-    def set_size(self, across: int, down: int) -> int:
-        """Check that an image of across x down patches fits, write the plan's uniforms for it; its soft tokens."""
-        raise NotImplementedError
-
-    def encode(self, rgba, across: int, down: int) -> Buffer:
-        """The soft tokens of an image of across x down patches (RGBA8 bytes of its across * patch x
-        down * patch pixels, or a GPU buffer holding them): a new buffer [soft tokens, text hidden],
-        float32, the caller's to keep. The encoder's `pixels`, `plan` and `soft` do the work."""
-        soft = self.set_size(across, down)
-        p = self.cfg.patch
-        size = 4 * across * down * p * p
-        if isinstance(rgba, Buffer):
-            self.dev.submit(self.dev.plan().copy(rgba, 0, self.pixels, 0, size))
-        else:
-            if len(rgba) != size:
-                raise VisionError(f"{len(rgba)} bytes of pixels for {across * p} x {down * p} RGBA pixels")
-            self.dev.write(self.pixels, rgba)
-        self.dev.submit(self.plan)
-        out_size = 4 * soft * self.cfg.text_hidden
-        out = self.dev.buffer(out_size, label="image soft tokens")
-        self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, out_size))
-        return out
 
 
 class ImageEncoder(GpuEncoder):
@@ -206,28 +164,7 @@ class ImageEncoder(GpuEncoder):
 
 def encoder_class(gguf) -> type[GpuEncoder]:
     """The GPU encoder of the image encoder the file holds: the 12B's patch projection, else ImageEncoder."""
-    from .projection import PatchProjectionEncoder      # it builds on this module
     return PatchProjectionEncoder if is_patch_projection(gguf) else ImageEncoder
-
-
-def upload(dev: Device, owners: list):
-    """Steps: every TensorInfo field of the owners (weights dataclasses, whose fields become GpuTensors) to the
-    GPU: 1-D tensors (norms, biases, std) as f32 vectors, matrices as stored (the kernels dequantize).
-    The clamp bounds are read apart (_bounds)."""
-    for owner in owners:
-        for f in fields(owner):
-            t = getattr(owner, f.name)
-            if not isinstance(t, TensorInfo) or f.name == "clamp_data":
-                continue
-            if len(t.shape) == 1:
-                buf = dev.buffer(4 * t.shape[0], label=t.name)
-                dev.write(buf, f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type))
-                setattr(owner, f.name, GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)]))
-            else:
-                K.quant_type(t.type)        # a type no kernel reads: refused before the upload
-                buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
-                yield FileToGpu(buf, t.offset, t.nbytes)
-                setattr(owner, f.name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
 
 
 def _bounds(dev: Device, cfg: VisionConfig, w: VisionWeights):

@@ -13,7 +13,7 @@ against):
     enc = yield from PatchProjectionEncoder.load(dev, gguf)     # steps (pyapp.steps): the weights to the GPU
     feats = enc.encode(rgba, across, down)                      # Buffer [across * down, text hidden]
 
-As ImageEncoder (pyapp.families.gemma4_vision.encoder, whose loading and `encode` it shares: GpuEncoder):
+As ImageEncoder (pyapp.families.gemma4_vision.encoder, whose loading and `encode` it shares: gpu_encoder.py):
 `rgba` the image resized to across x down patches (RGBA8 bytes, or a GPU buffer the page filled); one plan
 serves every image of up to `max_patches` patches, its kernels reading the image's size from two uniforms.
 """
@@ -25,7 +25,7 @@ from dataclasses import replace
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
 from .config import DEFAULT_BUDGET, PatchProjectionConfig, VisionError
-from .encoder import GpuEncoder, upload
+from .gpu_encoder import GpuEncoder, upload
 from .weights import PatchProjectionWeights, bind_patch_projection
 
 
