@@ -11,7 +11,8 @@ from OPFS and gets the same reply.
 A model whose file holds no image encoder (llama.cpp's text GGUF) disables attaching and says why and how; a
 model file or another model's projector offered as its projector is refused in words; the projector
 llama.cpp's --mmproj writes for it (tests/fixtures/forms/mmproj-dense.gguf) turns attaching on, and removing it
-turns it off.
+turns it off. The 12B's text GGUF with its projector (mmproj-12b.gguf: the patch projection) answers an image
+as the native app layer does.
 Screenshots go to tests/screenshots/ (the composer and the sent message; the model without an encoder).
 """
 
@@ -31,6 +32,8 @@ DENSE = FIXTURES / "forms" / "ollama-dense.gguf"             # a tiny E2B-like G
 TEXT_ONLY = FIXTURES / "forms" / "llamacpp-dense-fused-qkv.gguf"   # the same model as llama.cpp writes its text
 MMPROJ = FIXTURES / "forms" / "mmproj-dense.gguf"      # its image encoder as llama.cpp's --mmproj writes it
 OTHER_MMPROJ = FIXTURES / "forms" / "mmproj-moe.gguf"  # the MoE fixture's: soft tokens 128 wide, not 256
+UNIFIED = FIXTURES / "forms" / "gemma4-12b.gguf"       # a tiny 12B (gemma4_unified) as llama.cpp writes its text
+UNIFIED_MMPROJ = FIXTURES / "forms" / "mmproj-12b.gguf"   # its patch projection (gemma4uv), llama.cpp's --mmproj
 BUDGET = 70
 MAX_TOKENS = 8
 
@@ -64,7 +67,7 @@ def stored_pixels(page, image_id: str) -> bytes:
     return base64.b64decode(b64)
 
 
-def native_reply(pixels: bytes, width: int, height: int, text: str) -> dict:
+def native_reply(pixels: bytes, width: int, height: int, text: str, path=DENSE, projector=None) -> dict:
     """The native app layer's greedy reply to one user message: the image (these pixels) then the text."""
     from pyapp.app import images, model
     from pyapp.app.reply import reply
@@ -72,8 +75,9 @@ def native_reply(pixels: bytes, width: int, height: int, text: str) -> dict:
     from pyapp.gguf import read_gguf
     from pyapp.steps import run
     s = Session()
-    g = read_gguf(DENSE)
-    model.choose(s, g, model.describe(g, DENSE.name))
+    g = read_gguf(path)
+    model.choose(s, g, model.describe(g, path.name))
+    s.projector = read_gguf(projector) if projector else None
     run(model.load(s, context_length=1024))
     image = run(images.encode_image(s, pixels, width, height, BUDGET))
     content = [{"type": "image", "key": image.key}, {"type": "text", "text": text}]
@@ -182,3 +186,33 @@ def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(p
     page.click("#remove-projector")
     page.wait_for_function("document.getElementById('attach').disabled")
     assert "has no image encoder" in page.inner_text("#attach-why")
+
+
+def test_the_12b_reads_an_image_through_its_projector(page, tmp_path):
+    """The 12B (llama.cpp's text GGUF) with its projector file added (gemma4uv: no encoder, each 48-px square
+    projected): an attached image is resized for it (96 x 48 at 70 tokens: 11 x 5 squares) and the reply's
+    greedy tokens equal the native app layer's on the pixels the page kept."""
+    pytest.importorskip("wgpu")
+    open_model(page, UNIFIED)
+    assert page.is_disabled("#attach")
+    page.set_input_files("#projector-input", str(UNIFIED_MMPROJ))
+    page.wait_for_function("!document.getElementById('attach').disabled")
+    assert page.inner_text("#projector-error") == "" and "mmproj-12b.gguf" in page.inner_text("#projector-info")
+    fresh_chat(page, max_tokens=MAX_TOKENS)
+    page.select_option("#image_budget", str(BUDGET))
+    photo = tmp_path / "pattern.png"
+    photo.write_bytes(png(96, 48))
+    page.set_input_files("#image-input", str(photo))
+    page.wait_for_function("window.app.state.images.attached.length === 1")
+    entry = page.evaluate("window.app.state.images.attached[0]")
+    assert (entry["width"], entry["height"], entry["tokens"]) == (528, 240, 55)
+    text = "What is in this picture?"
+    page.fill("#prompt", text)
+    page.click("#send")
+    page.wait_for_function("window.app.state.streaming !== null")
+    wait_state(page, "loaded")
+    assert page.inner_text("#chat-error") == ""
+    got = messages(page)[-1]
+    want = native_reply(stored_pixels(page, entry["id"]), 528, 240, text, UNIFIED, UNIFIED_MMPROJ)
+    assert got["ids"] == want["ids"] and got["content"] == want["text"]
+    assert got["stats"]["evaluated"] == want["prompt_tokens"] > 55
