@@ -15,7 +15,9 @@ so that our soft tokens are the ones the model was trained on:
 3. the pixels: divided by 255 (rescale_factor 1/255, no mean/std: the model's patch embedding maps
    [0, 1] to [-1, 1] itself);
 4. the patches: 16 x 16, row-major over the image, each flattened as pixel (y, x) then channel
-   (R, G, B), with its (x, y) patch coordinates (`patchify`); soft tokens = patches / pool^2.
+   (R, G, B), with its (x, y) patch coordinates (`patchify`); soft tokens = patches / pool^2. The 12B's
+   processor (Gemma4UnifiedImageProcessor: the same size, the same pixels / 255) merges each 3 x 3 of
+   them into one 48 x 48 patch, laid out the same way: `patchify(..., 48)`, a soft token each.
 
 The page decodes and resizes with the browser (createImageBitmap, OffscreenCanvas), whose filter is
 not PIL's: its pixels are close to, not equal to, the CLI's.
