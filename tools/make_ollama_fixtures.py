@@ -48,8 +48,12 @@ VOCAB_SIZE = 512
 # tiny encoders: enough layers and widths to exercise every tensor kind Ollama writes
 VISION = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=2, head_dim=32, position_embedding_size=64, use_clipped_linears=True)
-AUDIO = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[8, 4],
-             output_proj_dims=48, attention_chunk_size=4, attention_context_left=5)
+# The audio tower: E2B's layout in miniature. Its first conv has 128 channels, as every Gemma 4's (the
+# input projection reads (channels[0] / 4) x channels[1] values: the 32 mel bands left after two
+# stride-2 convs times channels[1]); chunking, context and logit cap are the defaults, which the files
+# cannot state (llama.cpp and this app assume them).
+AUDIO = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 8],
+             output_proj_dims=48)
 # The 12B's text model in miniature: no PLE, no experts, sliding + global layers.
 UNIFIED_TEXT = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=4, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=32, global_head_dim=64, sliding_window=4,
@@ -59,19 +63,25 @@ UNIFIED_TEXT = dict(hidden_size=128, intermediate_size=192, num_hidden_layers=4,
 # a position table of 64 per axis (images up to 64 patches a side: 3072 px).
 UNIFIED_VISION = dict(patch_size=16, pooling_kernel_size=3, mm_embed_dim=16, mm_posemb_size=64, output_proj_dims=16)
 IMAGE_MARKERS = {"<|image>": 6, "<|image|>": 7, "<image|>": 8}     # begin, soft token, end
+AUDIO_MARKERS = {"<|audio>": 9, "<|audio|>": 10, "<audio|>": 11}    # begin, soft token, end
 SUPPRESS = [3, 4, 5]     # <unk>, <mask>, [multimodal]: ids the tiny vocabulary has
 # Tokens Google's tokenizer.json flags special though llama.cpp types them USER_DEFINED.
 VISIBLE = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>')
 
 
-def randomize(model, seed: int) -> None:
+AUDIO_PARTS = ("model.audio_tower.", "model.embed_audio.")
+
+
+def randomize(model, seed: int, audio_stream: bool = False) -> None:
     """make_fixtures' initialization (fan-in scaled matrices, norms near 1), and clamp bounds
-    that bite: |bound| in [1, 2] (the bounds and the text layers' scalars are buffers)."""
+    that bite: |bound| in [1, 2] (the bounds and the text layers' scalars are buffers). audio_stream:
+    the audio tower draws from a stream of its own, so that its shape changes nothing else."""
     import torch
-    gen = torch.Generator().manual_seed(seed)
+    main = torch.Generator().manual_seed(seed)
+    audio = torch.Generator().manual_seed(seed + 1) if audio_stream else main
     with torch.no_grad():
         for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
+            gen = audio if name.startswith(AUDIO_PARTS) else main
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
             elif "q_norm" in name or "k_norm" in name:
@@ -81,6 +91,7 @@ def randomize(model, seed: int) -> None:
             else:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
         for name, b in model.named_buffers():       # the text layers' layer_scalar is a buffer, so are the bounds
+            gen = audio if name.startswith(AUDIO_PARTS) else main
             leaf = name.rsplit(".", 1)[-1]
             if name.endswith("layer_scalar"):
                 b.copy_(0.8 + 0.1 * torch.rand(b.shape, generator=gen))
@@ -94,7 +105,21 @@ def multimodal(text: dict, vision: dict | None, audio: dict | None, seed: int):
     cfg = Gemma4Config(text_config=dict(vocab_size=VOCAB_SIZE, vocab_size_per_layer_input=VOCAB_SIZE,
                                         max_position_embeddings=4096, **text),
                        vision_config=vision, audio_config=audio)
-    return randomized(Gemma4ForConditionalGeneration, cfg, seed)
+    model = randomized(Gemma4ForConditionalGeneration, cfg, seed, audio_stream=True)
+    if audio is not None:
+        half_precise_audio(model)
+    return model
+
+
+def half_precise_audio(model) -> None:
+    """The audio weights Ollama's converter stores as F16 made F16 values: llama.cpp's --mmproj f16 keeps
+    some of them F32 (the input projection), so both files then hold the same values."""
+    import torch
+    with torch.no_grad():
+        for hf_name, p in model.state_dict().items():
+            name = ollama_convert.gguf_name(hf_name)
+            if name and name.startswith(("a.", "mm.a.")) and ollama_convert.tensor_type(name, tuple(p.shape), False) == "F16":
+                p.copy_(p.half().float())
 
 
 def unified(seed: int):
@@ -123,14 +148,14 @@ def undamp_patch_projection(model, seed: int) -> None:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
 
 
-def randomized(model_class, cfg, seed: int):
+def randomized(model_class, cfg, seed: int, audio_stream: bool = False):
     """model_class(cfg) in float32 with eager attention, its weights set by randomize."""
     import torch
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = model_class(cfg).float().eval()
-    randomize(model, seed)
+    randomize(model, seed, audio_stream)
     return model
 
 
@@ -139,6 +164,7 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     from pyapp.gguf import read_gguf
     model.config.architectures = [architecture]
     model.config.boi_token_id, model.config.image_token_id, model.config.eoi_token_id = IMAGE_MARKERS.values()
+    model.config.boa_token_id, model.config.audio_token_id, model.config.eoa_token_index = AUDIO_MARKERS.values()
     model.save_pretrained(out, safe_serialization=True)
     if architecture.startswith("Gemma4Unified"):
         google_vision_names(out)
@@ -147,10 +173,12 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     for a in tj["added_tokens"]:        # as Google's tokenizer.json flags them
         if a["content"] in VISIBLE:
             a["special"] = True
-    # the image markers (ids 255999, 258880, 258882 in the real vocabulary) in place of three <unusedN>
-    # of the cut vocabulary, special like the real ones: prompts with an image can be written
+    # the image and audio markers (ids 255999, 258880, 258882 and 256000, 258881, 258883 in the real
+    # vocabulary) in place of six <unusedN> of the cut vocabulary, special like the real ones: prompts
+    # with an image or a clip can be written
     vocab = tj["model"]["vocab"]
-    for old, (new, tid) in zip(("<unused0>", "<unused1>", "<unused2>"), IMAGE_MARKERS.items()):
+    markers = IMAGE_MARKERS | AUDIO_MARKERS
+    for old, (new, tid) in zip([f"<unused{i}>" for i in range(len(markers))], markers.items()):
         assert vocab.pop(old) == tid
         vocab[new] = tid
         tj["added_tokens"].append({"id": tid, "content": new, "single_word": False, "lstrip": False,
@@ -159,7 +187,7 @@ def write_checkpoint(model, out: Path, architecture: str, suppress=None) -> None
     # Google ships the chat template as chat_template.jinja, which Ollama's converter does not read
     # (CV L145-147): its files carry no tokenizer.chat_template
     tc = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tc["extra_special_tokens"] = tc.get("extra_special_tokens", []) + list(IMAGE_MARKERS)
+    tc["extra_special_tokens"] = tc.get("extra_special_tokens", []) + list(markers)
     if "chat_template" in tc:
         (out / "chat_template.jinja").write_text(tc.pop("chat_template"), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps(tc, ensure_ascii=False, indent=1), encoding="utf-8")

@@ -55,6 +55,8 @@ class WeightsError(Gemma4Error, ValueError):
 # recognised, reported by `info`, not read by the text model.
 ENCODER_PREFIXES = {"v.": "vision", "mm.a.": "audio", "a.": "audio", "mm.": "vision",
                     "model.vision_tower.": "vision"}     # some published blobs keep HF's names (CMP L987-996)
+# A clippable linear's bounds (the image and audio encoders'), scalars named after its weight, in this order.
+CLAMP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 # One file tensor holding several fields' rows, in this order (llama.cpp's `--fuse-qkv`).
 FUSED = {"attn_qkv.weight": ("attn_q", "attn_k", "attn_v")}
 
@@ -301,6 +303,18 @@ class Binding:
             if why := _misfit(t, f.metadata["shape"], sizes):
                 self.misfits.append(f"{name} {why}")
         return cls(**values)
+
+    def take_bounds(self, stem: str) -> list | None:
+        """The four clamp bounds of the clippable linear whose weight is `stem.weight` (the scalars
+        `stem.input_min`, `.input_max`, `.output_min`, `.output_max`, in that order), read; None when the
+        file has none of them (a misfit when it has some, or ones that are not scalars)."""
+        scalars = [self.tensors.get(f"{stem}.{b}") for b in CLAMP_BOUNDS]
+        if all(t is None for t in scalars):
+            return None
+        if any(t is None or t.shape != (1,) for t in scalars):
+            self.misfits.append(f"{stem}: its clamp bounds are not four scalars")
+        self.read.update(f"{stem}.{b}" for b in CLAMP_BOUNDS)
+        return scalars
 
     def check(self) -> None:
         """WeightsError naming every missing and misfitting tensor, if any."""

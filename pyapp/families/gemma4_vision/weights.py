@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...model.weights import OPTIONAL, Binding, WeightsError, gguf_name, tensor
+from ...model.weights import CLAMP_BOUNDS, OPTIONAL, Binding, WeightsError, gguf_name, tensor
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")   # v.clamp_data's order
-BOUNDS = ("input_min", "input_max", "output_min", "output_max")
+BOUNDS = CLAMP_BOUNDS
 
 
 @dataclass
@@ -108,12 +108,7 @@ def bind(cfg, tensors: dict) -> VisionWeights:
     for i in range(cfg.n_layers):
         lw = found.take(VisionLayerWeights, cfg, layer_prefix(i), sizes)
         for lin in LINEARS:
-            stem = layer_prefix(i) + _gguf_stem(lin)
-            scalars = [tensors.get(f"{stem}.{b}") for b in BOUNDS]
-            if any(t is not None for t in scalars):
-                if any(t is None or t.shape != (1,) for t in scalars):
-                    found.misfits.append(f"{stem}: its clamp bounds are not four scalars")
-                found.read.update(f"{stem}.{b}" for b in BOUNDS)
+            if (scalars := found.take_bounds(layer_prefix(i) + _gguf_stem(lin))) is not None:
                 lw.bounds[lin] = scalars
         w.layers.append(lw)
     found.check()
