@@ -12,6 +12,7 @@ model's width, the depthwise kernel) come from the tensors' shapes, so the two f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...errors import Gemma4Error
@@ -25,6 +26,19 @@ LOGIT_CAP = 50.0               # attention_logit_cap: scores = 50 tanh(scores / 
 RESIDUAL_WEIGHT = 0.5          # a half-step feed-forward adds half its output
 EPS = 1e-6                     # every norm's epsilon (rms_norm_eps; the subsampling LayerNorms' too)
 INVALID_LOGIT = -1e9           # attention_invalid_logits_value: a key a query may not see
+
+
+def relative_positions(hidden: int) -> list[float]:
+    """The relative positions' sinusoids, [PAST + 1, hidden] row-major: row d that of distance d,
+    [sin..., cos...] of d over hidden / 2 timescales from 1 to 1/10000 (Gemma4AudioRelPositionalEncoding,
+    whose rows run from distance 12 down to 0)."""
+    n = hidden // 2
+    step = math.log(10000.0) / max(n - 1, 1)
+    rows = []
+    for d in range(PAST + 1):
+        angles = [d * math.exp(-i * step) for i in range(n)]
+        rows += [math.sin(a) for a in angles] + [math.cos(a) for a in angles]
+    return rows
 
 
 class AudioError(Gemma4Error, ValueError):

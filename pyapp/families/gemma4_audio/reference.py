@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .config import CHUNK, EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig
+from .config import EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, relative_positions
 from .weights import LINEARS, bind
 from ...reference.quants import load_tensor
 
@@ -62,12 +62,33 @@ def conv2d_stride2(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def relative_positions(hidden: int) -> np.ndarray:
-    """[PAST + 1, hidden]: row d the sinusoid of distance d ([sin..., cos...] over hidden / 2 timescales)."""
-    n = hidden // 2
-    inv_timescales = np.exp(np.arange(n) * -(math.log(10000.0) / max(n - 1, 1)))
-    distance = np.arange(PAST + 1)[:, None] * inv_timescales[None, :]
-    return np.concatenate([np.sin(distance), np.cos(distance)], -1)
+def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, rel: np.ndarray, per_dim_scale: np.ndarray,
+                    window: int = WINDOW) -> np.ndarray:
+    """[T, heads, hd]: query t over keys t - window + 1 .. t, score (q_t * qs * per_dim_scale) .
+    (k_s * ks + rel[t - s]) capped, softmax, the values' weighted sum (rel [window + 1, heads, hd])."""
+    T, heads, hd = q.shape
+    q = q * (hd ** -0.5 / math.log(2)) * per_dim_scale
+    k = k * (math.log(1 + math.e) / math.log(2))
+    scores = np.full((T, heads, window), -np.inf)
+    for d in range(min(window, T)):                          # the key d frames back
+        scores[d:, :, d] = np.einsum("thd,thd->th", q[d:], k[:T - d] + rel[d])
+    seen = np.isfinite(scores)
+    scores[seen] = LOGIT_CAP * np.tanh(scores[seen] / LOGIT_CAP)
+    scores -= scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(-1, keepdims=True)
+    out = np.zeros((T, heads, hd))
+    for d in range(min(window, T)):
+        out[d:] += p[d:, :, d, None] * v[:T - d]
+    return out
+
+
+def glu_depthwise(h: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """The causal depthwise conv (kernel [d, K]: tap K - 1 the current frame) of glu(h), h [T, 2d]."""
+    d, K = kernel.shape
+    g = h[:, :d] * sigmoid(h[:, d:])
+    padded = np.concatenate([np.zeros((K - 1, d)), g])
+    return sum(kernel[:, j] * padded[j:j + len(g)] for j in range(K))
 
 
 class AudioEncoder:
@@ -128,20 +149,9 @@ class AudioEncoder:
         q = self.linear(layer, "attn_q", h).reshape(N, heads, hd)
         k = self.linear(layer, "attn_k", h).reshape(N, heads, hd)
         v = self.linear(layer, "attn_v", h).reshape(N, heads, hd)
-        q = q * (hd ** -0.5 / math.log(2)) * layer["per_dim_scale"]
-        k = k * (math.log(1 + math.e) / math.log(2))
-        rel = (relative_positions(cfg.hidden) @ layer["attn_k_rel"].T).reshape(PAST + 1, heads, hd)
-        scores = np.full((N, heads, WINDOW), -np.inf)
-        for d in range(WINDOW):                                   # the key d frames back
-            scores[d:, :, d] = np.einsum("thd,thd->th", q[d:], k[:N - d] + rel[d])
-        seen = np.isfinite(scores)
-        scores[seen] = LOGIT_CAP * np.tanh(scores[seen] / LOGIT_CAP)
-        scores -= scores.max(-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(-1, keepdims=True)
-        out = np.zeros((N, heads, hd))
-        for d in range(WINDOW):
-            out[d:] += p[d:, :, d, None] * v[:N - d]
+        positions = np.reshape(relative_positions(cfg.hidden), (PAST + 1, -1))
+        rel = (positions @ layer["attn_k_rel"].T).reshape(PAST + 1, heads, hd)
+        out = local_attention(q, k, v, rel, layer["per_dim_scale"])
         out = self.linear(layer, "attn_out", out.reshape(N, heads * hd))
         return x + rms_norm(out, layer["attn_post_norm"])
 
@@ -149,12 +159,7 @@ class AudioEncoder:
         """x + pw2(silu(norm(causal_depthwise(glu(pw1(norm(x)))))))."""
         h = rms_norm(x, layer["conv_norm"])
         h = self.linear(layer, "conv_pw1", h)
-        half = h.shape[1] // 2
-        h = h[:, :half] * sigmoid(h[:, half:])
-        kernel = layer["conv_dw"]                                # [hidden, K]: tap K - 1 is the current frame
-        K = kernel.shape[1]
-        padded = np.concatenate([np.zeros((K - 1, half)), h])
-        h = sum(kernel[:, j] * padded[j:j + len(h)] for j in range(K))
+        h = glu_depthwise(h, layer["conv_dw"])
         h = rms_norm(h, layer["norm_conv"])
         h = silu(h)
         h = self.linear(layer, "conv_pw2", h)
@@ -179,5 +184,3 @@ class AudioEncoder:
         """Soft tokens in the text model's width: the embedder's unscaled RMSNorm, then its projection."""
         return rms_norm(self.encode(mel)) @ self.projection.T
 
-
-__all__ = ["AudioEncoder", "CHUNK"]

@@ -15,6 +15,7 @@ touches a backend, so it runs the same in the browser and natively.
     sample.py       argmax and the sampler
     diffusion.py    DiffusionGemma: soft embedding, canvas attention, the denoising sampler
     vision.py       the image encoder's own ops: patches, 2-D positions and RoPE, clamps, pooling
+    audio.py        the audio encoder's own ops: subsampling convs, chunked attention, light conv, SiLU
     lora.py         LoRA adapters: the forward delta and its backward
     backward.py     the training backward through the frozen model
     adamw.py        AdamW with global-norm clipping
@@ -27,6 +28,7 @@ from ... import ggml  # noqa: F401  (K.ggml: the type ids callers pass beside th
 from .adamw import *  # noqa: F401,F403
 from .adamw import _OPT_PRELUDE  # noqa: F401  (the generated OptParams struct, checked by the tests)
 from .attention import *  # noqa: F401,F403
+from .audio import *  # noqa: F401,F403
 from .backward import *  # noqa: F401,F403
 from .diffusion import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
