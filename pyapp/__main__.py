@@ -154,17 +154,19 @@ def cmd_logits(args) -> int:
                           "denoising step's logits), generate or chat")
     tokens = _token_ids(args.tokens, Gemma4Config.from_gguf(gguf).vocab_size)
     images = [_read_image(path, args.image_tokens) for path in args.image or ()]
+    clips = [_read_audio(path) for path in args.audio or ()]
     projector = _open(args.mmproj) if args.mmproj else None
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
-        soft = _reference_soft(gguf, projector, args.mmproj, tokens, images) if images else None
+        soft = _reference_soft(gguf, projector, args.mmproj, tokens, images, clips) if images or clips else None
         logits = ReferenceModel(gguf, lora=_loras(args)).forward(tokens, soft=soft)
     else:
         from .app.logits import logits as logits_of
         from .steps import run
         session = _loaded(gguf, args)
         session.projector, session.projector_name = projector, args.mmproj
-        soft = run(_soft_runs(session, tokens, images, args.image_tokens)) if images else ()
+        soft = run(_soft_runs(session, tokens, images, args.image_tokens)) if images else []
+        soft += run(_clip_runs(session, tokens, clips)) if clips else []
         logits = run(logits_of(session, tokens, soft))
     logits = np.asarray(logits, dtype=np.float32)      # engine and reference: Logits
     np.save(args.out, logits)
@@ -201,22 +203,66 @@ def _soft_runs(session, tokens, images, budget):
     return soft_runs(tokens, encoded, _image_token(session.model.gguf))
 
 
-def _reference_soft(gguf, projector, projector_name, tokens, images):
-    """(positions, rows) of the images' soft tokens by the numpy encoder, for ReferenceModel.forward; the
-    encoder found as the GPU path finds it (a projector checked to be this model's)."""
+def _reference_soft(gguf, projector, projector_name, tokens, images, clips):
+    """(positions, rows) of the images' and clips' soft tokens by the numpy encoders, for ReferenceModel.forward;
+    each encoder found as the GPU path finds it (a projector checked to be this model's)."""
     import numpy as np
-    from .app.images import placeholder_starts
-    from .families.gemma4_vision.preprocess import patchify
-    from .families.gemma4_vision.reference import reference_encoder
-    from .families.gemma4_vision.source import find_image_encoder
-    enc = reference_encoder(find_image_encoder(gguf, projector, projector_name=projector_name).gguf)
-    at = placeholder_starts(tokens, [im.tokens for im in images], _image_token(gguf))
-    rows = []
-    for im in images:
-        patches, positions = patchify(im.rgb, im.width, im.height, enc.patch)    # the 12B's are 48 px
-        rows.append(enc.features(np.frombuffer(patches, np.float32).reshape(len(positions), -1),
-                                 np.array(positions)))
+    from .runtime.soft_tokens import placeholder_starts
+    at, rows = [], []
+    if images:
+        from .families.gemma4_vision.preprocess import patchify
+        from .families.gemma4_vision.reference import reference_encoder
+        from .families.gemma4_vision.source import find_image_encoder
+        enc = reference_encoder(find_image_encoder(gguf, projector, projector_name=projector_name).gguf)
+        at += placeholder_starts(tokens, [im.tokens for im in images], _image_token(gguf))
+        for im in images:
+            patches, positions = patchify(im.rgb, im.width, im.height, enc.patch)    # the 12B's are 48 px
+            rows.append(enc.features(np.frombuffer(patches, np.float32).reshape(len(positions), -1),
+                                     np.array(positions)))
+    if clips:
+        from .families.gemma4_audio import features
+        from .families.gemma4_audio.reference import AudioEncoder
+        from .families.gemma4_audio.source import find_audio_encoder
+        enc = AudioEncoder(find_audio_encoder(gguf, projector, projector_name=projector_name).gguf)
+        at += placeholder_starts(tokens, [features.soft_tokens(len(c.samples)) for c in clips], _audio_token(gguf),
+                                 "clip")
+        rows += [enc.features(np.frombuffer(features.log_mel(c.samples), np.float32).reshape(-1, features.MEL_BINS))
+                 for c in clips]
     return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))
+
+
+def _read_audio(path: str):
+    """A WAV file read as a 16 kHz mono clip (pyapp.families.gemma4_audio.wav.Clip), at least 10 ms long; a
+    note on stderr when it is longer than the 30 s Gemma 4 hears."""
+    from .app.audio import clip_tokens
+    from .families.gemma4_audio.features import MAX_SECONDS
+    from .families.gemma4_audio.wav import read_wav
+    from .inputs import read_file
+    clip = read_wav(read_file(path, MAX_AUDIO_BYTES, "audio file", "Gemma 4 hears 30 s at most: cut the clip"),
+                    max_seconds=MAX_SECONDS)
+    clip_tokens(len(clip.samples))
+    if clip.source_seconds > MAX_SECONDS:
+        print(f"note: {path} is {clip.source_seconds:.1f} s long; Gemma 4 hears its first {MAX_SECONDS} s",
+              file=sys.stderr)
+    return clip
+
+
+MAX_AUDIO_BYTES = 1 << 30          # 30 s of 8-channel 384 kHz float64 is 737 MiB: past this it is not a clip
+
+
+def _audio_token(gguf) -> int:
+    from .app.audio import audio_token
+    from .tokenizer import Tokenizer
+    return audio_token(Tokenizer.from_metadata(gguf.metadata))
+
+
+def _clip_runs(session, tokens, clips):
+    """Steps: the SoftRuns of the clips at their placeholder runs, encoded on the GPU."""
+    from .app.audio import clip_runs, encode_clip
+    encoded = []
+    for clip in clips:
+        encoded.append((yield from encode_clip(session, clip.samples)))
+    return clip_runs(tokens, encoded, _audio_token(session.model.gguf))
 
 
 def cmd_diffusion_logits(args) -> int:
@@ -299,13 +345,13 @@ def cmd_generate(args) -> int:
     tok = _tokenizer(g)
     ids = _prompt_ids(tok, g, args.prompt, args.raw)
     if _is_diffusion(g):
-        if args.image:
+        if args.image or args.audio:
             from .model.config import ConfigError
-            raise ConfigError("DiffusionGemma takes text only: leave out --image")
+            raise ConfigError("DiffusionGemma takes text only: leave out --image and --audio")
         return _generate_diffusion(args, g, tok, ids)
     params = _params(args)       # checked before the model loads
-    if args.image:
-        return _generate_with_images(args, g, params)
+    if args.image or args.audio:
+        return _generate_with_media(args, g, params)
     if args.backend == "reference":
         from .reference.forward import ReferenceModel
         out = ReferenceModel(g, lora=_loras(args)).generate_greedy(ids, int(min(params.token_limit, args.context)))
@@ -321,33 +367,47 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _generate_with_images(args, g, params) -> int:
-    """generate with --image: one user turn, the images before the prompt's text, through the chat use case."""
+def _generate_with_media(args, g, params) -> int:
+    """generate with --image / --audio: one user turn, the images and clips before the prompt's text, through
+    the chat use case."""
     from .app.reply import reply
     from .model.config import ConfigError
     from .steps import run
     if args.raw:
-        raise ConfigError("--raw takes no --image: the chat template places the images (or give the "
-                          "placeholder runs yourself to `logits --image`)")
+        raise ConfigError("--raw takes no --image or --audio: the chat template places them (or give the "
+                          "placeholder runs yourself to `logits --image/--audio`)")
     if args.backend == "reference":
-        raise ConfigError("--backend reference generates from text only; `logits --image --backend reference` "
-                          "scores a prompt with images")
-    images = [_read_image(path, args.image_tokens) for path in args.image]
+        raise ConfigError("--backend reference generates from text only; `logits --image/--audio --backend "
+                          "reference` scores a prompt with them")
+    images = [_read_image(path, args.image_tokens) for path in args.image or ()]
+    clips = [_read_audio(path) for path in args.audio or ()]
     projector = _open(args.mmproj) if args.mmproj else None
     printer = _Printer()
     session = _loaded(g, args, printer)
     session.projector, session.projector_name = projector, args.mmproj
-    content = run(_image_parts(session, images, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
+    content = run(_media_parts(session, images, clips, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
     r = run(reply(session, [{"role": "user", "content": content}], params=params, events=printer))
     sys.stdout.write("\n")
-    print(f"[{r['prompt_tokens']} prompt tokens ({sum(i.tokens for i in images)} of them the images') in "
-          f"{r['prefill_s']:.2f}s, {r['tokens']} generated at {r['decode_tps']:.1f} tok/s, {r['stop_reason']}]",
-          file=sys.stderr)
+    print(f"[{r['prompt_tokens']} prompt tokens ({_soft_share(images, clips)}) in {r['prefill_s']:.2f}s, "
+          f"{r['tokens']} generated at {r['decode_tps']:.1f} tok/s, {r['stop_reason']}]", file=sys.stderr)
     return 0
 
 
-def _image_parts(session, images, budget):
-    """Steps: each prepared image encoded on the GPU, as a message's image part."""
+def _soft_share(images, clips) -> str:
+    """How many prompt tokens the images and clips took: "60 of them the images', 30 the clips'"."""
+    from .families.gemma4_audio.features import soft_tokens
+    shares = []
+    if images:
+        shares.append((sum(i.tokens for i in images), "the images'"))
+    if clips:
+        shares.append((sum(soft_tokens(len(c.samples)) for c in clips), "the clips'"))
+    (n, whose), *rest = shares
+    return f"{n} of them {whose}" + "".join(f", {m} {other}" for m, other in rest)
+
+
+def _media_parts(session, images, clips, budget):
+    """Steps: each prepared image and each clip encoded on the GPU, as a message's image and audio parts."""
+    from .app.audio import encode_clip
     from .app.images import encode_image
     from .families.gemma4_vision.preprocess import to_rgba
     parts = []
@@ -355,6 +415,9 @@ def _image_parts(session, images, budget):
         encoded = yield from encode_image(session, to_rgba(image.rgb, image.width, image.height), image.width,
                                           image.height, budget)
         parts.append({"type": "image", "key": encoded.key})
+    for clip in clips:
+        encoded = yield from encode_clip(session, clip.samples)
+        parts.append({"type": "audio", "key": encoded.key})
     return parts
 
 
@@ -381,18 +444,20 @@ def cmd_chat(args) -> int:
     from .steps import run
     g = _open(args.model)
     params = _denoise_params(args, g) if _is_diffusion(g) else _params(args)   # checked before the model loads
-    if args.image and _is_diffusion(g):
+    if (args.image or args.audio) and _is_diffusion(g):
         from .model.config import ConfigError
-        raise ConfigError("DiffusionGemma takes text only: leave out --image")
+        raise ConfigError("DiffusionGemma takes text only: leave out --image and --audio")
     images = [_read_image(path, args.image_tokens) for path in args.image or ()]   # checked before the model loads
+    clips = [_read_audio(path) for path in args.audio or ()]
     printer = _Printer()
     session = _loaded(g, args, printer)
     session.projector = _open(args.mmproj) if args.mmproj else None
     session.projector_name = args.mmproj
-    parts = run(_image_parts(session, images, args.image_tokens)) if images else []
+    parts = run(_media_parts(session, images, clips, args.image_tokens)) if images or clips else []
     conv = Conversation(system=args.system, style=session.model.style)
+    carried = [f"{len(images)} image(s)"] * bool(images) + [f"{len(clips)} clip(s)"] * bool(clips)
     print("Gemma 4 chat. Empty line or Ctrl-D quits; Ctrl-C stops a reply."
-          + (f" The first message carries {len(images)} image(s)." if images else ""))
+          + (f" The first message carries {' and '.join(carried)}." if carried else ""))
     while True:
         try:
             text = input("> ")
@@ -570,7 +635,14 @@ def _image_args(p, what: str) -> None:
     p.add_argument("--image-tokens", type=_integer, default=DEFAULT_BUDGET, metavar="N",
                    help=f"soft tokens an image may take: {', '.join(map(str, BUDGETS))} (default {DEFAULT_BUDGET})")
     p.add_argument("--mmproj", metavar="FILE", default=None,
-                   help="the image encoder's projector file (llama.cpp's mmproj-*.gguf), for a model file without one")
+                   help="the projector file (llama.cpp's mmproj-*.gguf: the image and audio encoders), for a model "
+                        "file without them")
+
+
+def _audio_args(p, what: str) -> None:
+    p.add_argument("--audio", action="append", metavar="FILE.wav",
+                   help="a WAV clip (PCM 8/16/24/32-bit or float, any rate, mono or stereo; its first 30 s; "
+                        f"repeatable): {what}")
 
 
 def main(argv=None) -> int:
@@ -597,6 +669,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["native", "reference"], default="native")
     _image_args(p, "the tokens hold its placeholder run as Gemma 4's processor writes it: <|image>, one "
                    "<|image|> per soft token, <image|>")
+    _audio_args(p, "the tokens hold its placeholder run: <|audio>, one <|audio|> per 40 ms, <audio|>")
     _memory_args(p)
     _lora_args(p)
     p.set_defaults(fn=cmd_logits)
@@ -635,6 +708,8 @@ def main(argv=None) -> int:
         p.add_argument("--backend", choices=["native", "reference"], default="native")
         _memory_args(p)
         _image_args(p, "placed before the prompt's text" if name == "generate" else "in the first message")
+        _audio_args(p, "placed after the images, before the prompt's text" if name == "generate"
+                    else "in the first message")
         d = p.add_argument_group("DiffusionGemma (default: the model's settings)")
         d.add_argument("--steps", type=_integer, default=None, help="most denoising steps per block")
         d.add_argument("--t-min", type=_number, default=None, help="temperature of the last step")

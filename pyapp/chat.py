@@ -24,8 +24,13 @@ Gemma4Processor then replaces its <|image|> by the image's run, so an image rend
 
     \n\n<|image>  N x <|image|>  <image|>\n\n
 
-(without "tokens", the template's own "\n\n<|image|>\n\n", unexpanded). The run is markup: its ids come
-from this code, never from what a user typed.
+(without "tokens", the template's own "\n\n<|image|>\n\n", unexpanded). Audio likewise: a part
+`{"type": "audio", "tokens": N}` (N: the clip's soft tokens, pyapp.families.gemma4_audio.features.soft_tokens
+of its samples) is written "<|audio|>" by the template, without newlines, and expanded to
+
+    <|audio>  N x <|audio|>  <audio|>
+
+The runs are markup: their ids come from this code, never from what a user typed.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ EMPTY_THOUGHT = CHANNEL + "thought\n" + END_CHANNEL
 LARGE_MODEL_PARAMS = 12_000_000_000      # Ollama: at or above this, gemma4-large's renderer
 IMAGE_BEGIN, IMAGE_SOFT, IMAGE_END = "<|image>", "<|image|>", "<image|>"   # ids 255999, 258880, 258882
 IMAGE_MARGIN = "\n\n"                     # the template's newlines before and after an image
-MAX_IMAGE_TOKENS = 1 << 16
+AUDIO_BEGIN, AUDIO_SOFT, AUDIO_END = "<|audio>", "<|audio|>", "<audio|>"   # ids 256000, 258881, 258883
+MAX_SOFT_TOKENS = 1 << 16
 
 
 class ChatError(Gemma4Error, ValueError):
@@ -84,22 +90,29 @@ def image_run(tokens: int) -> str:
     return IMAGE_BEGIN + IMAGE_SOFT * tokens + IMAGE_END
 
 
-def image_tokens(part: dict) -> int | None:
-    """An image part's soft-token count, or None where it gives none (the template's unexpanded form)."""
+def audio_run(tokens: int) -> str:
+    """The placeholder run of a clip of `tokens` soft tokens, as Gemma4Processor expands <|audio|>."""
+    return AUDIO_BEGIN + AUDIO_SOFT * tokens + AUDIO_END
+
+
+def part_tokens(part: dict) -> int | None:
+    """An image or audio part's soft-token count, or None where it gives none (the template's unexpanded form)."""
     n = part.get("tokens")
     if n is None:
         return None
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGE_TOKENS:
-        raise ChatError(f"an image part's soft-token count is {n!r}: a whole number from 1 to {MAX_IMAGE_TOKENS}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SOFT_TOKENS:
+        raise ChatError(f"an {part.get('type')} part's soft-token count is {n!r}: a whole number from 1 to "
+                        f"{MAX_SOFT_TOKENS}")
     return n
 
 
-def user_content(text: str, images=()) -> list[dict] | str:
-    """A user message's content: its images (each a soft-token count, or a part dict) before its text,
-    as transformers' chat examples place them; the plain text when there are none."""
-    if not images:
+def user_content(text: str, images=(), clips=()) -> list[dict] | str:
+    """A user message's content: its images, then its clips (each a soft-token count, or a part dict),
+    before its text, as transformers' chat examples place them; the plain text when there are none."""
+    if not images and not clips:
         return text
     parts = [dict(i) if isinstance(i, dict) else {"type": "image", "tokens": i} for i in images]
+    parts += [dict(c) if isinstance(c, dict) else {"type": "audio", "tokens": c} for c in clips]
     return parts + [{"type": "text", "text": text}]
 
 
@@ -164,8 +177,11 @@ def prompt_pieces(messages: list[dict], add_generation_prompt: bool, thinking: b
                 if part.get("type") == "text":
                     content(clean(str(part.get("text", ""))))
                 elif part.get("type") == "image":
-                    n = image_tokens(part)
+                    n = part_tokens(part)
                     markup(IMAGE_MARGIN + (IMAGE_SOFT if n is None else image_run(n)) + IMAGE_MARGIN)
+                elif part.get("type") == "audio":
+                    n = part_tokens(part)
+                    markup(AUDIO_SOFT if n is None else audio_run(n))
         else:
             content(clean("" if body is None else str(body)))
         markup(END_TURN + "\n")
@@ -228,9 +244,9 @@ class Conversation:
     thinking: bool = False
     style: ChatStyle = TEMPLATE_STYLE
 
-    def add_user(self, text: str, images=()) -> None:
-        """images: each image's soft-token count (or its part dict), placed before the text."""
-        self.messages.append({"role": "user", "content": user_content(text, images)})
+    def add_user(self, text: str, images=(), clips=()) -> None:
+        """images, clips: each one's soft-token count (or its part dict), placed before the text."""
+        self.messages.append({"role": "user", "content": user_content(text, images, clips)})
 
     def add_assistant(self, text: str, kept: dict | None = None) -> None:
         """kept: reply_ids(...) of the reply, so the next prompt reuses the KV cache exactly."""
@@ -239,13 +255,13 @@ class Conversation:
     def pop_last(self) -> dict | None:
         return self.messages.pop() if self.messages else None
 
-    def edit_last_user(self, text: str, images=()) -> None:
+    def edit_last_user(self, text: str, images=(), clips=()) -> None:
         """Replace the last user message and drop what followed it (edit-and-resend)."""
         for i in range(len(self.messages) - 1, -1, -1):
             if self.messages[i]["role"] == "user":
-                self.messages[i:] = [{"role": "user", "content": user_content(text, images)}]
+                self.messages[i:] = [{"role": "user", "content": user_content(text, images, clips)}]
                 return
-        self.add_user(text, images)
+        self.add_user(text, images, clips)
 
     def all_messages(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []

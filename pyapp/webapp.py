@@ -447,7 +447,7 @@ def add_projector(blob, name: str = "") -> dict:
         return {"error": _sentence(str(e)) + " Add the mmproj file published with this model.", "detail": str(e),
                 "projector_error": True}
     SESSION.projector, SESSION.projector_name = g, shown
-    SESSION.image_encoder, SESSION.encoded_images = None, {}      # the next image loads this encoder
+    SESSION.forget_encoders()      # the next image or clip loads this projector's encoder
     return {"images": _images()}
 
 
@@ -455,7 +455,7 @@ def add_projector(blob, name: str = "") -> dict:
 def remove_projector() -> dict:
     """Forget the projector added: the model takes images again only if its own file holds an encoder."""
     SESSION.projector = SESSION.projector_name = None
-    SESSION.image_encoder, SESSION.encoded_images = None, {}
+    SESSION.forget_encoders()
     return {"images": _images()}
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionError, encoder_config
 from ..families.gemma4_vision.encoder import encoder_class
 from ..families.gemma4_vision.source import NoImageEncoder, find_image_encoder
-from ..runtime.soft_tokens import SoftRun
+from ..runtime.soft_tokens import SoftRun, runs_at
 from ..steps import Steps, call
 from .session import Session
 
@@ -102,34 +102,6 @@ def image_token(tokenizer) -> int:
     return ids[0]
 
 
-def placeholder_runs(ids: list[int], image_token: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of image_token ids in the prompt."""
-    runs, i = [], 0
-    while i < len(ids):
-        if ids[i] != image_token:
-            i += 1
-            continue
-        j = i
-        while j < len(ids) and ids[j] == image_token:
-            j += 1
-        runs.append((i, j - i))
-        i = j
-    return runs
-
-
-def placeholder_starts(ids: list[int], sizes: list[int], image_token: int) -> list[int]:
-    """Where each image's soft tokens start in the prompt: the i-th run of `image_token` ids holds image i,
-    and must be exactly as long as its soft tokens (sizes[i])."""
-    runs = placeholder_runs(ids, image_token)
-    if len(runs) != len(sizes):
-        raise VisionError(f"the prompt holds {len(runs)} runs of the image token {image_token} for {len(sizes)} images")
-    for (at, n), size in zip(runs, sizes):
-        if n != size:
-            raise VisionError(f"the placeholder run at token {at} is {n} long; its image has {size} soft tokens")
-    return [at for at, _ in runs]
-
-
 def soft_runs(ids: list[int], images: list[EncodedImage], image_token: int) -> list[SoftRun]:
-    """The SoftRun of each image at its placeholder run (placeholder_starts)."""
-    starts = placeholder_starts(ids, [image.n for image in images], image_token)
-    return [SoftRun(at, image.rows, image.n, image.key) for at, image in zip(starts, images)]
+    """The SoftRun of each image at its placeholder run (pyapp.runtime.soft_tokens.placeholder_starts)."""
+    return runs_at(ids, images, image_token, "image")

@@ -17,6 +17,7 @@ from ..steps import Steps, call
 from .adapters import reply_adapter
 from .denoise import denoise
 from .events import Events
+from .audio import audio_token, clip_runs
 from .images import image_token, soft_runs
 from .session import Refused, Session
 from .settings import denoise_params_from_settings, sampling_params
@@ -36,9 +37,11 @@ def reply(session: Session, messages: list[dict], settings: dict | None = None, 
         return (yield from _denoised_reply(session, eng, messages, settings, params, thinking, events))
     if params is None:
         params = sampling_params(settings or {})
-    messages, pictures = with_images(session, messages)
+    messages, pictures = with_encoded(messages, "image", session.encoded_images)
+    messages, clips = with_encoded(messages, "audio", session.encoded_clips)
     ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=session.model.style)
-    soft = soft_runs(ids, pictures, image_token(eng.tokenizer)) if pictures else ()
+    soft = soft_runs(ids, pictures, image_token(eng.tokenizer)) if pictures else []
+    soft += clip_runs(ids, clips, audio_token(eng.tokenizer)) if clips else []
     if len(ids) + 1 >= eng.context_length:
         raise Refused(f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
                       "start a new chat or shorten it")
@@ -62,32 +65,37 @@ def reply(session: Session, messages: list[dict], settings: dict | None = None, 
             "adapter": reply_adapter(session)}
 
 
-def with_images(session: Session, messages: list[dict]) -> tuple[list[dict], list]:
-    """The messages with each image part ({"type": "image", "key": ...}, a key pyapp.app.images.encode_image
-    gave) given its soft-token count for the template, and the EncodedImages in prompt order. An image the
-    session no longer holds (a reload, another model) is Refused with missing_images: the page adds those
-    again from what it kept and retries."""
+MISSING = {"image": ("images", "missing_images"), "audio": ("clips", "missing_clips")}
+
+
+def with_encoded(messages: list[dict], kind: str, encoded: dict) -> tuple[list[dict], list]:
+    """The messages with each part of `kind` ("image" or "audio": {"type": kind, "key": ...}, a key
+    pyapp.app.images.encode_image or pyapp.app.audio.encode_clip gave) given its soft-token count for the
+    template, and the encoded inputs in prompt order. One the session no longer holds (a reload, another
+    model) is Refused with missing_images / missing_clips: the page adds those again from what it kept and
+    retries."""
     out, found, missing = [], [], []
     for m in messages:
         content = m.get("content")
-        if not isinstance(content, (list, tuple)) or not any(isinstance(p, dict) and p.get("type") == "image"
+        if not isinstance(content, (list, tuple)) or not any(isinstance(p, dict) and p.get("type") == kind
                                                                for p in content):
             out.append(m)
             continue
         parts = []
         for p in content:
-            if isinstance(p, dict) and p.get("type") == "image":
-                image = session.encoded_images.get(p.get("key"))
-                if image is None:
+            if isinstance(p, dict) and p.get("type") == kind:
+                item = encoded.get(p.get("key"))
+                if item is None:
                     missing.append(p.get("key"))
                     continue
-                found.append(image)
-                p = {**p, "tokens": image.n}
+                found.append(item)
+                p = {**p, "tokens": item.n}
             parts.append(p)
         out.append({**m, "content": parts})
     if missing:
-        raise Refused(f"{len(missing)} of the conversation's images must be added again (the model was "
-                      "loaded again since)", missing_images=missing)
+        plural, field_name = MISSING[kind]
+        raise Refused(f"{len(missing)} of the conversation's {plural} must be added again (the model was "
+                      "loaded again since)", **{field_name: missing})
     return out, found
 
 

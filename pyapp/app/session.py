@@ -47,6 +47,8 @@ class Session:
     ollama_projector: object = None           # the chosen Ollama tag's projector layer (a parsed GGUF), if any
     image_encoder: object = None              # the loaded ImageEncoder (pyapp.app.images), on first use
     encoded_images: dict = field(default_factory=dict)   # digest -> EncodedImage: each image encoded once
+    audio_encoder: object = None              # the loaded AudioEncoder (pyapp.app.audio), on first use
+    encoded_clips: dict = field(default_factory=dict)    # digest -> EncodedClip: each clip encoded once
 
     def chosen(self) -> ChosenModel:
         if self.model is None:
@@ -98,5 +100,9 @@ class Session:
                 pass
         self.engine = None
         self.prefill_rate = {}
-        self.image_encoder = None
-        self.encoded_images = {}
+        self.forget_encoders()
+
+    def forget_encoders(self) -> None:
+        """Let go of the image and audio encoders and what they encoded (another projector, another model)."""
+        self.image_encoder, self.encoded_images = None, {}
+        self.audio_encoder, self.encoded_clips = None, {}

@@ -78,3 +78,11 @@ def projector_parts(meta: dict) -> tuple[str, ...]:
     if meta.get("clip.has_audio_encoder") or "clip.audio.projector_type" in meta:
         found.append("audio")
     return tuple(found)
+
+
+def text_hidden(model) -> int | None:
+    """The text model's hidden size (`<arch>.embedding_length`) of a parsed GGUF, or None when it does not
+    say: the width an image or audio encoder's soft tokens must have to serve it."""
+    meta = model.metadata
+    v = meta.get(f"{meta.get('general.architecture')}.embedding_length")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

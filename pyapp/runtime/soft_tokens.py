@@ -39,6 +39,41 @@ class SoftSlot:
     row: int
 
 
+def placeholder_runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `token` ids in the prompt."""
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] != token:
+            i += 1
+            continue
+        j = i
+        while j < len(ids) and ids[j] == token:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+def placeholder_starts(ids: list[int], sizes: list[int], token: int, kind: str = "image") -> list[int]:
+    """Where each encoded input's soft tokens start in the prompt: the i-th run of `token` ids (the
+    image's or the clip's soft token, by `kind`) holds input i, and must be exactly as long as its soft
+    tokens (sizes[i])."""
+    runs = placeholder_runs(ids, token)
+    if len(runs) != len(sizes):
+        raise SoftTokensError(f"the prompt holds {len(runs)} runs of the {kind} token {token} for {len(sizes)} "
+                              f"{kind}s")
+    for (at, n), size in zip(runs, sizes):
+        if n != size:
+            raise SoftTokensError(f"the placeholder run at token {at} is {n} long; its {kind} has {size} soft tokens")
+    return [at for at, _ in runs]
+
+
+def runs_at(ids: list[int], encoded: list, token: int, kind: str = "image") -> list[SoftRun]:
+    """The SoftRun of each encoded input (its rows, n, key) at its placeholder run (placeholder_starts)."""
+    starts = placeholder_starts(ids, [e.n for e in encoded], token, kind)
+    return [SoftRun(at, e.rows, e.n, e.key) for at, e in zip(starts, encoded)]
+
+
 def check_runs(runs, prompt_length: int) -> tuple:
     """The runs sorted, checked to lie inside the prompt, apart, and before its last token (which runs
     alone as a one-token step when a prompt fills its chunks exactly: those plans embed no soft tokens)."""

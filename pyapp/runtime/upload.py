@@ -25,6 +25,7 @@ engine's loader performs (pyapp.engine), file range -> buffer range.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 from .. import ggml
@@ -32,6 +33,7 @@ from ..errors import Fault, Gemma4Error
 from ..gpu import Buffer, Device
 from ..gpu import kernels as K
 from ..model.weights import ModelWeights, names
+from .requests import FileToGpu, ReadFile
 
 WEIGHT_PAD = 4      # kernels read whole u32 words: a block may end mid-word
 ROW_ALIGN = 64      # 64 rows of f32 outputs = 256 bytes: every output segment starts bindable
@@ -112,6 +114,24 @@ def f32_vector(data: bytes, qtype: int) -> bytes:
         return ggml.float_bytes_to_f32(data, qtype)
     except ValueError:
         raise ModelError(f"vectors must be F32, F16 or BF16, not {ggml.name(qtype)}") from None
+
+
+def encoder_tensor(dev: Device, t, as_f32: bool = False, scale: float = 1.0):
+    """Steps (ReadFile, FileToGpu): an encoder's tensor (the image or audio encoder's) on the GPU as one
+    buffer: a vector, or what its kernels read as f32 (as_f32), converted to f32 [and times `scale`, a
+    power of two]; a matrix as stored (its kernels dequantize; a type none reads is refused first)."""
+    if len(t.shape) == 1 or as_f32:
+        data = f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type)
+        if scale != 1.0:
+            n = len(data) // 4
+            data = struct.pack(f"<{n}f", *(v * scale for v in struct.unpack(f"<{n}f", data)))
+        buf = dev.buffer(len(data), label=t.name)
+        dev.write(buf, data)
+        return GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)])
+    K.quant_type(t.type)
+    buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
+    yield FileToGpu(buf, t.offset, t.nbytes)
+    return GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])])
 
 
 def binding_limit(limits: dict) -> int:

@@ -81,7 +81,7 @@ def test_generate_with_an_image_reads_its_soft_tokens(picture):
     r = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "What is this?", "--image", picture,
               "--image-tokens", 70, "--max-tokens", 6)
     assert "96 prompt tokens (60 of them the images')" in r.stderr
-    from pyapp.__main__ import _image_parts, _loaded, _read_image
+    from pyapp.__main__ import _loaded, _media_parts, _read_image
     from pyapp.app.reply import reply
     from pyapp.gguf import read_gguf
     from pyapp.sampling import SamplingParams
@@ -90,7 +90,7 @@ def test_generate_with_an_image_reads_its_soft_tokens(picture):
     class Args:
         context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
     session = _loaded(read_gguf(FORMS / "ollama-dense.gguf"), Args())
-    parts = run(_image_parts(session, [_read_image(str(picture), 70)], 70))
+    parts = run(_media_parts(session, [_read_image(str(picture), 70)], [], 70))
     want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
                      params=SamplingParams(temperature=0, max_tokens=6)))
     assert r.stdout.strip() == want["text"].strip() and want["prompt_tokens"] == 96
@@ -166,7 +166,7 @@ def test_the_12b_generates_with_an_image(picture):
     r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "What is this?", "--image", picture,
               "--image-tokens", 70, "--mmproj", FORMS / "mmproj-12b.gguf", "--max-tokens", 6)
     assert "of them the images')" in r.stderr and "(60 of them" in r.stderr
-    from pyapp.__main__ import _image_parts, _loaded, _read_image
+    from pyapp.__main__ import _loaded, _media_parts, _read_image
     from pyapp.app.reply import reply
     from pyapp.gguf import read_gguf
     from pyapp.sampling import SamplingParams
@@ -176,7 +176,7 @@ def test_the_12b_generates_with_an_image(picture):
         context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
     session = _loaded(read_gguf(FORMS / "gemma4-12b.gguf"), Args())
     session.projector = read_gguf(FORMS / "mmproj-12b.gguf")
-    parts = run(_image_parts(session, [_read_image(str(picture), 70)], 70))
+    parts = run(_media_parts(session, [_read_image(str(picture), 70)], [], 70))
     want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
                      params=SamplingParams(temperature=0, max_tokens=6)))
     assert r.stdout.strip() == want["text"].strip()

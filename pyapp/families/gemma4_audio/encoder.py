@@ -24,12 +24,11 @@ import math
 import struct
 from dataclasses import fields, replace
 
-from ... import ggml
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
-from ...runtime.requests import FileToGpu, ReadFile, handler
-from ...runtime.upload import WEIGHT_PAD, GpuTensor, Part, f32_vector
+from ...runtime.requests import ReadFile, handler
+from ...runtime.upload import encoder_tensor, f32_vector
 from ...steps import drive, drive_async
 from . import features
 from .config import EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, AudioError, relative_positions
@@ -98,19 +97,8 @@ class AudioEncoder:
         bound = bind(cfg, gguf.tensors)
         weights = replace(bound, layers=[replace(lw) for lw in bound.layers])    # its fields become GpuTensors
         for owner, name, t in _tensors(weights):
-            as_f32 = len(t.shape) == 1 or name in F32_TENSORS
-            if as_f32:
-                data = f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type)
-                if name in HALF_STEP_NORMS:
-                    data = _scaled(data, RESIDUAL_WEIGHT)
-                buf = dev.buffer(len(data), label=t.name)
-                dev.write(buf, data)
-                setattr(owner, name, GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)]))
-            else:                           # matrices as stored: the kernels dequantize
-                K.quant_type(t.type)        # a type no kernel reads: refused before the upload
-                buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
-                yield FileToGpu(buf, t.offset, t.nbytes)
-                setattr(owner, name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
+            scale = RESIDUAL_WEIGHT if name in HALF_STEP_NORMS else 1.0
+            setattr(owner, name, (yield from encoder_tensor(dev, t, name in F32_TENSORS, scale)))
         bounds, clamped = yield from _bounds(dev, cfg, bound)
         return cls(dev, cfg, weights, bounds, clamped, max_frames)
 
@@ -222,12 +210,6 @@ class AudioEncoder:
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))
         return out
-
-
-def _scaled(data: bytes, factor: float) -> bytes:
-    """f32 bytes times a power of two (exact)."""
-    n = len(data) // 4
-    return struct.pack(f"<{n}f", *(v * factor for v in struct.unpack(f"<{n}f", data)))
 
 
 def _tensors(w: AudioWeights):

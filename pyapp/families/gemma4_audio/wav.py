@@ -39,6 +39,7 @@ class Clip:
     source_rate: int                 # the file's sample rate (resampled when not 16 kHz)
     channels: int                    # the file's channels (averaged into one)
     encoding: str                    # "PCM 16-bit", "float 32-bit", ...
+    source_seconds: float            # the file's length (samples may hold less: read_wav's max_seconds)
 
     @property
     def seconds(self) -> float:
@@ -126,9 +127,10 @@ def _mono(values: array, channels: int) -> array:
     return array("f", [sum(frame) / channels for frame in zip(*columns)])
 
 
-def read_wav(data: bytes) -> Clip:
+def read_wav(data: bytes, max_seconds: float | None = None) -> Clip:
     """The clip a WAV file holds, as 16 kHz mono float32 (see the module's docstring); AudioError for a file
-    that is not a WAV this app reads, saying why."""
+    that is not a WAV this app reads, saying why. max_seconds: decode about that much (a second more, so
+    the resampler's last samples see the signal that follows), not a long file's whole length."""
     data = bytes(data)
     if len(data) < 12 or data[:4] not in (b"RIFF", b"RIFX", b"RF64") or data[8:12] != b"WAVE":
         kind = _sniff(data)
@@ -153,13 +155,14 @@ def read_wav(data: bytes) -> Clip:
     if fmt.block != fmt.channels * fmt.bits // 8:
         raise AudioError(f"the WAV file's frames are {fmt.block} bytes; {fmt.channels} channels of {fmt.bits} bits "
                          f"take {fmt.channels * fmt.bits // 8}")
-    whole = len(raw) - len(raw) % fmt.block
-    if whole == 0:
+    frames = len(raw) // fmt.block
+    if frames == 0:
         raise AudioError("the WAV file holds no samples")
-    samples = _mono(_values(raw[:whole], fmt), fmt.channels)
+    kept = frames if max_seconds is None else min(frames, int((max_seconds + 1) * fmt.rate))
+    samples = _mono(_values(raw[:kept * fmt.block], fmt), fmt.channels)
     if fmt.rate != SAMPLE_RATE:
         samples = resample(samples, fmt.rate, SAMPLE_RATE)
-    return Clip(samples, fmt.rate, fmt.channels, encoding)
+    return Clip(samples, fmt.rate, fmt.channels, encoding, frames / fmt.rate)
 
 
 SIGNATURES = ((b"ID3", "an MP3 file"), (b"\xff\xfb", "an MP3 file"), (b"\xff\xf3", "an MP3 file"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...model.forms import text_hidden
 from .config import VisionError, is_patch_projection
 from .weights import PATCH_EMBD, PATCH_NORM, PROJECTION
 
@@ -58,13 +59,6 @@ class EncoderSource:
     name: str                      # how messages name it
     text_hidden: int               # the width of its soft tokens: the text model's hidden size
     parts: tuple[str, ...]         # what the file encodes: ("vision",) or ("vision", "audio")
-
-
-def text_hidden(model) -> int | None:
-    """The text model's hidden size (`<arch>.embedding_length`), or None when the file does not say."""
-    meta = model.metadata
-    v = meta.get(f"{meta.get('general.architecture')}.embedding_length")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _projection_width(g) -> int | None:
