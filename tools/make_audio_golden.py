@@ -18,7 +18,6 @@ noise, a pause), of lengths that fill no chunk of 12 soft tokens exactly:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -81,10 +80,7 @@ def check_values(model, out: Path) -> int:
 def main() -> int:
     import torch
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "forms")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    args = mof.forms_parser(__doc__).parse_args()
     model = mof.multimodal(mof.DENSE, mof.VISION, mof.AUDIO, args.seed)
     model.config.boa_token_id, model.config.audio_token_id, model.config.eoa_token_index = mof.AUDIO_MARKERS.values()
     mof.round_as_stored(model)           # the text weights as the file stores them: the logits are the file's

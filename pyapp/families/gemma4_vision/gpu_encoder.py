@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from ... import ggml
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
-from ...gpu import kernels as K
-from ...runtime.requests import FileToGpu, ReadFile, handler
-from ...runtime.upload import WEIGHT_PAD, GpuTensor, Part, f32_vector
+from ...runtime.requests import handler
+from ...runtime.upload import encoder_tensor
 from ...steps import drive, drive_async
 from .config import DEFAULT_BUDGET, VisionError
 
@@ -68,12 +66,4 @@ def upload(dev: Device, owners: list):
             t = getattr(owner, f.name)
             if not isinstance(t, TensorInfo) or f.name == "clamp_data":
                 continue
-            if len(t.shape) == 1:
-                buf = dev.buffer(4 * t.shape[0], label=t.name)
-                dev.write(buf, f32_vector((yield ReadFile(t.offset, t.nbytes)), t.type))
-                setattr(owner, f.name, GpuTensor(t.name, ggml.F32, t.shape, [Part(buf, 0, 1)]))
-            else:
-                K.quant_type(t.type)        # a type no kernel reads: refused before the upload
-                buf = dev.buffer(t.nbytes + WEIGHT_PAD, label=t.name)
-                yield FileToGpu(buf, t.offset, t.nbytes)
-                setattr(owner, f.name, GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])]))
+            setattr(owner, f.name, (yield from encoder_tensor(dev, t)))
