@@ -149,10 +149,9 @@ class Q8Tile:
 # of them or fewer, the GPU idles in the last wave and 64 x 32 (4x the workgroups) wins: E4B's 2560 x 10240
 # down 788 against 1047 us (Q6_K 1112 against 1509), 256 x 2560 79 against 152, 1536 x 12288 622 against 699.
 # (2048 rows, 128 workgroups at 128 x 64, one exact wave of the H100's 132 SMs, is the exception: 182 against
-# 235.) Devices allowing fewer threads take Q8_FALLBACK.
+# 235.) The small tile (128 threads) is also what devices allowing fewer threads take.
 Q8_MATMUL = Q8Tile(128, 64, 8)
 Q8_SMALL = Q8Tile(64, 32)          # 128 threads
-Q8_FALLBACK = Q8_SMALL
 Q8_MATMUL_MIN_WORKGROUPS = 256
 
 
@@ -166,7 +165,7 @@ def q8_tile_for(rows: int, n_tokens: int) -> Q8Tile:
 def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
     limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
                 dev.limits.get("max_compute_workgroup_size_x", 256))
-    return tile if tile.threads <= limit else Q8_FALLBACK
+    return tile if tile.threads <= limit else Q8_SMALL
 
 
 # weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
