@@ -3,8 +3,9 @@
 # and the browser code path: Pyodide + Dawn in Node) against llama.cpp CUDA's llama-bench, on the
 # same random-weight GGUF files.
 #
-#   bash bench/h100.sh STEP [STEP ...]        (run in the repository root; carried: .carry/base and .carry/node
-#                                             in one call, .carry/nodebin (node itself) in another: see carry.sh)
+#   bash bench/h100.sh STEP [STEP ...]        (run in the repository root; carried: .carry/base, .carry/node,
+#                                             .carry/nodebin and .carry/nodebin2 (node itself, in two halves),
+#                                             in as many calls as the 64 MiB a call needs: see carry.sh)
 #
 # Steps (each skips what is already done; REDO=1 redoes result steps):
 #   setup    unpack .carry/base (wheels -> $W/site, Vulkan loader if the machine lacks one, llama.cpp
@@ -197,11 +198,17 @@ step_setup() {
     # call's 64 MiB): node.xz in .carry/node or .carry/nodebin; each part is unpacked once, when it comes
     if [ ! -f "$W/.node" ]; then
         mkdir -p "$W/bin" "$W/pyodide" "$W/webgpu"
-        for f in .carry/node/node.xz .carry/nodebin/node.xz; do
-            if [ -f "$f" ] && [ ! -x "$W/bin/node" ]; then
-                log "setup: node"
-                xz -dc "$f" > "$W/bin/node.part" && chmod +x "$W/bin/node.part" && mv "$W/bin/node.part" "$W/bin/node" || return 1
+        # node.xz whole, or cut in two (.carry/nodebin/node.xz.0 and .carry/nodebin2/node.xz.1, carried apart)
+        for f in .carry/node/node.xz .carry/nodebin/node.xz .carry/nodebin/node.xz.0; do
+            [ -f "$f" ] || continue
+            [ -x "$W/bin/node" ] && break
+            parts=("$f")
+            if [ "${f##*.}" = 0 ]; then
+                [ -f .carry/nodebin2/node.xz.1 ] || { log "setup: node's second half (.carry/nodebin2) not carried yet"; continue; }
+                parts+=(.carry/nodebin2/node.xz.1)
             fi
+            log "setup: node"
+            cat "${parts[@]}" | xz -dc > "$W/bin/node.part" && chmod +x "$W/bin/node.part" && mv "$W/bin/node.part" "$W/bin/node" || return 1
         done
         if [ -f .carry/node/pyodide.tar.xz ] && [ ! -f "$W/.pyodide" ]; then
             log "setup: Pyodide, Dawn"
