@@ -278,19 +278,20 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
     return out
 
 
-LLAMA_PATTERNS = {
-    "encode_ms": r"(?:mtmd batch encoding done|image slice encoded) in (\d+) ms",
-    "image_decode_ms": r"image decoded \(batch \d+/\d+\) in (\d+) ms",
-    "image_tokens": r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)",
-}
+def llama_patterns(media: str = "image") -> dict:
+    """llama-mtmd-cli's log lines for each image (media "image") or audio chunk ("audio"): mtmd-cli's
+    "mtmd batch encoding done" (or mtmd-helper's "slice encoded"), mtmd-helper's decode lines."""
+    return {"encode_ms": rf"(?:mtmd batch encoding done|{media} slice encoded) in (\d+) ms",
+            f"{media}_decode_ms": rf"{media} decoded \(batch \d+/\d+\) in (\d+) ms",
+            f"{media}_tokens": rf"decoding {media} batch \d+/\d+, n_tokens_batch = (\d+)"}
 
 
-def llama_log(path: Path) -> dict:
-    """What a llama-mtmd-cli log says: each image's encode and decode times, the image tokens, the
-    context's perf lines (load, prompt eval: every prompt token's decode, images' included; eval)."""
+def llama_log(path: Path, media: str = "image") -> dict:
+    """What a llama-mtmd-cli log says: each image's (or audio chunk's) encode and decode times, its tokens,
+    the context's perf lines (load, prompt eval: every prompt token's decode, images' included; eval)."""
     import re
     text = path.read_text(errors="replace")
-    out = {k: [int(v) for v in re.findall(p, text)] for k, p in LLAMA_PATTERNS.items()}
+    out = {k: [int(v) for v in re.findall(p, text)] for k, p in llama_patterns(media).items()}
     for name in ("load", "prompt eval", "eval", "total"):
         m = re.search(rf"llama_perf_context_print:\s+{name} time =\s+([\d.]+) ms(?: /\s+(\d+) (?:tokens|runs))?", text)
         if m:
