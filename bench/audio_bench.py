@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vision_bench import gpu_time_ms, llama_log, ms  # noqa: E402  (the image bench's helpers)
+from vision_bench import gpu_time_ms, llama_log, ms, span_ms  # noqa: E402  (the image bench's helpers)
 
 PROMPT_TEXT = "Transcribe."
 RATE = 16_000
@@ -131,26 +131,50 @@ def bench_features(clip: dict, repeat: int, label: dict) -> tuple[dict, bytes]:
     return rec, mel
 
 
+def encode_record(enc, clip: dict, first: float, runs: list[float], gpu_ms, features_ms: float, label: dict) -> dict:
+    encode = ms(statistics.median(runs))
+    return {"kind": "audio_encode", **label, **{k: clip[k] for k in ("seconds", "samples", "frames", "soft_tokens")},
+            "max_frames": enc.max_frames, "first_ms": ms(first), "encode_ms": encode, "runs_ms": [ms(r) for r in runs],
+            "gpu_ms": gpu_ms, "features_ms": features_ms, "total_ms": round(features_ms + encode, 2)}
+
+
 def bench_encode(dev, enc, clip: dict, mel: bytes, features_ms: float, repeat: int, label: dict) -> dict:
     def once():
         dev.read(enc.encode(mel, clip["frames"]), 0, 4)
     first, runs = timed(once, repeat)
-    encode = ms(statistics.median(runs))
-    return {"kind": "audio_encode", **label, **{k: clip[k] for k in ("seconds", "samples", "frames", "soft_tokens")},
-            "max_frames": enc.max_frames, "first_ms": ms(first), "encode_ms": encode, "runs_ms": [ms(r) for r in runs],
-            "gpu_ms": gpu_time_ms(dev, enc.plan, repeat + 1),      # the plan's uniforms: this clip's length
-            "features_ms": features_ms, "total_ms": round(features_ms + encode, 2)}
+    gpu = gpu_time_ms(dev, enc.plan, repeat + 1)          # the plan's uniforms: this clip's length
+    return encode_record(enc, clip, first, runs, gpu, features_ms, label)
 
 
-def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat: int, label: dict) -> dict:
+def ttft_prompt(eng, clip: dict) -> tuple[list[int], int]:
+    """The prompt's ids (one user message: the clip, then PROMPT_TEXT) and where the clip's soft tokens go."""
     from pyapp.app.audio import audio_token
     from pyapp.chat import render_ids, user_content
-    from pyapp.runtime.soft_tokens import SoftRun, placeholder_starts
-    from pyapp.sampling import SamplingParams
+    from pyapp.runtime.soft_tokens import placeholder_starts
     n = clip["soft_tokens"]
     ids = render_ids(eng.tokenizer, [{"role": "user", "content": user_content(PROMPT_TEXT, clips=[n])}],
                      add_generation_prompt=True)
-    at = placeholder_starts(ids, [n], audio_token(eng.tokenizer), "clip")[0]
+    return ids, placeholder_starts(ids, [n], audio_token(eng.tokenizer), "clip")[0]
+
+
+def ttft_record(eng, clip: dict, ids: list[int], ttft: list[float], split: list[tuple], features_ms: float,
+                label: dict) -> dict:
+    """ttft: the unsynchronised runs' seconds; split: (total, encode, prefill) of the synchronised runs."""
+    n, ttft_ms = clip["soft_tokens"], ms(statistics.median(ttft))
+    return {"kind": "audio_ttft", **label, "seconds": clip["seconds"], "soft_tokens": n, "prompt_tokens": len(ids),
+            "prompt": f"<user: audio ({n} soft tokens) + {PROMPT_TEXT!r}>",
+            "ttft_ms": ttft_ms, "runs_ms": [ms(r) for r in ttft],
+            "encode_ms": ms(statistics.median(s[1] for s in split)),
+            "prefill_ms": ms(statistics.median(s[2] for s in split)),
+            "synced_total_ms": ms(statistics.median(s[0] for s in split)),
+            "features_ms": features_ms, "ttft_from_samples_ms": round(features_ms + ttft_ms, 2),
+            "context_length": eng.context_length, "chunk": eng.runner.chunk}
+
+
+def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat: int, label: dict) -> dict:
+    from pyapp.runtime.soft_tokens import SoftRun
+    from pyapp.sampling import SamplingParams
+    ids, at = ttft_prompt(eng, clip)
     params = SamplingParams(temperature=0.0, max_tokens=1)
 
     def once(sync: bool, i: int) -> tuple[float, float, float]:
@@ -160,7 +184,8 @@ def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat
         if sync:
             dev.read(out, 0, 4)
         t_enc = time.perf_counter() - t
-        res = eng.generate(ids, params, stop_ids=(), soft=[SoftRun(at, out, n, f"bench-{clip['seconds']}-{i}")])
+        res = eng.generate(ids, params, stop_ids=(), soft=[SoftRun(at, out, clip["soft_tokens"],
+                                                                      f"bench-{clip['seconds']}-{i}")])
         if len(res.tokens) != 1:
             raise SystemExit(f"generated {len(res.tokens)} tokens, expected 1")
         return time.perf_counter() - t, t_enc, res.prefill_s
@@ -169,15 +194,79 @@ def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat
     once(True, -2)
     ttft = [once(False, i)[0] for i in range(repeat)]
     split = [once(True, i) for i in range(repeat)]
-    ttft_ms = ms(statistics.median(ttft))
-    return {"kind": "audio_ttft", **label, "seconds": clip["seconds"], "soft_tokens": n, "prompt_tokens": len(ids),
-            "prompt": f"<user: audio ({n} soft tokens) + {PROMPT_TEXT!r}>",
-            "ttft_ms": ttft_ms, "runs_ms": [ms(r) for r in ttft],
-            "encode_ms": ms(statistics.median(s[1] for s in split)),
-            "prefill_ms": ms(statistics.median(s[2] for s in split)),
-            "synced_total_ms": ms(statistics.median(s[0] for s in split)),
-            "features_ms": features_ms, "ttft_from_samples_ms": round(features_ms + ttft_ms, 2),
-            "context_length": eng.context_length, "chunk": eng.runner.chunk}
+    return ttft_record(eng, clip, ids, ttft, split, features_ms, label)
+
+
+async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, seconds=(10, 30), repeat: int = 5,
+                        context: int = 4096, chunk: int = 2048) -> list[dict]:
+    """The same records on the browser path (Pyodide + Dawn: bench/node_bench.mjs --audio), where readbacks
+    are awaited and the features are computed by Pyodide. The clips come from wav_dir/clip-Ss.wav (the native
+    run's --wav-dir: no numpy here)."""
+    from pyapp.families.gemma4_audio.config import AudioConfig
+    from pyapp.families.gemma4_audio.encoder import AudioEncoder
+    from pyapp.gguf import read_gguf
+    from pyapp.runtime.soft_tokens import SoftRun
+    from pyapp.sampling import SamplingParams
+    g = read_gguf(mmproj)
+    label = {"runtime": f"ours-{dev.backend}", "adapter": dev.describe(), "mmproj": os.path.basename(mmproj),
+             "encoder": describe(AudioConfig.from_gguf(g))}
+    clips = [clip_for(s, Path(wav_dir)) for s in seconds]
+    t = time.perf_counter()
+    enc = await AudioEncoder.open_async(dev, g)
+    label["load_s"] = round(time.perf_counter() - t, 2)
+    out, mels = [], {}
+
+    def emit(rec: dict) -> None:
+        out.append(rec)
+        print(json.dumps(rec), file=sys.stderr, flush=True)
+
+    async def encode_timed(mel, clip) -> tuple[float, object]:
+        t = time.perf_counter()
+        buf = enc.encode(mel, clip["frames"])
+        await dev.read_async(buf, 0, 4)
+        return time.perf_counter() - t, buf
+
+    for clip in clips:
+        rec, mel = bench_features(clip, repeat, label)
+        emit(rec)
+        mels[clip["seconds"]] = mel, rec["features_ms"]
+        first, _ = await encode_timed(mel, clip)
+        await encode_timed(mel, clip)
+        runs = [(await encode_timed(mel, clip))[0] for _ in range(repeat)]
+        try:
+            gpu = span_ms((await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"])
+        except Exception:                           # no timestamp-query feature
+            gpu = None
+        emit(encode_record(enc, clip, first, runs, gpu, rec["features_ms"], label))
+    if not text:
+        return out
+    from pyapp.engine import Engine
+    t = time.perf_counter()
+    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
+    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    for clip in clips:
+        mel, features_ms = mels[clip["seconds"]]
+        ids, at = ttft_prompt(eng, clip)
+
+        async def once(sync: bool, i: int):
+            eng.reset()
+            t = time.perf_counter()
+            buf = enc.encode(mel, clip["frames"])
+            if sync:
+                await dev.read_async(buf, 0, 4)
+            t_enc = time.perf_counter() - t
+            res = await eng.generate_async(ids, params, stop_ids=(), soft=[SoftRun(at, buf, clip["soft_tokens"],
+                                                                                    f"bench-{clip['seconds']}-{i}")])
+            return time.perf_counter() - t, t_enc, res.prefill_s
+
+        await once(False, -1)
+        await once(True, -2)
+        ttft = [(await once(False, i))[0] for i in range(repeat)]
+        split = [await once(True, i) for i in range(repeat)]
+        emit(ttft_record(eng, clip, ids, ttft, split, features_ms, label))
+    eng.close()
+    return out
 
 
 def llama_record(ones: list[Path], many: Path, n_clips: int, label: dict) -> dict:

@@ -125,9 +125,13 @@ def ms(seconds: float) -> float:
 def gpu_time_ms(dev, plan, repeat: int) -> float | None:
     """The median GPU time of a plan by timestamp queries, or None where the device has none."""
     try:
-        ns = dev.time_plan_gpu(plan, repeat=repeat)["ns"]
+        return span_ms(dev.time_plan_gpu(plan, repeat=repeat)["ns"])
     except Exception:                               # no timestamp-query feature
         return None
+
+
+def span_ms(ns: list[int]) -> float | None:
+    """The median of the (start, end) timestamp pairs' spans, in ms."""
     spans = [(ns[i + 1] - ns[i]) / 1e6 for i in range(0, len(ns) - 1, 2)]
     return round(statistics.median(spans), 3) if spans else None
 
@@ -226,8 +230,7 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
         await encode_timed_async(enc, image)
         runs = [(await encode_timed_async(enc, image))[0] for _ in range(repeat)]
         try:
-            ns = (await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"]
-            gpu = round(statistics.median((ns[i + 1] - ns[i]) / 1e6 for i in range(0, len(ns) - 1, 2)), 3)
+            gpu = span_ms((await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"])
         except Exception:
             gpu = None
         out.append({"kind": "vision_encode", **label, "budget": b,
