@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from vision_bench import gpu_time_ms, llama_log, ms, span_ms  # noqa: E402  (the image bench's helpers)
+from vision_bench import gpu_time_ms, llama_log, ms, span_ms, text_engine_async  # noqa: E402  (the image bench's helpers)
 
 PROMPT_TEXT = "Transcribe."
 RATE = 16_000
@@ -206,7 +206,6 @@ async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, second
     from pyapp.families.gemma4_audio.encoder import AudioEncoder
     from pyapp.gguf import read_gguf
     from pyapp.runtime.soft_tokens import SoftRun
-    from pyapp.sampling import SamplingParams
     g = read_gguf(mmproj)
     label = {"runtime": f"ours-{dev.backend}", "adapter": dev.describe(), "mmproj": os.path.basename(mmproj),
              "encoder": describe(AudioConfig.from_gguf(g))}
@@ -240,11 +239,7 @@ async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, second
         emit(encode_record(enc, clip, first, runs, gpu, rec["features_ms"], label))
     if not text:
         return out
-    from pyapp.engine import Engine
-    t = time.perf_counter()
-    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
-    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
-    params = SamplingParams(temperature=0.0, max_tokens=1)
+    eng, label, params = await text_engine_async(dev, text, context, chunk, label)
     for clip in clips:
         mel, features_ms = mels[clip["seconds"]]
         ids, at = ttft_prompt(eng, clip)

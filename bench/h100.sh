@@ -549,6 +549,22 @@ step_speculate() {
     step_table
 }
 
+# FILE made once by COMMAND ... --out FILE.tmp (FILE.ok marks it made); STEP names the step in the log
+make_once() {
+    local file=$1 step=$2; shift 2
+    [ -f "$file.ok" ] && return 0
+    log "$step: $file"
+    limited 0 "$@" --out "$file.tmp" && mv "$file.tmp" "$file" && touch "$file.ok" && return 0
+    log "$step: making $file failed"; return 1
+}
+
+# the path of the MODELS file SPEC where the models step made it, else nothing (and a word in the log)
+text_model() {
+    local step=$1 spec=$2 path
+    path=$(model_path "$spec")
+    if [ -f "$path.ok" ]; then echo "$path"; else log "$step: no $path (the models step, with $spec in MODELS)"; fi
+}
+
 # image input (issue 28): ours natively, then llama-mtmd-cli, on the same projector, text model and image
 step_vision() {
     local shape mmproj text res b img one many base rc
@@ -556,13 +572,8 @@ step_vision() {
     mkdir -p "$W/vision" "$RES/vision"
     for shape in $VISION_SHAPES; do
         mmproj=$MODEL_DIR/mmproj-bench-$shape.gguf
-        if [ ! -f "$mmproj.ok" ]; then
-            log "vision: $mmproj"
-            limited 0 "$PY" tools/make_vision_bench.py --shape "$shape" --out "$mmproj.tmp" && mv "$mmproj.tmp" "$mmproj" \
-                && touch "$mmproj.ok" || { log "vision: making $mmproj failed"; continue; }
-        fi
-        text=$(model_path "$shape:$VISION_QUANT")
-        [ -f "$text.ok" ] || { log "vision: no $text (the models step, with $shape:$VISION_QUANT in MODELS)"; text=; }
+        make_once "$mmproj" vision "$PY" tools/make_vision_bench.py --shape "$shape" || continue
+        text=$(text_model vision "$shape:$VISION_QUANT")
         res=$RES/vision/ours-$shape.jsonl
         if ! done_already "$res"; then
             log "vision (ours, native): $shape, budgets $VISION_BUDGETS"
@@ -626,13 +637,8 @@ step_audio() {
     "$PY" bench/audio_bench.py --seconds $AUDIO_SECONDS --wav-dir "$W/audio" --wav-only || { log "audio: no clips"; return 1; }
     for shape in $AUDIO_SHAPES; do
         mmproj=$MODEL_DIR/mmproj-audio-bench-$shape.gguf
-        if [ ! -f "$mmproj.ok" ]; then
-            log "audio: $mmproj"
-            limited 0 "$PY" tools/make_audio_bench.py --shape "$shape" --out "$mmproj.tmp" && mv "$mmproj.tmp" "$mmproj" \
-                && touch "$mmproj.ok" || { log "audio: making $mmproj failed"; continue; }
-        fi
-        text=$(model_path "$shape:$AUDIO_QUANT")
-        [ -f "$text.ok" ] || { log "audio: no $text (the models step, with $shape:$AUDIO_QUANT in MODELS)"; text=; }
+        make_once "$mmproj" audio "$PY" tools/make_audio_bench.py --shape "$shape" || continue
+        text=$(text_model audio "$shape:$AUDIO_QUANT")
         res=$RES/audio/ours-$shape.jsonl
         if ! done_already "$res"; then
             log "audio (ours, native): $shape, clips of $AUDIO_SECONDS s"

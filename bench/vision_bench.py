@@ -162,9 +162,9 @@ def bench_encode(dev, g, budget: int, image: dict, repeat: int, label: dict) -> 
 
 
 def bench_ttft(dev, eng, enc, budget: int, image: dict, repeat: int, label: dict) -> dict:
-    from pyapp.app.images import image_token, placeholder_runs
+    from pyapp.app.images import image_token
     from pyapp.chat import render_ids, user_content
-    from pyapp.runtime.soft_tokens import SoftRun
+    from pyapp.runtime.soft_tokens import SoftRun, placeholder_runs
     from pyapp.sampling import SamplingParams
     n = image["soft_tokens"]
     ids = render_ids(eng.tokenizer, [{"role": "user", "content": user_content(PROMPT_TEXT, [n])}],
@@ -199,6 +199,18 @@ def bench_ttft(dev, eng, enc, budget: int, image: dict, repeat: int, label: dict
             "prefill_ms": ms(statistics.median(s[2] for s in split)),
             "synced_total_ms": ms(statistics.median(s[0] for s in split)),
             "context_length": eng.context_length, "chunk": eng.runner.chunk}
+
+
+async def text_engine_async(dev, text: str, context: int, chunk: int, label: dict):
+    """(engine, label, params) on the browser path: the text model loaded, the label with its name and load
+    time, greedy sampling of one token."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.sampling import SamplingParams
+    t = time.perf_counter()
+    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
+    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
+    return eng, label, SamplingParams(temperature=0.0, max_tokens=1)
 
 
 async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budgets=(280, 1120), repeat: int = 5,
@@ -240,15 +252,10 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     if not text:
         return out
-    from pyapp.app.images import image_token, placeholder_runs
+    from pyapp.app.images import image_token
     from pyapp.chat import render_ids, user_content
-    from pyapp.engine import Engine
-    from pyapp.runtime.soft_tokens import SoftRun
-    from pyapp.sampling import SamplingParams
-    t = time.perf_counter()
-    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
-    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
-    params = SamplingParams(temperature=0.0, max_tokens=1)
+    from pyapp.runtime.soft_tokens import SoftRun, placeholder_runs
+    eng, label, params = await text_engine_async(dev, text, context, chunk, label)
     for b in budgets:
         image, enc, n = images[b], encoders[b], images[b]["soft_tokens"]
         ids = render_ids(eng.tokenizer, [{"role": "user", "content": user_content(PROMPT_TEXT, [n])}],

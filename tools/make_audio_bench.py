@@ -37,17 +37,15 @@ Needs numpy and the `gguf` package only.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 import numpy as np
 from gguf import GGUFValueType as V
 from gguf import GGUFWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_vision_bench import CLAMP, matrix, norm, scalar  # noqa: E402  (the image projector's helpers)
+from make_vision_bench import CLAMP, arguments, finish, generate, matrix, norm, scalar  # noqa: E402  (the image projector's helpers)
 
 SHAPES = {
     "e2b": dict(hidden=1024, layers=12, heads=8, channels=(128, 32), kernel=5, out=1536, text_hidden=1536),
@@ -123,32 +121,12 @@ def write(s: dict, out: str, seed: int = 0, name: str = "bench", log=None) -> di
     w.add_tensor("a.conv1d.1.weight", f32(rng.standard_normal((c1, c0, 3, 3)) / np.sqrt(9 * c0)))
     w.add_tensor("a.conv1d.1.norm.weight", norm(rng, c1))
     w.add_tensor("mm.a.input_projection.weight", matrix(rng, T, o))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    info = {"file": out, "parameters": parameters(s), **s}
-    say(f"wrote {out}: {info['parameters'] / 1e6:.1f}M parameters, {s}")
-    return info
+    return finish(w, out, s, parameters(s), say)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="e2b")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", type=int, default=None, help="keep only N Conformer layers (quick checks)")
-    ap.add_argument("--text-hidden", type=int, default=None, help="another projection width (the text model's)")
-    args = ap.parse_args()
-    s = dict(SHAPES[args.shape])
-    if args.layers:
-        s["layers"] = args.layers
-    if args.text_hidden:
-        s["text_hidden"] = args.text_hidden
-    t0 = time.time()
-    write(s, args.out, args.seed, name=args.shape)
-    print(f"wrote {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
-    return 0
+    args = arguments(__doc__, SHAPES).parse_args()
+    return generate(write, args, dict(SHAPES[args.shape]))
 
 
 if __name__ == "__main__":
