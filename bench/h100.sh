@@ -57,13 +57,23 @@
 #            and image (img-BUDGET.png): -p "Describe." -n 1 with the image once, then VISION_IMAGES times in
 #            one prompt (warm encodes), both -ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --jinja -v
 #            --image-max-tokens BUDGET (+ VISION_LLAMA_ARGS), parsed -> vision.jsonl, logs -> vision-llama.log
+#   audio    audio input (issue 30), for each shape of AUDIO_SHAPES (e2b e4b: the same encoder, text width 1536 /
+#            2560): writes the projector MODEL_DIR/mmproj-audio-bench-SHAPE.gguf (tools/make_audio_bench.py) if
+#            missing and the clips $W/audio/clip-Ss.wav (S of AUDIO_SECONDS: a chirp, 16 kHz mono), then natively
+#            bench/audio_bench.py (log-mel in CPython, encode to soft tokens, GPU time, and the time to first
+#            token with the clip on the MODELS file SHAPE:AUDIO_QUANT), the browser path where node was carried
+#            (node bench/node_bench.mjs --audio; AUDIO_BROWSER=0: not), then llama-mtmd-cli on the same files and
+#            clip: AUDIO_FRESH fresh processes with the clip once, then one with it AUDIO_CLIPS times in one
+#            prompt (warm encodes), all -p "Transcribe." -n 1 -ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --jinja -v
+#            (+ AUDIO_LLAMA_ARGS), parsed -> audio.jsonl, logs -> audio-llama.log. llama.cpp cuts audio into
+#            30 s chunks (one encode a chunk): a clip of at most 30 s is one encode on both sides
 #   table    bench/side_by_side.py over the results -> table.md
 #   status   what is built, made and measured
 #   all      setup build models wait llama ours browser ttft table (no 10-minute limit in mind)
 #
 # Every call ends by copying to $OUT (what comes back from the device): table.md, native.jsonl,
 # browser.jsonl, llama.jsonl, ttft.jsonl, diffusion.jsonl, speculate.jsonl, vision.jsonl, vision-llama.log (the
-# llama-mtmd-cli logs), h100.log (this script's output, all calls)
+# llama-mtmd-cli logs), audio.jsonl, audio-llama.log, h100.log (this script's output, all calls)
 # and build.log.
 # State lives in $W (/tmp/h100) and the models in /tmp: they persist only while the machine is
 # held, and a machine goes back ~30 s after a call ends, so the calls must follow each other at
@@ -89,6 +99,9 @@
 #      when the carried source has no tools/quantize or tools/mtmd), VISION_SHAPES ("e2b a26b"), VISION_BUDGETS ("280 1120"), VISION_QUANT (Q4_K), VISION_REPEAT (5),
 #      VISION_IMAGES (4: images in llama-mtmd-cli's second run), VISION_LLAMA_ARGS (extra llama-mtmd-cli
 #      arguments), VISION_BROWSER (1).
+#      AUDIO_SHAPES ("e2b e4b"), AUDIO_SECONDS ("10 30"), AUDIO_QUANT (Q4_K), AUDIO_REPEAT (5), AUDIO_FRESH (3:
+#      llama-mtmd-cli processes with the clip once), AUDIO_CLIPS (4: clips in its last run), AUDIO_LLAMA_ARGS,
+#      AUDIO_BROWSER (1).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -132,6 +145,13 @@ VISION_QUANT=${VISION_QUANT:-Q4_K}
 VISION_REPEAT=${VISION_REPEAT:-5}
 VISION_IMAGES=${VISION_IMAGES:-4}
 VISION_LLAMA_ARGS=${VISION_LLAMA_ARGS:-}
+AUDIO_SHAPES=${AUDIO_SHAPES:-"e2b e4b"}
+AUDIO_SECONDS=${AUDIO_SECONDS:-"10 30"}
+AUDIO_QUANT=${AUDIO_QUANT:-Q4_K}
+AUDIO_REPEAT=${AUDIO_REPEAT:-5}
+AUDIO_FRESH=${AUDIO_FRESH:-3}
+AUDIO_CLIPS=${AUDIO_CLIPS:-4}
+AUDIO_LLAMA_ARGS=${AUDIO_LLAMA_ARGS:-}
 T0=$(date +%s)
 mkdir -p "$W" "$RES" "$OUT"
 exec > >(tee -a "$W/h100.log") 2>&1
@@ -536,6 +556,22 @@ step_speculate() {
     step_table
 }
 
+# FILE made once by COMMAND ... --out FILE.tmp (FILE.ok marks it made); STEP names the step in the log
+make_once() {
+    local file=$1 step=$2; shift 2
+    [ -f "$file.ok" ] && return 0
+    log "$step: $file"
+    limited 0 "$@" --out "$file.tmp" && mv "$file.tmp" "$file" && touch "$file.ok" && return 0
+    log "$step: making $file failed"; return 1
+}
+
+# the path of the MODELS file SPEC where the models step made it, else nothing (and a word in the log)
+text_model() {
+    local step=$1 spec=$2 path
+    path=$(model_path "$spec")
+    if [ -f "$path.ok" ]; then echo "$path"; else log "$step: no $path (the models step, with $spec in MODELS)"; fi
+}
+
 # image input (issue 28): ours natively, then llama-mtmd-cli, on the same projector, text model and image
 step_vision() {
     local shape mmproj text res b img one many base rc
@@ -543,13 +579,8 @@ step_vision() {
     mkdir -p "$W/vision" "$RES/vision"
     for shape in $VISION_SHAPES; do
         mmproj=$MODEL_DIR/mmproj-bench-$shape.gguf
-        if [ ! -f "$mmproj.ok" ]; then
-            log "vision: $mmproj"
-            limited 0 "$PY" tools/make_vision_bench.py --shape "$shape" --out "$mmproj.tmp" && mv "$mmproj.tmp" "$mmproj" \
-                && touch "$mmproj.ok" || { log "vision: making $mmproj failed"; continue; }
-        fi
-        text=$(model_path "$shape:$VISION_QUANT")
-        [ -f "$text.ok" ] || { log "vision: no $text (the models step, with $shape:$VISION_QUANT in MODELS)"; text=; }
+        make_once "$mmproj" vision "$PY" tools/make_vision_bench.py --shape "$shape" || continue
+        text=$(text_model vision "$shape:$VISION_QUANT")
         res=$RES/vision/ours-$shape.jsonl
         if ! done_already "$res"; then
             log "vision (ours, native): $shape, budgets $VISION_BUDGETS"
@@ -598,6 +629,68 @@ step_vision() {
             if grep -q '"error"\|"many_error"' "$res.tmp"; then mv "$res.tmp" "$base.err.jsonl"; else mv "$res.tmp" "$res"; fi
             cat "$res" "$base.err.jsonl" 2>/dev/null
             grep -E "encoding done|image decoded|prompt eval time|error|failed|abort|invalid argument" "$one" "$many" \
+                | grep -v "control-looking" | head -30
+        done
+    done
+}
+
+# audio input (issue 30): ours natively (and on the browser path), then llama-mtmd-cli, on the same projector,
+# text model and clips
+step_audio() {
+    local shape mmproj text res sec wav base i r rc ones many llama=(-ngl 99 -c 8192 -b 2048 -ub 2048 --temp 0 --jinja -v)
+    busy audio && return 1
+    mkdir -p "$W/audio" "$RES/audio"
+    # shellcheck disable=SC2086
+    "$PY" bench/audio_bench.py --seconds $AUDIO_SECONDS --wav-dir "$W/audio" --wav-only || { log "audio: no clips"; return 1; }
+    for shape in $AUDIO_SHAPES; do
+        mmproj=$MODEL_DIR/mmproj-audio-bench-$shape.gguf
+        make_once "$mmproj" audio "$PY" tools/make_audio_bench.py --shape "$shape" || continue
+        text=$(text_model audio "$shape:$AUDIO_QUANT")
+        res=$RES/audio/ours-$shape.jsonl
+        if ! done_already "$res"; then
+            log "audio (ours, native): $shape, clips of $AUDIO_SECONDS s"
+            # shellcheck disable=SC2086
+            limited 20 "$PY" bench/audio_bench.py --mmproj "$mmproj" ${text:+--text "$text"} --seconds $AUDIO_SECONDS \
+                --repeat "$AUDIO_REPEAT" --wav-dir "$W/audio" > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res.tmp" "$res" 2>/dev/null
+        fi
+        res=$RES/audio/browser-$shape.jsonl
+        if [ "${AUDIO_BROWSER:-1}" = 1 ] && [ -x "$W/bin/node" ] && [ -f "$W/.node" ] && ! done_already "$res"; then
+            log "audio (ours, browser path: Pyodide + Dawn in Node): $shape, clips of $AUDIO_SECONDS s"
+            AUDIO_SECONDS=$AUDIO_SECONDS AUDIO_REPEAT=$AUDIO_REPEAT AUDIO_WAV_DIR=$W/audio PYODIDE_DIR=$W/pyodide \
+                WEBGPU_DIR=$W/webgpu limited 20 "$W/bin/node" bench/node_bench.mjs --audio "$mmproj" ${text:+"$text"} \
+                > "$res.tmp" && mv "$res.tmp" "$res"
+            cat "$res.tmp" "$res" 2>/dev/null
+        fi
+        for sec in $AUDIO_SECONDS; do
+            wav=$W/audio/clip-${sec}s.wav
+            [ -x "$W/build/bin/llama-mtmd-cli" ] || { log "audio: llama-mtmd-cli not built ($(build_state))"; break; }
+            [ -n "$text" ] || break
+            res=$RES/audio/llama-$shape-${sec}s.jsonl
+            done_already "$res" && continue
+            base=$RES/audio/llama-$shape-${sec}s
+            log "audio (llama-mtmd-cli): $shape, ${sec} s: the clip once in $AUDIO_FRESH processes, then $AUDIO_CLIPS times in one prompt"
+            ones=(); rc=0
+            for i in $(seq 1 "$AUDIO_FRESH"); do
+                ones+=("$base-one-$i.log")
+                # shellcheck disable=SC2086
+                limited 20 "$W/build/bin/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" --audio "$wav" -p "Transcribe." -n 1 \
+                    "${llama[@]}" $AUDIO_LLAMA_ARGS > "$base-one-$i.log" 2>&1 < /dev/null
+                r=$?; [ "$r" = 0 ] || rc=$r
+                echo "[rc $r]" >> "$base-one-$i.log"
+            done
+            many=$base-many.log
+            # shellcheck disable=SC2086
+            limited 20 "$W/build/bin/llama-mtmd-cli" -m "$text" --mmproj "$mmproj" $(printf -- '--audio %s ' $(yes "$wav" | head -n "$AUDIO_CLIPS")) \
+                -p "Transcribe." -n 1 "${llama[@]}" $AUDIO_LLAMA_ARGS > "$many" 2>&1 < /dev/null
+            echo "[rc $?]" >> "$many"
+            "$PY" bench/audio_bench.py --llama "${ones[@]}" --many "$many" --clips "$AUDIO_CLIPS" \
+                --label "{\"runtime\": \"llama.cpp\", \"shape\": \"$shape\", \"seconds\": $sec, \"wav\": \"$(basename "$wav")\", \"text\": \"$(basename "$text")\", \"mmproj\": \"$(basename "$mmproj")\", \"rc\": $rc}" \
+                > "$res.tmp" || continue
+            # a record that says what went wrong is kept apart (*.err.jsonl): a repeated call measures again
+            if grep -q '"error"\|"many_error"' "$res.tmp"; then mv "$res.tmp" "$base.err.jsonl"; else mv "$res.tmp" "$res"; fi
+            cat "$res" "$base.err.jsonl" 2>/dev/null
+            grep -E "encoding done|slice encoded|audio decoded|prompt eval time|error|failed|abort|invalid argument" "${ones[@]}" "$many" \
                 | grep -v "control-looking" | head -30
         done
     done
@@ -753,6 +846,10 @@ finish() {   # what comes back: the files in $OUT
     if ls "$RES"/vision/*.log >/dev/null 2>&1; then
         for f in "$RES"/vision/*.log; do echo "==== $(basename "$f")"; cat "$f"; done | tail -c 8000000 > "$OUT/vision-llama.log"
     fi
+    cat "$RES"/audio/*.jsonl > "$OUT/audio.jsonl" 2>/dev/null || rm -f "$OUT/audio.jsonl"
+    if ls "$RES"/audio/*.log >/dev/null 2>&1; then
+        for f in "$RES"/audio/*.log; do echo "==== $(basename "$f")"; cat "$f"; done | tail -c 8000000 > "$OUT/audio-llama.log"
+    fi
     cp "$RES/table.md" "$OUT/" 2>/dev/null
     [ -f "$W/build.log" ] && tail -c 8000000 "$W/build.log" > "$OUT/build.log"
     [ -f "$W/quantize.log" ] && tail -c 2000000 "$W/quantize.log" > "$OUT/quantize.log"
@@ -769,7 +866,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|table|status) ;;
+        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|audio|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

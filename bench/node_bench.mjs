@@ -10,6 +10,9 @@
 //   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
 //        VISION_PNG_DIR (/tmp/h100/vision: img-BUDGET.png, written by bench/vision_bench.py --png-dir)
+//   node bench/node_bench.mjs --audio MMPROJ.gguf [TEXT.gguf]   audio encoding (the log-mel features in Pyodide) and
+//        time to first token with one clip (bench/audio_bench.py's measure_async): AUDIO_SECONDS ("10 30"),
+//        AUDIO_REPEAT (5), AUDIO_WAV_DIR (/tmp/h100/audio: clip-Ss.wav, written by bench/audio_bench.py --wav-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k")
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
@@ -108,6 +111,23 @@ rows = await vision_bench.measure_async(await get_device_async("browser"), files
                                         "/models" + ${JSON.stringify(path.resolve(process.env.VISION_PNG_DIR || "/tmp/h100/vision"))},
                                         budgets=${JSON.stringify(budgets)}, repeat=${Number(process.env.VISION_REPEAT || 5)},
                                         context=4096, chunk=2048)
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--audio")) {
+  const files = process.argv.slice(2).filter((a) => !a.startsWith("--")).map((m) => "/models" + path.resolve(m));
+  const seconds = (process.env.AUDIO_SECONDS || "10 30").split(/\s+/).filter(Boolean).map(Number);
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import audio_bench
+from pyapp.gpu import get_device_async
+files = ${JSON.stringify(files)}
+rows = await audio_bench.measure_async(await get_device_async("browser"), files[0], files[1] if len(files) > 1 else None,
+                                       "/models" + ${JSON.stringify(path.resolve(process.env.AUDIO_WAV_DIR || "/tmp/h100/audio"))},
+                                       seconds=${JSON.stringify(seconds)}, repeat=${Number(process.env.AUDIO_REPEAT || 5)},
+                                       context=4096, chunk=2048)
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

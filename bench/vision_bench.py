@@ -125,9 +125,13 @@ def ms(seconds: float) -> float:
 def gpu_time_ms(dev, plan, repeat: int) -> float | None:
     """The median GPU time of a plan by timestamp queries, or None where the device has none."""
     try:
-        ns = dev.time_plan_gpu(plan, repeat=repeat)["ns"]
+        return span_ms(dev.time_plan_gpu(plan, repeat=repeat)["ns"])
     except Exception:                               # no timestamp-query feature
         return None
+
+
+def span_ms(ns: list[int]) -> float | None:
+    """The median of the (start, end) timestamp pairs' spans, in ms."""
     spans = [(ns[i + 1] - ns[i]) / 1e6 for i in range(0, len(ns) - 1, 2)]
     return round(statistics.median(spans), 3) if spans else None
 
@@ -158,9 +162,9 @@ def bench_encode(dev, g, budget: int, image: dict, repeat: int, label: dict) -> 
 
 
 def bench_ttft(dev, eng, enc, budget: int, image: dict, repeat: int, label: dict) -> dict:
-    from pyapp.app.images import image_token, placeholder_runs
+    from pyapp.app.images import image_token
     from pyapp.chat import render_ids, user_content
-    from pyapp.runtime.soft_tokens import SoftRun
+    from pyapp.runtime.soft_tokens import SoftRun, placeholder_runs
     from pyapp.sampling import SamplingParams
     n = image["soft_tokens"]
     ids = render_ids(eng.tokenizer, [{"role": "user", "content": user_content(PROMPT_TEXT, [n])}],
@@ -197,6 +201,18 @@ def bench_ttft(dev, eng, enc, budget: int, image: dict, repeat: int, label: dict
             "context_length": eng.context_length, "chunk": eng.runner.chunk}
 
 
+async def text_engine_async(dev, text: str, context: int, chunk: int, label: dict):
+    """(engine, label, params) on the browser path: the text model loaded, the label with its name and load
+    time, greedy sampling of one token."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.sampling import SamplingParams
+    t = time.perf_counter()
+    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
+    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
+    return eng, label, SamplingParams(temperature=0.0, max_tokens=1)
+
+
 async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budgets=(280, 1120), repeat: int = 5,
                         context: int = 4096, chunk: int = 2048) -> list[dict]:
     """The same records on the browser path (Pyodide + Dawn: bench/node_bench.mjs --vision), where readbacks
@@ -226,8 +242,7 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
         await encode_timed_async(enc, image)
         runs = [(await encode_timed_async(enc, image))[0] for _ in range(repeat)]
         try:
-            ns = (await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"]
-            gpu = round(statistics.median((ns[i + 1] - ns[i]) / 1e6 for i in range(0, len(ns) - 1, 2)), 3)
+            gpu = span_ms((await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"])
         except Exception:
             gpu = None
         out.append({"kind": "vision_encode", **label, "budget": b,
@@ -237,15 +252,10 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     if not text:
         return out
-    from pyapp.app.images import image_token, placeholder_runs
+    from pyapp.app.images import image_token
     from pyapp.chat import render_ids, user_content
-    from pyapp.engine import Engine
-    from pyapp.runtime.soft_tokens import SoftRun
-    from pyapp.sampling import SamplingParams
-    t = time.perf_counter()
-    eng = await Engine.open_async(read_gguf(text), dev, context_length=context, chunk=chunk)
-    label = dict(label, text=os.path.basename(text), text_load_s=round(time.perf_counter() - t, 2))
-    params = SamplingParams(temperature=0.0, max_tokens=1)
+    from pyapp.runtime.soft_tokens import SoftRun, placeholder_runs
+    eng, label, params = await text_engine_async(dev, text, context, chunk, label)
     for b in budgets:
         image, enc, n = images[b], encoders[b], images[b]["soft_tokens"]
         ids = render_ids(eng.tokenizer, [{"role": "user", "content": user_content(PROMPT_TEXT, [n])}],
@@ -278,19 +288,20 @@ async def measure_async(dev, mmproj: str, text: str | None, png_dir: str, budget
     return out
 
 
-LLAMA_PATTERNS = {
-    "encode_ms": r"(?:mtmd batch encoding done|image slice encoded) in (\d+) ms",
-    "image_decode_ms": r"image decoded \(batch \d+/\d+\) in (\d+) ms",
-    "image_tokens": r"decoding image batch \d+/\d+, n_tokens_batch = (\d+)",
-}
+def llama_patterns(media: str = "image") -> dict:
+    """llama-mtmd-cli's log lines for each image (media "image") or audio chunk ("audio"): mtmd-cli's
+    "mtmd batch encoding done" (or mtmd-helper's "slice encoded"), mtmd-helper's decode lines."""
+    return {"encode_ms": rf"(?:mtmd batch encoding done|{media} slice encoded) in (\d+) ms",
+            f"{media}_decode_ms": rf"{media} decoded \(batch \d+/\d+\) in (\d+) ms",
+            f"{media}_tokens": rf"decoding {media} batch \d+/\d+, n_tokens_batch = (\d+)"}
 
 
-def llama_log(path: Path) -> dict:
-    """What a llama-mtmd-cli log says: each image's encode and decode times, the image tokens, the
-    context's perf lines (load, prompt eval: every prompt token's decode, images' included; eval)."""
+def llama_log(path: Path, media: str = "image") -> dict:
+    """What a llama-mtmd-cli log says: each image's (or audio chunk's) encode and decode times, its tokens,
+    the context's perf lines (load, prompt eval: every prompt token's decode, images' included; eval)."""
     import re
     text = path.read_text(errors="replace")
-    out = {k: [int(v) for v in re.findall(p, text)] for k, p in LLAMA_PATTERNS.items()}
+    out = {k: [int(v) for v in re.findall(p, text)] for k, p in llama_patterns(media).items()}
     for name in ("load", "prompt eval", "eval", "total"):
         m = re.search(rf"llama_perf_context_print:\s+{name} time =\s+([\d.]+) ms(?: /\s+(\d+) (?:tokens|runs))?", text)
         if m:

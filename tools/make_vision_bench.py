@@ -124,37 +124,53 @@ def write(s: dict, out: str, seed: int = 0, name: str = "bench", log=None) -> di
     if s["std"]:
         w.add_tensor("v.std_bias", (0.01 * rng.standard_normal(d, dtype=np.float32)))
         w.add_tensor("v.std_scale", norm(rng, d))
+    return finish(w, out, s, parameters(s), say)
+
+
+def finish(w: GGUFWriter, out: str, s: dict, n_parameters: int, say) -> dict:
+    """Write the file's header, metadata and tensors; returns (and says) what was written."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    info = {"file": out, "parameters": parameters(s), **s}
-    say(f"wrote {out}: {info['parameters'] / 1e6:.1f}M parameters, {s}")
+    info = {"file": out, "parameters": n_parameters, **s}
+    say(f"wrote {out}: {n_parameters / 1e6:.1f}M parameters, {s}")
     return info
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="e2b")
+def arguments(doc: str, shapes: dict) -> argparse.ArgumentParser:
+    """The projector generators' common options: --shape (of `shapes`), --out, --seed, --layers, --text-hidden."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(shapes), default="e2b")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=None, help="keep only N encoder layers (quick checks)")
     ap.add_argument("--text-hidden", type=int, default=None, help="another projection width (the text model's)")
+    return ap
+
+
+def generate(write_shape, args, s: dict) -> int:
+    """Apply --layers / --text-hidden to shape `s`, write it (write_shape(s, out, seed, name=...)), timed."""
+    if args.layers:
+        s["layers"] = args.layers
+    if args.text_hidden:
+        s["text_hidden"] = args.text_hidden
+    t0 = time.time()
+    write_shape(s, args.out, args.seed, name=args.shape)
+    print(f"wrote {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+def main() -> int:
+    ap = arguments(__doc__, SHAPES)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--clamp", dest="clamp", action="store_true", default=None, help="clamp scalars on every linear")
     g.add_argument("--no-clamp", dest="clamp", action="store_false", help="no clamp scalars")
     args = ap.parse_args()
     s = dict(SHAPES[args.shape])
-    if args.layers:
-        s["layers"] = args.layers
-    if args.text_hidden:
-        s["text_hidden"] = args.text_hidden
     if args.clamp is not None:
         s["clamp"] = args.clamp
-    t0 = time.time()
-    write(s, args.out, args.seed, name=args.shape)
-    print(f"wrote {args.out} in {time.time() - t0:.1f}s", file=sys.stderr)
-    return 0
+    return generate(write, args, s)
 
 
 if __name__ == "__main__":
