@@ -12,7 +12,8 @@ It mirrors pyapp/families/gemma4_audio/reference.py op for op (the oracle it is 
     soft = projection(rms_norm(output_proj(x) + bias))
 
     enc = yield from AudioEncoder.load(dev, gguf)          # steps (pyapp.steps): the weights to the GPU
-    soft = enc.encode(mel, frames)                          # Buffer [soft tokens, text hidden]
+    soft = enc.encode_samples(clip, n_samples)             # Buffer [soft tokens, text hidden]: the features too
+    soft = enc.encode(mel, frames)                          # from log-mel rows computed elsewhere
 
 One plan serves every clip of up to `max_frames` frames (30 s by default): its kernels read the clip's
 length from uniforms (the frames of each conv's input, the Step of the rest, the clamps' grid).
@@ -66,6 +67,17 @@ class AudioEncoder:
         self.grid = dev.buffer(K.GRID_BYTES, kind="uniform", label="audio grid")
         self.rel_step = uniform("positions")
         dev.write(self.rel_step, K.pack_step(PAST + 1, 0))
+        # the features' inputs: the clip, and features.py's tables (the DFT's roots, the window, the filters)
+        if cfg.n_mels != K.LOG_MEL_BINS:
+            raise AudioError(f"an audio encoder of {cfg.n_mels} mel bins: Gemma 4's features have {K.LOG_MEL_BINS}")
+        self.clip_step = uniform("clip")                    # n_tokens: the clip's frames, pos0: its samples
+        self.clip = f32(features.HOP * (max_frames + 1), "clip")                 # [samples] 16 kHz
+        self.roots = f32(2 * features.FFT, "dft roots")                          # [512, 2] cos, sin
+        self.window = f32(features.FRAME, "window")                              # [320]
+        self.filters = f32(features.MEL_BINS * features.BINS, "mel filters")     # [128, 257]
+        dev.write(self.roots, struct.pack(f"<{2 * features.FFT}f", *(v for r in features.dft_roots() for v in r)))
+        dev.write(self.window, features.hann_window().tobytes())
+        dev.write(self.filters, struct.pack(f"<{features.MEL_BINS * features.BINS}f", *features.filter_matrix()))
         # every buffer, with its shape (T soft tokens, d hidden, ff the feed-forwards' width)
         self.mel = f32(max_frames * cfg.n_mels, "mel")                            # [frames, 128]
         self.sub0 = f32((max_frames + 1) // 2 * (cfg.n_mels // 2) * c0, "conv 0")   # [frames / 2, 64, c0]
@@ -85,6 +97,8 @@ class AudioEncoder:
         self.out = f32(T * cfg.out_dim, "output")            # [T, out]
         self.out_norm = f32(T * cfg.out_dim, "output norm")
         self.soft = f32(T * cfg.text_hidden, "soft tokens")  # [T, text hidden]
+        self.features_plan = K.log_mel(dev, self.clip, self.roots, self.window, self.filters, self.mel,
+                                       self.clip_step, max_frames, floor=features.MEL_FLOOR)
         self.plan = self._record()
 
     # -- loading -------------------------------------------------------------------
@@ -192,6 +206,20 @@ class AudioEncoder:
         K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_tokens, plan=plan)
 
     # -- one clip ----------------------------------------------------------------------
+    def encode_samples(self, clip, n_samples: int) -> Buffer:
+        """The soft tokens of a clip (float32 bytes of n_samples 16 kHz mono samples, at most 30 s): its
+        log-mel rows computed on the GPU (shaders/log_mel.wgsl, features.py's rules), then encode's."""
+        frames = features.frames(n_samples)
+        if not 0 < frames <= self.max_frames or n_samples > features.HOP * (self.max_frames + 1):
+            raise AudioError(f"a clip of {n_samples} samples ({frames} frames) does not fit this encoder "
+                             f"(1 to {self.max_frames} frames)")
+        if len(clip) != 4 * n_samples:
+            raise AudioError(f"{len(clip)} bytes of samples for {n_samples} float32 samples")
+        self.dev.write(self.clip, bytes(clip))
+        self.dev.write(self.clip_step, K.pack_step(frames, n_samples))
+        self.dev.submit(self.features_plan)
+        return self._encode(frames)
+
     def encode(self, mel, frames: int) -> Buffer:
         """The soft tokens of a clip's log-mel rows (float32 bytes of `frames` x 128, features.log_mel's):
         a new buffer [soft tokens, text hidden], float32, the caller's to keep."""
@@ -200,12 +228,17 @@ class AudioEncoder:
             raise AudioError(f"a clip of {frames} frames does not fit this encoder (1 to {self.max_frames})")
         if len(mel) != 4 * frames * cfg.n_mels:
             raise AudioError(f"{len(mel)} bytes of features for {frames} frames of {cfg.n_mels} mel bins")
+        self.dev.write(self.mel, bytes(mel))
+        return self._encode(frames)
+
+    def _encode(self, frames: int) -> Buffer:
+        """The plan over the log-mel rows in self.mel: the soft tokens copied into a buffer of their own."""
+        cfg = self.cfg
         n = soft_tokens_of(frames)
         self.dev.write(self.frames0, K.pack_step(frames, 0))
         self.dev.write(self.frames1, K.pack_step((frames + 1) // 2, 0))
         self.dev.write(self.step, K.pack_step(n, 0))
         self.dev.write(self.grid, K.pack_grid(n, 1))
-        self.dev.write(self.mel, bytes(mel))
         self.dev.submit(self.plan)
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))

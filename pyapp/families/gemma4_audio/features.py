@@ -88,6 +88,20 @@ def mel_filters(n_mels: int = MEL_BINS, low: float = 0.0, high: float = SAMPLE_R
     return filters
 
 
+def dft_roots(n: int = FFT) -> list[tuple[float, float]]:
+    """(cos, sin) of 2 pi j / n for j in 0..n-1: the GPU's DFT table (shaders/log_mel.wgsl)."""
+    return [(math.cos(2.0 * math.pi * j / n), math.sin(2.0 * math.pi * j / n)) for j in range(n)]
+
+
+def filter_matrix() -> list[float]:
+    """The mel filters dense, row-major [128, 257] (zeros off each triangle): the GPU's filter bank."""
+    dense = [0.0] * (MEL_BINS * BINS)
+    for m, weights in enumerate(_FILTERS):
+        for k, w in weights:
+            dense[m * BINS + k] = w
+    return dense
+
+
 def _bit_reversed(n: int) -> list[int]:
     bits = n.bit_length() - 1
     return [int(f"{i:0{bits}b}"[::-1], 2) for i in range(n)]

@@ -1,4 +1,4 @@
-"""Gemma 4's audio encoder: the subsampling convs, the chunked local attention with relative positions,
+"""Gemma 4's audio encoder: its log-mel features (shaders/log_mel.wgsl), the subsampling convs, the chunked local attention with relative positions,
 the light convolution's GLU and causal depthwise conv, SiLU, a bias (shaders/audio.wgsl). Its matmuls,
 norms and residual adds are the text model's kernels; its clamps the image encoder's (vision.py)."""
 
@@ -59,3 +59,16 @@ def add_bias(dev: Device, d: int, a: Buffer, bias: Buffer, step: Buffer, max_tok
     p = pipeline(dev, "audio", entry="add_bias", constants={"D": d})
     bg = dev.bind_group(p, {"S": step, "A": a, "B": bias})
     return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_tokens * d))
+
+
+LOG_MEL_BINS = 128        # log_mel.wgsl: a thread a mel bin
+
+
+def log_mel(dev: Device, clip: Buffer, roots: Buffer, window: Buffer, filters: Buffer, mel: Buffer, clip_step: Buffer,
+            max_frames: int, floor: float = 1e-3, plan: Plan | None = None) -> Plan:
+    """mel [frames, 128] = log(filters @ |rfft512(window * frame)| + floor) of each 10 ms frame of the clip's
+    16 kHz samples (clip_step: n_tokens the frames, pos0 the samples); roots [512] (cos, sin) of 2 pi j / 512,
+    window [320], filters [128, 257]: features.py's tables (log_mel.wgsl)."""
+    p = pipeline(dev, "log_mel", constants={"FLOOR": floor})
+    bg = dev.bind_group(p, {"S": clip_step, "SAMP": clip, "TW": roots, "WIN": window, "FB": filters, "MEL": mel})
+    return (plan or dev.plan()).dispatch(p, bg, *groups(max_frames))
