@@ -27,11 +27,13 @@ from dataclasses import fields, replace
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
-from ...runtime.requests import ReadFile, handler
+from ...runtime.requests import ReadFile
 from ...runtime.upload import encoder_tensor, f32_vector
-from ...steps import drive, drive_async
+from ..family import LoadedInSteps
 from . import features
-from .config import EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, AudioError, relative_positions
+from .config import (EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, AudioError, is_frame_projection,
+                     relative_positions)
+from .projection import FrameProjectionEncoder
 from .weights import LINEARS, AudioWeights, bind
 
 BOUNDS_STRIDE = 256          # bytes between two linears' bounds: a storage binding's offset alignment
@@ -46,7 +48,7 @@ def soft_tokens_of(frames: int) -> int:
     return (frames + 3) // 4
 
 
-class AudioEncoder:
+class AudioEncoder(LoadedInSteps):
     def __init__(self, dev: Device, cfg: AudioConfig, weights: AudioWeights, bounds: Buffer, clamped: set,
                  max_frames: int):
         self.dev, self.cfg, self.w = dev, cfg, weights
@@ -101,17 +103,6 @@ class AudioEncoder:
             setattr(owner, name, (yield from encoder_tensor(dev, t, name in F32_TENSORS, scale)))
         bounds, clamped = yield from _bounds(dev, cfg, bound)
         return cls(dev, cfg, weights, bounds, clamped, max_frames)
-
-    @classmethod
-    def open(cls, dev: Device, gguf, max_frames: int = features.frames(features.MAX_SAMPLES)) -> "AudioEncoder":
-        """load, natively (gguf: the parsed file that holds the encoder)."""
-        return drive(cls.load(dev, gguf, max_frames), handler(dev, gguf.source))
-
-    @classmethod
-    async def open_async(cls, dev: Device, gguf,
-                         max_frames: int = features.frames(features.MAX_SAMPLES)) -> "AudioEncoder":
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, max_frames), handler(dev, gguf.source, asynchronous=True))
 
     # -- the plan ------------------------------------------------------------------
     def _record(self):
@@ -192,6 +183,16 @@ class AudioEncoder:
         K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_tokens, plan=plan)
 
     # -- one clip ----------------------------------------------------------------------
+    def soft_tokens(self, n_samples: int) -> int:
+        """The soft tokens of a clip of n_samples (16 kHz): one per 40 ms of its first 30 s."""
+        return features.soft_tokens(n_samples)
+
+    def encode_clip(self, samples) -> Buffer:
+        """The soft tokens of a clip of 16 kHz float samples (its first 30 s): its log-mel rows computed in
+        Python (features.py), then `encode`."""
+        clip = samples[:features.MAX_SAMPLES]
+        return self.encode(features.log_mel(clip).tobytes(), features.frames(len(clip)))
+
     def encode(self, mel, frames: int) -> Buffer:
         """The soft tokens of a clip's log-mel rows (float32 bytes of `frames` x 128, features.log_mel's):
         a new buffer [soft tokens, text hidden], float32, the caller's to keep."""
@@ -210,6 +211,11 @@ class AudioEncoder:
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))
         return out
+
+
+def encoder_class(gguf) -> type[AudioEncoder | FrameProjectionEncoder]:
+    """The GPU encoder of the audio input the file holds: the 12B's frames projection, else AudioEncoder."""
+    return FrameProjectionEncoder if is_frame_projection(gguf) else AudioEncoder
 
 
 def _tensors(w: AudioWeights):
