@@ -133,14 +133,19 @@ def test_the_12b_hears_a_clip_through_its_projector(tmp_path, projector, backend
 
 
 @pytest.mark.gpu
-def test_the_12b_generates_with_a_clip(tmp_path):
+def test_the_12b_generates_and_chats_with_a_clip(tmp_path):
     """generate --audio on the 12B: the chat template's run of one <|audio|> per 32-sample frame of its
-    projector (0.1 s: 50), and its refusal without the projector."""
+    projector (0.1 s: 50); chat --audio with the same clip and words replies the same greedy text; without
+    its projector the 12B is refused."""
     path = tmp_path / "tone.wav"
     write_float_wav(path, (0.3 * np.sin(2 * np.pi * 220 * np.arange(1600) / 16_000)).astype(np.float32))
-    r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--mmproj", FORMS / "mmproj-12b.gguf", "--prompt", "Hear this.",
-              "--audio", path, "--max-tokens", 3, "--no-int8")
-    assert "(50 of them the clips')" in r.stderr
+    common = ("--audio", path, "--max-tokens", 4, "--temperature", 0, "--no-int8", "--mmproj", FORMS / "mmproj-12b.gguf")
+    r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", *common)
+    assert "(50 of them the clips')" in r.stderr and r.stdout.strip()
+    chat = subprocess.run([sys.executable, "-m", "pyapp", "chat", str(FORMS / "gemma4-12b.gguf"), *map(str, common)],
+                          cwd=ROOT, input="Hear this.\n\n", capture_output=True, text=True, check=True, timeout=600)
+    assert "The first message carries 1 clip(s)." in chat.stdout
+    assert chat.stdout.split("> ", 1)[1].startswith(r.stdout.strip()), (chat.stdout, r.stdout)
     r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", "--audio", path, "--max-tokens", 3,
               check=False)
     assert r.returncode == 2 and "no audio encoder" in r.stderr and "Traceback" not in r.stderr, r.stderr
