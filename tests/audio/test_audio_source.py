@@ -57,7 +57,8 @@ def test_the_12b_hears_through_its_projector():
     from pyapp.families.gemma4_audio.config import is_frame_projection
     unified, projector = read_gguf(FORMS / "gemma4-12b.gguf"), read_gguf(FORMS / "mmproj-12b.gguf")
     where = find_audio_encoder(unified, projector=projector, projector_name="mmproj-12b.gguf")
-    assert (where.kind, where.gguf, where.name) == (GIVEN, projector, "mmproj-12b.gguf") and is_frame_projection(projector)
+    assert (where.kind, where.gguf, where.name) == (GIVEN, projector, "mmproj-12b.gguf")
+    assert is_frame_projection(projector)
     assert find_audio_encoder(unified, ollama_projector=projector).kind == OLLAMA_LAYER
     with pytest.raises(NoAudioEncoder):
         find_audio_encoder(unified)

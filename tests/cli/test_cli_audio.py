@@ -139,11 +139,13 @@ def test_the_12b_generates_and_chats_with_a_clip(tmp_path):
     its projector the 12B is refused."""
     path = tmp_path / "tone.wav"
     write_float_wav(path, (0.3 * np.sin(2 * np.pi * 220 * np.arange(1600) / 16_000)).astype(np.float32))
-    common = ("--audio", path, "--max-tokens", 4, "--temperature", 0, "--no-int8", "--mmproj", FORMS / "mmproj-12b.gguf")
+    common = ("--audio", path, "--max-tokens", 4, "--temperature", 0, "--no-int8",
+              "--mmproj", FORMS / "mmproj-12b.gguf")
     r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", *common)
     assert "(50 of them the clips')" in r.stderr and r.stdout.strip()
-    chat = subprocess.run([sys.executable, "-m", "pyapp", "chat", str(FORMS / "gemma4-12b.gguf"), *map(str, common)],
-                          cwd=ROOT, input="Hear this.\n\n", capture_output=True, text=True, check=True, timeout=600)
+    chat = subprocess.run([sys.executable, "-m", "pyapp", "chat", str(FORMS / "gemma4-12b.gguf"),
+                           *map(str, common)], cwd=ROOT, input="Hear this.\n\n", capture_output=True, text=True,
+                          check=True, timeout=600)
     assert "The first message carries 1 clip(s)." in chat.stdout
     assert chat.stdout.split("> ", 1)[1].startswith(r.stdout.strip()), (chat.stdout, r.stdout)
     r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", "--audio", path, "--max-tokens", 3,

@@ -13,7 +13,7 @@ prompt holds the clip's placeholder run (`<|audio>` + N x `<|audio|>` + `<audio|
     weights.py      its tensors, bound once (Ollama's names and llama.cpp's differ: one rename table)
     reference.py    AudioEncoder: the numpy oracle, features -> soft tokens (CPython only); FrameProjection the 12B's
     encoder.py      AudioEncoder on the GPU: log-mel rows -> soft tokens; encoder_class: which of the two a file holds
-    frames.py       the 12B's features: raw frames of 640 samples, as Gemma4UnifiedAudioFeatureExtractor (standard library)
-    projection.py   FrameProjectionEncoder: the 12B's audio input on the GPU (llama.cpp's gemma4ua), frames -> soft tokens
+    frames.py       the 12B's features: raw frames of 640 samples, as transformers' unified extractor (stdlib)
+    projection.py   FrameProjectionEncoder: the 12B's audio input on the GPU (llama.cpp's gemma4ua)
     source.py       find_audio_encoder: inline, a projector given, an Ollama projector layer
 """

@@ -17,8 +17,6 @@ The frames are cut in Python (frames.py, standard library: it runs in Pyodide).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
 from ...runtime.upload import encoder_tensor
@@ -45,7 +43,7 @@ class FrameProjectionEncoder(LoadedInSteps):
         """Steps (pyapp.steps; FileToGpu on the file that holds it): bind the projection, copy it to the GPU,
         record the plan for clips of up to `max_frames` frames (30 s by default)."""
         cfg = FrameProjectionConfig.from_gguf(gguf)
-        weights = replace(bind_frame_projection(cfg, gguf.tensors))        # its field becomes a GpuTensor
+        weights = bind_frame_projection(cfg, gguf.tensors)                 # its field becomes a GpuTensor
         weights.projection = yield from encoder_tensor(dev, weights.projection)
         return cls(dev, cfg, weights, max_frames or waveform_frames.soft_tokens(MAX_SAMPLES, cfg.frame))
 
