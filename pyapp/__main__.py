@@ -204,7 +204,8 @@ def _soft_runs(session, tokens, images, budget):
 
 
 def _reference_soft(gguf, projector, projector_name, tokens, images, clips):
-    """(positions, rows) of the images' and clips' soft tokens by the numpy encoders, for ReferenceModel.forward;
+    """(positions, rows, both ways) of the images' and clips' soft tokens by the numpy encoders, for
+    ReferenceModel.forward (an image's rows both ways where the model's images attend so, a clip's never);
     each encoder found as the GPU path finds it (a projector checked to be this model's)."""
     import numpy as np
     from .runtime.soft_tokens import placeholder_starts
@@ -220,15 +221,14 @@ def _reference_soft(gguf, projector, projector_name, tokens, images, clips):
             rows.append(enc.features(np.frombuffer(patches, np.float32).reshape(len(positions), -1),
                                      np.array(positions)))
     if clips:
-        from .families.gemma4_audio import features
-        from .families.gemma4_audio.reference import AudioEncoder
+        from .families.gemma4_audio.reference import reference_encoder
         from .families.gemma4_audio.source import find_audio_encoder
-        enc = AudioEncoder(find_audio_encoder(gguf, projector, projector_name=projector_name).gguf)
-        at += placeholder_starts(tokens, [features.soft_tokens(len(c.samples)) for c in clips], _audio_token(gguf),
-                                 "clip")
-        rows += [enc.features(np.frombuffer(features.log_mel(c.samples), np.float32).reshape(-1, features.MEL_BINS))
-                 for c in clips]
-    return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows))
+        enc = reference_encoder(find_audio_encoder(gguf, projector, projector_name=projector_name).gguf)
+        at += placeholder_starts(tokens, [enc.soft_tokens(len(c.samples)) for c in clips], _audio_token(gguf), "clip")
+        rows += [enc.clip_features(c.samples) for c in clips]
+    both_ways = [np.full(len(r), i < len(images)) for i, r in enumerate(rows)]
+    return (np.concatenate([np.arange(a, a + len(r)) for a, r in zip(at, rows)]), np.concatenate(rows),
+            np.concatenate(both_ways))
 
 
 def _read_audio(path: str):
@@ -388,19 +388,20 @@ def _generate_with_media(args, g, params) -> int:
     content = run(_media_parts(session, images, clips, args.image_tokens)) + [{"type": "text", "text": args.prompt}]
     r = run(reply(session, [{"role": "user", "content": content}], params=params, events=printer))
     sys.stdout.write("\n")
-    print(f"[{r['prompt_tokens']} prompt tokens ({_soft_share(images, clips)}) in {r['prefill_s']:.2f}s, "
+    clip_tokens = [session.encoded_clips[p["key"]].n for p in content if p["type"] == "audio"]
+    print(f"[{r['prompt_tokens']} prompt tokens ({_soft_share(images, clip_tokens)}) in {r['prefill_s']:.2f}s, "
           f"{r['tokens']} generated at {r['decode_tps']:.1f} tok/s, {r['stop_reason']}]", file=sys.stderr)
     return 0
 
 
-def _soft_share(images, clips) -> str:
-    """How many prompt tokens the images and clips took: "60 of them the images', 30 the clips'"."""
-    from .families.gemma4_audio.features import soft_tokens
+def _soft_share(images, clip_tokens: list[int]) -> str:
+    """How many prompt tokens the images and clips (their soft tokens given) took: "60 of them the images',
+    30 the clips'"."""
     shares = []
     if images:
         shares.append((sum(i.tokens for i in images), "the images'"))
-    if clips:
-        shares.append((sum(soft_tokens(len(c.samples)) for c in clips), "the clips'"))
+    if clip_tokens:
+        shares.append((sum(clip_tokens), "the clips'"))
     (n, whose), *rest = shares
     return f"{n} of them {whose}" + "".join(f", {m} {other}" for m, other in rest)
 

@@ -16,6 +16,10 @@ The storage forms people have (the 12B's Ollama tags ship this same file as thei
   gemma4ua beside it), F16 patch embedding and projection, F32 norms and position table;
 - `mmproj-12b-bf16.gguf`: `--outtype bf16`: the patch embedding F32, the projection BF16.
 
+The checkpoint's audio config (`audio_embed_dim=32`) makes the converter write the 12B's audio frames
+projection into the same files (gemma4ua: `mm.a.input_projection.weight`); its goldens
+(`mmproj-12b*.audio.npz`) are tools/make_unified_audio_golden.py's, from these files.
+
 Each file's golden comes from transformers (float32) with the image embedder set to that file's values
 (llama.cpp's column order of the patch values, CHW for its im2col, and its [2, positions, width] position
 table turned back), so the goldens test the forward, not the rounding:

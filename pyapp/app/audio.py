@@ -2,11 +2,13 @@
 
 Where the encoder is (pyapp.families.gemma4_audio.source decides): inline in the model file (Ollama's
 original blobs of E2B and E4B), or a projector file the user adds (llama.cpp's mmproj, Ollama's projector
-layer). A clip arrives as 16 kHz mono float32 samples (the CLI reads WAV files with
-pyapp.families.gemma4_audio.wav; the page decodes and resamples with Web Audio); `encode_clip` computes
-its log-mel features in Python and its soft tokens on the GPU, kept by a digest of its samples, so a
-conversation re-sent turn after turn encodes each clip once. A clip longer than 30 s is heard up to 30 s,
-as Gemma 4's processor truncates it.
+layer; the 12B's holds its frames projection, gemma4ua). A clip arrives as 16 kHz mono float32 samples
+(the CLI reads WAV files with pyapp.families.gemma4_audio.wav; the page decodes and resamples with Web
+Audio); `encode_clip` computes its features (E2B, E4B: log-mel rows, on the GPU; the 12B: raw frames of 640
+samples) and its soft tokens on the GPU, kept by a digest of its samples, so a conversation re-sent turn
+after turn encodes each clip once. A clip longer than 30 s is heard up to 30 s, as Gemma 4's processor
+truncates it. How many soft tokens a clip takes depends on the encoder (one per 40 ms for both, counted
+as each processor counts: `EncodedClip.n`).
 
     clip = yield from encode_clip(session, samples)          # EncodedClip: rows on the GPU, n, key
     runs = clip_runs(ids, [clip, ...], audio_token(tok))     # where each goes in the prompt (SoftRun)
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from ..families.gemma4_audio import features
 from ..families.gemma4_audio.config import AudioError
-from ..families.gemma4_audio.encoder import AudioEncoder
+from ..families.gemma4_audio.encoder import encoder_class
 from ..families.gemma4_audio.source import NoAudioEncoder, find_audio_encoder
 from ..runtime.soft_tokens import SoftRun, runs_at
 from ..steps import Steps, call
@@ -59,13 +61,14 @@ def audio_encoder(session: Session) -> Steps:
         return enc
     session.loaded()
     session.encoded_clips = {}           # soft tokens of another encoder are not these
-    session.audio_encoder = enc = yield call(AudioEncoder.open, session.device, g)
+    session.audio_encoder = enc = yield call(encoder_class(g).open, session.device, g)
     enc.source = g
     return enc
 
 
 def clip_tokens(n_samples: int) -> int:
-    """The soft tokens a clip of n_samples (16 kHz) takes; AudioError for a clip too short to hear."""
+    """The soft tokens a clip of n_samples (16 kHz) takes on E2B and E4B (the 12B's: its encoder's
+    soft_tokens); AudioError for a clip too short to hear (under 10 ms: for every model)."""
     n = features.soft_tokens(n_samples)
     if n == 0:
         raise AudioError(f"a clip of {n_samples} samples ({1000 * n_samples / features.SAMPLE_RATE:.0f} ms) is too "
@@ -82,10 +85,7 @@ def encode_clip(session: Session, samples, digest: bytes | None = None) -> Steps
     key = hashlib.sha256(digest if digest is not None else clip.tobytes()).hexdigest()[:32]
     encoded = session.encoded_clips.get(key)
     if encoded is None:
-        mel = features.log_mel(clip)
-        frames = features.frames(len(clip))
-        rows = enc.encode(mel.tobytes(), frames)
-        encoded = EncodedClip(key, rows, features.soft_tokens(len(clip)))
+        encoded = EncodedClip(key, enc.encode_clip(clip), enc.soft_tokens(len(clip)))
         session.encoded_clips[key] = encoded
     return encoded
 
@@ -99,5 +99,6 @@ def audio_token(tokenizer) -> int:
 
 
 def clip_runs(ids: list[int], clips: list[EncodedClip], token: int) -> list[SoftRun]:
-    """The SoftRun of each clip at its placeholder run (pyapp.runtime.soft_tokens.placeholder_starts)."""
-    return runs_at(ids, clips, token, "clip")
+    """The SoftRun of each clip at its placeholder run (pyapp.runtime.soft_tokens.placeholder_starts); a clip's
+    soft tokens see each other causally, also on a model whose images attend both ways (the 12B)."""
+    return runs_at(ids, clips, token, "clip", both_ways=False)

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..runtime.requests import handler
+from ..steps import drive, drive_async
+
 
 @dataclass(frozen=True)
 class Family:
@@ -27,3 +30,22 @@ class Family:
     def forward(self) -> type:
         """The GPU forward its runner records its plans from (pyapp.model.gemma4.Gemma4 or a subclass)."""
         return self.runner.model_class
+
+
+class LoadedInSteps:
+    """A part of a model loaded by steps (pyapp.steps: `load(dev, gguf, ...)`, a generator of file and GPU
+    requests), driven natively or in the browser: the image and audio encoders."""
+
+    @classmethod
+    def load(cls, dev, gguf, *args):
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, dev, gguf, *args):
+        """load, natively (gguf: the parsed file that holds it)."""
+        return drive(cls.load(dev, gguf, *args), handler(dev, gguf.source))
+
+    @classmethod
+    async def open_async(cls, dev, gguf, *args):
+        """load in the browser: file bytes go Blob -> GPU inside JS."""
+        return await drive_async(cls.load(dev, gguf, *args), handler(dev, gguf.source, asynchronous=True))

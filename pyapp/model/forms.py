@@ -29,7 +29,7 @@ class FileForm:
     def describe(self) -> list[str]:
         lines = [f"written by:    {self.converter} (as far as the metadata tells)",
                  f"parts:         {', '.join(self.parts)}"
-                 + (f" ({self.encoder_tensors} encoder tensors inline; this app runs the image encoder, not the audio one yet)"
+                 + (f" ({self.encoder_tensors} encoder tensors inline)"
                     if self.encoder_tensors else "")]
         lines += [f"layout:        {note}" for note in self.layout]
         return lines

@@ -241,11 +241,12 @@ class ReferenceModel:
     def forward(self, tokens, cache: KVCache | None = None, soft=None) -> Logits:
         """Logits [len(tokens), vocab] (softcap applied), appending to `cache`.
 
-        soft: (indices into tokens, rows [n, hidden]): an encoder's soft tokens (an image's projected
-        features) in place of those positions' embeddings; there the per-layer embedding is the pad
-        id's (transformers' Gemma4Model), its projection part made from the soft token. On models whose
-        images attend both ways (Gemma4Config.image_attention_both_ways: 26B-A4B, 31B) each contiguous
-        run of them is one image: on sliding layers its tokens also see the image's later tokens."""
+        soft: (indices into tokens, rows [n, hidden][, both ways [n] bools]): an encoder's soft tokens (an
+        image's projected features) in place of those positions' embeddings; there the per-layer embedding
+        is the pad id's (transformers' Gemma4Model), its projection part made from the soft token. On
+        models whose images attend both ways (Gemma4Config.image_attention_both_ways: 26B-A4B, 31B, the
+        12B) each contiguous run of those marked both ways (all, unless said: a clip's are not) is one
+        image: on sliding layers its tokens also see the image's later tokens."""
         cfg, w = self.cfg, self.w
         cache = cache if cache is not None else KVCache()
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -260,7 +261,8 @@ class ReferenceModel:
             x[at] = rows
         ple = self.per_layer_inputs(tokens, x) if cfg.has_ple else None
         if soft is not None and cfg.image_attention_both_ways:
-            self.key_last = image_key_last(positions, at + cache.length)
+            both_ways = np.asarray(soft[2], bool) if len(soft) > 2 else np.ones(len(at), bool)
+            self.key_last = image_key_last(positions, at[both_ways] + cache.length)
         try:
             for lc in cfg.layers:
                 x = self.layer(lc, x, positions, ple, cache)

@@ -165,7 +165,7 @@ class LoadedModel:
         if pos == 0:             # every position before the end is written again, after anything older
             self.kv_end = 0
         n = 0
-        whole = bool(soft) and self.config.image_attention_both_ways
+        whole = any(r.both_ways for r in soft) and self.config.image_attention_both_ways
         try:
             bounds = step_bounds(len(tokens), self.runner.chunk, pos, soft, whole)
         except SoftTokensError as e:

@@ -3,6 +3,10 @@ that take the place of a run of placeholder tokens.
 
     run = SoftRun(at=5, rows=features, n=280, key=digest)   # prompt positions 5..284, rows on the GPU
 
+On a model whose images attend both ways (Gemma4Config.image_attention_both_ways: 26B-A4B, 31B, the 12B)
+an image's soft tokens see each other both ways on the sliding layers; a clip's never do (`both_ways`
+False: transformers' block masks cover image and video tokens only, llama.cpp decodes audio causally).
+
 The text model embeds those positions from the rows instead of the token table (the per-layer
 embeddings from the pad id, as transformers' Gemma4Model does); pyapp.runtime.state copies each step's
 share of the rows in, so the plans never change. `key` says what the rows are of (the image and the
@@ -26,6 +30,7 @@ class SoftRun:
     rows: object         # GPU Buffer: f32 [n, hidden]
     n: int
     key: str             # what the rows are of: equal keys, equal rows
+    both_ways: bool = True   # its rows see each other both ways where the model's images do (an image's; a clip's not)
 
     @property
     def end(self) -> int:
@@ -68,10 +73,10 @@ def placeholder_starts(ids: list[int], sizes: list[int], token: int, kind: str =
     return [at for at, _ in runs]
 
 
-def runs_at(ids: list[int], encoded: list, token: int, kind: str = "image") -> list[SoftRun]:
+def runs_at(ids: list[int], encoded: list, token: int, kind: str = "image", both_ways: bool = True) -> list[SoftRun]:
     """The SoftRun of each encoded input (its rows, n, key) at its placeholder run (placeholder_starts)."""
     starts = placeholder_starts(ids, [e.n for e in encoded], token, kind)
-    return [SoftRun(at, e.rows, e.n, e.key) for at, e in zip(starts, encoded)]
+    return [SoftRun(at, e.rows, e.n, e.key, both_ways) for at, e in zip(starts, encoded)]
 
 
 def check_runs(runs, prompt_length: int) -> tuple:
@@ -98,12 +103,12 @@ def cache_keys(prompt: list[int], runs) -> list:
 
 def step_share(runs, pos0: int, n: int) -> list[tuple[int, object, int, int, int]]:
     """The soft rows a step of n tokens at pos0 holds: (step row, rows buffer, first row, count, the step
-    row of its run's last token) each."""
+    row of its run's last token, or None for a run whose rows see no key ahead: a clip's) each."""
     out = []
     for r in runs:
         lo, hi = max(r.at, pos0), min(r.end, pos0 + n)
         if lo < hi:
-            out.append((lo - pos0, r.rows, lo - r.at, hi - lo, r.end - 1 - pos0))
+            out.append((lo - pos0, r.rows, lo - r.at, hi - lo, r.end - 1 - pos0 if r.both_ways else None))
     return out
 
 
@@ -114,7 +119,7 @@ def step_bounds(n_tokens: int, chunk: int, pos: int, runs, whole: bool) -> list[
     out, i = [], 0
     while i < n_tokens:
         end = min(i + chunk, n_tokens)
-        for r in runs if whole else ():
+        for r in (r for r in runs if r.both_ways) if whole else ():
             a, b = r.at - pos, r.end - pos
             if a < end < b:
                 if a <= i:

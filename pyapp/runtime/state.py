@@ -196,11 +196,11 @@ class State:
                 for t in range(row, row + n):
                     at[t] = 1
                     tokens[t] = self.cfg.pad_id
-                    ahead[t] = last - t
+                    ahead[t] = 0 if last is None else last - t
             self.dev.submit(copies)
         self.dev.write(self.soft_at, at.tobytes())
         if self.keys_ahead is not None:
-            if any(last >= len(tokens) for *_, last in soft):
+            if any(last is not None and last >= len(tokens) for *_, last in soft):
                 raise GPUError("an image's soft tokens are split between two steps on a model whose images "
                                "attend both ways (pyapp.runtime.soft_tokens.step_bounds keeps them whole)")
             self.dev.write(self.keys_ahead, ahead.tobytes())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pyapp.app.audio import EncodedClip
 from pyapp.gguf import read_gguf
 from pyapp.runtime.requests import handler
 from pyapp.steps import drive
@@ -98,4 +99,63 @@ def test_logits_with_audio_match_transformers(dev, golden, stem):
         assert all(t == audio_token for r in runs for t in tokens[r.at:r.end])
         got = np.asarray(eng.forward(tokens, soft=runs))
         assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+        assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1
+
+
+# -- the 12B's audio input: raw frames projected (gemma4ua, llama.cpp's mmproj-12b*.gguf) ------------------
+
+def unified_golden(stem: str):
+    return np.load(FORMS / f"{stem}.audio.npz")
+
+
+@pytest.mark.parametrize("stem", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12b_frames_projection_matches_transformers(dev, stem):
+    """FrameProjectionEncoder's soft tokens of both clips (their frames cut in Python) against transformers'
+    get_audio_features, in one plan; its count as the processor's."""
+    from pyapp.families.gemma4_audio.encoder import encoder_class
+    from pyapp.families.gemma4_audio.projection import FrameProjectionEncoder
+    g = read_gguf(FORMS / f"{stem}.gguf")
+    assert encoder_class(g) is FrameProjectionEncoder
+    enc = FrameProjectionEncoder.open(dev, g)
+    gold = unified_golden(stem)
+    assert (enc.cfg.frame, enc.cfg.text_hidden, enc.max_frames) == (32, 128, 15000)
+    for i in (0, 1):
+        want = gold[f"features_{i}"]
+        n = enc.soft_tokens(len(gold[f"clip_{i}"]))
+        assert n == int(gold[f"tokens_{i}"]) == len(want)
+        out = enc.encode_clip(gold[f"clip_{i}"].tolist())
+        got = np.frombuffer(dev.read(out, 0, 4 * n * 128), np.float32).reshape(n, 128)
+        assert np.abs(got - want).max() < TOLERANCE * np.abs(want).max()
+
+
+def test_the_12b_frames_projection_refuses_a_clip_past_its_plan(dev):
+    from pyapp.families.gemma4_audio.config import AudioError
+    from pyapp.families.gemma4_audio.projection import FrameProjectionEncoder
+    enc = FrameProjectionEncoder.open(dev, read_gguf(FORMS / "mmproj-12b.gguf"), 10)
+    with pytest.raises(AudioError, match="a clip of 11 frames does not fit this projection \\(1 to 10\\)"):
+        enc.encode_clip([0.5] * 321)
+
+
+@pytest.mark.parametrize("stem", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12b_logits_with_audio_match_transformers(dev, stem):
+    """The 12B's engine with the clips' soft tokens at their placeholder runs, causal among themselves (as
+    transformers' masks keep audio, unlike images), gives transformers' logits for one clip and for two; the
+    same rows seeing each other both ways (as an image's do) or left out are far off."""
+    from pyapp.app.audio import clip_runs
+    from pyapp.engine import Engine
+    from pyapp.families.gemma4_audio.projection import FrameProjectionEncoder
+    from pyapp.runtime.soft_tokens import SoftRun
+    gold = unified_golden(stem)
+    enc = FrameProjectionEncoder.open(dev, read_gguf(FORMS / f"{stem}.gguf"))
+    eng = Engine.open(FORMS / "gemma4-12b.gguf", device=dev, context_length=128, chunk=128, int8=False)
+    audio_token = eng.gguf.metadata["tokenizer.ggml.tokens"].index("<|audio|>")
+    for name in ("audio", "two_audio"):
+        tokens, want = [int(t) for t in gold[f"{name}_tokens"]], gold[f"{name}_logits"]
+        clips = [EncodedClip(f"clip {i}", enc.encode_clip(gold[f"clip_{i}"].tolist()), int(gold[f"tokens_{i}"]))
+                 for i in range(2 if name == "two_audio" else 1)]
+        runs = clip_runs(tokens, clips, audio_token)
+        got = np.asarray(eng.forward(tokens, soft=runs))
+        assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+        both_ways = [SoftRun(r.at, r.rows, r.n, r.key) for r in runs]
+        assert np.abs(np.asarray(eng.forward(tokens, soft=both_ways)) - want).max() > 0.1
         assert np.abs(np.asarray(eng.forward(tokens)) - want).max() > 0.1

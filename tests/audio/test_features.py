@@ -1,6 +1,8 @@
 """Gemma 4's audio features in the standard library (pyapp.families.gemma4_audio.features) against
 transformers' Gemma4AudioFeatureExtractor, and the soft-token count against Gemma4Processor's own
-arithmetic: odd lengths, silence, a 30 s clip, a longer one (the processor keeps its first 30 s).
+arithmetic: odd lengths, silence, a 30 s clip, a longer one (the processor keeps its first 30 s); the
+12B's raw frames (pyapp.families.gemma4_audio.frames) against Gemma4UnifiedAudioFeatureExtractor and
+Gemma4UnifiedProcessor's count.
 
 transformers computes the FFT in float32 (numpy 2), we in float64: the log-mel values agree within
 MARGIN (measured: 5e-6 on a second of tone and noise, 2e-5 on 30 s, the largest where a bin's energy
@@ -94,3 +96,22 @@ def test_mel_filters_match_transformers(extractor):
             dense[k, m] = w
     assert np.abs(dense - extractor.mel_filters).max() < 1e-12
     assert np.array_equal(np.array(F.hann_window(), np.float32), extractor.window)
+
+
+# -- the 12B's features: raw frames (pyapp.families.gemma4_audio.frames) --------------------------------------
+
+@pytest.mark.parametrize("n", [1, 639, 640, 641, 16_001, 479_999, 480_000, 480_641])
+def test_the_12b_frames_match_transformers(n):
+    """The clip cut into frames of 640 samples, the last one zero-padded, as Gemma4UnifiedAudioFeatureExtractor
+    does, and as many as Gemma4UnifiedProcessor writes placeholders for (past 30 s: the first 30 s, 750)."""
+    from pyapp.families.gemma4_audio import frames as W
+    fe = pytest.importorskip("transformers.models.gemma4_unified.feature_extraction_gemma4_unified")
+    from transformers.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedProcessor
+    clip = tone(n, seed=n)
+    heard = clip[:F.MAX_SAMPLES]
+    want = fe.Gemma4UnifiedAudioFeatureExtractor()([heard], return_tensors="np")["input_features"][0]
+    got = np.frombuffer(W.frames(clip.tolist(), 640), np.float32).reshape(-1, 640)
+    assert np.array_equal(got, want)
+    counter = types.SimpleNamespace(feature_extractor=fe.Gemma4UnifiedAudioFeatureExtractor())
+    assert W.soft_tokens(n, 640) == len(got) == Gemma4UnifiedProcessor._compute_audio_num_tokens(counter, heard, 16_000)
+    assert W.soft_tokens(n, 640) == min(-(-n // 640), F.MAX_TOKENS)

@@ -1,7 +1,9 @@
 """The command line with audio: `logits --audio FILE.wav` on the E2B-like fixture (the encoder inline in
 Ollama's blob, or llama.cpp's mmproj beside llama.cpp's text GGUF), the GPU and the numpy reference
-against transformers' logits for the same clip (tools/make_audio_golden.py); `generate --audio` with a
-stereo 44.1 kHz recording; and what is refused with exit 2 and a plain message."""
+against transformers' logits for the same clip (tools/make_audio_golden.py); the 12B with its projector
+(`--mmproj mmproj-12b*.gguf`: the raw frames projection, tools/make_unified_audio_golden.py) likewise, and
+its `generate --audio`; `generate --audio` with a stereo 44.1 kHz recording; and what is refused with exit 2
+and a plain message."""
 
 import subprocess
 import sys
@@ -108,3 +110,44 @@ def test_bad_audio_input_is_refused(tmp_path, golden, clip, setup, message):
     r = pyapp("logits", model, "--tokens", ids, "--audio", audio, "--out", tmp_path / "x.npy", "--backend", "reference",
               check=False)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["native", "reference"])
+@pytest.mark.parametrize("projector", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12b_hears_a_clip_through_its_projector(tmp_path, projector, backend):
+    """The 12B's text GGUF with llama.cpp's projector of it: a 16-bit WAV of the golden's clip (its samples
+    are multiples of 1/32768) gives transformers' logits, on the GPU and by the reference."""
+    gold = np.load(FORMS / f"{projector}.audio.npz")
+    wav, path = tmp_path / "clip.wav", tmp_path / "logits.npy"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(np.round(gold["clip_0"] * 32768).astype("<i2").tobytes())
+    pyapp("logits", FORMS / "gemma4-12b.gguf", "--mmproj", FORMS / f"{projector}.gguf", "--tokens", tokens(gold),
+          "--audio", wav, "--out", path, "--backend", backend, "--no-int8")
+    got, want = np.load(path), gold["audio_logits"]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 2e-3 and (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.gpu
+def test_the_12b_generates_and_chats_with_a_clip(tmp_path):
+    """generate --audio on the 12B: the chat template's run of one <|audio|> per 32-sample frame of its
+    projector (0.1 s: 50); chat --audio with the same clip and words replies the same greedy text; without
+    its projector the 12B is refused."""
+    path = tmp_path / "tone.wav"
+    write_float_wav(path, (0.3 * np.sin(2 * np.pi * 220 * np.arange(1600) / 16_000)).astype(np.float32))
+    common = ("--audio", path, "--max-tokens", 4, "--temperature", 0, "--no-int8",
+              "--mmproj", FORMS / "mmproj-12b.gguf")
+    r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", *common)
+    assert "(50 of them the clips')" in r.stderr and r.stdout.strip()
+    chat = subprocess.run([sys.executable, "-m", "pyapp", "chat", str(FORMS / "gemma4-12b.gguf"),
+                           *map(str, common)], cwd=ROOT, input="Hear this.\n\n", capture_output=True, text=True,
+                          check=True, timeout=600)
+    assert "The first message carries 1 clip(s)." in chat.stdout
+    assert chat.stdout.split("> ", 1)[1].startswith(r.stdout.strip()), (chat.stdout, r.stdout)
+    r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "Hear this.", "--audio", path, "--max-tokens", 3,
+              check=False)
+    assert r.returncode == 2 and "no audio encoder" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -668,19 +668,14 @@ def test_choosing_a_tag_with_a_projector_layer_gives_it_images(tmp_path):
         images.encoder_file(session)
 
 
-@pytest.mark.gpu
-def test_the_12b_as_ollama_ships_it_takes_images(tmp_path, dev):
-    """The 12B's tag as Ollama ships it: llama.cpp's text blob and its projector (gemma4uv, the patch
-    projection) as the projector layer. Chosen and loaded through the app layer, an image (the golden's
-    576 x 240 one at 70 soft tokens) sized, encoded and read in a prompt gives transformers' logits."""
+def ollama_12b_session(tmp_path, dev):
+    """The 12B's tag as Ollama ships it (llama.cpp's text blob and its projector, gemma4uv and gemma4ua, as
+    the projector layer), chosen and loaded through the app layer: its Session."""
     from pyapp.app import folder as app_folder
-    from pyapp.app import images, model
-    from pyapp.app.logits import logits
+    from pyapp.app import model
     from pyapp.app.session import Session
-    from pyapp.families.gemma4_vision.preprocess import to_rgba
     from pyapp.source import FileSource
     from pyapp.steps import run
-    from support.unified_images import SOFT, case_image, golden
     f = Folder(tmp_path / "models")
     f.manifest("gemma4:12b", [f.blob((FORMS / "gemma4-12b.gguf").read_bytes(), M + "model"),
                               f.blob((FORMS / "mmproj-12b.gguf").read_bytes(), M + "projector")],
@@ -693,6 +688,19 @@ def test_the_12b_as_ollama_ships_it_takes_images(tmp_path, dev):
         return FileSource(f.root / path)
     asyncio.run(app_folder.choose_model(session, "gemma4:12b", blob_source))
     run(model.load(session, context_length=128, int8=False))
+    return session
+
+
+@pytest.mark.gpu
+def test_the_12b_as_ollama_ships_it_takes_images(tmp_path, dev):
+    """The 12B's tag as Ollama ships it, its projector layer's patch projection (gemma4uv): an image (the
+    golden's 576 x 240 one at 70 soft tokens) sized, encoded and read in a prompt gives transformers' logits."""
+    from pyapp.app import images
+    from pyapp.app.logits import logits
+    from pyapp.families.gemma4_vision.preprocess import to_rgba
+    from pyapp.steps import run
+    from support.unified_images import SOFT, case_image, golden
+    session = ollama_12b_session(tmp_path, dev)
     gold = golden("mmproj-12b")
     rgb, width, height = case_image(gold, 0)
     assert images.image_size(session, width, height, 70) == {"width": width, "height": height, "tokens": 60}
@@ -700,4 +708,25 @@ def test_the_12b_as_ollama_ships_it_takes_images(tmp_path, dev):
     tokens = [int(t) for t in gold["image_tokens"]]
     got = np.asarray(run(logits(session, tokens, images.soft_runs(tokens, [image], SOFT))))
     want = gold["image_logits"]
+    assert np.abs(got - want).max() <= 2e-2 and (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.gpu
+def test_the_12b_as_ollama_ships_it_takes_audio(tmp_path, dev):
+    """The same tag's projector layer's audio frames projection (gemma4ua; Ollama's converter and compat layer
+    have no 12B audio of their own): two clips encoded through the app layer (each once: the second request
+    of the same samples is the cache's) and read in a prompt give transformers' logits."""
+    from pyapp.app import audio
+    from pyapp.app.logits import logits
+    from pyapp.steps import run
+    session = ollama_12b_session(tmp_path, dev)
+    gold = np.load(FORMS / "mmproj-12b.audio.npz")
+    assert audio.takes_audio(session)
+    clips = [run(audio.encode_clip(session, gold[f"clip_{i}"].tolist())) for i in range(2)]
+    assert [c.n for c in clips] == [int(gold["tokens_0"]), int(gold["tokens_1"])]
+    assert run(audio.encode_clip(session, gold["clip_0"].tolist())) is clips[0]
+    tokens = [int(t) for t in gold["two_audio_tokens"]]
+    runs = audio.clip_runs(tokens, clips, audio.audio_token(session.engine.tokenizer))
+    got = np.asarray(run(logits(session, tokens, runs)))
+    want = gold["two_audio_logits"]
     assert np.abs(got - want).max() <= 2e-2 and (got.argmax(-1) == want.argmax(-1)).all()

@@ -108,3 +108,29 @@ def test_unknown_missing_and_misshapen_tensors_are_refused_by_name():
     half = {k: v for k, v in tensors.items() if k != "a.blk.0.attn_q.output_max"}
     with pytest.raises(WeightsError, match=r"attn_q: its clamp bounds are not four scalars"):
         _bind(half)
+
+
+# -- the 12B's frames projection (gemma4ua in llama.cpp's mmproj-12b*.gguf) ----------------------------------
+
+@pytest.mark.parametrize("stem", ["mmproj-12b", "mmproj-12b-bf16"])
+def test_the_12b_frames_projection_matches_transformers(stem):
+    """FrameProjection against Gemma4UnifiedModel.get_audio_features (tools/make_unified_audio_golden.py) on
+    the processor's frames and from the clip through our framing; without its RMSNorm it is far off."""
+    from pyapp.families.gemma4_audio.reference import FrameProjection, reference_encoder
+    gold = np.load(FORMS / f"{stem}.audio.npz")
+    enc = reference_encoder(read(stem))
+    assert isinstance(enc, FrameProjection) and (enc.cfg.frame, enc.cfg.text_hidden) == (32, 128)
+    for i in range(2):
+        want = gold[f"features_{i}"]
+        assert np.abs(enc.features(gold[f"frames_{i}"]) - want).max() < TOLERANCE
+        assert np.abs(enc.clip_features(gold[f"clip_{i}"]) - want).max() < TOLERANCE
+        assert enc.soft_tokens(len(gold[f"clip_{i}"])) == int(gold[f"tokens_{i}"])
+        assert np.abs(gold[f"frames_{i}"] @ enc.projection.T - want).max() > 0.1
+
+
+def test_the_12b_frames_projection_is_refused_when_misshapen():
+    from pyapp.families.gemma4_audio.config import AudioError, FrameProjectionConfig
+    g = read("mmproj-12b")
+    g.metadata["clip.audio.embedding_length"] = 640
+    with pytest.raises(AudioError, match="reads 32 samples a frame, its clip.audio.embedding_length says 640"):
+        FrameProjectionConfig.from_gguf(g)

@@ -101,3 +101,38 @@ class AudioConfig:
     def frequencies(self) -> int:
         """Mel bins after the two stride-2 convs: the input projection reads frequencies x channels[1]."""
         return self.n_mels // 4
+
+
+FRAME_PROJECTION = "gemma4ua"   # llama.cpp's projector type of the 12B's audio input
+
+
+@dataclass(frozen=True)
+class FrameProjectionConfig:
+    """The 12B's audio input (transformers' Gemma4UnifiedMultimodalEmbedder over raw waveform frames,
+    llama.cpp's projector type gemma4ua): no encoder. The clip cut into frames of `frame` samples (640, 40 ms
+    at 16 kHz), the last one zero-padded, each frame a soft token: an RMSNorm without a scale over its
+    samples, then the projector's linear into the text width. The frame is the projection's input width
+    (llama.cpp's loader fixes it at 640 whatever clip.audio.num_mel_bins says; the converter writes 128
+    there), checked against clip.audio.embedding_length (transformers' audio_embed_dim); the epsilon is
+    transformers' rms_norm_eps, 1e-6 (which the converter does not write: llama.cpp fixes it too)."""
+    frame: int                 # samples a soft token
+    text_hidden: int           # the projection's output: the text model's width
+    eps: float = EPS
+
+    @classmethod
+    def from_gguf(cls, gguf) -> "FrameProjectionConfig":
+        from .weights import PROJECTION
+        projection = gguf.tensors.get(PROJECTION)
+        if projection is None or len(projection.shape) != 2:
+            raise AudioError(f"the audio frames projection lacks a matrix {PROJECTION}")
+        frame, text_hidden = projection.shape
+        stated = gguf.metadata.get("clip.audio.embedding_length", frame)
+        if stated != frame:
+            raise AudioError(f"the audio frames projection reads {frame} samples a frame, its "
+                             f"clip.audio.embedding_length says {stated}")
+        return cls(frame=frame, text_hidden=text_hidden)
+
+
+def is_frame_projection(gguf) -> bool:
+    """Whether the file's audio input is the 12B's frames projection (llama.cpp's gemma4ua)."""
+    return gguf.metadata.get("clip.audio.projector_type") == FRAME_PROJECTION

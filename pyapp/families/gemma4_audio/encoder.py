@@ -12,7 +12,7 @@ It mirrors pyapp/families/gemma4_audio/reference.py op for op (the oracle it is 
     soft = projection(rms_norm(output_proj(x) + bias))
 
     enc = yield from AudioEncoder.load(dev, gguf)          # steps (pyapp.steps): the weights to the GPU
-    soft = enc.encode_samples(clip, n_samples)             # Buffer [soft tokens, text hidden]: the features too
+    soft = enc.encode_clip(samples)                         # Buffer [soft tokens, text hidden]: the features too
     soft = enc.encode(mel, frames)                          # from log-mel rows computed elsewhere
 
 One plan serves every clip of up to `max_frames` frames (30 s by default): its kernels read the clip's
@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 from dataclasses import fields, replace
 
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
 from ...gpu import kernels as K
-from ...runtime.requests import ReadFile, handler
+from ...runtime.requests import ReadFile
 from ...runtime.upload import encoder_tensor, f32_vector
-from ...steps import drive, drive_async
+from ..family import LoadedInSteps
 from . import features
-from .config import EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, AudioError, relative_positions
+from .config import (EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, AudioError, is_frame_projection,
+                     relative_positions)
+from .projection import FrameProjectionEncoder
 from .weights import LINEARS, AudioWeights, bind
 
 BOUNDS_STRIDE = 256          # bytes between two linears' bounds: a storage binding's offset alignment
@@ -47,7 +50,7 @@ def soft_tokens_of(frames: int) -> int:
     return (frames + 3) // 4
 
 
-class AudioEncoder:
+class AudioEncoder(LoadedInSteps):
     def __init__(self, dev: Device, cfg: AudioConfig, weights: AudioWeights, bounds: Buffer, clamped: set,
                  max_frames: int):
         self.dev, self.cfg, self.w = dev, cfg, weights
@@ -115,17 +118,6 @@ class AudioEncoder:
             setattr(owner, name, (yield from encoder_tensor(dev, t, name in F32_TENSORS, scale)))
         bounds, clamped = yield from _bounds(dev, cfg, bound)
         return cls(dev, cfg, weights, bounds, clamped, max_frames)
-
-    @classmethod
-    def open(cls, dev: Device, gguf, max_frames: int = features.frames(features.MAX_SAMPLES)) -> "AudioEncoder":
-        """load, natively (gguf: the parsed file that holds the encoder)."""
-        return drive(cls.load(dev, gguf, max_frames), handler(dev, gguf.source))
-
-    @classmethod
-    async def open_async(cls, dev: Device, gguf,
-                         max_frames: int = features.frames(features.MAX_SAMPLES)) -> "AudioEncoder":
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, max_frames), handler(dev, gguf.source, asynchronous=True))
 
     # -- the plan ------------------------------------------------------------------
     def _record(self):
@@ -206,17 +198,21 @@ class AudioEncoder:
         K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_tokens, plan=plan)
 
     # -- one clip ----------------------------------------------------------------------
-    def encode_samples(self, clip, n_samples: int) -> Buffer:
-        """The soft tokens of a clip (float32 bytes of n_samples 16 kHz mono samples, at most 30 s): its
-        log-mel rows computed on the GPU (shaders/log_mel.wgsl, features.py's rules), then encode's."""
-        frames = features.frames(n_samples)
-        if not 0 < frames <= self.max_frames or n_samples > features.HOP * (self.max_frames + 1):
-            raise AudioError(f"a clip of {n_samples} samples ({frames} frames) does not fit this encoder "
+    def soft_tokens(self, n_samples: int) -> int:
+        """The soft tokens of a clip of n_samples (16 kHz): one per 40 ms of its first 30 s."""
+        return features.soft_tokens(n_samples)
+
+    def encode_clip(self, samples) -> Buffer:
+        """The soft tokens of a clip of 16 kHz float samples (its first 30 s): its log-mel rows computed on
+        the GPU (shaders/log_mel.wgsl, by features.py's rules), then the encoder's plan."""
+        clip = array("f", samples[:features.MAX_SAMPLES])
+        n = len(clip)
+        frames = features.frames(n)
+        if not 0 < frames <= self.max_frames:
+            raise AudioError(f"a clip of {n} samples ({frames} frames) does not fit this encoder "
                              f"(1 to {self.max_frames} frames)")
-        if len(clip) != 4 * n_samples:
-            raise AudioError(f"{len(clip)} bytes of samples for {n_samples} float32 samples")
-        self.dev.write(self.clip, bytes(clip))
-        self.dev.write(self.clip_step, K.pack_step(frames, n_samples))
+        self.dev.write(self.clip, clip.tobytes())
+        self.dev.write(self.clip_step, K.pack_step(frames, n))
         self.dev.submit(self.features_plan)
         return self._encode(frames)
 
@@ -243,6 +239,11 @@ class AudioEncoder:
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))
         return out
+
+
+def encoder_class(gguf) -> type[AudioEncoder | FrameProjectionEncoder]:
+    """The GPU encoder of the audio input the file holds: the 12B's frames projection, else AudioEncoder."""
+    return FrameProjectionEncoder if is_frame_projection(gguf) else AudioEncoder
 
 
 def _tensors(w: AudioWeights):

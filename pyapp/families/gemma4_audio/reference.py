@@ -8,6 +8,11 @@ one declaration of their names (pyapp.families.gemma4_audio.weights).
     enc = AudioEncoder(gguf)
     soft = enc.features(mel)          # [soft tokens, text hidden] of a clip's log-mel rows [frames, 128]
 
+The 12B's audio input (FrameProjection: transformers' Gemma4UnifiedMultimodalEmbedder over raw waveform
+frames, llama.cpp's gemma4ua) has no encoder: each frame's samples normed and projected. Both classes
+take a clip as the app has it (`clip_features(samples)`, `soft_tokens(n_samples)`); `reference_encoder`
+gives the one a file holds.
+
 `mel` holds only the clip's own frames (features.log_mel): transformers' padding frames are masked to
 zero, and every op here that could see them (the subsampling convs, causal attention, the causal
 depthwise conv) sees zeros or nothing in their place, so the soft tokens it keeps are these.
@@ -24,8 +29,11 @@ import math
 
 import numpy as np
 
-from .config import EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, relative_positions
-from .weights import LINEARS, bind
+from . import features as mel_features
+from . import frames as waveform_frames
+from .config import (EPS, LOGIT_CAP, PAST, RESIDUAL_WEIGHT, WINDOW, AudioConfig, FrameProjectionConfig,
+                     is_frame_projection, relative_positions)
+from .weights import LINEARS, bind, bind_frame_projection
 from ...reference.quants import load_tensor
 
 
@@ -184,3 +192,37 @@ class AudioEncoder:
         """Soft tokens in the text model's width: the embedder's unscaled RMSNorm, then its projection."""
         return rms_norm(self.encode(mel)) @ self.projection.T
 
+
+    def soft_tokens(self, n_samples: int) -> int:
+        return mel_features.soft_tokens(n_samples)
+
+    def clip_features(self, samples) -> np.ndarray:
+        """Soft tokens of a clip of 16 kHz samples (its first 30 s): its log-mel rows (features.py) encoded."""
+        mel = np.frombuffer(mel_features.log_mel(samples[:mel_features.MAX_SAMPLES]), np.float32)
+        return self.features(mel.reshape(-1, mel_features.MEL_BINS))
+
+
+class FrameProjection:
+    """The 12B's audio input: each frame of raw samples alone, in numpy (float64)."""
+
+    def __init__(self, gguf):
+        self.cfg = cfg = FrameProjectionConfig.from_gguf(gguf)
+        w = bind_frame_projection(cfg, gguf.tensors)
+        self.projection = load_tensor(gguf, w.projection).astype(np.float64)     # [text hidden, frame]
+
+    def features(self, frames: np.ndarray) -> np.ndarray:
+        """Soft tokens in the text model's width of frames [n, frame]: the unscaled RMSNorm, then the linear."""
+        return rms_norm(frames.astype(np.float64)) @ self.projection.T
+
+    def soft_tokens(self, n_samples: int) -> int:
+        return waveform_frames.soft_tokens(n_samples, self.cfg.frame)
+
+    def clip_features(self, samples) -> np.ndarray:
+        """Soft tokens of a clip of 16 kHz samples (its first 30 s): its frames (frames.py) projected."""
+        rows = np.frombuffer(waveform_frames.frames(samples, self.cfg.frame), np.float32)
+        return self.features(rows.reshape(-1, self.cfg.frame))
+
+
+def reference_encoder(gguf) -> AudioEncoder | FrameProjection:
+    """The numpy oracle of the audio input the file holds."""
+    return FrameProjection(gguf) if is_frame_projection(gguf) else AudioEncoder(gguf)

@@ -9,10 +9,14 @@ Gemma 4 E2B's and E4B's audio encoder reaches people as its image encoder does
   `clip.audio.projector_type` gemma4a);
 - an Ollama manifest's projector layer, the same mmproj format.
 
+The 12B's audio input (llama.cpp's projector type `gemma4ua`: raw waveform frames projected, no encoder;
+`mm.a.input_projection.weight` alone) comes only in a projector file, beside its image patch projection
+(`gemma4uv`): llama.cpp's mmproj of the 12B, which the 12B's Ollama tags ship as their projector layer.
+
 A projector the user gave that holds an audio encoder wins (they chose it); one that holds only an image
 encoder leaves the model file's own audio encoder in place. An encoder whose soft tokens are not the
-text model's width is another model's, refused by name before anything is uploaded. The 12B's audio
-(`gemma4ua`, raw waveform frames) is not this encoder, and said so.
+text model's width is another model's, refused by name before anything is uploaded; a projector of another
+audio type is refused by its type.
 
     where = find_audio_encoder(model_gguf, projector=mmproj_gguf, projector_name="mmproj-e2b.gguf")
     where.gguf        # the parsed GGUF whose a.* / mm.a.* tensors the encoder reads
@@ -25,15 +29,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...model.forms import text_hidden
-from .config import AudioError
+from .config import FRAME_PROJECTION, AudioError
 from .weights import CONV0, PROJECTION
 
 INLINE = "inline"                 # the model file's own a.* / mm.a.* tensors
 GIVEN = "projector"               # a projector file the user gave (--mmproj, the page's file box)
 OLLAMA_LAYER = "ollama projector"  # an Ollama manifest's projector layer
 
-GEMMA4_AUDIO = "gemma4a"          # llama.cpp's projector type of Gemma 4's audio encoder
-OTHER_TYPES = {"gemma4ua": "the 12B's audio frames projection (gemma4ua), which this app does not run yet"}
+GEMMA4_AUDIO = "gemma4a"          # llama.cpp's projector type of Gemma 4's audio encoder (E2B, E4B)
+AUDIO_TYPES = (GEMMA4_AUDIO, FRAME_PROJECTION)     # and the 12B's frames projection (config.is_frame_projection)
 
 
 class NoAudioEncoder(AudioError):
@@ -55,16 +59,20 @@ def _projection_width(g) -> int | None:
 
 
 def holds_audio(g) -> bool:
-    """Whether a parsed GGUF (a model file or a projector) holds Gemma 4's audio encoder."""
-    return CONV0 in g.tensors and (g.metadata.get("general.architecture") != "clip"
-                                   or g.metadata.get("clip.audio.projector_type") == GEMMA4_AUDIO)
+    """Whether a parsed GGUF (a model file or a projector) holds Gemma 4's audio encoder or the 12B's frames
+    projection."""
+    if g.metadata.get("general.architecture") != "clip":
+        return CONV0 in g.tensors
+    atype = g.metadata.get("clip.audio.projector_type")
+    return atype == GEMMA4_AUDIO and CONV0 in g.tensors or atype == FRAME_PROJECTION
 
 
 def _checked(g, width: int | None, name: str) -> bool:
     """Whether g holds an audio encoder, checked against the text model's width (AudioError if it cannot serve)."""
     atype = g.metadata.get("clip.audio.projector_type")
-    if atype in OTHER_TYPES:
-        raise AudioError(f"{name} holds {OTHER_TYPES[atype]}, not Gemma 4's audio encoder")
+    if atype is not None and atype not in AUDIO_TYPES:
+        raise AudioError(f"{name} holds an audio projector of type {str(atype)[:40]!r}, not Gemma 4's "
+                         f"({GEMMA4_AUDIO!r}, or the 12B's {FRAME_PROJECTION!r})")
     if not holds_audio(g):
         return False
     if PROJECTION not in g.tensors:

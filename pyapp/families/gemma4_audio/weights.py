@@ -130,7 +130,26 @@ def bind(cfg, tensors: dict) -> AudioWeights:
                 lw.bounds[lin] = scalars
         w.layers.append(lw)
     found.check()
-    unread = sorted(n for n in named if n not in found.read)
+    _refuse_unread(named, found.read)
+    return w
+
+
+@dataclass
+class FrameProjectionWeights:
+    """The 12B's audio input: one matrix, each frame's samples (normed without a scale) to a soft token."""
+    projection: object = tensor(PROJECTION, "frame text_hidden")
+
+
+def bind_frame_projection(cfg, tensors: dict) -> FrameProjectionWeights:
+    """FrameProjectionWeights of the file's tensors, shape checked; audio tensors no field reads are an error."""
+    found = Binding(tensors)
+    w = found.take(FrameProjectionWeights, cfg, "", {"frame": cfg.frame, "text_hidden": cfg.text_hidden})
+    found.check()
+    _refuse_unread(tensors, found.read)
+    return w
+
+
+def _refuse_unread(tensors: dict, read: set) -> None:
+    unread = sorted(n for n in tensors if is_audio_tensor(n) and n not in read)
     if unread:
         raise WeightsError(f"the audio encoder has tensors this app does not know how to use: {', '.join(unread[:6])}")
-    return w

@@ -10,28 +10,18 @@ from dataclasses import fields
 
 from ...gguf import TensorInfo
 from ...gpu import Buffer, Device
-from ...runtime.requests import handler
 from ...runtime.upload import encoder_tensor
-from ...steps import drive, drive_async
+from ..family import LoadedInSteps
 from .config import DEFAULT_BUDGET, VisionError
 
 
-class GpuEncoder:
-    """What the app layer loads for a model's images: `load` (steps) driven natively or in the browser."""
+class GpuEncoder(LoadedInSteps):
+    """What the app layer loads for a model's images: `load(dev, gguf, budget)` (steps), driven natively
+    (`open`) or in the browser (`open_async`)."""
 
     @classmethod
     def load(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET):
         raise NotImplementedError
-
-    @classmethod
-    def open(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
-        """load, natively (gguf: the parsed file that holds the encoder)."""
-        return drive(cls.load(dev, gguf, budget), handler(dev, gguf.source))
-
-    @classmethod
-    async def open_async(cls, dev: Device, gguf, budget: int = DEFAULT_BUDGET) -> "GpuEncoder":
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, budget), handler(dev, gguf.source, asynchronous=True))
 
     def set_size(self, across: int, down: int) -> int:
         """Check that an image of across x down patches fits, write the plan's uniforms for it; its soft tokens."""
