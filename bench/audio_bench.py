@@ -15,20 +15,20 @@ chunks (mtmd-audio.cpp, 30 x 16000 samples each), so a 30 s clip is one chunk th
 Prints one JSON object per line:
 
   {"kind": "audio_features", ...}  per clip: `features_ms` the median time of the log-mel features in
-      Python (pyapp.families.gemma4_audio.features.log_mel: standard library only, the code the page runs
-      in Pyodide; here CPython, `python` says which), `runs_ms` each
+      Python (pyapp.families.gemma4_audio.features.log_mel: standard library only; `python` says which
+      Python): the numpy reference's features; the app computes them on the GPU inside encode_clip
   {"kind": "audio_encode", ...}  per clip, one AudioEncoder (opened once, as the app opens it: one plan for
       clips up to 30 s): `first_ms` the first encode of that clip, then `repeat` encodes: `encode_ms` the
-      median wall time of AudioEncoder.encode (the features uploaded, the plan submitted, the soft tokens
-      copied out) until 4 bytes of its output are read back (all GPU work done), `runs_ms` each; `gpu_ms`
-      the median GPU time of the encoder's plan alone by timestamp queries (first pass's start to the last
-      pass's end), when the device has them; `total_ms` features_ms + encode_ms (samples to soft tokens)
+      median wall time of AudioEncoder.encode_clip as the app calls it (the samples uploaded, the log-mel
+      rows on the GPU: shaders/log_mel.wgsl, the plan submitted, the soft tokens copied out) until 4 bytes
+      of its output are read back (all GPU work done), `runs_ms` each; `gpu_ms` the median GPU time of the
+      encoder's plan alone (the features' dispatch apart) by timestamp queries (first pass's start to the
+      last pass's end), when the device has them; `total_ms` = encode_ms (samples to soft tokens)
   {"kind": "audio_ttft", ...}  per clip, with the text model loaded: the prompt the chat template makes of
-      one user message (the clip, then "Transcribe."), `ttft_ms` the median wall time from the features
-      (already computed: the app keeps a clip's soft tokens by digest, and its features are the CPU part
-      above) to the first token read back: encode + prefill + the first token (greedy), nothing
+      one user message (the clip, then "Transcribe."), `ttft_ms` the median wall time from the samples
+      to the first token read back: features + encode + prefill + the first token (greedy), nothing
       synchronised in between; `encode_ms` and `prefill_ms` the two parts, from runs that wait for the
-      encoder's output before generating; `ttft_from_samples_ms` features_ms + ttft_ms
+      encoder's output before generating
 
 Each measurement: one warm-up, then --repeat runs (median). The KV cache is reset before every run.
 
@@ -121,29 +121,28 @@ def timed(fn, repeat: int) -> tuple[float, list[float]]:
     return first, runs
 
 
-def bench_features(clip: dict, repeat: int, label: dict) -> tuple[dict, bytes]:
+def bench_features(clip: dict, repeat: int, label: dict) -> dict:
     from pyapp.families.gemma4_audio import features
-    mel = features.log_mel(clip["clip"]).tobytes()
     _, runs = timed(lambda: features.log_mel(clip["clip"]), repeat)
     rec = {"kind": "audio_features", **label, **{k: clip[k] for k in ("seconds", "samples", "frames")},
            "python": f"{platform.python_implementation()} {platform.python_version()}",
            "features_ms": ms(statistics.median(runs)), "runs_ms": [ms(r) for r in runs]}
-    return rec, mel
+    return rec
 
 
-def encode_record(enc, clip: dict, first: float, runs: list[float], gpu_ms, features_ms: float, label: dict) -> dict:
+def encode_record(enc, clip: dict, first: float, runs: list[float], gpu_ms, label: dict) -> dict:
     encode = ms(statistics.median(runs))
     return {"kind": "audio_encode", **label, **{k: clip[k] for k in ("seconds", "samples", "frames", "soft_tokens")},
             "max_frames": enc.max_frames, "first_ms": ms(first), "encode_ms": encode, "runs_ms": [ms(r) for r in runs],
-            "gpu_ms": gpu_ms, "features_ms": features_ms, "total_ms": round(features_ms + encode, 2)}
+            "gpu_ms": gpu_ms}
 
 
-def bench_encode(dev, enc, clip: dict, mel: bytes, features_ms: float, repeat: int, label: dict) -> dict:
+def bench_encode(dev, enc, clip: dict, repeat: int, label: dict) -> dict:
     def once():
-        dev.read(enc.encode(mel, clip["frames"]), 0, 4)
+        dev.read(enc.encode_clip(clip["clip"]), 0, 4)
     first, runs = timed(once, repeat)
     gpu = gpu_time_ms(dev, enc.plan, repeat + 1)          # the plan's uniforms: this clip's length
-    return encode_record(enc, clip, first, runs, gpu, features_ms, label)
+    return encode_record(enc, clip, first, runs, gpu, label)
 
 
 def ttft_prompt(eng, clip: dict) -> tuple[list[int], int]:
@@ -157,8 +156,7 @@ def ttft_prompt(eng, clip: dict) -> tuple[list[int], int]:
     return ids, placeholder_starts(ids, [n], audio_token(eng.tokenizer), "clip")[0]
 
 
-def ttft_record(eng, clip: dict, ids: list[int], ttft: list[float], split: list[tuple], features_ms: float,
-                label: dict) -> dict:
+def ttft_record(eng, clip: dict, ids: list[int], ttft: list[float], split: list[tuple], label: dict) -> dict:
     """ttft: the unsynchronised runs' seconds; split: (total, encode, prefill) of the synchronised runs."""
     n, ttft_ms = clip["soft_tokens"], ms(statistics.median(ttft))
     return {"kind": "audio_ttft", **label, "seconds": clip["seconds"], "soft_tokens": n, "prompt_tokens": len(ids),
@@ -167,11 +165,10 @@ def ttft_record(eng, clip: dict, ids: list[int], ttft: list[float], split: list[
             "encode_ms": ms(statistics.median(s[1] for s in split)),
             "prefill_ms": ms(statistics.median(s[2] for s in split)),
             "synced_total_ms": ms(statistics.median(s[0] for s in split)),
-            "features_ms": features_ms, "ttft_from_samples_ms": round(features_ms + ttft_ms, 2),
             "context_length": eng.context_length, "chunk": eng.runner.chunk}
 
 
-def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat: int, label: dict) -> dict:
+def bench_ttft(dev, eng, enc, clip: dict, repeat: int, label: dict) -> dict:
     from pyapp.runtime.soft_tokens import SoftRun
     from pyapp.sampling import SamplingParams
     ids, at = ttft_prompt(eng, clip)
@@ -180,7 +177,7 @@ def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat
     def once(sync: bool, i: int) -> tuple[float, float, float]:
         eng.reset()
         t = time.perf_counter()
-        out = enc.encode(mel, clip["frames"])
+        out = enc.encode_clip(clip["clip"])
         if sync:
             dev.read(out, 0, 4)
         t_enc = time.perf_counter() - t
@@ -194,7 +191,7 @@ def bench_ttft(dev, eng, enc, clip: dict, mel: bytes, features_ms: float, repeat
     once(True, -2)
     ttft = [once(False, i)[0] for i in range(repeat)]
     split = [once(True, i) for i in range(repeat)]
-    return ttft_record(eng, clip, ids, ttft, split, features_ms, label)
+    return ttft_record(eng, clip, ids, ttft, split, label)
 
 
 async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, seconds=(10, 30), repeat: int = 5,
@@ -213,41 +210,38 @@ async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, second
     t = time.perf_counter()
     enc = await AudioEncoder.open_async(dev, g)
     label["load_s"] = round(time.perf_counter() - t, 2)
-    out, mels = [], {}
+    out = []
 
     def emit(rec: dict) -> None:
         out.append(rec)
         print(json.dumps(rec), file=sys.stderr, flush=True)
 
-    async def encode_timed(mel, clip) -> tuple[float, object]:
+    async def encode_timed(clip) -> tuple[float, object]:
         t = time.perf_counter()
-        buf = enc.encode(mel, clip["frames"])
+        buf = enc.encode_clip(clip["clip"])
         await dev.read_async(buf, 0, 4)
         return time.perf_counter() - t, buf
 
     for clip in clips:
-        rec, mel = bench_features(clip, repeat, label)
-        emit(rec)
-        mels[clip["seconds"]] = mel, rec["features_ms"]
-        first, _ = await encode_timed(mel, clip)
-        await encode_timed(mel, clip)
-        runs = [(await encode_timed(mel, clip))[0] for _ in range(repeat)]
+        emit(bench_features(clip, repeat, label))
+        first, _ = await encode_timed(clip)
+        await encode_timed(clip)
+        runs = [(await encode_timed(clip))[0] for _ in range(repeat)]
         try:
             gpu = span_ms((await dev.time_plan_gpu_async(enc.plan, repeat=repeat + 1))["ns"])
         except Exception:                           # no timestamp-query feature
             gpu = None
-        emit(encode_record(enc, clip, first, runs, gpu, rec["features_ms"], label))
+        emit(encode_record(enc, clip, first, runs, gpu, label))
     if not text:
         return out
     eng, label, params = await text_engine_async(dev, text, context, chunk, label)
     for clip in clips:
-        mel, features_ms = mels[clip["seconds"]]
         ids, at = ttft_prompt(eng, clip)
 
         async def once(sync: bool, i: int):
             eng.reset()
             t = time.perf_counter()
-            buf = enc.encode(mel, clip["frames"])
+            buf = enc.encode_clip(clip["clip"])
             if sync:
                 await dev.read_async(buf, 0, 4)
             t_enc = time.perf_counter() - t
@@ -259,7 +253,7 @@ async def measure_async(dev, mmproj: str, text: str | None, wav_dir: str, second
         await once(True, -2)
         ttft = [(await once(False, i))[0] for i in range(repeat)]
         split = [await once(True, i) for i in range(repeat)]
-        emit(ttft_record(eng, clip, ids, ttft, split, features_ms, label))
+        emit(ttft_record(eng, clip, ids, ttft, split, label))
     eng.close()
     return out
 
@@ -349,12 +343,9 @@ def main() -> int:
     enc = AudioEncoder.open(dev, g)
     dev.sync()
     label["load_s"] = round(time.perf_counter() - t, 2)
-    mels = {}
     for clip in clips:
-        rec, mel = bench_features(clip, args.repeat, label)
-        print(json.dumps(rec), flush=True)
-        mels[clip["seconds"]] = (mel, rec["features_ms"])
-        print(json.dumps(bench_encode(dev, enc, clip, mel, rec["features_ms"], args.repeat, label)), flush=True)
+        print(json.dumps(bench_features(clip, args.repeat, label)), flush=True)
+        print(json.dumps(bench_encode(dev, enc, clip, args.repeat, label)), flush=True)
     if not args.text:
         return 0
     from pyapp.engine import Engine
@@ -362,8 +353,7 @@ def main() -> int:
     eng = Engine.open(args.text, backend=args.backend, context_length=args.context, chunk=args.chunk, device=dev)
     label = dict(label, text=os.path.basename(args.text), text_load_s=round(time.perf_counter() - t, 2))
     for clip in clips:
-        mel, features_ms = mels[clip["seconds"]]
-        print(json.dumps(bench_ttft(dev, eng, enc, clip, mel, features_ms, args.repeat, label)), flush=True)
+        print(json.dumps(bench_ttft(dev, eng, enc, clip, args.repeat, label)), flush=True)
     return 0
 
 

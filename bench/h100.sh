@@ -60,7 +60,7 @@
 #   audio    audio input (issue 30), for each shape of AUDIO_SHAPES (e2b e4b: the same encoder, text width 1536 /
 #            2560): writes the projector MODEL_DIR/mmproj-audio-bench-SHAPE.gguf (tools/make_audio_bench.py) if
 #            missing and the clips $W/audio/clip-Ss.wav (S of AUDIO_SECONDS: a chirp, 16 kHz mono), then natively
-#            bench/audio_bench.py (log-mel in CPython, encode to soft tokens, GPU time, and the time to first
+#            bench/audio_bench.py (log-mel in Python, encode from samples with the features on the GPU to soft tokens, GPU time, and the time to first
 #            token with the clip on the MODELS file SHAPE:AUDIO_QUANT), the browser path where node was carried
 #            (node bench/node_bench.mjs --audio; AUDIO_BROWSER=0: not), then llama-mtmd-cli on the same files and
 #            clip: AUDIO_FRESH fresh processes with the clip once, then one with it AUDIO_CLIPS times in one

@@ -10,7 +10,7 @@
 //   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
 //        VISION_PNG_DIR (/tmp/h100/vision: img-BUDGET.png, written by bench/vision_bench.py --png-dir)
-//   node bench/node_bench.mjs --audio MMPROJ.gguf [TEXT.gguf]   audio encoding (the log-mel features in Pyodide) and
+//   node bench/node_bench.mjs --audio MMPROJ.gguf [TEXT.gguf]   audio encoding (the log-mel features in Pyodide, then from samples on the GPU) and
 //        time to first token with one clip (bench/audio_bench.py's measure_async): AUDIO_SECONDS ("10 30"),
 //        AUDIO_REPEAT (5), AUDIO_WAV_DIR (/tmp/h100/audio: clip-Ss.wav, written by bench/audio_bench.py --wav-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):

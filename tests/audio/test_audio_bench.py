@@ -13,10 +13,15 @@ import pytest
 from pyapp.gguf import read_gguf
 from support.paths import FIXTURES, ROOT
 
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-import audio_bench  # noqa: E402
-import make_audio_bench  # noqa: E402
+# bench/ and tools/ on the path only while the scripts import (they import their neighbours): left there,
+# bench/profile.py would shadow the standard library's `profile` for every later test (torch imports cProfile)
+_saved_path = list(sys.path)
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "bench")]
+try:
+    import audio_bench  # noqa: E402
+    import make_audio_bench  # noqa: E402
+finally:
+    sys.path[:] = _saved_path
 
 FORMS = FIXTURES / "forms"
 
