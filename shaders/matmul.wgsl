@@ -6,16 +6,20 @@
 // uniform (S.n_tokens) so one pipeline serves every prompt length.
 // Tiles: BM rows x BN tokens per workgroup of NT threads (matmul_tile.wgsl; its
 // shape comes from the prelude pyapp.gpu.kernels generates, and the dispatch uses the same values).
+// CLAMP: a clippable linear of the image and audio encoders, Y = clamp(clamp(X, CB[0], CB[1]) W^T,
+// CB[2], CB[3]) (CB: its in_min, in_max, out_min, out_max), in this dispatch rather than two more.
 // Dispatch: (ceil(N / BM), ceil(T / BN)).
 
 override K: u32;
 override N: u32;
 override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W writes its columns of a wider Y
+override CLAMP: bool = false;
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> S: Step;
+@group(0) @binding(4) var<storage, read> CB: array<f32>;     // CLAMP: the bounds (else any buffer)
 
 //!include quants
 //!include matmul_tile
@@ -26,6 +30,14 @@ var<private> t_last: u32;
 
 fn tile_w_base(i: u32) -> u32 { return min(r0 + i, N - 1u) * (K / QK) * QB; }
 fn tile_x_row(i: u32) -> u32 { return min(t0 + i, t_last); }
+fn tile_x(v: vec4<f32>) -> vec4<f32> {
+    if (CLAMP) { return min(max(v, vec4<f32>(CB[0])), vec4<f32>(CB[1])); }
+    return v;
+}
+fn tile_y(v: f32) -> f32 {
+    if (CLAMP) { return min(max(v, CB[2]), CB[3]); }
+    return v;
+}
 
 @compute @workgroup_size(NT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -43,7 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (t < T) {
             for (var i = 0u; i < 4u; i++) {
                 let r = r0 + tile_row(lid, i);
-                if (r < N) { Y[t * ldy + r] = a[i][j % 4u]; }
+                if (r < N) { Y[t * ldy + r] = tile_y(a[i][j % 4u]); }
             }
         }
     }

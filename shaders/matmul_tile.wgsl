@@ -18,6 +18,7 @@
 // W, X (array<vec4<f32>>), the quants prelude (QK, QB, dq4) and
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
+//   fn tile_x(v: vec4<f32>) -> vec4<f32>   what the product takes of 4 values of X (v, or v clamped)
 // and calls tile_product from uniform control flow (it has barriers). Column i of the result's
 // lo (tokens j < 4) and hi (j >= 4, TN = 8) is tile row tile_row(lid, i); component j % 4 is tile
 // token tile_token(lid, j).
@@ -60,7 +61,8 @@ fn load_w(ok: bool, wb: vec4<u32>, gk: u32) -> mat4x4<f32> {
 fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
     let kg = K / 4u;
     if (!ok || gk >= kg) { return mat4x4<f32>(); }
-    return mat4x4<f32>(X[xr.x * kg + gk], X[xr.y * kg + gk], X[xr.z * kg + gk], X[xr.w * kg + gk]);
+    return mat4x4<f32>(tile_x(X[xr.x * kg + gk]), tile_x(X[xr.y * kg + gk]), tile_x(X[xr.z * kg + gk]),
+                       tile_x(X[xr.w * kg + gk]));
 }
 
 // Q4_K (W_Q4K, from the prelude; BK a multiple of 32): a thread takes one row's 32-weight sub-block

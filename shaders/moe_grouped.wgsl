@@ -79,6 +79,7 @@ var<private> expert_row0: u32;
 
 fn tile_w_base(i: u32) -> u32 { return (expert_row0 + min(r0 + i, N - 1u)) * (K / QK) * QB; }
 fn tile_x_row(i: u32) -> u32 { return slot_x_row(i); }
+fn tile_x(v: vec4<f32>) -> vec4<f32> { return v; }
 
 @compute @workgroup_size(NT)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

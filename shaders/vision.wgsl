@@ -11,9 +11,6 @@
 //              kernel type: quants' dq4). Thread per 4 floats; dispatch ceil(G.n * D / 256).
 //   rope_2d:   X [G.n, H, HD] in place: a head's first half rotated by px, its second by py, each
 //              half as NeoX pairs (i, i + HD / 4) at angle pos * THETA^(-4i / HD). Thread per pair.
-//   clamp_out: X = clamp(X, CB[2], CB[3]) over G.n rows of D: a clippable linear's output bounds
-//              (CB: its in_min, in_max, out_min, out_max); clamp_in: O = clamp(A, CB[0], CB[1]), its
-//              input bounds, into a copy (the inputs of q, k and v are one h). Thread per float.
 //   pool:      O[s] = mean of the POOL x POOL patches of square s (row by row over the squares) *
 //              SCALE [then (O - SB) * SS]. Thread per float of O; dispatch ceil(n_squares * D / 64).
 
@@ -35,7 +32,6 @@ struct Grid { n: u32, across: u32, down: u32, pad: u32 }
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;
 @group(0) @binding(2) var<storage, read> PX: array<u32>;
 @group(0) @binding(3) var<storage, read> W: array<u32>;
-@group(0) @binding(4) var<storage, read> CB: array<f32>;
 @group(0) @binding(5) var<storage, read> A: array<f32>;
 @group(0) @binding(6) var<storage, read_write> O: array<f32>;
 @group(0) @binding(7) var<storage, read> SB: array<f32>;
@@ -110,20 +106,6 @@ fn rope_2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let b = X[base + quarter];
     X[base] = a * c - b * s;
     X[base + quarter] = b * c + a * s;
-}
-
-@compute @workgroup_size(64)
-fn clamp_out(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
-    if (i >= G.n * D) { return; }
-    X[i] = min(max(X[i], CB[2]), CB[3]);
-}
-
-@compute @workgroup_size(64)
-fn clamp_in(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
-    if (i >= G.n * D) { return; }
-    O[i] = min(max(A[i], CB[0]), CB[1]);
 }
 
 @compute @workgroup_size(64)

@@ -1,6 +1,7 @@
 """Parity of the prefill matmul kernels (pyapp.gpu.kernels' matmul: shaders/matmul*.wgsl) against numpy on odd
 sizes: the tiles of every shape bench/matmul_sweep.py tries and the fallback within WebGPU's default limits, the
-f16 tiles, and the int8 path (activations to int8, the int8 matmul against exact integer sums)."""
+f16 tiles, the int8 path (activations to int8, the int8 matmul against exact integer sums), and the encoders'
+clippable linears (the bounds applied inside the matmul)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ def test_matmul(dev, qtype, rows, t):
     dev.submit(plan)
     got = read_f32(dev, y, rows * t).reshape(t, rows)
     assert_close_dot(got, x, w, x @ w.T)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "f16"])
+@pytest.mark.parametrize("bounds", [(-1.5, 2.5, -0.7, 0.9), (-np.inf, np.inf, -3.0, np.inf), (-np.inf, np.inf) * 2],
+                         ids=["both", "out-low", "unbounded"])
+def test_matmul_clamps_a_clippable_linear(dev, qtype, bounds):
+    """matmul(clamp=...): Y = clip(clip(X, in_min, in_max) @ W^T, out_min, out_max), the bounds read from a 256-byte
+    slot of a bounds buffer as the encoders keep them; X past the bounds on both sides, rows and tokens past a tile;
+    tokens past the step left alone."""
+    rng = np.random.default_rng(11)
+    rows, t, k = 75, 37, 4 * 23
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = (rng.standard_normal((t + 5, k)) * 3).astype(np.float32)
+    slots = np.zeros(2 * 64, np.float32)         # the second linear's slot: bytes 256..271
+    slots[64:68] = bounds
+    y = dev.buffer(4 * rows * (t + 5))
+    dev.write(y, np.full(rows * (t + 5), 7.0, np.float32).tobytes())
+    dev.submit(K.matmul(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t),
+                        n_tokens=t + 5, clamp=(f32(dev, slots), 256, 16)))
+    got = read_f32(dev, y, rows * (t + 5)).reshape(t + 5, rows)
+    xc = np.clip(x[:t], bounds[0], bounds[1]).astype(np.float64)
+    assert_close_dot(got[:t], xc, w, np.clip(xc @ w.T, bounds[2], bounds[3]))
+    if np.isfinite(bounds[2]):
+        assert got[:t].min() == np.float32(bounds[2]) and (np.clip(xc @ w.T, None, bounds[3]) < bounds[2]).any()
+    assert (got[t:] == 7.0).all()
 
 
 def test_matmul_tile_fits_the_device(dev):

@@ -82,22 +82,6 @@ def test_rope_2d(dev):
     np.testing.assert_allclose(read_f32(dev, x, x0.size).reshape(x0.shape), want, rtol=1e-5, atol=1e-5)
 
 
-def test_clamps(dev):
-    rng = np.random.default_rng(4)
-    across, down, d = 3, 3, 10
-    a0 = rng.standard_normal((across * down, d)).astype(np.float32) * 4
-    bounds = np.zeros(64, np.float32)            # a 256-byte slot per linear: (in_min, in_max, out_min, out_max)
-    bounds[:4] = (-1.5, 2.5, -0.7, 0.9)
-    cb = f32(dev, bounds)
-    g = grid(dev, across, down)
-    out = dev.buffer(a0.nbytes)
-    dev.submit(K.clamp_in(dev, d, (cb, 0, 16), g, f32(dev, a0), out, max_patches=9))
-    np.testing.assert_array_equal(read_f32(dev, out, a0.size).reshape(a0.shape), np.clip(a0, -1.5, 2.5))
-    dev.submit(K.clamp_out(dev, d, (cb, 0, 16), g, out, max_patches=9))
-    np.testing.assert_array_equal(read_f32(dev, out, a0.size).reshape(a0.shape),
-                                  np.clip(np.clip(a0, -1.5, 2.5), -0.7, 0.9))
-
-
 @pytest.mark.parametrize("std", [False, True])
 def test_pool(dev, std):
     rng = np.random.default_rng(5)

@@ -16,7 +16,7 @@ It mirrors pyapp/families/gemma4_audio/reference.py op for op (the oracle it is 
     soft = enc.encode(mel, frames)                          # from log-mel rows computed elsewhere
 
 One plan serves every clip of up to `max_frames` frames (30 s by default): its kernels read the clip's
-length from uniforms (the frames of each conv's input, the Step of the rest, the clamps' grid).
+length from uniforms (the frames of each conv's input, the Step of the rest).
 """
 
 from __future__ import annotations
@@ -65,9 +65,8 @@ class AudioEncoder(LoadedInSteps):
 
         def uniform(label: str) -> Buffer:
             return dev.buffer(K.STEP_BYTES, kind="uniform", label=f"audio {label}")
-        # the uniforms: each conv's input rows, the soft tokens (Step, and the clamps' grid), the positions
+        # the uniforms: each conv's input rows, the soft tokens' Step, the positions'
         self.frames0, self.frames1, self.step = uniform("frames"), uniform("half frames"), uniform("step")
-        self.grid = dev.buffer(K.GRID_BYTES, kind="uniform", label="audio grid")
         self.rel_step = uniform("positions")
         dev.write(self.rel_step, K.pack_step(PAST + 1, 0))
         # the features' inputs: the clip, and features.py's tables (the DFT's roots, the window, the filters)
@@ -87,7 +86,6 @@ class AudioEncoder(LoadedInSteps):
         self.sub1 = f32(T * cfg.frequencies * c1, "conv 1")                        # [T, 32, c1]
         self.x = [f32(T * d, "x"), f32(T * d, "x'")]   # [T, d] the residual stream, ping-pong over layers
         self.h = f32(T * d, "h")                # [T, d] a block's normed input
-        self.clamped_in = f32(T * ff, "clamped input")   # [T, ff] a linear's input within its bounds
         self.up = f32(T * ff, "up")             # [T, ff]
         self.proj = f32(T * d, "projection")    # [T, d] a linear's output (down, attn_out, pw2)
         self.q, self.k, self.v = f32(T * d, "q"), f32(T * d, "k"), f32(T * d, "v")
@@ -183,19 +181,13 @@ class AudioEncoder(LoadedInSteps):
         K.elementwise(dev, "add", d, x, step, T, b=self.proj, plan=plan)
 
     def linear(self, plan, i: int, name: str, lw, k: int, n: int, x: Buffer, y: Buffer) -> None:
-        """A clippable linear: y = clamp(clamp(x, in) @ W^T, out); bounds that are all infinite dispatch nothing."""
-        dev, T = self.dev, self.max_tokens
+        """A clippable linear: y = clamp(clamp(x, in) @ W^T, out), the clamps inside the matmul (bounds that
+        are all infinite: a plain matmul)."""
         bounds = (self.bounds, (i * len(LINEARS) + LINEARS.index(name)) * BOUNDS_STRIDE, 16)
-        clamped = (i, name) in self.clamped
-        if clamped:
-            K.clamp_in(dev, k, bounds, self.grid, x, self.clamped_in, T, plan=plan)
-            x = self.clamped_in
-        self._matmul(plan, getattr(lw, name), k, n, x, y)
-        if clamped:
-            K.clamp_out(dev, n, bounds, self.grid, y, T, plan=plan)
+        self._matmul(plan, getattr(lw, name), k, n, x, y, bounds if (i, name) in self.clamped else None)
 
-    def _matmul(self, plan, wt, k: int, n: int, x: Buffer, y: Buffer) -> None:
-        K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_tokens, plan=plan)
+    def _matmul(self, plan, wt, k: int, n: int, x: Buffer, y: Buffer, clamp=None) -> None:
+        K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_tokens, plan=plan, clamp=clamp)
 
     # -- one clip ----------------------------------------------------------------------
     def soft_tokens(self, n_samples: int) -> int:
@@ -234,7 +226,6 @@ class AudioEncoder(LoadedInSteps):
         self.dev.write(self.frames0, K.pack_step(frames, 0))
         self.dev.write(self.frames1, K.pack_step((frames + 1) // 2, 0))
         self.dev.write(self.step, K.pack_step(n, 0))
-        self.dev.write(self.grid, K.pack_grid(n, 1))
         self.dev.submit(self.plan)
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))

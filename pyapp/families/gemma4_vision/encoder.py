@@ -58,7 +58,6 @@ class ImageEncoder(GpuEncoder):
         self.patches = f32(T * 3 * cfg.patch * cfg.patch, "patches")   # [T, 3 p^2] in [-1, 1]
         self.x = f32(T * d, "x")                # [T, d] the residual stream
         self.h = f32(T * d, "h")                # [T, d] a block's normed input
-        self.clamped_in = f32(T * max(d, f), "clamped input")   # [T, d or f] a linear's input within its bounds
         self.proj = f32(T * d, "projection")    # [T, d] a linear's output (q, k, v raw; attn_out; down)
         self.q = f32(T * d, "q")                # [T, heads, hd] normed and rotated
         self.k = f32(T * cfg.n_kv_heads * cfg.head_dim, "k")
@@ -134,18 +133,13 @@ class ImageEncoder(GpuEncoder):
         self.linear(plan, i, "ffn_down", lw.ffn_down, f, d, self.act, self.proj)
 
     def linear(self, plan, i: int, name: str, wt, k: int, n: int, x: Buffer, y: Buffer) -> None:
-        """A clippable linear: y = clamp(clamp(x, in) @ W^T, out); bounds that are all infinite dispatch nothing."""
-        dev, T = self.dev, self.max_patches
+        """A clippable linear: y = clamp(clamp(x, in) @ W^T, out), the clamps inside the matmul (bounds that
+        are all infinite: a plain matmul)."""
         bounds = (self.bounds, (i * len(LINEARS) + LINEARS.index(name)) * BOUNDS_STRIDE, 16)
-        if (i, name) in self.clamped:
-            K.clamp_in(dev, k, bounds, self.grid, x, self.clamped_in, T, plan=plan)
-            x = self.clamped_in
-        self._matmul(plan, wt, k, n, x, y)
-        if (i, name) in self.clamped:
-            K.clamp_out(dev, n, bounds, self.grid, y, T, plan=plan)
+        self._matmul(plan, wt, k, n, x, y, bounds if (i, name) in self.clamped else None)
 
-    def _matmul(self, plan, wt, k: int, n: int, x: Buffer, y: Buffer) -> None:
-        K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_patches, plan=plan)
+    def _matmul(self, plan, wt, k: int, n: int, x: Buffer, y: Buffer, clamp=None) -> None:
+        K.matmul(self.dev, wt.qtype, k, n, wt.buffer, x, y, self.step, self.max_patches, plan=plan, clamp=clamp)
 
     # -- one image -------------------------------------------------------------------
     def set_size(self, across: int, down: int) -> int:

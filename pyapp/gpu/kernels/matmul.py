@@ -97,18 +97,20 @@ def matmul_prelude(qtype, tile: MatmulTile) -> str:
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
            n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None,
-           f16: bool = False) -> Plan:
+           f16: bool = False, clamp=None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
     stride of Y when W is one row block of a wider matrix (y bound at its column).
     f16: the default tile's f16 form where the device has shader-f16.
+    clamp: a buffer (range) of a clippable linear's 4 bounds (in_min, in_max, out_min, out_max):
+    Y = clamp(clamp(X, in) @ W^T, out), in the same dispatch.
     """
     row_bytes(qtype, k)
     tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT, f16)
     p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
-                 constants={"K": k, "N": n, "LDY": ldy})
-    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
+                 constants={"K": k, "N": n, "LDY": ldy, "CLAMP": clamp is not None})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params, "CB": clamp if clamp is not None else dev.dummy})
     plan = plan if plan is not None else dev.plan()
     return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
 

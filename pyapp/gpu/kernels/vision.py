@@ -1,6 +1,6 @@
-"""Gemma 4's image encoder: pixels to patches, the 2-D position table and RoPE, the clippable linears'
-bounds, the 3 x 3 pooling (shaders/vision.wgsl). Its matmuls, norms, attention (every patch sees every
-patch: attention(all_keys=True)) and GeGLU are the text model's kernels."""
+"""Gemma 4's image encoder: pixels to patches, the 2-D position table and RoPE, the 3 x 3 pooling
+(shaders/vision.wgsl). Its matmuls (with the clippable linears' bounds: matmul(clamp=...)), norms, attention
+(every patch sees every patch: attention(all_keys=True)) and GeGLU are the text model's kernels."""
 
 from __future__ import annotations
 
@@ -51,22 +51,6 @@ def rope_2d(dev: Device, heads: int, head_dim: int, theta: float, grid: Buffer, 
     p = _pipeline(dev, "rope_2d", {"H": heads, "HD": head_dim, "THETA": theta})
     bg = dev.bind_group(p, {"G": grid, "X": x})
     return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_patches * heads * head_dim // 2))
-
-
-def clamp_in(dev: Device, d: int, bounds, grid: Buffer, a: Buffer, out: Buffer, max_patches: int,
-             plan: Plan | None = None) -> Plan:
-    """out = clamp(a, in_min, in_max) over rows of d; bounds: a buffer (range) of the linear's 4 bounds."""
-    p = _pipeline(dev, "clamp_in", {"D": d})
-    bg = dev.bind_group(p, {"G": grid, "A": a, "O": out, "CB": bounds})
-    return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_patches * d))
-
-
-def clamp_out(dev: Device, d: int, bounds, grid: Buffer, x: Buffer, max_patches: int,
-              plan: Plan | None = None) -> Plan:
-    """x = clamp(x, out_min, out_max) in place over rows of d."""
-    p = _pipeline(dev, "clamp_out", {"D": d})
-    bg = dev.bind_group(p, {"G": grid, "X": x, "CB": bounds})
-    return (plan or dev.plan()).dispatch(p, bg, *thread_groups(max_patches * d))
 
 
 def pool(dev: Device, d: int, k: int, scale: float, grid: Buffer, x: Buffer, out: Buffer, max_squares: int,
