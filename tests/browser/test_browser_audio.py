@@ -15,15 +15,14 @@ why. Screenshots: tests/screenshots/audio-{attached,sent,no-encoder}.png.
 
 from __future__ import annotations
 
-import base64
 import math
 import struct
 from array import array
 
 import pytest
 
-from support.browser import (CHROMIUM, FIXTURES, FLAGS, SCREENSHOTS, fresh_chat, messages, open_app, wait_idle,
-                             wait_loaded_file, wait_state)
+from support.browser import (CHROMIUM, FIXTURES, FLAGS, SCREENSHOTS, fresh_chat, messages, open_app, read_opfs_file,
+                             regenerate, wait_idle, wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
@@ -81,15 +80,8 @@ def open_model(page, path) -> None:
 
 def stored_samples(page, clip_id: str) -> array:
     """The 16 kHz samples the page keeps for a clip (OPFS audio/<id>.f32): those the model heard."""
-    b64 = page.evaluate("""async (id) => {
-        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('audio');
-        const bytes = new Uint8Array(await (await (await dir.getFileHandle(id + '.f32')).getFile()).arrayBuffer());
-        let s = '';
-        for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-        return btoa(s);
-    }""", clip_id)
     samples = array("f")
-    samples.frombytes(base64.b64decode(b64))
+    samples.frombytes(read_opfs_file(page, "audio", f"{clip_id}.f32"))
     return samples
 
 
@@ -186,11 +178,7 @@ def test_an_attached_wav_is_answered_as_natively_and_added_again_when_lost(page,
     # and Regenerate gives the same reply
     page.evaluate("window.app.state.audio.samples.clear()")      # read back from OPFS, not memory
     page.evaluate("window.app.call('remove_projector')")            # forgets the encoders and what they encoded
-    page.click("#regen")
-    page.wait_for_function("window.app.state.streaming !== null")
-    wait_state(page, "loaded")
-    assert page.inner_text("#chat-error") == ""
-    assert messages(page)[-1]["ids"] == want["ids"]
+    assert regenerate(page)["ids"] == want["ids"]
 
 
 def test_a_model_without_an_audio_encoder_says_so(page):
