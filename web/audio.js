@@ -85,6 +85,7 @@ export function setupAudio(app) {
     recording: null,     // while recording: {stream, recorder, context, analyser, started, timer}
     urls: new Map(),     // id -> the object URL of its WAV, for the players
     last: null,          // the last clip's 16 kHz samples (a Float32Array): for tests and the curious
+    limit: MAX_SECONDS,  // the seconds a recording lasts at most (tests shorten it to see it stop itself)
   };
   state.audio = au;
   const kept = keptFiles({ dir: "audio", ext: "f32", field: "audio", wrap: (b) => new Float32Array(b),
@@ -277,8 +278,8 @@ export function setupAudio(app) {
     for (const x of level) sum += x * x;
     const db = 10 * Math.log10(sum / level.length + 1e-10);      // RMS in dBFS: -60 quiet, 0 full scale
     $("rec-level").value = Math.max(0, Math.min(1, (db + 60) / 60));
-    $("rec-time").textContent = `${Math.min(elapsed, MAX_SECONDS).toFixed(1)} s / ${MAX_SECONDS} s`;
-    if (elapsed >= MAX_SECONDS) stopRecording();            // the limit: it stops itself
+    $("rec-time").textContent = `${Math.min(elapsed, au.limit).toFixed(1)} s / ${au.limit} s`;
+    if (elapsed >= au.limit) stopRecording();               // the limit: it stops itself
   }
   function stopRecording() {
     const rec = au.recording;

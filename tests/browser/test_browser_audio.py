@@ -10,7 +10,7 @@ capture, Opus and the resampling are the browser's, so the WAV itself would not 
 button likewise (44.1 kHz stereo, resampled and averaged in the page), then a worker that lost its clips (as after
 a reload or a model change) says which and the page adds them again from OPFS (same reply); a file over 30 s and
 one that is no audio are refused in words. llama.cpp's text GGUF (no audio encoder) disables both buttons and says
-why. Screenshots: tests/screenshots/audio-{attached,sent,no-encoder}.png.
+why. Screenshots: tests/screenshots/audio-{attached,recorder,sent,no-encoder}.png.
 """
 
 from __future__ import annotations
@@ -144,10 +144,61 @@ def test_a_recording_is_answered_as_natively(page):
     assert clip["name"].startswith("Recording ") and 1.5 * 16_000 < clip["samples"] < 4 * 16_000
     assert clip["tokens"] == page.evaluate(f"window.app.call('clip_tokens', {clip['samples']})")["tokens"]
     assert "1 clip with the next message" in page.inner_text("#audio-status")
+    # the composer's player plays a WAV of the clip's 16 kHz samples, as long as the clip
+    page.wait_for_function("document.querySelector('#audio-attachments audio').readyState >= 1")
+    duration = page.evaluate("document.querySelector('#audio-attachments audio').duration")
+    assert abs(duration - clip["samples"] / 16_000) < 1e-3
     page.screenshot(path=str(SCREENSHOTS / "audio-attached.png"))
+    # how the recorder looks (shown again with set figures: the screenshot cannot be taken while it records)
+    page.evaluate("""() => {
+        document.getElementById('recorder').hidden = false;
+        document.getElementById('rec-level').value = 0.6;
+        document.getElementById('rec-time').textContent = '12.3 s / 30 s';
+    }""")
+    page.locator("#composer").screenshot(path=str(SCREENSHOTS / "audio-recorder.png"), animations="disabled")
+    page.evaluate("document.getElementById('recorder').hidden = true")
     send_and_compare(page, "What do you hear?", clip)
     assert page.inner_text("#audio-attachments") == "" and page.input_value("#prompt") == ""
     page.screenshot(path=str(SCREENSHOTS / "audio-sent.png"))
+
+
+def test_a_recording_stops_itself_at_the_limit(page):
+    """The limit shortened to 2 s (30 s in use: seen to stop at 480,000 samples, but then the test would wait)."""
+    open_model(page, DENSE)
+    page.evaluate("window.app.state.audio.attached = []; window.app.state.audio.limit = 2")
+    try:
+        page.click("#record")
+        page.wait_for_function("window.app.state.audio.recording !== null")
+        assert page.inner_text("#rec-time").endswith("/ 2 s")
+        page.wait_for_function("window.app.state.audio.attached.length === 1")      # nobody pressed Stop
+    finally:
+        page.evaluate("window.app.state.audio.limit = 30")
+    clip = page.evaluate("window.app.state.audio.attached[0]")
+    assert 1.7 * 16_000 <= clip["samples"] <= 2.5 * 16_000
+    assert page.is_hidden("#recorder") and page.inner_text("#record") == "Record"
+    page.click("#audio-attachments .remove-clip")
+    assert page.evaluate("window.app.state.audio.attached.length") == 0
+
+
+def test_microphone_errors_are_said_in_words(page):
+    """No microphone, the permission refused, one in use: each said in plain words, and nothing records."""
+    open_model(page, DENSE)
+    page.evaluate("window.realGetUserMedia = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices)")
+    try:
+        for name, words in (("NotFoundError", "No microphone was found"),
+                            ("NotAllowedError", "The browser did not allow the microphone: allow it for this page"),
+                            ("NotReadableError", "another program may be using it")):
+            page.evaluate("""(name) => {
+                document.getElementById('audio-error').textContent = '';
+                navigator.mediaDevices.getUserMedia = () => Promise.reject(new DOMException('refused', name));
+            }""", name)
+            page.click("#record")
+            page.wait_for_function("document.getElementById('audio-error').textContent.length > 0")
+            assert words in page.inner_text("#audio-error")
+            assert page.evaluate("window.app.state.audio.recording") is None and page.is_enabled("#record")
+    finally:
+        page.evaluate("navigator.mediaDevices.getUserMedia = window.realGetUserMedia; "
+                      "document.getElementById('audio-error').textContent = ''")
 
 
 def test_an_attached_wav_is_answered_as_natively_and_added_again_when_lost(page, tmp_path):
