@@ -114,7 +114,8 @@ def send_and_compare(page, text: str, clip: dict) -> dict:
     assert len(samples) == clip["samples"]
     want = native_reply(samples, text)
     assert got["ids"] == want["ids"] and got["content"] == want["text"]
-    assert got["stats"]["evaluated"] == want["prompt_tokens"] > clip["tokens"]     # the clip's soft tokens were read
+    # the clip's soft tokens were read (a conversation before may leave the prompt's opening in the cache)
+    assert want["prompt_tokens"] >= got["stats"]["evaluated"] > clip["tokens"]
     assert page.is_visible(".msg.user .msg-audio audio.clip-player")
     page.wait_for_function("(document.querySelector('.msg.user .msg-audio audio') || {}).src?.startsWith('blob:')")
     return want
@@ -183,7 +184,6 @@ def test_a_recording_stops_itself_at_the_limit(page):
 def test_microphone_errors_are_said_in_words(page):
     """No microphone, the permission refused, one in use: each said in plain words, and nothing records."""
     open_model(page, DENSE)
-    page.evaluate("window.realGetUserMedia = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices)")
     try:
         for name, words in (("NotFoundError", "No microphone was found"),
                             ("NotAllowedError", "The browser did not allow the microphone: allow it for this page"),
@@ -197,8 +197,10 @@ def test_microphone_errors_are_said_in_words(page):
             assert words in page.inner_text("#audio-error")
             assert page.evaluate("window.app.state.audio.recording") is None and page.is_enabled("#record")
     finally:
-        page.evaluate("navigator.mediaDevices.getUserMedia = window.realGetUserMedia; "
-                      "document.getElementById('audio-error').textContent = ''")
+        page.evaluate("""() => {
+            delete navigator.mediaDevices.getUserMedia;         // the browser's own again
+            document.getElementById('audio-error').textContent = '';
+        }""")
 
 
 def test_an_attached_wav_is_answered_as_natively_and_added_again_when_lost(page, tmp_path):
