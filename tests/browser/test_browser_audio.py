@@ -149,7 +149,6 @@ def test_a_recording_is_answered_as_natively(page):
     page.wait_for_function("document.querySelector('#audio-attachments audio').readyState >= 1")
     duration = page.evaluate("document.querySelector('#audio-attachments audio').duration")
     assert abs(duration - clip["samples"] / 16_000) < 1e-3
-    page.screenshot(path=str(SCREENSHOTS / "audio-attached.png"))
     # how the recorder looks (shown again with set figures: the screenshot cannot be taken while it records)
     page.evaluate("""() => {
         document.getElementById('recorder').hidden = false;
@@ -158,6 +157,7 @@ def test_a_recording_is_answered_as_natively(page):
     }""")
     page.locator("#composer").screenshot(path=str(SCREENSHOTS / "audio-recorder.png"), animations="disabled")
     page.evaluate("document.getElementById('recorder').hidden = true")
+    page.screenshot(path=str(SCREENSHOTS / "audio-attached.png"))
     send_and_compare(page, "What do you hear?", clip)
     assert page.inner_text("#audio-attachments") == "" and page.input_value("#prompt") == ""
     page.screenshot(path=str(SCREENSHOTS / "audio-sent.png"))
