@@ -14,13 +14,15 @@ File with FileReaderSync (`BlobSource`), and weights go File -> GPU inside JS (p
 from __future__ import annotations
 
 import json
+import math
+import sys
 import time
 from array import array
 
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
-from .app import adapters, finetune, folder, images, model, settings
+from .app import adapters, audio, finetune, folder, images, model, settings
 from .app.denoise import diffusion_engine, replay
 from .app.events import Events
 from .app.generate import generate
@@ -30,6 +32,8 @@ from .app.reply import count_tokens as _count_tokens
 from .app.reply import reply
 from .app.session import Refused, Session
 from .families.diffusion_gemma import DenoiseParams
+from .families.gemma4_audio import features
+from .families.gemma4_audio.config import AudioError
 from .engine import DEFAULT_CONTEXT, Engine
 from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter
@@ -241,10 +245,11 @@ def open_file(blob, name: str = "") -> dict:
         return _error(e, shown)
     model.choose(SESSION, g, info)
     if info["denoise"]:       # the model's own generation settings (its GGUF) are the page's defaults
-        return {"model": info, "params": info["denoise"], "images": _images()}
+        return {"model": info, "params": info["denoise"], "images": _images(), "audio": _audio()}
     if info["test_model"]:    # it talks nonsense (slowly on a CPU adapter): a short reply shows it working
-        return {"model": info, "suggested": {"max_tokens": model.TEST_MODEL_MAX_TOKENS}, "images": _images()}
-    return {"model": info, "images": _images()}
+        return {"model": info, "suggested": {"max_tokens": model.TEST_MODEL_MAX_TOKENS}, "images": _images(),
+                "audio": _audio()}
+    return {"model": info, "images": _images(), "audio": _audio()}
 
 
 @command
@@ -263,7 +268,7 @@ async def open_folder_model(name: str) -> dict:
     async def blob_source(path, shown):
         return BlobSource(await SESSION.folder.file(path), shown)
     try:
-        return {**await folder.choose_model(SESSION, name, blob_source), "images": _images()}
+        return {**await folder.choose_model(SESSION, name, blob_source), "images": _images(), "audio": _audio()}
     except EXPECTED as e:
         return _error(e, name, ollama_name=name)
 
@@ -291,7 +296,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
     return {"ready": True, "seconds": time.perf_counter() - t, "context_length": eng.context_length,
             "model": SESSION.model.info, "plan": eng.memory_plan.describe(eng.load_bytes_per_s),
             "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION),
-            "images": _images()}
+            "images": _images(), "audio": _audio()}
 
 
 @command
@@ -448,7 +453,7 @@ def add_projector(blob, name: str = "") -> dict:
                 "projector_error": True}
     SESSION.projector, SESSION.projector_name = g, shown
     SESSION.forget_encoders()      # the next image or clip loads this projector's encoder
-    return {"images": _images()}
+    return {"images": _images(), "audio": _audio()}
 
 
 @command
@@ -456,7 +461,71 @@ def remove_projector() -> dict:
     """Forget the projector added: the model takes images again only if its own file holds an encoder."""
     SESSION.projector = SESSION.projector_name = None
     SESSION.forget_encoders()
-    return {"images": _images()}
+    return {"images": _images(), "audio": _audio()}
+
+
+# -- commands: audio (pyapp.app.audio) ---------------------------------------------------------------------
+# The page records a clip or decodes a file, resamples it to 16 kHz mono with Web Audio (web/audio.js) and keeps
+# the samples with the conversation. add_audio has the GPU compute their log-mel features and soft tokens (the
+# page says "Preparing audio…" meanwhile) when a message that holds the clip is sent: a message's content then names the clip by the key add_audio returns.
+
+def _audio() -> dict:
+    """Whether the chosen model hears audio here: {"takes", "why": words when it does not, "max_seconds",
+    "sample_rate"}."""
+    out = {"takes": False, "why": "", "max_seconds": features.MAX_SECONDS, "sample_rate": features.SAMPLE_RATE}
+    if SESSION.model is None:
+        return {**out, "why": "no model is chosen"}
+    if SESSION.model.info.get("denoise"):
+        return {**out, "why": "DiffusionGemma models take text only"}
+    try:
+        audio.encoder_file(SESSION)
+    except AudioError as e:
+        return {**out, "why": str(e)}
+    return {**out, "takes": True}
+
+
+def _clip(samples) -> array:
+    """A clip's samples as floats: a JS Float32Array (its bytes) or, natively, bytes of float32."""
+    data = samples.to_bytes() if hasattr(samples, "to_bytes") else bytes(samples)
+    clip = array("f")
+    if len(data) % clip.itemsize:
+        raise AudioError(f"a clip's samples are float32: {len(data)} bytes are not a whole number of them")
+    clip.frombytes(data)
+    if sys.byteorder != "little":
+        clip.byteswap()
+    if not all(math.isfinite(x) for x in clip):
+        raise AudioError("the clip holds samples that are not numbers (NaN or infinite)")
+    return clip
+
+
+@command
+def clip_tokens(n_samples: int) -> dict:
+    """The soft tokens a clip of n_samples (16 kHz) takes: {"tokens"}; a clip too short to hear is an error."""
+    try:
+        return {"tokens": audio.clip_tokens(min(int(n_samples), features.MAX_SAMPLES))}
+    except AudioError as e:
+        return {"error": _sentence(str(e)), "audio_error": True}
+
+
+@command
+async def add_audio(samples) -> dict:
+    """Encode a clip the page resampled (samples: a Float32Array of 16 kHz mono, at most 30 s) with the loaded
+    model's audio encoder, once per distinct samples: {"key", "tokens"}. A message's content names it as
+    {"type": "audio", "key": key}."""
+    if SESSION.engine is None:
+        return {"error": "Load the model first: the loaded model hears the clips."}
+    SESSION.clear_gpu_error()              # an error from before is not this clip's
+    try:
+        clip = _clip(samples)
+        encoded = await run_async(audio.encode_clip(SESSION, clip))
+        SESSION.check_gpu_accepted("the clip")
+    except AudioError as e:
+        if SESSION.device_lost:
+            return _error(e)
+        return {"error": _sentence(str(e)), "audio_error": True}
+    except Exception as e:
+        return _error(e)
+    return {"key": encoded.key, "tokens": encoded.n}
 
 
 # -- commands: replies -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The page: UI only. Python (Pyodide) and the GPU work live in worker.js.
 import { escapeHtml, renderMarkdown } from "./markdown.js";
 import { setupFinetune } from "./finetune.js";
+import { setupAudio } from "./audio.js";
 import { setupImages } from "./images.js";
 
 const $ = (id) => document.getElementById(id);
@@ -56,6 +57,7 @@ const state = {
 };
 let finetune = null;   // the Fine-tune panel (finetune.js)
 let images = null;     // images attached to messages (images.js)
+let audio = null;      // audio clips attached to messages (audio.js)
 state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
 window.app = { call, state, loadModel, generate };   // for tests and the curious
 
@@ -225,7 +227,8 @@ async function boot() {
     $("prompt").focus();
   };
   setState("ready");
-  images.prune(state.chats.chats);     // images no conversation holds any more
+  images.prune(state.chats.chats);     // images and clips no conversation holds any more
+  audio.prune(state.chats.chats);
   await offerReopen();
 }
 
@@ -240,7 +243,8 @@ function describe(m, status = "") {
 }
 // The card with the truth under it: not loaded, and what to do (the error itself sits above the card).
 // What the card says the model takes changed (a projector added or removed).
-function modelCardChanged() {
+function modelCardChanged(r) {
+  if (r && r.audio) audio.modelChosen(r.audio);   // the projector holds an audio encoder, or held one
   const parts = document.querySelector("#model-info .parts");
   if (parts && state.model) parts.textContent = images.takesText(state.model);
 }
@@ -257,6 +261,7 @@ async function afterOpen(r, source) {
   state.modelSource = source || null;
   showError("model-error", "");
   state.model = r.model;
+  audio.modelChosen(r.audio);    // whether it hears audio (before the card says so)
   images.modelChosen(r.images);  // whether it takes images (the projector added for the old one is forgotten)
   state.loaded = false;        // the worker dropped the model loaded before
   state.everLoaded = false;
@@ -312,9 +317,11 @@ async function loadModel() {
     markLoaded();
     finetune.modelLoaded();
     images.modelLoaded(null);
+    audio.modelChosen();
     return;
   }
   state.loaded = true;
+  audio.modelChosen(r.audio);
   images.modelLoaded(r.images);
   state.everLoaded = true;
   state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16 };
@@ -352,6 +359,7 @@ window.addEventListener("drop", (ev) => {
   const file = ev.dataTransfer && ev.dataTransfer.files[0];
   if (finetune.isDataFile(file)) { finetune.chooseData(file); return; }   // training data: the Fine-tune panel
   if (images.isImage(file)) { images.attachFiles(ev.dataTransfer.files); return; }   // images: the next message
+  if (audio.isAudio(file)) { audio.attachFiles(ev.dataTransfer.files); return; }     // audio too
   const handle = droppedHandle(ev.dataTransfer);   // asked for now: a drop's data is gone after an await
   if (file) handle.then((h) => openFile(file, { kind: "file", handle: h }));
 });
@@ -775,9 +783,12 @@ function templateMessages(messages = state.chat.messages) {
 }
 // A reply goes back with the token ids it was generated as (and their vocabulary): the worker builds
 // the next prompt from them, so the KV cache that holds them is reused (pyapp.chat.reply_ids).
-// A message with images sends its content as parts: each image by the key the worker gave it, then the text.
+// A message with images or audio sends its content as parts: each image, then each clip, by the key the worker
+// gave it, then the text.
 function sentMessage(m) {
-  if (m.images && m.images.length) return { role: m.role, content: images.parts(m) };
+  const inputs = [...images.parts(m), ...audio.parts(m)];
+  const text = m.content ? [{ type: "text", text: m.content }] : [];
+  if (inputs.length) return { role: m.role, content: [...inputs, ...text] };
   return m.ids ? { role: m.role, content: m.content, ids: m.ids, vocab: m.vocab } : { role: m.role, content: m.content };
 }
 
@@ -822,7 +833,8 @@ function messageEl(m, i) {
   meta.append(copy);
   if (m.role === "user") meta.append(editButton(i));
   div.append(author);
-  if (m.images && m.images.length) div.append(images.messageImages(m));   // your images, then your words
+  if (m.images && m.images.length) div.append(images.messageImages(m));   // your images and clips, then your words
+  if (m.audio && m.audio.length) div.append(audio.messageAudio(m));
   div.append(body, meta);
   return div;
 }
@@ -923,7 +935,7 @@ function updateButtons() {
   const busy = state.busy || state.training;   // a fine-tuning run has the model until it ends
   const msgs = state.chat.messages;
   const valid = settingsValid();
-  $("send").disabled = !state.loaded || gen || busy || !valid || (images && images.busy());
+  $("send").disabled = !state.loaded || gen || busy || !valid || (images && images.busy()) || (audio && audio.busy());
   $("stop").disabled = !gen;
   $("regen").disabled = !state.loaded || gen || busy || !msgs.length || !valid;   // also answers an unanswered message
   $("edit").disabled = gen || !msgs.some((m) => m.role === "user");
@@ -947,6 +959,7 @@ function updateButtons() {
   $("messages").setAttribute("aria-busy", String(gen));   // screen readers read the reply once, when it is done
   composerHint(valid);
   if (images) images.render();
+  if (audio) audio.render();
   showModelStatus();
   updateReopenNotice();
   if (finetune) finetune.update();
@@ -1084,16 +1097,19 @@ function showChatError(r, retry) {
   const again = button("Try again", "retry", () => { showError("chat-error", ""); retry(); });
   $("chat-error").append(" ", again);
 }
-// The conversation's images the worker has not encoded since the model loaded (a new message's, or those of a
-// conversation reopened or kept over a reload), encoded now; the streaming reply says so meanwhile.
-async function addImages(history) {
-  const entries = images.entriesOf(history);
-  if (!entries.length) return null;
-  return images.ensureAdded(entries, (text) => {
+// The conversation's images and clips the worker has not encoded since the model loaded (a new message's, or
+// those of a conversation reopened or kept over a reload), encoded now; the streaming reply says so meanwhile.
+async function addInputs(history) {
+  const say = (label) => (text) => {
     const msg = document.querySelector(".msg.streaming");
-    if (!msg) return;
-    prefillBox(msg, "Reading the images").querySelector(".prefill-text").textContent = text;
-  });
+    if (msg) prefillBox(msg, label).querySelector(".prefill-text").textContent = text;
+  };
+  for (const [kind, label] of [[images, "Reading the images"], [audio, "Preparing audio"]]) {
+    const entries = kind.entriesOf(history);
+    const r = entries.length ? await kind.ensureAdded(entries, say(label)) : null;
+    if (r) return r;
+  }
+  return null;
 }
 
 // The next reply. Returns {imageError} when the conversation's images could not be given to the model.
@@ -1112,17 +1128,19 @@ async function generate() {
   showError("chat-error", "");
   state.denoiseSteps = 0;
   const ask = () => call("chat", JSON.stringify(templateMessages(history)), JSON.stringify(samplingParams()));
-  let r = await addImages(history);
-  let imageError = !!r;
+  let r = await addInputs(history);
+  let imageError = !!r;            // the images or clips could not be given to the model
   if (!r) {
     r = await ask();
-    if (r.missing_images && r.missing_images.length) {   // the worker lost them (a reload, another model): once more
-      images.forget(r.missing_images);
-      r = await addImages(history);
+    const lost = [...(r.missing_images || []), ...(r.missing_clips || [])];
+    if (lost.length) {             // the worker lost them (a reload, another model): once more
+      images.forget(lost);
+      audio.forget(lost);
+      r = await addInputs(history);
       imageError = !!r;
       if (!r) r = await ask();
     }
-    if (r.missing_images) imageError = true;
+    if (r.missing_images || r.missing_clips) imageError = true;
   }
   state.streaming = null;
   endPrefill();
@@ -1137,6 +1155,7 @@ async function generate() {
       setState("ready");
       markLoaded();
       images.modelLoaded(null);
+      audio.modelChosen();
       return { imageError };
     }
   } else {
@@ -1158,20 +1177,24 @@ $("composer").onsubmit = async (ev) => {
   ev.preventDefault();
   const text = $("prompt").value.trim();
   const attached = images.attached().slice();
-  if ((!text && !attached.length) || $("send").disabled) return;
+  const clips = audio.attached().slice();
+  if ((!text && !attached.length && !clips.length) || $("send").disabled) return;
   $("prompt").value = "";
   images.clearAttached();
-  const msg = attached.length ? { role: "user", content: text, images: attached } : { role: "user", content: text };
+  audio.clearAttached();
+  const msg = { role: "user", content: text, ...(attached.length ? { images: attached } : {}),
+                ...(clips.length ? { audio: clips } : {}) };
   state.chat.messages.push(msg);
   const r = await generate();
   const msgs = state.chat.messages;
-  if (r.imageError && msgs[msgs.length - 1] === msg && attached.length) {
-    // its images could not be read: the message goes back to the message box as it was, images and all
+  if (r.imageError && msgs[msgs.length - 1] === msg && (attached.length || clips.length)) {
+    // its images or clips could not be read: the message goes back to the message box as it was, with them
     msgs.pop();
     saveChat();
     renderChat();
     if (!$("prompt").value) $("prompt").value = text;
     images.restoreAttached(attached);
+    audio.restoreAttached(clips);
     showChatError(r.result, () => $("composer").requestSubmit());
   }
 };
@@ -1225,6 +1248,7 @@ function chatTitle(chat) {
   const first = chat.messages.find((m) => m.role === "user");
   const text = first ? first.content.replace(/\s+/g, " ").trim() : "";
   if (!text && first && first.images && first.images.length) return plural(first.images.length, "image");
+  if (!text && first && first.audio && first.audio.length) return plural(first.audio.length, "audio clip");
   if (!text) return "New chat";
   return text.length > 48 ? `${text.slice(0, 47)}…` : text;
 }
@@ -1359,10 +1383,12 @@ function startEdit(i) {
 }
 async function saveEdit(i, text) {
   text = text.trim();
-  const kept = state.chat.messages[i].images;      // its images stay with it
-  if ((!text && !(kept && kept.length)) || state.streaming !== null) return;
+  const { images: kept, audio: clips } = state.chat.messages[i];      // its images and clips stay with it
+  const inputs = { ...(kept && kept.length ? { images: kept } : {}),
+                   ...(clips && clips.length ? { audio: clips } : {}) };
+  if ((!text && !Object.keys(inputs).length) || state.streaming !== null) return;
   state.chat.messages.splice(i);   // the edited message and everything after it are replaced
-  state.chat.messages.push(kept && kept.length ? { role: "user", content: text, images: kept } : { role: "user", content: text });
+  state.chat.messages.push({ role: "user", content: text, ...inputs });
   if (state.loaded && !state.busy && settingsValid()) {
     await generate();
   } else {                         // kept unanswered: Regenerate answers it once a model is loaded
@@ -1613,6 +1639,7 @@ on("token", (m) => {                              // a committed block (Diffusio
 
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
 images = setupImages({ call, state, showError, updateButtons, modelCardChanged });
+audio = setupAudio({ call, state, showError, updateButtons });
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
                            removeAdapter, setState, updateButtons });
 showSettings();

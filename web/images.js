@@ -1,18 +1,17 @@
 // Images in the chat (issue 28). One or more images go with the next message: the Attach button, a paste
 // into the message box, or a drop on it. The worker decodes and resizes each (worker.js prepare_image, at
 // the size the chosen model takes for the image budget set for that model) and hands back the RGBA pixels,
-// which stay with the conversation in this browser's private storage (OPFS: images/<id>.rgba); the
+// which stay with the conversation in this browser's private storage (kept.js; OPFS: images/<id>.rgba); the
 // worker's add_image encodes them on the GPU when a message that holds them is sent, and again after a
 // reload or a model change (the worker names each image by a key; a reply that finds a key unknown says
 // which, and they are added again from what is kept here).
+import { addToWorker, digest, keptFiles, plural, removeButton } from "./kept.js";
+
 const $ = (id) => document.getElementById(id);
-const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
-const STORE_DIR = "images";              // in OPFS: <id>.rgba, the resized RGBA8 pixels (size in the message)
 const BUDGET_KEY = "gemma4.image_budget.v1";   // {model: soft tokens an image may take}: one per model
 const BUDGETS = [70, 140, 280, 560, 1120];     // pyapp.families.gemma4_vision.config.BUDGETS
 const DEFAULT_BUDGET = 280;
 const SQUARE = { 70: 384, 140: 528, 280: 768, 560: 1104, 1120: 1584 };   // a square image's side at each budget
-const CACHE_MAX = 12;                    // resized images kept in memory; the others are read back from OPFS
 const THUMB = 160;                       // a thumbnail's longer side, in pixels
 
 export const isImage = (f) => !!f && typeof f.type === "string" && f.type.startsWith("image/");
@@ -24,12 +23,15 @@ export function setupImages(app) {
     info: null,          // the chosen model's {takes, encoder, projector, why, budgets} (pyapp.webapp._images)
     attached: [],        // the next message's images: {id, name, width, height, tokens, budget}
     added: new Set(),    // keys of the images the worker has encoded since the model loaded
-    pixels: new Map(),   // id -> Uint8Array: the resized pixels, the last CACHE_MAX used
     thumbs: new Map(),   // id -> ImageBitmap: a thumbnail, drawn once
     preparing: 0,        // images being decoded and resized
-    stored: true,        // false once OPFS failed: images last as long as the page
   };
   state.images = im;     // for tests and the curious
+  // in OPFS: images/<id>.rgba, the resized RGBA8 pixels (their size in the message)
+  const kept = keptFiles({ dir: "images", ext: "rgba", field: "images", wrap: (b) => new Uint8Array(b),
+    onLost: (detail) => showError("attach-error", { error: "This browser's storage did not take the image, so it " +
+      "stays only until the page is closed (the message can still be sent).", detail }) });
+  im.pixels = kept.cache;  // id -> Uint8Array: the resized pixels, the last few used
 
   // ------------------------------------------------------------ the model: does it take images?
   const modelId = () => (state.model ? state.model.digest || state.model.file || state.model.name : "");
@@ -75,14 +77,17 @@ export function setupImages(app) {
   }
   // What the model's card says it takes.
   function takesText(m) {
-    const other = (m.parts || []).filter((p) => p !== "text" && p !== "vision");
+    const hears = !!(state.audio && state.audio.info && state.audio.info.takes);     // audio.js
+    const other = (m.parts || []).filter((p) => p !== "text" && p !== "vision" && !(p === "audio" && hears));
     const rest = other.length ? ` (its ${other.join(" and ")} encoder${other.length > 1 ? "s are" : " is"} in the ` +
       "file; this app does not read that yet)" : "";
-    if (im.info && im.info.takes) return `Takes text and images${rest}`;
+    const ears = hears ? ", and hears audio" : "";
+    if (im.info && im.info.takes) return `Takes text and images${ears}${rest}`;
     if ((m.parts || []).includes("vision")) {
-      return `Takes text here (its image encoder is in the file but cannot be read: ${im.info ? im.info.why : ""})${rest}`;
+      return `Takes text${ears} here (its image encoder is in the file but cannot be read: ` +
+        `${im.info ? im.info.why : ""})${rest}`;
     }
-    return `Takes text${rest}`;
+    return `Takes text${hears ? " and hears audio" : ""}${rest}`;
   }
   function modelChosen(info) {
     im.info = info || null;
@@ -96,51 +101,7 @@ export function setupImages(app) {
     render();
   }
 
-  // ------------------------------------------------------------ OPFS: the resized pixels, kept by id
-  async function storeDir() {
-    return (await navigator.storage.getDirectory()).getDirectoryHandle(STORE_DIR, { create: true });
-  }
-  async function store(id, pixels) {
-    try {
-      const w = await (await (await storeDir()).getFileHandle(`${id}.rgba`, { create: true })).createWritable();
-      await w.write(pixels);
-      await w.close();
-    } catch (e) {
-      im.stored = false;
-      showError("attach-error", { error: "This browser's storage did not take the image, so it stays only until " +
-        "the page is closed (the message can still be sent).", detail: String((e && e.message) || e) });
-    }
-  }
-  function remember(id, pixels) {
-    im.pixels.delete(id);
-    im.pixels.set(id, pixels);
-    while (im.pixels.size > CACHE_MAX) im.pixels.delete(im.pixels.keys().next().value);
-  }
-  async function pixelsOf(entry) {
-    let px = im.pixels.get(entry.id);
-    if (!px) {
-      const file = await (await (await storeDir()).getFileHandle(`${entry.id}.rgba`)).getFile();
-      px = new Uint8Array(await file.arrayBuffer());
-      if (px.byteLength !== 4 * entry.width * entry.height) throw new Error(`${entry.id}.rgba has ${px.byteLength} bytes`);
-    }
-    remember(entry.id, px);
-    return px;
-  }
-  // The stored images no conversation holds (deleted ones, attachments never sent) are let go, at start-up.
-  async function prune(chats) {
-    const keep = new Set();
-    for (const c of chats) for (const m of c.messages) for (const e of m.images || []) keep.add(`${e.id}.rgba`);
-    try {
-      const dir = await storeDir();
-      const names = [];
-      for await (const name of dir.keys()) if (!keep.has(name)) names.push(name);
-      for (const name of names) await dir.removeEntry(name).catch(() => {});
-    } catch (e) { /* no OPFS: nothing kept either */ }
-  }
-  async function digest(pixels) {
-    const d = new Uint8Array(await crypto.subtle.digest("SHA-256", pixels));
-    return [...d.slice(0, 16)].map((b) => b.toString(16).padStart(2, "0")).join("");
-  }
+  const pixelsOf = (entry) => kept.read(entry.id, 4 * entry.width * entry.height);
 
   // ------------------------------------------------------------ thumbnails
   function thumb(entry, label) {
@@ -189,17 +150,11 @@ export function setupImages(app) {
       const caption = document.createElement("span");
       caption.className = "thumb-caption";
       caption.textContent = plural(e.tokens, "token");
-      const remove = document.createElement("button");
-      remove.type = "button";
-      remove.className = "remove-image";
-      remove.textContent = "×";
-      remove.title = "Remove";
-      remove.setAttribute("aria-label", `Remove ${e.name}`);
-      remove.onclick = () => {
+      const remove = removeButton("remove-image", `Remove ${e.name}`, () => {
         im.attached.splice(i, 1);
         renderAttached();
         $("prompt").focus();
-      };
+      });
       li.append(thumb(e, describe(e)), caption, remove);
       return li;
     }));
@@ -232,49 +187,33 @@ export function setupImages(app) {
         continue;
       }
       const id = await digest(r.pixels);
-      remember(id, r.pixels);
       const entry = { id, name: file.name || "pasted image", width: r.width, height: r.height, tokens: r.tokens, budget: b };
+      await kept.store(id, r.pixels);
       im.attached.push(entry);
       renderAttached();
-      if (im.stored) await store(id, r.pixels);
     }
   }
 
   // ------------------------------------------------------------ to the worker
   // Every image of these messages the worker has not encoded since the model loaded: added now. Returns null,
   // or the error (its words name the image).
-  async function ensureAdded(entries, status = () => {}) {
-    const todo = entries.filter((e) => !e.key || !im.added.has(e.key));
-    for (const [i, e] of todo.entries()) {
-      status(`Reading ${todo.length > 1 ? `image ${i + 1} of ${todo.length}` : "the image"} with the model's image ` +
-        `encoder (${plural(e.tokens, "token")})…`);
-      let px;
-      try {
-        px = await pixelsOf(e);
-      } catch (err) {
-        return { error: `The image \u201c${e.name}\u201d of this conversation is no longer kept in this browser (its ` +
-          "storage was cleared), so the model cannot read it again: edit the message without it, or start a new chat.",
-                 detail: String((err && err.message) || err), lost: e.id };
-      }
-      const r = await call("add_image", px, e.width, e.height, e.budget);
-      if (r.error) {
-        const why = r.error.charAt(0).toLowerCase() + r.error.slice(1);
-        return { ...r, error: `The model could not read the image \u201c${e.name}\u201d: ${why}` };
-      }
-      e.key = r.key;
-      im.added.add(r.key);
-    }
-    return null;
+  function ensureAdded(entries, status = () => {}) {
+    return addToWorker(entries, im.added, {
+      read: pixelsOf,
+      add: (e, px) => call("add_image", px, e.width, e.height, e.budget),
+      status: (i, n, e) => status(`Reading ${n > 1 ? `image ${i + 1} of ${n}` : "the image"} with the model's image ` +
+        `encoder (${plural(e.tokens, "token")})…`),
+      lost: (e) => `The image \u201c${e.name}\u201d of this conversation is no longer kept in this browser (its ` +
+        "storage was cleared), so the model cannot read it again: edit the message without it, or start a new chat.",
+      failed: (e, why) => `The model could not read the image \u201c${e.name}\u201d: ${why}`,
+    });
   }
   const entriesOf = (messages) => messages.flatMap((m) => m.images || []);
   // The images a reply did not find (the worker's missing_images): forgotten as added, so they are added again.
   function forget(keys) { for (const k of keys) im.added.delete(k); }
-  // A message's content as the worker takes it: its images (by key, with their soft tokens, so the context is
-  // counted right before they are encoded again) and its text, as parts.
-  function parts(m) {
-    return [...m.images.map((e) => ({ type: "image", key: e.key, tokens: e.tokens })),
-            ...(m.content ? [{ type: "text", text: m.content }] : [])];
-  }
+  // A message's images as the worker takes them: parts, by key, with their soft tokens (so the context is counted
+  // right before they are encoded again).
+  const parts = (m) => (m.images || []).map((e) => ({ type: "image", key: e.key, tokens: e.tokens }));
 
   // ------------------------------------------------------------ the projector (mmproj) box
   async function addProjector(file) {
@@ -284,7 +223,7 @@ export function setupImages(app) {
     if (r.error) { showError("projector-error", r); return; }
     im.info = r.images;
     im.added.clear();
-    app.modelCardChanged();
+    app.modelCardChanged(r);
     render();
   }
   $("open-projector").onclick = () => $("projector-input").click();
@@ -295,7 +234,7 @@ export function setupImages(app) {
     im.info = r.images;
     im.added.clear();
     showError("projector-error", "");
-    app.modelCardChanged();
+    app.modelCardChanged(r);
     render();
   };
 
@@ -325,7 +264,7 @@ export function setupImages(app) {
 
   return {
     isImage, attachFiles, render, renderAttached, takesText, modelChosen, modelLoaded, messageImages, ensureAdded,
-    entriesOf, forget, parts, prune,
+    entriesOf, forget, parts, prune: kept.prune,
     attached: () => im.attached,
     clearAttached: () => { im.attached = []; renderAttached(); },
     restoreAttached: (list) => { im.attached = [...list, ...im.attached]; renderAttached(); },

@@ -24,7 +24,8 @@ import zlib
 
 import pytest
 
-from support.browser import (FIXTURES, SCREENSHOTS, fresh_chat, messages, wait_idle, wait_loaded_file, wait_state)
+from support.browser import (FIXTURES, SCREENSHOTS, fresh_chat, messages, read_opfs_file, regenerate, wait_idle,
+                             wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
@@ -57,14 +58,7 @@ def open_model(page, path) -> None:
 
 def stored_pixels(page, image_id: str) -> bytes:
     """The resized RGBA pixels the page keeps for an image (OPFS images/<id>.rgba): those the model read."""
-    b64 = page.evaluate("""async (id) => {
-        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('images');
-        const bytes = new Uint8Array(await (await (await dir.getFileHandle(id + '.rgba')).getFile()).arrayBuffer());
-        let s = '';
-        for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-        return btoa(s);
-    }""", image_id)
-    return base64.b64decode(b64)
+    return read_opfs_file(page, "images", f"{image_id}.rgba")
 
 
 def native_reply(pixels: bytes, width: int, height: int, text: str, path=DENSE, projector=None) -> dict:
@@ -140,11 +134,7 @@ def test_an_attached_image_is_answered_as_natively(page, tmp_path):
     # OPFS, and Regenerate gives the same reply
     page.evaluate("window.app.state.images.pixels.clear()")            # read back from OPFS, not memory
     page.evaluate("window.app.call('remove_projector')")               # a model file's encoder: its images go
-    page.click("#regen")
-    page.wait_for_function("window.app.state.streaming !== null")
-    wait_state(page, "loaded")
-    assert page.inner_text("#chat-error") == ""
-    assert messages(page)[-1]["ids"] == want["ids"]
+    assert regenerate(page)["ids"] == want["ids"]
 
 
 def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(page):

@@ -155,6 +155,15 @@ def send(page, text: str) -> dict:
     return messages(page)[-1]
 
 
+def regenerate(page) -> dict:
+    """Regenerate the last reply and wait for it: the new reply (the conversation's error line stays empty)."""
+    page.click("#regen")
+    page.wait_for_function("window.app.state.streaming !== null")
+    wait_state(page, "loaded")
+    assert page.inner_text("#chat-error") == ""
+    return messages(page)[-1]
+
+
 def wait_loaded_file(page, name: str) -> None:
     """Wait until the model opened from file `name` has finished loading (not the previous one)."""
     page.wait_for_function(f"window.app.state.model && window.app.state.model.file === {json.dumps(name)}"
@@ -176,6 +185,19 @@ def native_greedy(conversation: list[dict], max_tokens: int) -> str:
     eng = demo_engine()
     ids = render_ids(eng.tokenizer, conversation)
     return eng.generate(ids, SamplingParams(temperature=0, max_tokens=max_tokens)).text
+
+
+def read_opfs_file(page, dirname: str, name: str) -> bytes:
+    """A file the page keeps in its OPFS (dirname/name): an image's pixels, a clip's samples."""
+    import base64
+    b64 = page.evaluate("""async ([dirname, name]) => {
+        const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(dirname);
+        const bytes = new Uint8Array(await (await (await dir.getFileHandle(name)).getFile()).arrayBuffer());
+        let s = '';
+        for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+        return btoa(s);
+    }""", [dirname, name])
+    return base64.b64decode(b64)
 
 
 def write_opfs_folder(page, dirname: str, files: dict[str, bytes]) -> None:
