@@ -59,7 +59,7 @@ export function setupImages(app) {
     if (state.model.denoise) return "DiffusionGemma models take text only: choose a Gemma 4 model to attach images.";
     if (!im.info || im.info.takes) return null;
     return "This model has no image encoder in its file, so it cannot take images: add its projector " +
-      "(the mmproj-….gguf file published beside the model) under Image projector, in the sidebar.";
+      "(the mmproj-….gguf file published beside the model) under Projector, in the sidebar.";
   }
   function render() {
     const why = whyNot();

@@ -141,7 +141,7 @@ def test_a_model_without_an_image_encoder_says_so_until_its_projector_is_added(p
     open_model(page, TEXT_ONLY)
     assert page.is_disabled("#attach")
     why = page.inner_text("#attach-why")
-    assert "has no image encoder" in why and "mmproj" in why and "Image projector" in why
+    assert "has no image encoder" in why and "mmproj" in why and "under Projector" in why
     assert "Takes text" in page.inner_text("#model-info") and "images" not in page.inner_text("#model-info .parts")
     page.screenshot(path=str(SCREENSHOTS / "image-no-encoder.png"))
     # a model file, or another model's projector, is refused in words
