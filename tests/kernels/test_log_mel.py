@@ -14,6 +14,7 @@ from pyapp.families.gemma4_audio import features as F
 from pyapp.gpu import kernels as K
 
 from support.gpu import f32, read_f32
+from support.paths import FIXTURES
 
 pytestmark = pytest.mark.gpu
 
@@ -56,6 +57,18 @@ def test_log_mel_matches_transformers(dev, n):
     out = fe.Gemma4AudioFeatureExtractor()([clip], return_tensors="np")
     want = out["input_features"][0][out["input_features_mask"][0].astype(bool)]
     got = gpu_log_mel(dev, clip, F.frames(n))
+    assert got.shape == want.shape
+    err = np.abs(got - want).max()
+    assert err < MARGIN, f"max abs diff {err:.3g}"
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_log_mel_matches_the_committed_transformers_rows(dev, i):
+    """The kernel's rows against the log-mel rows transformers computed for the audio golden's clips
+    (tests/fixtures/forms/ollama-dense.audio.npz, tools/make_audio_golden.py): no transformers needed."""
+    golden = np.load(FIXTURES / "forms" / "ollama-dense.audio.npz")
+    clip, want = golden[f"clip_{i}"].astype(np.float32), golden[f"mel_{i}"]
+    got = gpu_log_mel(dev, clip, F.frames(len(clip)))
     assert got.shape == want.shape
     err = np.abs(got - want).max()
     assert err < MARGIN, f"max abs diff {err:.3g}"
