@@ -34,6 +34,7 @@ from .app.session import Refused, Session
 from .families.diffusion_gemma import DenoiseParams
 from .families.gemma4_audio import features
 from .families.gemma4_audio.config import AudioError
+from .families.gemma4_audio.source import holds_audio, serves_audio
 from .engine import DEFAULT_CONTEXT, Engine
 from .errors import Fault, Gemma4Error
 from .explain import explain, explain_adapter
@@ -435,20 +436,27 @@ async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGE
 
 @command
 def add_projector(blob, name: str = "") -> dict:
-    """Add the chosen model's image encoder from a projector file (llama.cpp's mmproj GGUF, clip.* keys): checked
-    to be Gemma 4's and made for this model's width. {"images"} as the model's results say it."""
+    """Add the chosen model's image and audio encoders from a projector file (llama.cpp's mmproj GGUF, clip.* keys):
+    checked to be Gemma 4's and made for this model's width; a projector of the audio encoder alone serves the
+    model's audio. {"images", "audio"} as the model's results say them."""
     shown = name or getattr(blob, "name", "") or "the projector"
     if SESSION.model is None:
-        return {"error": f"Choose the model first: \u201c{shown}\u201d is an image projector, made for one model.",
+        return {"error": f"Choose the model first: \u201c{shown}\u201d is a projector, made for one model.",
                 "projector_error": True}
     try:
         g = read_gguf(BlobSource(blob, shown))
     except EXPECTED as e:
         return {**_error(e, shown), "projector_error": True}
+    width, quoted = model_config(SESSION.model.gguf).hidden, f"\u201c{shown}\u201d"
     try:
-        check_projector(g, model_config(SESSION.model.gguf).hidden, f"\u201c{shown}\u201d")
-        encoder_config(g)
-    except VisionError as e:
+        try:
+            check_projector(g, width, quoted)
+            encoder_config(g)
+        except VisionError:
+            if not holds_audio(g):
+                raise
+            serves_audio(g, width, quoted)          # an audio projector alone: this model's?
+    except (VisionError, AudioError) as e:
         return {"error": _sentence(str(e)) + " Add the mmproj file published with this model.", "detail": str(e),
                 "projector_error": True}
     SESSION.projector, SESSION.projector_name = g, shown

@@ -132,3 +132,38 @@ def test_bad_clips_are_refused_in_words(webapp):
     choose(webapp, TEXT_ONLY)
     r = asyncio.run(webapp.add_audio(tone(1).tobytes()))
     assert r["audio_error"] and r["error"] == "This model has no audio encoder."
+
+
+@pytest.fixture(scope="module")
+def audio_only_projectors(tmp_path_factory):
+    """Projectors of the audio encoder alone (tools/make_audio_bench.py tiny: the tensors and keys llama.cpp's
+    converter writes for the fixtures' audio encoder): for the text-only fixture's width (256), and for 320."""
+    from support.paths import load_tool
+    saved = list(sys.path)
+    try:
+        make_audio_bench = load_tool("make_audio_bench")
+    finally:
+        sys.path[:] = saved                 # the script puts tools/ on the path for its neighbour
+    folder = tmp_path_factory.mktemp("projector")
+    paths = {}
+    for width in (256, 320):
+        paths[width] = folder / f"mmproj-audio-{width}.gguf"
+        make_audio_bench.write(dict(make_audio_bench.SHAPES["tiny"], text_hidden=width), str(paths[width]),
+                               log=lambda msg: None)
+    return paths
+
+
+def test_a_projector_of_the_audio_encoder_alone_gives_the_model_its_ears(webapp, monkeypatch, audio_only_projectors):
+    """add_projector (the page's projector box) takes a projector that holds only an audio encoder: the model then
+    hears audio and says in words why it still takes no images; one made for another width is refused in words."""
+    pytest.importorskip("gguf")
+    monkeypatch.setattr(webapp, "BlobSource", lambda blob, name: blob)      # natively: the path, not a JS Blob
+    choose(webapp, TEXT_ONLY, load=False)
+    assert not webapp._audio()["takes"]
+    refused = webapp.add_projector(audio_only_projectors[320], "mmproj-audio-320.gguf")
+    assert refused.get("projector_error") and "another model" in refused["error"], refused
+    assert webapp.SESSION.projector is None and not webapp._audio()["takes"]
+    out = webapp.add_projector(audio_only_projectors[256], "mmproj-audio-256.gguf")
+    assert "error" not in out, out
+    assert out["audio"]["takes"] and not out["images"]["takes"]
+    assert "no image encoder" in out["images"]["why"], out["images"]

@@ -67,7 +67,7 @@ def holds_audio(g) -> bool:
     return atype == GEMMA4_AUDIO and CONV0 in g.tensors or atype == FRAME_PROJECTION
 
 
-def _checked(g, width: int | None, name: str) -> bool:
+def serves_audio(g, width: int | None, name: str) -> bool:
     """Whether g holds an audio encoder, checked against the text model's width (AudioError if it cannot serve)."""
     atype = g.metadata.get("clip.audio.projector_type")
     if atype is not None and atype not in AUDIO_TYPES:
@@ -94,7 +94,7 @@ def find_audio_encoder(model, projector=None, ollama_projector=None, *, projecto
                   (INLINE, model, "the model file"),
                   (OLLAMA_LAYER, ollama_projector, ollama_name or "the model's Ollama projector layer"))
     for kind, g, name in candidates:
-        if g is not None and _checked(g, width, name):
+        if g is not None and serves_audio(g, width, name):
             return AudioSource(kind, g, name)
     given = " (the projector file given holds no audio encoder)" if projector is not None else ""
     raise NoAudioEncoder(f"this model has no audio encoder{given}")
