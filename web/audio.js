@@ -100,8 +100,9 @@ export function setupAudio(app) {
     if (!state.model) return "Choose a model first: audio goes to a model that hears it.";
     if (state.model.denoise) return "DiffusionGemma models take text only: choose Gemma 4 E2B or E4B to send audio.";
     if (!au.info || au.info.takes) return null;
-    return "This model has no audio encoder, so it cannot hear audio: Gemma 4 E2B and E4B do (Ollama's own files " +
-      "hold the encoder; for llama.cpp's GGUF add its mmproj-….gguf under Projector, in the sidebar).";
+    return "This model has no audio encoder, so it cannot hear audio: Gemma 4 E2B, E4B and the 12B do (Ollama's " +
+      "own E2B and E4B files hold the encoder; for llama.cpp's GGUF add its mmproj-….gguf under Projector, in " +
+      "the sidebar).";
   }
   function render() {
     const why = whyNot();

@@ -42,7 +42,7 @@ AUDIO_TYPES = (GEMMA4_AUDIO, FRAME_PROJECTION)     # and the 12B's frames projec
 
 class NoAudioEncoder(AudioError):
     """The chosen model has no audio encoder: none inline, none in a projector given or in its Ollama manifest."""
-    hint = ("Gemma 4 E2B and E4B hear audio; a text-only GGUF (llama.cpp's conversion) needs its projector "
+    hint = ("Gemma 4 E2B, E4B and the 12B hear audio; a text-only GGUF (llama.cpp's conversion) needs its projector "
             "file: add the model's mmproj-*.gguf (the CLI's --mmproj FILE, the page's projector box)")
 
 
