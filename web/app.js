@@ -1640,6 +1640,8 @@ on("token", (m) => {                              // a committed block (Diffusio
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
 images = setupImages({ call, state, showError, updateButtons, modelCardChanged });
 audio = setupAudio({ call, state, showError, updateButtons });
+// why a model takes no images or audio: one line each on a phone (style.css), the whole on a tap
+for (const id of ["attach-why", "audio-why"]) $(id).addEventListener("click", () => $(id).classList.toggle("open"));
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
                            removeAdapter, setState, updateButtons });
 showSettings();
