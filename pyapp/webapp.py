@@ -475,7 +475,8 @@ def remove_projector() -> dict:
 # -- commands: audio (pyapp.app.audio) ---------------------------------------------------------------------
 # The page records a clip or decodes a file, resamples it to 16 kHz mono with Web Audio (web/audio.js) and keeps
 # the samples with the conversation. add_audio has the GPU compute their log-mel features and soft tokens (the
-# page says "Preparing audio…" meanwhile) when a message that holds the clip is sent: a message's content then names the clip by the key add_audio returns.
+# page says "Preparing audio…" meanwhile) when a message that holds the clip is sent: a message's content then
+# names the clip by the key add_audio returns.
 
 def _audio() -> dict:
     """Whether the chosen model hears audio here: {"takes", "why": words when it does not, "max_seconds",

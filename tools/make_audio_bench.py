@@ -42,10 +42,11 @@ import sys
 
 import numpy as np
 from gguf import GGUFValueType as V
-from gguf import GGUFWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_vision_bench import CLAMP, arguments, finish, generate, matrix, norm, scalar  # noqa: E402  (the image projector's helpers)
+# the image projector's helpers
+from make_vision_bench import (CLAMP, arguments, finish, generate, matrix, norm,  # noqa: E402
+                               projector_writer, scalar)
 
 SHAPES = {
     "e2b": dict(hidden=1024, layers=12, heads=8, channels=(128, 32), kernel=5, out=1536, text_hidden=1536),
@@ -81,10 +82,7 @@ def write(s: dict, out: str, seed: int = 0, name: str = "bench", log=None) -> di
     c0, c1 = s["channels"]
     if d % heads or (d // heads) % 2:
         raise SystemExit(f"hidden {d} over {heads} heads is not an even head width")
-    w = GGUFWriter(out, "clip")
-    w.add_type("mmproj")
-    w.add_name(f"mmproj-audio-{name} (random weights, speed measurements)")
-    w.add_key_value("general.file_type", 1, V.UINT32)               # MOSTLY_F16, as --outtype f16
+    w = projector_writer(out, f"mmproj-audio-{name}")
     w.add_key_value("clip.has_vision_encoder", False, V.BOOL)
     w.add_key_value("clip.has_audio_encoder", True, V.BOOL)
     w.add_key_value("clip.audio.projection_dim", T, V.UINT32)

@@ -83,10 +83,7 @@ def write(s: dict, out: str, seed: int = 0, name: str = "bench", log=None) -> di
     d, f, heads, hd, T = s["hidden"], s["ffn"], s["heads"], s["head_dim"], s["text_hidden"]
     if heads * hd != d:
         raise SystemExit(f"heads x head_dim = {heads} x {hd} is not the hidden size {d}")
-    w = GGUFWriter(out, "clip")
-    w.add_type("mmproj")
-    w.add_name(f"mmproj-{name} (random weights, speed measurements)")
-    w.add_key_value("general.file_type", 1, V.UINT32)               # MOSTLY_F16, as --outtype f16
+    w = projector_writer(out, f"mmproj-{name}")
     w.add_key_value("clip.has_vision_encoder", True, V.BOOL)
     w.add_key_value("clip.vision.projection_dim", T, V.UINT32)
     w.add_key_value("clip.vision.image_size", 224, V.UINT32)        # the converter's value for Gemma 4
@@ -125,6 +122,15 @@ def write(s: dict, out: str, seed: int = 0, name: str = "bench", log=None) -> di
         w.add_tensor("v.std_bias", (0.01 * rng.standard_normal(d, dtype=np.float32)))
         w.add_tensor("v.std_scale", norm(rng, d))
     return finish(w, out, s, parameters(s), say)
+
+
+def projector_writer(out: str, title: str) -> GGUFWriter:
+    """A GGUFWriter of a llama.cpp projector file (general.architecture clip, type mmproj), F16 as --outtype f16."""
+    w = GGUFWriter(out, "clip")
+    w.add_type("mmproj")
+    w.add_name(f"{title} (random weights, speed measurements)")
+    w.add_key_value("general.file_type", 1, V.UINT32)               # MOSTLY_F16, as --outtype f16
+    return w
 
 
 def finish(w: GGUFWriter, out: str, s: dict, n_parameters: int, say) -> dict:

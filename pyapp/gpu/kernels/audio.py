@@ -1,6 +1,7 @@
-"""Gemma 4's audio encoder: its log-mel features (shaders/log_mel.wgsl), the subsampling convs, the chunked local attention with relative positions,
-the light convolution's GLU and causal depthwise conv, SiLU, a bias (shaders/audio.wgsl). Its matmuls,
-norms and residual adds are the text model's kernels; its clamps the image encoder's (vision.py)."""
+"""Gemma 4's audio encoder: its log-mel features (shaders/log_mel.wgsl), the subsampling convs, the chunked local
+attention with relative positions, the light convolution's GLU and causal depthwise conv, SiLU, a bias
+(shaders/audio.wgsl). Its matmuls (with the clippable linears' bounds: matmul(clamp=...)), norms and residual adds
+are the text model's kernels."""
 
 from __future__ import annotations
 
