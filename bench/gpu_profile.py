@@ -1,7 +1,11 @@
 """Where a decode step's GPU time goes, by timestamp queries (both paths: native and the browser's).
 
-    python bench/gpu_profile.py MODEL.gguf [--few N] [--prefill]      native
-    node bench/node_bench.mjs --gpu-profile MODEL.gguf                  browser path (Pyodide + Dawn)
+    python bench/gpu_profile.py MODEL.gguf [--few N] [--prefill] [--prompt N] [--context N]      native
+    node bench/node_bench.mjs --gpu-profile MODEL.gguf                  browser path (Pyodide + Dawn;
+                                         FEW, PROFILE_PREFILL=1, PROFILE_PROMPT, PROFILE_CONTEXT for the same)
+
+Each plan is profiled after a prefill of --prompt tokens (512) in a context of --context (2048): a long
+prompt shows the prefill chunk (or decode step) at the end of a long context, where attention weighs most.
 
 For each plan (the decode layers, the head + sampling; --few N: a speculative step of 1 + N tokens;
 --prefill: a prefill chunk) it prints one JSON line with:
@@ -112,9 +116,11 @@ def main() -> int:
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     few = int(sys.argv[sys.argv.index("--few") + 1]) if "--few" in sys.argv else 0
-    eng = Engine.open(read_gguf(sys.argv[1]), backend="native", context_length=2048,
+    prompt = int(sys.argv[sys.argv.index("--prompt") + 1]) if "--prompt" in sys.argv else 512
+    context = int(sys.argv[sys.argv.index("--context") + 1]) if "--context" in sys.argv else 2048
+    eng = Engine.open(read_gguf(sys.argv[1]), backend="native", context_length=context,
                       int8=os.environ.get("INT8") != "0")
-    for r in asyncio.run(profile_async(eng, few=few, prefill="--prefill" in sys.argv)):
+    for r in asyncio.run(profile_async(eng, few=few, prefill="--prefill" in sys.argv, prompt=prompt)):
         print(json.dumps(r), flush=True)
     return 0
 

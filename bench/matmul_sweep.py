@@ -4,6 +4,8 @@ the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attentio
     python bench/matmul_sweep.py [--quants q4_k] [--tokens 512]          # native (wgpu)
     python bench/matmul_sweep.py --f16 --quants q4_k q6_k --tokens 64     # the f16 tiles (shader-f16)
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
+    python bench/matmul_sweep.py --attention-at 15872                    # the attention of a chunk late in a
+    ATTENTION_AT=15872 node bench/node_bench.mjs --sweep                 # 16k prompt (LONG_ATTENTION_SHAPES)
 
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
 clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
@@ -183,32 +185,38 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
 
 # (heads, kv heads, head dim, window): e2b sliding and global layers, a26b sliding and global layers
 ATTENTION_SHAPES = [(8, 1, 256, 512), (8, 1, 512, 0), (16, 8, 256, 1024), (16, 2, 512, 0)]
+# (heads, kv heads, head_dim, window) late in a long prompt (--attention-at): E2B's sliding and global
+# layers, E4B's and a26b's global ones
+LONG_ATTENTION_SHAPES = [(8, 1, 256, 512), (8, 1, 512, 0), (8, 2, 512, 0), (16, 2, 512, 0)]
 
 
-async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repeat=20, per_submit=10):
-    """Prefill attention of a first chunk of n_tokens (causal): tiled with 32 or 16 query rows a
-    workgroup, and the per-token kernel."""
+async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repeat=20, per_submit=10, pos0=0):
+    """Prefill attention of a chunk of n_tokens at position pos0 (causal, over pos0 + n_tokens keys): tiled
+    with 32 or 16 query rows a workgroup, the per-token kernel (first chunks only: it is slow at length),
+    and the register-blocked tiles of wide heads."""
     from pyapp.gpu import kernels as K
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(n_tokens, 0))
+    dev.write(step, K.pack_step(n_tokens, pos0))
     pattern = _pattern(0.1)
     for h, hkv, hd, window in shapes:
-        ctx = n_tokens
+        ctx = pos0 + n_tokens
         q, kc, vc = (_filled(dev, n, pattern) for n in (n_tokens * h * hd, hkv * ctx * hd, hkv * ctx * hd))
         o = dev.buffer(4 * n_tokens * h * hd)
-        variants = [("per-token", dict(tiled=False))]
+        variants = [("per-token", dict(tiled=False))] if pos0 == 0 else []
         for rows in (32, 16):
             if (rows == 16 or hd <= 256) and rows % (h // hkv) == 0 and K.attention_tile_rows(dev, h // hkv, hd):
-                variants.append((f"tiled {rows} rows", dict(tiled=True, tile_rows=rows)))
+                variants.append((f"tiled {rows} rows", dict(tiled=True, tile_rows=rows, wide=False)))
+        if K.wide_tile_fits(dev, h // hkv, hd):
+            variants.append(("wide", dict(wide=True)))
         for name, kw in variants:
             plan = dev.plan()
             for _ in range(per_submit):
                 K.attention(dev, q, kc, vc, o, step, h, hkv, hd, ctx, n_tokens, window=window, plan=plan, **kw)
             s = await _seconds_per_dispatch(dev, plan, o, repeat, per_submit)
-            keys = sum(min(p + 1, window or p + 1) for p in range(n_tokens))
-            out.append({"kernel": "attention", "tokens": n_tokens, "heads": h, "kv_heads": hkv, "head_dim": hd,
-                        "window": window, "variant": name, "us": round(s * 1e6, 1),
+            keys = sum(min(p + 1, window or p + 1) for p in range(pos0, pos0 + n_tokens))
+            out.append({"kernel": "attention", "tokens": n_tokens, "pos0": pos0, "heads": h, "kv_heads": hkv,
+                        "head_dim": hd, "window": window, "variant": name, "us": round(s * 1e6, 1),
                         "tflop_s": round(4 * h * hd * keys / s / 1e12, 2), "adapter": dev.describe()})
     return out
 
@@ -220,10 +228,16 @@ def main() -> int:
     ap.add_argument("--quants", nargs="*", default=["q4_k"])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--all-tiles", action="store_true", help="every f32 tile of tiles() and moe_tiles()")
+    ap.add_argument("--attention-at", type=int, metavar="POS",
+                    help="only the attention, a chunk at this position (E2B's and E4B's global layers)")
     ap.add_argument("--f16", action="store_true",
                     help="the engine's tiles in f32, f16 and f16 math (shader-f16), no attention")
     args = ap.parse_args()
     dev = get_device("native")
+    if args.attention_at is not None:
+        for r in asyncio.run(attention_sweep_async(dev, args.tokens, LONG_ATTENTION_SHAPES, pos0=args.attention_at)):
+            print(json.dumps(r), flush=True)
+        return 0
     if args.f16:
         from pyapp.gpu import kernels as K
         tile = K.MATMUL if args.tokens > K.MATMUL_SHORT.tokens else K.MATMUL_SHORT

@@ -5,7 +5,8 @@
 //   node bench/node_bench.mjs --train MODEL.gguf      LoRA training instead (bench/train_bench.py's
 //        measure_async): SEQ_LEN (256), BATCH (4), RANK (8), STEPS (6)
 //   node bench/node_bench.mjs --gpu-profile MODEL.gguf   where a decode step's GPU time goes (bench/gpu_profile.py;
-//        FEW=N: a speculative step of 1 + N tokens)
+//        FEW=N: a speculative step of 1 + N tokens; PROFILE_PREFILL=1: a prefill chunk; PROFILE_PROMPT,
+//        PROFILE_CONTEXT: after a prompt of that many tokens (512) in that context (2048))
 //   node bench/node_bench.mjs --overlap                do independent dispatches overlap (bench/overlap_probe.py)
 //   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
@@ -14,7 +15,8 @@
 //        time to first token with one clip (bench/audio_bench.py's measure_async): AUDIO_SECONDS ("10 30"),
 //        AUDIO_REPEAT (5), AUDIO_WAV_DIR (/tmp/h100/audio: clip-Ss.wav, written by bench/audio_bench.py --wav-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
-//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k")
+//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k");
+//        ATTENTION_AT=POS: only the attention of a chunk at POS (its LONG_ATTENTION_SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -61,12 +63,17 @@ sys.path.insert(0, "/repo/bench")
 import matmul_sweep
 from pyapp.gpu import get_device_async
 shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAPES || ""}".split()]
+at = ${process.env.ATTENTION_AT === undefined ? "None" : Number(process.env.ATTENTION_AT)}
 quants = tuple("${process.env.SWEEP_QUANTS || "q4_k"}".split())
-rows = await matmul_sweep.sweep_async(await get_device_async("browser"), quants, n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
-                                      shapes=shapes or matmul_sweep.SHAPES)
-if not shapes:
-    rows += await matmul_sweep.moe_sweep_async(await get_device_async("browser"))
-    rows = await matmul_sweep.attention_sweep_async(await get_device_async("browser")) + rows
+dev = await get_device_async("browser")
+if at is not None:
+    rows = await matmul_sweep.attention_sweep_async(dev, shapes=matmul_sweep.LONG_ATTENTION_SHAPES, pos0=at)
+else:
+    rows = await matmul_sweep.sweep_async(dev, quants, n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
+                                          shapes=shapes or matmul_sweep.SHAPES)
+    if not shapes:
+        rows += await matmul_sweep.moe_sweep_async(dev)
+        rows = await matmul_sweep.attention_sweep_async(dev) + rows
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);
@@ -91,9 +98,12 @@ import gpu_profile
 from pyapp.engine import Engine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
-eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"), context_length=2048,
+eng = await Engine.open_async(read_gguf("${m}"), await get_device_async("browser"),
+                              context_length=${Number(process.env.PROFILE_CONTEXT || 2048)},
                               int8=${process.env.INT8 === "0" ? "False" : "True"})
-rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)})
+rows = await gpu_profile.profile_async(eng, few=${Number(process.env.FEW || 0)},
+                                       prefill=${process.env.PROFILE_PREFILL === "1" ? "True" : "False"},
+                                       prompt=${Number(process.env.PROFILE_PROMPT || 512)})
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

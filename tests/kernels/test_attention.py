@@ -1,5 +1,6 @@
 """Parity of the attention kernels (pyapp.gpu.kernels' kv_store, attention, attention_decode) against numpy:
-prefill per token and tiled (GQA groups of 1-8, head dims 20-512, a second chunk over a ring), the split-K decode
+prefill per token, tiled and in wide register-blocked tiles (GQA groups of 1-8, head dims 20-512, a second chunk
+over a ring), the split-K decode
 kernel for one query and a few, and the query and cache preparation it does itself."""
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ def attention_ref(q, keys, values, positions, window):
     return np.einsum("hnt,htd->nhd", p, vq)
 
 
-@pytest.mark.parametrize("tiled", [False, True, 16], ids=["per-token", "tiled", "tiled-16-rows"])
+@pytest.mark.parametrize("tiled", [False, True, 16, "wide"], ids=["per-token", "tiled", "tiled-16-rows", "wide"])
 @pytest.mark.parametrize("window,hd,h,gh", [(0, 36, 4, None), (13, 136, 4, None), (0, 36, 16, 8), (13, 20, 16, 4),
-                                             (0, 512, 8, 4), (5, 72, 16, 1), (40, 256, 16, None), (0, 300, 4, None)])
+                                             (0, 512, 8, 4), (5, 72, 16, 1), (40, 256, 16, None), (0, 300, 4, None),
+                                             (7, 384, 16, None), (0, 128, 2, None), (70, 512, 16, None)])
 def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     """Prefill attention: per token with 1-8 query heads of a KV head per workgroup (GQA groups of 2
-    and 8), and tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32)."""
+    and 8), tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32), and in wide
+    tiles (32 rows, keys in tiles of 64, several outputs a thread: heads of 128-512 in 128s, groups 1-16)."""
     rows = K.attention_tile_rows(dev, h // 2, hd)
-    if tiled and (rows == 0 or tiled == 16 and (hd > 256 or h // 2 > 16)):
+    if tiled == "wide" and not K.wide_tile_fits(dev, h // 2, hd):
+        pytest.skip("no wide tile for this shape")
+    if tiled in (True, 16) and (rows == 0 or tiled == 16 and (hd > 256 or h // 2 > 16)):
         pytest.skip("no tile for this shape on this device")
     rng = np.random.default_rng(10)
     hkv, ctx, t = 2, 300, 150                             # 150 keys: more than one 128-key chunk
@@ -51,7 +56,8 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     step = step_buffer(dev, t, 0)
     plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
     K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan,
-                heads_per_group=gh, tiled=bool(tiled), tile_rows=16 if tiled == 16 else None)
+                heads_per_group=gh, tiled=bool(tiled), tile_rows=16 if tiled == 16 else None,
+                wide=tiled == "wide" or None if tiled else False)
     dev.submit(plan)
     keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
     ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)

@@ -100,11 +100,11 @@ def test_pool(dev, std):
     np.testing.assert_allclose(read_f32(dev, out, n * d).reshape(n, d), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tiled", [True, False])
-def test_attention_over_every_key(dev, tiled):
+@pytest.mark.parametrize("tiled,hd", [(True, 16), (False, 16), ("wide", 128)])
+def test_attention_over_every_key(dev, tiled, hd):
     """Bidirectional attention: every query sees every key of the step, its own position or not."""
     rng = np.random.default_rng(6)
-    T, heads, hd, ctx = 45, 2, 16, 64
+    T, heads, ctx = 45, 2, 80
     q = rng.standard_normal((T, heads, hd)).astype(np.float32)
     k = rng.standard_normal((T, heads, hd)).astype(np.float32)
     v = rng.standard_normal((T, heads, hd)).astype(np.float32)
@@ -112,7 +112,7 @@ def test_attention_over_every_key(dev, tiled):
     kc[:, :T], vc[:, :T] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
     out = dev.buffer(q.nbytes)
     dev.submit(K.attention(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, step_buffer(dev, T), heads, heads, hd,
-                           ctx, max_tokens=T, tiled=tiled, all_keys=True))
+                           ctx, max_tokens=T, tiled=bool(tiled), all_keys=True, wide=tiled == "wide"))
     s = np.einsum("thd,shd->hts", q.astype(np.float64), k)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -120,12 +120,12 @@ def test_attention_over_every_key(dev, tiled):
     np.testing.assert_allclose(read_f32(dev, out, q.size).reshape(q.shape), want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("tiled", [True, False])
-def test_attention_sees_an_image_block_both_ways(dev, tiled):
+@pytest.mark.parametrize("tiled,hd", [(True, 16), (False, 16), ("wide", 256)])
+def test_attention_sees_an_image_block_both_ways(dev, tiled, hd):
     """keys_ahead: a query inside an image's block also sees the block's later keys; the sliding window
     bounds only the keys before it (transformers' AND(window, OR(causal, block)) on 26B-A4B's sliding layers)."""
     rng = np.random.default_rng(7)
-    T, pos0, heads, kv_heads, hd, ctx, window = 40, 5, 4, 2, 16, 64, 6
+    T, pos0, heads, kv_heads, ctx, window = 70, 5, 4, 2, 96, 6
     block = (pos0 + 12, pos0 + 21)          # positions 17..25 form an image
     q = rng.standard_normal((T, heads, hd)).astype(np.float32)
     kc = rng.standard_normal((kv_heads, ctx, hd)).astype(np.float32)
@@ -134,7 +134,7 @@ def test_attention_sees_an_image_block_both_ways(dev, tiled):
     last = np.where((positions >= block[0]) & (positions < block[1]), block[1] - 1, positions)
     out = dev.buffer(q.nbytes)
     dev.submit(K.attention(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, step_buffer(dev, T, pos0), heads,
-                           kv_heads, hd, ctx, max_tokens=T, window=window, tiled=tiled,
+                           kv_heads, hd, ctx, max_tokens=T, window=window, tiled=bool(tiled), wide=tiled == "wide",
                            keys_ahead=f32(dev, (last - positions).astype(np.uint32).view(np.float32))))
     j = np.arange(ctx)
     allowed = ((j[None] <= positions[:, None]) | (j[None] <= last[:, None])) \

@@ -27,7 +27,8 @@ def kv_store(dev: Device, k: Buffer, v: Buffer, kc: Buffer, vc: Buffer, step: Bu
 def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step: Buffer, heads: int,
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
               plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
-              tile_rows: int | None = None, all_keys: bool = False, keys_ahead: Buffer | None = None) -> Plan:
+              tile_rows: int | None = None, all_keys: bool = False, keys_ahead: Buffer | None = None,
+              wide: bool | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t;
     all_keys: every key of the step, not causal (an image encoder's patches attend both ways);
     keys_ahead: u32 [T], query t also sees that many keys after its own (an image's soft tokens see the
@@ -35,7 +36,9 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
 
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
-    attention_heads_per_group) query heads of one KV head."""
+    attention_heads_per_group) query heads of one KV head.
+    wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
+    register-blocked tiles of 32 rows instead."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
         c["ALL_KEYS"] = True
@@ -43,6 +46,14 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
         c["BLOCKS"] = True
     kl = keys_ahead if keys_ahead is not None else dev.dummy
     group = heads // kv_heads
+    if wide is None:
+        wide = tiled is not False and tile_rows is None and head_dim > 256 and wide_tile_fits(dev, group, head_dim)
+    if wide:
+        if not wide_tile_fits(dev, group, head_dim):
+            raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
+        p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)))
     rows = tile_rows or attention_tile_rows(dev, group, head_dim)
     if tiled is None:
         tiled = rows > 0
@@ -69,6 +80,19 @@ def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
                 and storage <= limit:
             return rows
     return 0
+
+
+# attention_prefill_wide.wgsl: 32 query rows a workgroup, keys in tiles of 64, Q and K through shared
+# memory 8 vec4 at a time; its workgroup storage in bytes
+WIDE_ROWS = 32
+WIDE_STORAGE = 4 * (8 * WIDE_ROWS * 4 + 8 * 65 * 4 + 64 * WIDE_ROWS + 2 * 16 * WIDE_ROWS + WIDE_ROWS)
+
+
+def wide_tile_fits(dev: Device, group: int, head_dim: int) -> bool:
+    """Whether attention_prefill_wide.wgsl takes this shape: heads of 128-512 dims in 128s (HD / 32 dims a
+    thread), a GQA group dividing its 32 rows, and its ~25 KB of workgroup storage on the device."""
+    return (head_dim % 128 == 0 and head_dim <= 512 and WIDE_ROWS % group == 0
+            and WIDE_STORAGE <= dev.limits.get("max_compute_workgroup_storage_size", 16384))
 
 
 ATTEND_WG = 128
