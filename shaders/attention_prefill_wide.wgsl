@@ -1,15 +1,15 @@
 // Prefill attention for wide heads (HD 384-512: Gemma 4's full-attention layers), register-blocked: the
 // same contract, inputs and masks as attention_prefill.wgsl (whose 16-row tiles this replaces there), but
-// both products of a key tile run as small matrix products with several outputs a thread, so that each
-// value read from shared memory feeds several multiply-adds, and a workgroup takes 32 query rows (four
-// tokens of an 8-head GQA group rather than two), so the keys and values are read half as often.
+// both products of a key tile run as small matrix products with 16 outputs a thread, so that each value
+// read from shared memory feeds several multiply-adds, and a workgroup takes 32 query rows (four tokens of
+// an 8-head GQA group rather than two), so the keys and values are read half as often.
 //
 // A workgroup: RT = 32 query rows (the GH query heads of one KV head for RT / GH consecutive tokens), keys
-// in tiles of BK = 64, 256 threads.
-//   scores   S = Q K^T (32 x 64): thread lid owns rows rb, rb + 16 (rb = lid / 16) and keys kb, kb + 16,
-//            kb + 32, kb + 48 (kb = lid % 16); Q and K pass through shared memory DC vec4 at a time (the
-//            next chunk's reads in flight while this one computes).
-//   softmax  each row's max and sum over the tile from its 16 threads' partials (shared memory); the
+// in tiles of BK = 128, 256 threads.
+//   scores   S = Q K^T (32 x 128): thread lid owns rows rb + 8i and keys kb + 32j (i, j < 4; rb = lid / 32,
+//            kb = lid % 32); Q and K pass through shared memory DC vec4 at a time (the next chunk's reads
+//            in flight while this one computes).
+//   softmax  each row's max and sum over the tile from its 32 threads' partials (shared memory); the
 //            running max and sum live in those threads' registers; probabilities to shared memory as
 //            [key][4 rows].
 //   P V      thread lid owns rows 4q .. 4q + 3 (q = lid / 32) and dims 16 db .. 16 db + 15 (db = lid % 32):
@@ -32,14 +32,13 @@ override GH: u32 = 1u;           // query heads per KV head (H / HKV)
 
 const NT: u32 = 256u;
 const RT: u32 = 32u;           // query rows a workgroup
-const BK: u32 = 64u;           // keys a tile
-const DC: u32 = 8u;            // vec4 of Q and K a shared chunk (one Q and two K reads a thread)
+const BK: u32 = 128u;          // keys a tile
+const DC: u32 = 4u;            // vec4 of Q and K a shared chunk (a Q read for half the threads, two K reads a thread)
 
 var<workgroup> qs: array<vec4<f32>, DC * RT>;          // [vec4 of the chunk][row], times SCALE
 var<workgroup> ks: array<vec4<f32>, DC * (BK + 1u)>;   // [vec4 of the chunk][key]
 var<workgroup> pt: array<vec4<f32>, BK * RT / 4u>;     // [key][4 rows] probabilities
-var<workgroup> red_m: array<f32, RT * 16u>;            // [row][kb] partial maxima, then partial sums
-var<workgroup> red_l: array<f32, RT * 16u>;
+var<workgroup> red: array<f32, RT * 32u>;              // [row][kb] partial maxima, then partial sums
 var<workgroup> row_a: array<f32, RT>;                  // this tile's rescale of each row, then its sum
 
 // Score of row r against key j, or NEG where the row's query may not see it (or has no token).
@@ -114,119 +113,92 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var lo = 0u;                                    // the first key any row sees
     if (WINDOW > 0u && p0 + 1u > WINDOW) { lo = p0 + 1u - WINDOW; }
 
-    let rb = lid / 16u;                             // scores: rows rb, rb + 16; keys kb + 16 i
-    let kb = lid % 16u;
-    let lr = lid / DC;                              // chunk loads: Q row lr, keys lr and lr + 32, vec4 lc
+    let rb = lid / 32u;                             // scores: rows rb + 8i, keys kb + 32j
+    let kb = lid % 32u;
+    let lr = lid / DC;                              // chunk loads: Q row lr (lr < RT), keys lr and lr + 64, vec4 lc
     let lc = lid % DC;
     let q = lid / 32u;                              // P V: rows 4q .. 4q + 3, dims of vec4 db * V4 ..
     let db = lid % 32u;
-    var m0 = NEG;                                   // running max and sum of rows rb, rb + 16
-    var m1 = NEG;
-    var l0 = 0.0;
-    var l1 = 0.0;
+    var m: array<f32, 4>;                           // running max and sum of rows rb + 8i
+    var l: array<f32, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        m[i] = NEG;
+        l[i] = 0.0;
+    }
     var acc: array<vec4<f32>, 16>;                  // indexed by constants only (registers)
     for (var k0 = lo; k0 <= hi; k0 += BK) {
-        // scores of rows rb, rb + 16 against keys kb + 16 i
-        var s: array<f32, 8>;
-        s = array<f32, 8>();                        // zeroed by a statement: a declaration's zero may be hoisted out of the loop
-        var qv = q_read(lr, lc, t0, kvh);
+        // scores: s[4i + j] of row rb + 8i against key kb + 32j
+        var s: array<f32, 16>;
+        s = array<f32, 16>();                       // zeroed by a statement: a declaration's zero may be hoisted out of the loop
+        var qv = q_read(min(lr, RT - 1u), lc, t0, kvh);
         var ka = k_read(kvh, k0 + lr, hi, lc);
-        var kz = k_read(kvh, k0 + lr + 32u, hi, lc);
+        var kz = k_read(kvh, k0 + lr + 64u, hi, lc);
         for (var d0 = 0u; d0 < hd4; d0 += DC) {
-            qs[lc * RT + lr] = qv;
+            if (lr < RT) { qs[lc * RT + lr] = qv; }
             ks[lc * (BK + 1u) + lr] = ka;
-            ks[lc * (BK + 1u) + lr + 32u] = kz;
+            ks[lc * (BK + 1u) + lr + 64u] = kz;
             workgroupBarrier();
             let dn = min(d0 + DC, hd4 - DC) + lc;   // the next chunk's reads (the last chunk reads itself again)
-            qv = q_read(lr, dn, t0, kvh);
+            qv = q_read(min(lr, RT - 1u), dn, t0, kvh);
             ka = k_read(kvh, k0 + lr, hi, dn);
-            kz = k_read(kvh, k0 + lr + 32u, hi, dn);
+            kz = k_read(kvh, k0 + lr + 64u, hi, dn);
             for (var c = 0u; c < DC; c++) {
-                let qa = qs[c * RT + rb];
-                let qb = qs[c * RT + rb + 16u];
-                let kr = c * (BK + 1u) + kb;
-                let k0v = ks[kr];
-                let k1v = ks[kr + 16u];
-                let k2v = ks[kr + 32u];
-                let k3v = ks[kr + 48u];
-                s[0] += dot(qa, k0v);
-                s[1] += dot(qa, k1v);
-                s[2] += dot(qa, k2v);
-                s[3] += dot(qa, k3v);
-                s[4] += dot(qb, k0v);
-                s[5] += dot(qb, k1v);
-                s[6] += dot(qb, k2v);
-                s[7] += dot(qb, k3v);
+                var qr: array<vec4<f32>, 4>;
+                var kr: array<vec4<f32>, 4>;
+                for (var i = 0u; i < 4u; i++) { qr[i] = qs[c * RT + rb + 8u * i]; }
+                for (var j = 0u; j < 4u; j++) { kr[j] = ks[c * (BK + 1u) + kb + 32u * j]; }
+                for (var i = 0u; i < 4u; i++) {
+                    for (var j = 0u; j < 4u; j++) { s[4u * i + j] += dot(qr[i], kr[j]); }
+                }
             }
             workgroupBarrier();
         }
-        // masks, then each row's tile max from its 16 threads
-        s[0] = masked(s[0], rb, k0 + kb, t0);
-        s[1] = masked(s[1], rb, k0 + kb + 16u, t0);
-        s[2] = masked(s[2], rb, k0 + kb + 32u, t0);
-        s[3] = masked(s[3], rb, k0 + kb + 48u, t0);
-        s[4] = masked(s[4], rb + 16u, k0 + kb, t0);
-        s[5] = masked(s[5], rb + 16u, k0 + kb + 16u, t0);
-        s[6] = masked(s[6], rb + 16u, k0 + kb + 32u, t0);
-        s[7] = masked(s[7], rb + 16u, k0 + kb + 48u, t0);
-        red_m[rb * 16u + kb] = max(max(s[0], s[1]), max(s[2], s[3]));
-        red_m[(rb + 16u) * 16u + kb] = max(max(s[4], s[5]), max(s[6], s[7]));
-        workgroupBarrier();
-        var t_m0 = NEG;
-        var t_m1 = NEG;
-        for (var i = 0u; i < 16u; i++) {
-            t_m0 = max(t_m0, red_m[rb * 16u + i]);
-            t_m1 = max(t_m1, red_m[(rb + 16u) * 16u + i]);
-        }
-        let n0 = max(m0, t_m0);
-        let n1 = max(m1, t_m1);
-        // probabilities (0 where masked) into pt[key][row quad], their partial sums
-        var p: array<f32, 8>;
-        p[0] = select(0.0, exp(s[0] - n0), s[0] > 0.5 * NEG);
-        p[1] = select(0.0, exp(s[1] - n0), s[1] > 0.5 * NEG);
-        p[2] = select(0.0, exp(s[2] - n0), s[2] > 0.5 * NEG);
-        p[3] = select(0.0, exp(s[3] - n0), s[3] > 0.5 * NEG);
-        p[4] = select(0.0, exp(s[4] - n1), s[4] > 0.5 * NEG);
-        p[5] = select(0.0, exp(s[5] - n1), s[5] > 0.5 * NEG);
-        p[6] = select(0.0, exp(s[6] - n1), s[6] > 0.5 * NEG);
-        p[7] = select(0.0, exp(s[7] - n1), s[7] > 0.5 * NEG);
-        let qa = rb / 4u;
-        let qb = (rb + 16u) / 4u;
-        let ca = rb % 4u;
-        pt[kb * (RT / 4u) + qa][ca] = p[0];
-        pt[(kb + 16u) * (RT / 4u) + qa][ca] = p[1];
-        pt[(kb + 32u) * (RT / 4u) + qa][ca] = p[2];
-        pt[(kb + 48u) * (RT / 4u) + qa][ca] = p[3];
-        pt[kb * (RT / 4u) + qb][ca] = p[4];
-        pt[(kb + 16u) * (RT / 4u) + qb][ca] = p[5];
-        pt[(kb + 32u) * (RT / 4u) + qb][ca] = p[6];
-        pt[(kb + 48u) * (RT / 4u) + qb][ca] = p[7];
-        red_l[rb * 16u + kb] = p[0] + p[1] + p[2] + p[3];
-        red_l[(rb + 16u) * 16u + kb] = p[4] + p[5] + p[6] + p[7];
-        let a0 = exp(m0 - n0);                      // 1 while both are NEG (nothing accumulated yet)
-        let a1 = exp(m1 - n1);
-        if (kb == 0u) {
-            row_a[rb] = a0;
-            row_a[rb + 16u] = a1;
-        }
-        m0 = n0;
-        m1 = n1;
-        workgroupBarrier();
-        var t_l0 = 0.0;
-        var t_l1 = 0.0;
-        for (var i = 0u; i < 16u; i++) {
-            t_l0 += red_l[rb * 16u + i];
-            t_l1 += red_l[(rb + 16u) * 16u + i];
-        }
-        l0 = l0 * a0 + t_l0;
-        l1 = l1 * a1 + t_l1;
-        // P V: rescale rows 4q .. 4q + 3, then every key of the tile, two keys' values in flight
-        let a = vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
+        // masks, then each row's tile max from its 32 threads
         for (var i = 0u; i < 4u; i++) {
-            acc[i] *= a.x;
-            acc[4u + i] *= a.y;
-            acc[8u + i] *= a.z;
-            acc[12u + i] *= a.w;
+            var mx = NEG;
+            for (var j = 0u; j < 4u; j++) {
+                s[4u * i + j] = masked(s[4u * i + j], rb + 8u * i, k0 + kb + 32u * j, t0);
+                mx = max(mx, s[4u * i + j]);
+            }
+            red[(rb + 8u * i) * 32u + kb] = mx;
+        }
+        workgroupBarrier();
+        var a: array<f32, 4>;                       // each row's rescale of what it has accumulated
+        var n: array<f32, 4>;                       // and its new max
+        for (var i = 0u; i < 4u; i++) {
+            var mx = m[i];
+            for (var k = 0u; k < 32u; k++) { mx = max(mx, red[(rb + 8u * i) * 32u + k]); }
+            n[i] = mx;
+        }
+        workgroupBarrier();                         // every max read before red takes the sums
+        for (var i = 0u; i < 4u; i++) {
+            let mx = n[i];
+            // probabilities (0 where masked) into pt[key][row quad], their partial sums
+            var sum = 0.0;
+            for (var j = 0u; j < 4u; j++) {
+                let e = s[4u * i + j];
+                let pr = select(0.0, exp(e - mx), e > 0.5 * NEG);
+                pt[(kb + 32u * j) * (RT / 4u) + (rb + 8u * i) / 4u][rb % 4u] = pr;
+                sum += pr;
+            }
+            red[(rb + 8u * i) * 32u + kb] = sum;
+            a[i] = exp(m[i] - mx);                  // 1 while both are NEG (nothing accumulated yet)
+            m[i] = mx;
+            if (kb == 0u) { row_a[rb + 8u * i] = a[i]; }
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < 4u; i++) {
+            var sum = 0.0;
+            for (var k = 0u; k < 32u; k++) { sum += red[(rb + 8u * i) * 32u + k]; }
+            l[i] = l[i] * a[i] + sum;
+        }
+        // P V: rescale rows 4q .. 4q + 3, then every key of the tile, two keys' values in flight
+        let ra = vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
+        for (var i = 0u; i < 4u; i++) {
+            acc[i] *= ra.x;
+            acc[4u + i] *= ra.y;
+            acc[8u + i] *= ra.z;
+            acc[12u + i] *= ra.w;
         }
         let kn = min(BK, hi + 1u - k0);           // keys of this tile any row sees
         var j = 0u;
@@ -237,12 +209,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             pv(&acc, pt[(j + 1u) * (RT / 4u) + q], vb);
         }
         if (j < kn) { pv(&acc, pt[j * (RT / 4u) + q], v_read(kvh, k0 + j, db)); }
-        // (the next tile writes red_m, red_l, pt and row_a only after its scores' barriers)
+        // (the next tile writes red, pt and row_a only after its scores' barriers)
     }
     workgroupBarrier();                             // every thread done reading row_a's rescales
     if (kb == 0u) {
-        row_a[rb] = l0;
-        row_a[rb + 16u] = l1;
+        for (var i = 0u; i < 4u; i++) { row_a[rb + 8u * i] = l[i]; }
     }
     workgroupBarrier();
     for (var i = 0u; i < 4u; i++) {
