@@ -4,10 +4,8 @@
 // the score matrix never leaves shared memory.
 //
 // Mirrors reference.forward attention like attention.wgsl `attend` (same inputs and layout):
-// softmax(SCALE q k^T + mask) v over keys j <= p and (WINDOW == 0 or p - j < WINDOW) for a query at
-// position p = S.pos0 + t; with ALL_KEYS, every key of the step (j < S.pos0 + S.n_tokens, bidirectional:
-// an image encoder's patches); with BLOCKS, also the KL[t] keys after p (an image's soft tokens see
-// their whole image on the sliding layers of 26B-A4B and 31B; the window bounds only the keys before p). Q, O: f32 [T, H, HD]; KC, VC: f32 [HKV, CTX, HD], position j in slot j % CTX.
+// softmax(SCALE q k^T + mask) v over the keys each query sees (attention_rows.wgsl: causal, a window,
+// every key, an image's block). Q, O: f32 [T, H, HD]; KC, VC: f32 [HKV, CTX, HD], position j in slot j % CTX.
 //
 // Per key tile: scores (thread lid: key lid % BKV, rows lid / BKV + 8i), K read in chunks of DCQ
 // vec4 through shared memory; then each row's running max and sum (one thread a row); then
@@ -18,18 +16,13 @@
 // R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (R / GH))).
 
 //!include attention_shape
-override WINDOW: u32 = 0u;
-override ALL_KEYS: bool = false;
-override BLOCKS: bool = false;   // a query also sees the KL[t] keys after its own (the rest of an image's block)
-override GH: u32 = 1u;         // query heads per KV head (H / HKV)
+//!include attention_rows
 override R: u32 = 32u;         // query rows per workgroup: 32 or 16
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> VC: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(4) var<uniform> S: Step;
-@group(0) @binding(5) var<storage, read> KL: array<u32>;   // BLOCKS: keys after its own each row of the step sees
 
 const NT: u32 = 256u;
 const BKV: u32 = 32u;          // keys per tile
@@ -42,15 +35,6 @@ var<workgroup> pt: array<vec4<f32>, BKV * R / 4u>;    // [key][4 rows] probabili
 var<workgroup> row_m: array<f32, R>;                  // running max, sum, and this tile's rescale
 var<workgroup> row_l: array<f32, R>;
 var<workgroup> row_a: array<f32, R>;
-
-// Score of row r against key j, or NEG where the row's query may not see it (or has no token).
-fn masked(s: f32, r: u32, j: u32, t0: u32) -> f32 {
-    let t = t0 + r / GH;
-    let pos = S.pos0 + t;
-    let ahead = (ALL_KEYS && j < S.pos0 + S.n_tokens) || (BLOCKS && j <= pos + KL[min(t, S.n_tokens - 1u)]);
-    let ok = t < S.n_tokens && (j <= pos || ahead) && (WINDOW == 0u || j > pos || pos - j < WINDOW);
-    return select(NEG, s, ok);
-}
 
 fn alpha4(q: u32) -> vec4<f32> {
     return vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
@@ -94,12 +78,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = wid.x;
     let t0 = wid.y * (R / GH);
     if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
-    let t_last = min(t0 + R / GH, S.n_tokens) - 1u;
-    var hi = select(S.pos0 + t_last, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key any row sees
-    if (BLOCKS) { hi = max(hi, S.pos0 + t_last + KL[t_last]); }
-    let p0 = S.pos0 + t0;
-    var lo = 0u;                                    // the first key any row sees
-    if (WINDOW > 0u && p0 + 1u > WINDOW) { lo = p0 + 1u - WINDOW; }
+    let keys = key_range(t0, R);
+    let lo = keys.x;                                // the first key any row sees
+    let hi = keys.y;                                // the last
     for (var i = lid; i < R * hd4; i += NT) {
         let r = i / hd4;
         let t = min(t0 + r / GH, S.n_tokens - 1u);

@@ -18,17 +18,12 @@
 // (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH))).
 
 //!include attention_shape
-override WINDOW: u32 = 0u;
-override ALL_KEYS: bool = false;
-override BLOCKS: bool = false;   // a query also sees the KL[t] keys after its own (the rest of an image's block)
-override GH: u32 = 1u;           // query heads per KV head (H / HKV)
+//!include attention_rows
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> S: Step;
-@group(0) @binding(5) var<storage, read> KL: array<u32>;   // BLOCKS: keys after its own each row of the step sees
 
 const NT: u32 = 256u;
 const RT: u32 = 32u;           // query rows a workgroup
@@ -40,15 +35,6 @@ var<workgroup> ks: array<vec4<f32>, DC * (BK + 1u)>;   // [vec4 of the chunk][ke
 var<workgroup> pt: array<vec4<f32>, BK * RT / 4u>;     // [key][4 rows] probabilities
 var<workgroup> red: array<f32, RT * 32u>;              // [row][kb] partial maxima, then partial sums
 var<workgroup> row_a: array<f32, RT>;                  // this tile's rescale of each row, then its sum
-
-// Score of row r against key j, or NEG where the row's query may not see it (or has no token).
-fn masked(s: f32, r: u32, j: u32, t0: u32) -> f32 {
-    let t = t0 + r / GH;
-    let pos = S.pos0 + t;
-    let ahead = (ALL_KEYS && j < S.pos0 + S.n_tokens) || (BLOCKS && j <= pos + KL[min(t, S.n_tokens - 1u)]);
-    let ok = t < S.n_tokens && (j <= pos || ahead) && (WINDOW == 0u || j > pos || pos - j < WINDOW);
-    return select(NEG, s, ok);
-}
 
 // Row r's query vec4 d (times SCALE): its token clamped into the step (rows past it are masked).
 fn q_read(r: u32, d: u32, t0: u32, kvh: u32) -> vec4<f32> {
@@ -106,12 +92,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = wid.x;
     let t0 = wid.y * (RT / GH);
     if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
-    let t_last = min(t0 + RT / GH, S.n_tokens) - 1u;
-    var hi = select(S.pos0 + t_last, S.pos0 + S.n_tokens - 1u, ALL_KEYS);   // the last key any row sees
-    if (BLOCKS) { hi = max(hi, S.pos0 + t_last + KL[t_last]); }
-    let p0 = S.pos0 + t0;
-    var lo = 0u;                                    // the first key any row sees
-    if (WINDOW > 0u && p0 + 1u > WINDOW) { lo = p0 + 1u - WINDOW; }
+    let keys = key_range(t0, RT);
+    let lo = keys.x;                                // the first key any row sees
+    let hi = keys.y;                                // the last
 
     let rb = lid / 32u;                             // scores: rows rb + 8i, keys kb + 32j
     let kb = lid % 32u;

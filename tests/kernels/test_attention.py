@@ -99,6 +99,21 @@ def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
     np.testing.assert_allclose(read_f32(dev, out, t2 * h * hd).reshape(t2, h, hd), ref, atol=3e-5)
 
 
+@pytest.mark.parametrize("hd,h,kernel", [(512, 8, "attention_prefill_wide"), (384, 16, "attention_prefill_wide"),
+                                          (256, 8, "attention_prefill"), (512, 128, "attention")])
+def test_wide_heads_take_the_wide_tiles(dev, hd, h, kernel):
+    """A prompt's attention picks the wide tiles for heads wider than 256 (Gemma 4's full layers) where they
+    fit (32 rows take a GQA group of up to 32); narrower heads keep the 32-row tiles, and a group of 64 query
+    heads a KV head fits no tile (one token a workgroup)."""
+    if not K.wide_tile_fits(dev, 8, 512):
+        pytest.skip("this device's workgroup storage takes no wide tile")
+    hkv, ctx, t = 2, 64, 40
+    q, out = dev.buffer(4 * t * h * hd), dev.buffer(4 * t * h * hd)
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    plan = K.attention(dev, q, kc, vc, out, step_buffer(dev, t, 0), h, hkv, hd, ctx, max_tokens=t)
+    assert [op[1].key[0] for op in plan.ops if op[0] == "d"] == [kernel]
+
+
 def decode_attention_ref(q, keys, vals, pos, window):
     """softmax(q k^T) v for one query [heads, hd] at pos over keys/vals [kv_heads, pos + 1, hd] (GQA, window)."""
     h, hkv = q.shape[0], keys.shape[0]
