@@ -68,10 +68,12 @@ def choose(session: Session, g, info: dict | None = None) -> ChosenModel:
 
 def load(session: Session, events: Events | None = None, *, context_length: int | None = None,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None,
-         int8: bool = True, f16: bool = False, lora: list | None = None, load_id: int | None = None) -> Steps:
+         int8: bool = True, f16: bool = False, lora: list | None = None, load_id: int | None = None,
+         prompt_step: int | None = None) -> Steps:
     """Steps: the chosen model's weights onto the session's GPU (natively, a device of its own when it has
     none), with the chosen adapter (lora: these [(adapter, scale)] instead). Events: the memory plan before
-    anything is uploaded, then the upload's progress. load_id: the page's number for this load; cancelling
+    anything is uploaded, then the upload's progress. prompt_step: the most tokens a prompt step takes (None:
+    the engine's default). load_id: the page's number for this load; cancelling
     it (session.cancelled_load) stops the upload. Returns the Engine, now the session's; a GPU that rejected
     a buffer or a kernel is a GPUError, with nothing loaded."""
     events = events or Events()
@@ -89,7 +91,7 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
 
     cancelled = None if load_id is None else (lambda: session.cancelled_load == load_id)
     engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
-                        progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
+                        chunk=prompt_step, progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
                         expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
                         lora=session.lora() if lora is None else lora, int8=int8, f16=f16)
     session.engine, session.device = engine, engine.dev

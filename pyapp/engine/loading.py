@@ -30,14 +30,24 @@ from ..sampling import check_context_length
 from ..source import SourceError
 
 # The most tokens one prefill step takes. Long prompts need wide steps to fill a big GPU (on an
-# H100, E2B prefill: 928 tok/s in steps of 64, 3026 in steps of 512); short ones take a 64-token plan.
+# H100, E2B prefill: 928 tok/s in steps of 64, 3026 in steps of 512; a 16,000-token prompt 3.26 s in steps
+# of 512, 2.98 in 1024, 2.79 in 2048, for 242 / 724 MiB more GPU memory: bench/RESULTS.md); short ones
+# take a 64-token plan.
 DEFAULT_CHUNK = 512
+MAX_CHUNK = 16384
 
 
 def default_chunk(cfg) -> int:
     """DEFAULT_CHUNK, or more where a step must hold a whole image (its soft tokens attend each other both
     ways: 26B-A4B, 31B; Gemma4Config.whole_image_tokens)."""
     return max(DEFAULT_CHUNK, getattr(cfg, "whole_image_tokens", 0))
+
+
+def check_chunk(chunk) -> int:
+    """A prompt step's size (the CLI's --prompt-step): a whole number of tokens from 1 to MAX_CHUNK."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK:
+        raise EngineError(f"a prompt step must be a whole number of tokens from 1 to {MAX_CHUNK}, got {chunk!r}")
+    return chunk
 
 
 def _mib(n: float | None) -> int | None:
@@ -69,7 +79,7 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
     family = family_for(gguf)
     try:
         cfg = family.config.from_gguf(gguf)
-        chunk = chunk or default_chunk(cfg)
+        chunk = default_chunk(cfg) if chunk is None else check_chunk(chunk)
         bound = bind(cfg, gguf.tensors)
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)

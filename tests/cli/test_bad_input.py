@@ -20,6 +20,7 @@ import json
 import math
 import os
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -345,6 +346,35 @@ def test_cli_memory_options(option, value):
     assert "not runnable here: a GPU memory size must be a number of MiB from 0 to" in out.getvalue()
     with pytest.raises(EngineError, match="a GPU memory size must be a number of MiB"):
         _mib(float(value))
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "16385"])
+def test_cli_prompt_step_out_of_range(value):
+    """--prompt-step: `info` shows the plan it cannot make; loading raises the same EngineError."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["info", str(BASE), "--prompt-step", value]) == 0
+    assert f"not runnable here: a prompt step must be a whole number of tokens from 1 to 16384, got {int(value)}" \
+        in out.getvalue()
+
+
+@pytest.mark.parametrize("value", ["1.5", "nan", "٤"])
+def test_cli_prompt_step_not_a_whole_number(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["info", str(BASE), "--prompt-step", value])
+    assert e.value.code == 2 and "--prompt-step" in capsys.readouterr().err
+
+
+def test_cli_prompt_step_sizes_the_activations():
+    """A wider prompt step holds more tokens' activations: `info`'s memory plan grows with it."""
+    def state_mib(step):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["info", str(BASE), "--prompt-step", str(step)]) == 0
+        m = re.search(r"activations and KV cache ([\d.,]+) (KiB|MiB)", out.getvalue())
+        assert m, out.getvalue()
+        return float(m.group(1).replace(",", "")) * (1 / 1024 if m.group(2) == "KiB" else 1)
+    assert state_mib(8) < state_mib(64) < state_mib(512)
 
 
 def test_the_page_and_the_cli_share_the_rules():

@@ -136,3 +136,25 @@ def test_generate_and_bench_speculate():
     assert b["accepted"] > 0 and b["tokens_per_step"] > 1
     r = pyapp("generate", model, "--prompt", "Hi", "--speculate", "17", check=False)
     assert r.returncode == 2 and "speculate must be an integer from 0 to 16" in r.stderr
+
+
+@pytest.mark.gpu
+def test_prompt_step_reaches_the_engine():
+    """The app layer's load (the CLI's --prompt-step) sizes the engine's prompt steps: a 40-token prompt read
+    in steps of 24 gives the logits of the default step (one step of 40), within float rounding."""
+    from pyapp.app import model
+    from pyapp.app.session import Session
+    from pyapp.engine import SamplingParams
+    from pyapp.gguf import read_gguf
+    from pyapp.steps import run
+    prompt = [2] + np.random.default_rng(5).integers(3, 250, 39).tolist()
+    logits = {}
+    for step in (None, 24):
+        s = Session()
+        g = read_gguf(FIX / "gemma4-dense-f32.gguf")
+        model.choose(s, g)
+        run(model.load(s, context_length=256, prompt_step=step))
+        assert s.engine.runner.chunk == (step or 512)
+        logits[step] = np.asarray(s.engine.forward(prompt))
+        s.unload()
+    np.testing.assert_allclose(logits[24], logits[None], atol=1e-4)
