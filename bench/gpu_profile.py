@@ -115,9 +115,9 @@ def main() -> int:
     import asyncio
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
-    few = int(sys.argv[sys.argv.index("--few") + 1]) if "--few" in sys.argv else 0
-    prompt = int(sys.argv[sys.argv.index("--prompt") + 1]) if "--prompt" in sys.argv else 512
-    context = int(sys.argv[sys.argv.index("--context") + 1]) if "--context" in sys.argv else 2048
+    def option(name: str, default: int) -> int:
+        return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+    few, prompt, context = option("--few", 0), option("--prompt", 512), option("--context", 2048)
     eng = Engine.open(read_gguf(sys.argv[1]), backend="native", context_length=context,
                       int8=os.environ.get("INT8") != "0")
     for r in asyncio.run(profile_async(eng, few=few, prefill="--prefill" in sys.argv, prompt=prompt)):

@@ -356,6 +356,10 @@ def test_cli_prompt_step_out_of_range(value):
         assert cli.main(["info", str(BASE), "--prompt-step", value]) == 0
     assert f"not runnable here: a prompt step must be a whole number of tokens from 1 to 16384, got {int(value)}" \
         in out.getvalue()
+    from pyapp.engine import EngineError
+    from pyapp.engine.loading import check_chunk
+    with pytest.raises(EngineError, match="a prompt step must be a whole number of tokens from 1 to 16384"):
+        check_chunk(int(value))
 
 
 @pytest.mark.parametrize("value", ["1.5", "nan", "٤"])

@@ -144,7 +144,6 @@ def test_prompt_step_reaches_the_engine():
     in steps of 24 gives the logits of the default step (one step of 40), within float rounding."""
     from pyapp.app import model
     from pyapp.app.session import Session
-    from pyapp.engine import SamplingParams
     from pyapp.gguf import read_gguf
     from pyapp.steps import run
     prompt = [2] + np.random.default_rng(5).integers(3, 250, 39).tolist()

@@ -38,7 +38,7 @@ def attention_ref(q, keys, values, positions, window):
 def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     """Prefill attention: per token with 1-8 query heads of a KV head per workgroup (GQA groups of 2
     and 8), tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32), and in wide
-    tiles (32 rows, keys in tiles of 64, several outputs a thread: heads of 128-512 in 128s, groups 1-16)."""
+    tiles (32 rows, keys in tiles of 128, several outputs a thread: heads of 128-512 in 128s, groups 1-16)."""
     rows = K.attention_tile_rows(dev, h // 2, hd)
     if tiled == "wide" and not K.wide_tile_fits(dev, h // 2, hd):
         pytest.skip("no wide tile for this shape")

@@ -46,10 +46,11 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
         c["BLOCKS"] = True
     kl = keys_ahead if keys_ahead is not None else dev.dummy
     group = heads // kv_heads
+    fits = wide_tile_fits(dev, group, head_dim)
     if wide is None:
-        wide = tiled is not False and tile_rows is None and head_dim > 256 and wide_tile_fits(dev, group, head_dim)
+        wide = tiled is not False and tile_rows is None and head_dim > 256 and fits
     if wide:
-        if not wide_tile_fits(dev, group, head_dim):
+        if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
         p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
         bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
