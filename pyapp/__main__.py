@@ -652,7 +652,8 @@ def _audio_args(p, what: str) -> None:
                         f"repeatable): {what}")
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line: every command, its options and their defaults (tests build their arguments here too)."""
     ap = _Parser(prog="python -m pyapp", description="Gemma 4 on WebGPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -774,8 +775,11 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=["native"], default="native")
     _memory_args(p)
     p.set_defaults(fn=cmd_finetune)
+    return ap
 
-    args = ap.parse_args(argv)
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
         return args.fn(args)
     except (Gemma4Error, OSError) as e:   # ours carry the message a user needs; OSError: a path given

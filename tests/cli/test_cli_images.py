@@ -81,15 +81,14 @@ def test_generate_with_an_image_reads_its_soft_tokens(picture):
     r = pyapp("generate", FORMS / "ollama-dense.gguf", "--prompt", "What is this?", "--image", picture,
               "--image-tokens", 70, "--max-tokens", 6)
     assert "96 prompt tokens (60 of them the images')" in r.stderr
-    from pyapp.__main__ import _loaded, _media_parts, _read_image
+    from pyapp.__main__ import _loaded, _media_parts, _read_image, parser
     from pyapp.app.reply import reply
     from pyapp.gguf import read_gguf
     from pyapp.sampling import SamplingParams
     from pyapp.steps import run
 
-    class Args:
-        context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
-    session = _loaded(read_gguf(FORMS / "ollama-dense.gguf"), Args())
+    args = parser().parse_args(["generate", str(FORMS / "ollama-dense.gguf"), "--prompt", "x", "--context", "2048"])
+    session = _loaded(read_gguf(FORMS / "ollama-dense.gguf"), args)
     parts = run(_media_parts(session, [_read_image(str(picture), 70)], [], 70))
     want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
                      params=SamplingParams(temperature=0, max_tokens=6)))
@@ -166,15 +165,14 @@ def test_the_12b_generates_with_an_image(picture):
     r = pyapp("generate", FORMS / "gemma4-12b.gguf", "--prompt", "What is this?", "--image", picture,
               "--image-tokens", 70, "--mmproj", FORMS / "mmproj-12b.gguf", "--max-tokens", 6)
     assert "of them the images')" in r.stderr and "(60 of them" in r.stderr
-    from pyapp.__main__ import _loaded, _media_parts, _read_image
+    from pyapp.__main__ import _loaded, _media_parts, _read_image, parser
     from pyapp.app.reply import reply
     from pyapp.gguf import read_gguf
     from pyapp.sampling import SamplingParams
     from pyapp.steps import run
 
-    class Args:
-        context, gpu_memory, expert_cache, ple_in_file, lora, lora_scale = 2048, None, None, False, None, None
-    session = _loaded(read_gguf(FORMS / "gemma4-12b.gguf"), Args())
+    args = parser().parse_args(["generate", str(FORMS / "gemma4-12b.gguf"), "--prompt", "x", "--context", "2048"])
+    session = _loaded(read_gguf(FORMS / "gemma4-12b.gguf"), args)
     session.projector = read_gguf(FORMS / "mmproj-12b.gguf")
     parts = run(_media_parts(session, [_read_image(str(picture), 70)], [], 70))
     want = run(reply(session, [{"role": "user", "content": parts + [{"type": "text", "text": "What is this?"}]}],
