@@ -1,7 +1,9 @@
 // Decode attention, split over the keys: one query token, or a few (speculative decoding's token
 // and drafts, each its own query at S.pos0 + t; PREP == 0 then). Mirrors reference.forward
 // attention for those rows: softmax(SCALE * q k^T + mask) v over keys j <= pos (and pos - j <
-// WINDOW when WINDOW > 0); query head h reads KV head h / (H / HKV).
+// WINDOW when WINDOW > 0); query head h reads KV head h / (H / HKV). KEYS_BEFORE = 1 (an assistant
+// drafter's query, which reads the target's cache): the keys end before the query's own position,
+// j <= pos - 1, the window then counted back from pos - 1.
 //
 // Q: f32 [T, H, HD] (or raw projections, PREP). KC, VC: f32 [HKV, CTX, HD], position j in slot
 // j % CTX. Read as vec4 (HD % 4 == 0, HD <= 512).
@@ -19,6 +21,7 @@
 //!include attention_shape
 override WINDOW: u32 = 0u;
 override NSPLIT: u32 = 1u;
+override KEYS_BEFORE: u32 = 0u;
 
 const WG: u32 = 128u;
 const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
@@ -89,8 +92,12 @@ fn prep_vec4(base: u32, d4: u32, inv: f32, pos: f32, is_k: bool) -> vec4<f32> {
                      prep_dim(base, i + 2u, inv, pos, is_k), prep_dim(base, i + 3u, inv, pos, is_k));
 }
 
+// The keys a query at pos sees: [query_range(pos), key_end(pos)).
+fn key_end(pos: u32) -> u32 { return pos + 1u - KEYS_BEFORE; }
+
 fn query_range(pos: u32) -> u32 {
-    if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
+    let end = key_end(pos);
+    if (WINDOW > 0u && end > WINDOW) { return end - WINDOW; }
     return 0u;
 }
 
@@ -120,15 +127,16 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let pos = S.pos0 + t;
     let kvh = h / (H / HKV);
     let lo = query_range(pos);
+    let end = key_end(pos);
     let k0 = lo + s * CH;
     let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
     let pbase = ((t * H + h) * NSPLIT + s) * stride;
-    if (k0 > pos) {                          // past the last key: an empty partial
+    if (k0 >= end) {                         // past the last key: an empty partial
         if (lid == 0u) { PART[pbase] = vec4<f32>(NEG, 0.0, 0.0, 0.0); }
         for (var d = lid; d < hd4(); d += WG) { PART[pbase + 1u + d] = vec4<f32>(0.0); }
         return;
     }
-    let n = min(CH, pos + 1u - k0);
+    let n = min(CH, end - k0);
     if (PREP == 0u) {
         for (var d = lid; d < hd4(); d += WG) {
             let b = (t * H + h) * HD + 4u * d;
@@ -216,7 +224,7 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let stride = hd4() + 1u;
     let pos = S.pos0 + t;
     let p0 = (t * H + h) * NSPLIT;            // token t, head h's first partial
-    let used = min(NSPLIT, (pos - query_range(pos)) / CH + 1u);   // the splits that held keys
+    let used = min(NSPLIT, (key_end(pos) - query_range(pos) + CH - 1u) / CH);   // the splits that held keys
     // the splits' (m, l) read in parallel, then a max and a sum over the workgroup
     var mx = NEG;
     for (var s = lid; s < used; s += WG) {

@@ -24,8 +24,7 @@ from ..model.weights import WeightsError, bind
 from ..runtime.adapters import GpuAdapters
 from ..runtime.loaded import EngineError
 from ..runtime.memory import PlanError, plan_memory
-from ..runtime.requests import FileToGpu, ReadFile
-from ..runtime.upload import ModelError, binding_limit, f32_vector, plan_uploads
+from ..runtime.upload import ModelError, binding_limit, perform, plan_uploads
 from ..sampling import check_context_length
 from ..source import SourceError
 
@@ -129,13 +128,10 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     for u in uploads:
         if cancelled and cancelled():
             raise EngineError("loading cancelled")
-        if u.to_f32 is None:
-            yield FileToGpu(u.buffer, u.offset, u.n, u.dst_offset)
-        else:
-            try:
-                dev.write(u.buffer, f32_vector((yield ReadFile(u.offset, u.n)), u.to_f32), u.dst_offset)
-            except ModelError as e:
-                raise EngineError(str(e)) from e
+        try:
+            yield from perform(dev, u)
+        except ModelError as e:
+            raise EngineError(str(e)) from e
         done += u.n
         if progress:
             progress(done, total, time.perf_counter() - t0)

@@ -470,12 +470,16 @@ class KvStore(Op):
 @dataclass(eq=False)
 class Attend(Op):
     """out = softmax(q k^T, causal [+ sliding window]) v over the cache. prep (one token): q (and k, v)
-    are raw projections that the decode attention's split kernel norms, ropes (and stores) itself."""
+    are raw projections that the decode attention's split kernel norms, ropes (and stores) itself.
+    keys_before = 1 (one token): the keys before the query's position only, and on sliding layers the
+    last `window` of them (None: cfg.sliding_window): an assistant drafter's query over its target's cache."""
     lc: object
     q: Buffer
     cache: object
     out: Buffer
     prep: K.QueryPrep | None = None
+    keys_before: int = 0
+    window: int | None = None
 
     def reads(self) -> tuple:
         return (self.q, self.cache.k, self.cache.v)
@@ -486,10 +490,12 @@ class Attend(Op):
     def lower(self, L: Lowering) -> None:
         s, lc, c, cfg = L.s, self.lc, self.cache, L.cfg
         H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
-        window = cfg.sliding_window if lc.sliding else 0
+        window = (cfg.sliding_window if self.window is None else self.window) if lc.sliding else 0
+        if self.keys_before and L.T != 1:
+            raise AssertionError("a query that sees only earlier keys is one token's (the drafter's)")
         if L.T == 1:
             K.attention_decode(L.dev, self.q, c.k, c.v, self.out, s.partials, L.step, H, kvh, hd, c.slots,
-                               s.max_keys(lc), window=window, plan=L.plan, prep=self.prep)
+                               s.max_keys(lc), window=window, plan=L.plan, prep=self.prep, keys_before=self.keys_before)
         elif L.few and s.few_partials() is not None:     # a few queries: each split over the keys too
             K.attention_decode(L.dev, self.q, c.k, c.v, self.out, s.few_partials(), L.step, H, kvh, hd, c.slots,
                                s.max_keys(lc), window=window, plan=L.plan, max_tokens=L.T)

@@ -184,14 +184,18 @@ class Runner:
         self.dev.submit(self.head_plan(row, sample=False))
         return (yield ReadGpu(self.state.logits, 0, 4 * self.cfg.vocab_size))
 
-    def final_norm_row(self, row: int | None):
-        """Steps: a final-normed row the heads computed last, float32 bytes [hidden]: row `row` of the greedy
-        head's rows (greedy), or (None) the one row of the last head_plan (sample, logits). An assistant
-        drafter starts from it."""
-        s, width = self.state, 4 * self.cfg.hidden
+    def final_norm_at(self, row: int | None) -> tuple:
+        """(buffer, byte offset) of a final-normed row the heads computed last, float32 [hidden]: row `row` of
+        the greedy head's rows (greedy), or (None) the one row of the last head_plan (sample, logits). An
+        assistant drafter starts from it."""
         if row is None:
-            return (yield ReadGpu(s.x_last_norm, 0, width))
-        return (yield ReadGpu(s.x_rows_norm, row * width, width))
+            return self.state.x_last_norm, 0
+        return self.state.x_rows_norm, 4 * self.cfg.hidden * row
+
+    def final_norm_row(self, row: int | None):
+        """Steps: the bytes of that row (final_norm_at)."""
+        buffer, offset = self.final_norm_at(row)
+        return (yield ReadGpu(buffer, offset, 4 * self.cfg.hidden))
 
     def kv_of_layer(self, layer: int):
         """Steps: (K bytes, V bytes, slots) of a layer that computes its own K/V: float32 [n_kv_heads,

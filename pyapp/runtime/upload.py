@@ -134,6 +134,24 @@ def encoder_tensor(dev: Device, t, as_f32: bool = False, scale: float = 1.0):
     return GpuTensor(t.name, t.type, t.shape, [Part(buf, 0, t.n_elements // t.shape[0])])
 
 
+def perform(dev: Device, u: Upload):
+    """Steps (FileToGpu, or ReadFile and a write): one upload."""
+    if u.to_f32 is None:
+        yield FileToGpu(u.buffer, u.offset, u.n, u.dst_offset)
+    else:
+        dev.write(u.buffer, f32_vector((yield ReadFile(u.offset, u.n)), u.to_f32), u.dst_offset)
+
+
+def model_tensor(dev: Device, t):
+    """Steps: a tensor of a model loaded beside the main one (an assistant drafter) on the GPU, as the main
+    model's are (plan_uploads): a vector as f32, a matrix as stored in row blocks that each fit one binding."""
+    uploads: list[Upload] = []
+    g = _vector(dev, t, uploads) if len(t.shape) == 1 else _matrix(dev, t, binding_limit(dev.limits), uploads)
+    for u in uploads:
+        yield from perform(dev, u)
+    return g
+
+
 def binding_limit(limits: dict) -> int:
     """The most bytes one binding may hold on a device with these limits (WebGPU's defaults if absent)."""
     return min(limits.get("max_storage_buffer_binding_size", 1 << 27), limits.get("max_buffer_size", 1 << 28))

@@ -1,9 +1,10 @@
-"""An assistant drafter as the engine's draft source (issue 29 goal 4): the numpy drafter
-(pyapp/families/gemma4_assistant/source.py) fed the target's final-normed rows and K/V read back from
-the GPU. Greedy output with it equals greedy output without it, and its first drafts after the prompt
-are transformers' (tests/fixtures/assistant/: the GPU's rows and positions are the ones transformers
-chains). The random drafter was not trained on the target: its later drafts are rarely accepted (the
-rate is printed)."""
+"""An assistant drafter as the engine's draft source (issue 29 goal 4): on the GPU
+(pyapp/families/gemma4_assistant/runner.py, GpuDrafts) and the numpy drafter fed the target's final-normed rows
+and K/V read back from the GPU (reference.ReferenceDrafts). Greedy output with either equals greedy output
+without it; the GPU drafter's rounds are the numpy drafter's, round by round; its first drafts after a prompt
+and its chained state are transformers' (tests/fixtures/assistant/: the GPU's rows and positions are the ones
+transformers chains). The random drafter was not trained on the target: its later drafts are rarely accepted
+(the rate is printed)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ GOLDEN = FIXTURES / "assistant" / "gemma4-assistant-f32.golden.npz"
 def test_greedy_output_unchanged_with_the_drafter(dev, chunk):
     from pyapp.engine import Engine, SamplingParams
     from pyapp.families.gemma4_assistant.reference import DrafterReference
-    from pyapp.families.gemma4_assistant.source import ReferenceDrafts
+    from pyapp.families.gemma4_assistant.reference import ReferenceDrafts
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
     golden = np.load(GOLDEN)
@@ -39,3 +40,74 @@ def test_greedy_output_unchanged_with_the_drafter(dev, chunk):
     assert spec.tokens == plain.tokens
     assert spec.drafted > 0
     assert source.drafts_made[0] == golden["tokens_2"].tolist()
+
+
+def gpu_drafter(eng):
+    from pyapp.families.gemma4_assistant.runner import GpuDrafter
+    from pyapp.gguf import read_gguf
+    return GpuDrafter.open(eng.dev, read_gguf(DRAFTER), eng.runner)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [0, 1, 2])     # prompts shorter than the drafter's window + 1, equal, longer
+def test_gpu_draft_steps_equal_transformers(dev, case):
+    """After the target read a prompt on the GPU, four chained draft steps on the GPU (one round) give
+    transformers' draft tokens, and the state the fourth step leaves equals transformers' (f32)."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    golden = np.load(GOLDEN)
+    prompt = golden[f"prompt_{case}"].tolist()
+    eng = Engine.open(read_gguf(TARGET), device=dev, context_length=64, chunk=16, int8=False)
+    first = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=1), stop_ids=())
+    assert first.tokens == golden[f"first_token_{case}"].tolist()
+    drafter = gpu_drafter(eng)
+    drafts = eng.drive(drafter.draft(first.tokens[0], len(prompt), None, 4))
+    assert drafts == golden[f"tokens_{case}"].tolist()
+    state = np.frombuffer(bytes(eng.drive(read(drafter.state.state_out))), np.float32)
+    np.testing.assert_allclose(state, golden[f"states_{case}"][-1], atol=1e-4, rtol=1e-4)
+
+
+def read(buffer):
+    """Steps: a buffer's bytes."""
+    from pyapp.runtime.requests import ReadGpu
+    return (yield ReadGpu(buffer, 0, buffer.size))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [5, 16])      # a sliding ring of 8 slots (drafts skipped where it lost a key), of 19
+def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
+    """Speculative greedy generation with the drafter on the GPU: the target's greedy tokens unchanged, and
+    each round's drafts the numpy drafter's from the same target rows and K/V (its source run alongside)."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.families.gemma4_assistant.reference import DrafterReference, ReferenceDrafts
+    from pyapp.families.gemma4_assistant.source import GpuDrafts
+    from pyapp.gguf import read_gguf
+    from pyapp.reference.forward import ReferenceModel
+    golden = np.load(GOLDEN)
+    prompt = golden["prompt_2"].tolist()
+    target = read_gguf(TARGET)
+    eng = Engine.open(target, device=dev, context_length=128, chunk=chunk, int8=False)
+    plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
+    numpy_source = ReferenceDrafts(DrafterReference(read_gguf(DRAFTER)), eng.config, ReferenceModel(target).w.token_embd)
+    gpu_source = GpuDrafts(gpu_drafter(eng))
+
+    class Both:
+        """The GPU's drafts, with the numpy drafter's from the same rows and K/V beside them."""
+        def __call__(self, prompt):
+            return self
+
+        def append(self, token):
+            pass
+
+        def draft(self, eng, tok, fed, limit, state_row):
+            want = yield from numpy_source.draft(eng, tok, fed, limit, state_row)
+            got = yield from gpu_source.draft(eng, tok, fed, limit, state_row)
+            return got
+
+    eng.drafter = Both()
+    eng.reset()
+    spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    print(f"chunk {chunk}: {spec.accepted}/{spec.drafted} drafts accepted, {len(gpu_source.drafts_made)} rounds")
+    assert spec.tokens == plain.tokens
+    assert len(gpu_source.drafts_made) > 3
+    assert gpu_source.drafts_made == numpy_source.drafts_made

@@ -207,3 +207,33 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
     if mode == 2:
         got_k = read_f32(dev, kcb, kc.size).reshape(kc.shape)[:, pos % ctx]
         np.testing.assert_allclose(got_k, keys[:, pos], atol=2e-5)
+
+
+@pytest.mark.parametrize("prep", [False, True])
+@pytest.mark.parametrize("hd,window,pos,ctx", [(64, 0, 1, 128), (256, 0, 77, 128), (512, 0, 40, 128),
+                                                (36, 9, 70, 128), (256, 9, 5, 128), (128, 33, 100, 40)])
+def test_attention_decode_keys_before_the_query(dev, prep, hd, window, pos, ctx):
+    """keys_before=1 (an assistant drafter's query over its target's cache): the query at pos sees the keys
+    before it only, j <= pos - 1, and with a window the `window` keys that end there; its own position's
+    slot holds a key it must not see, and a ring (ctx 40) holds the window. prep: the raw query normed and
+    roped at pos by the kernel (mode 1)."""
+    rng = np.random.default_rng(hd + pos + window)
+    h, hkv = 4, 1
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    for j in range(pos + 1):                     # the key at pos is there too: the target wrote it ahead
+        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
+    q_raw = rng.standard_normal((h, hd)).astype(np.float32)
+    qw = (1 + 0.3 * rng.standard_normal(hd)).astype(np.float32)
+    nrot = hd // 2
+    q = rope_neox(rms_norm(q_raw[None], qw, 1e-6), np.array([pos]), nrot, 10000.0)[0] if prep else q_raw * 0.3
+    max_keys = window or ctx
+    part = dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * h * hd)
+    query_prep = K.QueryPrep(1, 0, f32(dev, qw), nrot, 10000.0) if prep else None
+    dev.submit(K.attention_decode(dev, f32(dev, q_raw if prep else q), f32(dev, kc), f32(dev, vc), out, part,
+                                  step_buffer(dev, 1, pos), h, hkv, hd, ctx, max_keys, window=window,
+                                  prep=query_prep, keys_before=1))
+    want = decode_attention_ref(q, keys[:, :pos], vals[:, :pos], pos - 1, window)
+    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=5e-5)   # f32 RoPE at pos 77

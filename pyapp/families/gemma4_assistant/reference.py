@@ -30,6 +30,7 @@ import numpy as np
 from ...reference.forward import gelu_tanh, rms_norm, rope_neox
 from ...reference.quants import load_tensor
 from .config import DrafterConfig
+from .source import DraftSource
 from .weights import bind
 
 
@@ -191,3 +192,47 @@ def cut_back(cache, length: int) -> None:
         cache.k[layer] = cache.k[layer][:, :length]
         cache.v[layer] = cache.v[layer][:, :length]
     cache.length = length
+
+
+class ReferenceDrafts(DraftSource):
+    def __init__(self, drafter: DrafterReference, target_config, target_token_embd: np.ndarray):
+        super().__init__(target_config)
+        drafter.cfg.check_target(target_config)
+        self.drafter = drafter
+        self.layers = {self.sliding_source: target_config.layers[self.sliding_source],
+                       self.full_source: target_config.layers[self.full_source]}
+        self.target_embed = target_embedder(target_token_embd)
+
+    def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
+        """Steps: up to `limit` drafts after tok, at its position, by the numpy drafter."""
+        position = self.position(eng, fed)
+        if limit <= 0 or position == 0:
+            return []
+        sliding = yield from self.keys_and_values(eng, self.sliding_source, self.first_sliding(position), position)
+        full = yield from self.keys_and_values(eng, self.full_source, 0, position)
+        if sliding is None or full is None:
+            return []
+        row = yield from eng.runner.final_norm_row(state_row)
+        state = np.frombuffer(bytes(row), np.float32)
+        kv = TargetKV(*sliding, *full)
+        steps = self.drafter.draft(self.target_embed, tok, state, position, kv, limit)
+        drafts = [step.token for step in steps]
+        self.drafts_made.append(drafts)
+        return drafts
+
+    def keys_and_values(self, eng, layer: int, first: int, end: int):
+        """Steps: a layer's K and V [n_kv_heads, end, head_dim] with positions first..end-1 filled from its
+        cache (the rest zero: never looked at), or None when its ring has overwritten one of them."""
+        if not self.holds(eng, layer, first):
+            return None
+        keys, values, slots = yield from eng.runner.kv_of_layer(layer)
+        lc = self.layers[layer]
+        shape = (lc.n_kv_heads, slots, lc.head_dim)
+        cached_keys = np.frombuffer(bytes(keys), np.float32).reshape(shape)
+        cached_values = np.frombuffer(bytes(values), np.float32).reshape(shape)
+        slot_of = np.arange(first, end) % slots
+        out_keys = np.zeros((lc.n_kv_heads, end, lc.head_dim), np.float32)
+        out_values = np.zeros_like(out_keys)
+        out_keys[:, first:end] = cached_keys[:, slot_of]
+        out_values[:, first:end] = cached_values[:, slot_of]
+        return out_keys, out_values

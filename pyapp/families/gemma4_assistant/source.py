@@ -1,71 +1,63 @@
-"""An assistant drafter as the engine's draft source, drafting on the CPU with the numpy reference from
-the target's state and K/V read back from the GPU (CPython; the drafter's GPU forward is not written
-yet). It shows the engine hands the drafter the right rows and positions: greedy output must not
-change, and the drafts are the reference chain's.
+"""An assistant drafter as the engine's draft source (`Engine.drafter`): after the newest token, a round of
+drafts from the target's state and K/V.
 
-    engine.drafter = ReferenceDrafts(DrafterReference(drafter_gguf), engine.config, target_token_embd)
+  GpuDrafts(GpuDrafter)        the drafter on the GPU (runner.py): one submit and one readback a round
+  reference.ReferenceDrafts    the numpy drafter on the CPU, fed the target's state and K/V read back from the
+                               GPU (CPython): what shows the GPU's rows and positions are the right ones
+
+Both draft nothing where the target's sliding ring no longer holds the window + 1 keys before the token
+(a long rollback overwrote one), and nothing at position 0. `drafts_made` keeps each round's drafts.
+
+    engine.drafter = GpuDrafts(GpuDrafter.open(dev, drafter_gguf, engine.runner))
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from .config import kv_layer
-from .reference import DrafterReference, TargetKV, target_embedder
 
 
-class ReferenceDrafts:
-    def __init__(self, drafter: DrafterReference, target_config, target_token_embd: np.ndarray):
-        drafter.cfg.check_target(target_config)
-        self.drafter = drafter
+class DraftSource:
+    """What both sources share: a source per generation (nothing kept between tokens: the drafter reads the
+    target), where a round drafts, and whether the target's rings still hold its keys."""
+
+    def __init__(self, target_config):
         self.window = target_config.sliding_window
         self.sliding_source = kv_layer(target_config, True)
         self.full_source = kv_layer(target_config, False)
-        self.layers = {self.sliding_source: target_config.layers[self.sliding_source],
-                       self.full_source: target_config.layers[self.full_source]}
-        self.target_embed = target_embedder(target_token_embd)
-        self.hidden = target_config.hidden
         self.drafts_made: list[list[int]] = []      # each round's drafts (tests compare them with the reference's)
 
-    def __call__(self, prompt: list[int]) -> "ReferenceDrafts":
-        """The source of one generation (nothing kept between tokens: the drafter reads the target)."""
+    def __call__(self, prompt: list[int]) -> "DraftSource":
         return self
 
     def append(self, token: int) -> None:
         pass
 
+    @staticmethod
+    def position(eng, fed: bool) -> int:
+        """The newest token's position (its K/V, when its step ran ahead, is not read)."""
+        return len(eng.cached) - 1 if fed else len(eng.cached)
+
+    def first_sliding(self, position: int) -> int:
+        """The first position a sliding layer's query at `position` sees (window + 1 keys before it)."""
+        return max(0, position - self.window - 1) if self.window else 0
+
+    @staticmethod
+    def holds(eng, layer: int, first: int) -> bool:
+        """Whether layer's cache still holds position `first` (a ring keeps the last `slots` written)."""
+        return first >= eng.kv_end - eng.runner.state.kv[layer].slots
+
+
+class GpuDrafts(DraftSource):
+    def __init__(self, drafter):
+        super().__init__(drafter.runner.cfg)
+        self.drafter = drafter
+
     def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
-        """Steps: up to `limit` drafts after tok, at its position (tok's K/V, when its step ran ahead, is not
-        read); none when the sliding ring no longer holds the window + 1 keys before it."""
-        position = len(eng.cached) - 1 if fed else len(eng.cached)
-        if limit <= 0 or position == 0:
+        """Steps: up to `limit` drafts after tok (a round on the GPU), from the final-normed row state_row."""
+        from .runner import MAX_DRAFTS
+        position = self.position(eng, fed)
+        if limit <= 0 or position == 0 or not self.holds(eng, self.sliding_source, self.first_sliding(position)):
             return []
-        first_sliding = max(0, position - self.window - 1)
-        sliding = yield from self.keys_and_values(eng, self.sliding_source, first_sliding, position)
-        full = yield from self.keys_and_values(eng, self.full_source, 0, position)
-        if sliding is None or full is None:
-            return []
-        row = yield from eng.runner.final_norm_row(state_row)
-        state = np.frombuffer(bytes(row), np.float32)
-        kv = TargetKV(*sliding, *full)
-        steps = self.drafter.draft(self.target_embed, tok, state, position, kv, limit)
-        drafts = [step.token for step in steps]
+        drafts = yield from self.drafter.draft(tok, position, state_row, min(limit, MAX_DRAFTS))
         self.drafts_made.append(drafts)
         return drafts
-
-    def keys_and_values(self, eng, layer: int, first: int, end: int):
-        """Steps: a layer's K and V [n_kv_heads, end, head_dim] with positions first..end-1 filled from its
-        cache (the rest zero: never looked at), or None when its ring has overwritten one of them."""
-        keys, values, slots = yield from eng.runner.kv_of_layer(layer)
-        if first < eng.kv_end - slots:
-            return None
-        lc = self.layers[layer]
-        shape = (lc.n_kv_heads, slots, lc.head_dim)
-        cached_keys = np.frombuffer(bytes(keys), np.float32).reshape(shape)
-        cached_values = np.frombuffer(bytes(values), np.float32).reshape(shape)
-        slot_of = np.arange(first, end) % slots
-        out_keys = np.zeros((lc.n_kv_heads, end, lc.head_dim), np.float32)
-        out_values = np.zeros_like(out_keys)
-        out_keys[:, first:end] = cached_keys[:, slot_of]
-        out_values[:, first:end] = cached_values[:, slot_of]
-        return out_keys, out_values

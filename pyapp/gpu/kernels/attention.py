@@ -135,18 +135,22 @@ class QueryPrep:
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
-                     max_tokens: int = 1) -> Plan:
+                     max_tokens: int = 1, keys_before: int = 0) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
     workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees.
     prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
+    keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
+    target's cache), the window counted back from there; it stores nothing (prep mode 1 at most).
     max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
     already normed and roped; partials: decode_partials(...) * max_tokens floats."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     if max_tokens > 1 and prep is not None:
         raise ValueError("decode attention over several tokens takes q normed and roped (no prep)")
+    if keys_before not in (0, 1) or (keys_before and prep is not None and prep.mode == 2):
+        raise ValueError("keys_before is 0 or 1, and a query that sees only earlier keys stores none")
     nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
-    c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit)
+    c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit, KEYS_BEFORE=keys_before)
     res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
     if prep is not None:
         c.update(PREP=prep.mode, QOFF=prep.q_off, KOFF=prep.k_off, VOFF=prep.v_off, NROT=prep.rope_dims,
