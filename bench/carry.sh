@@ -5,8 +5,8 @@
 #
 # .carry/base  (~10 MiB)  llama.cpp.tar.xz   llama.cpp source from the llama-cpp-python sdist
 #                                            (.cache/sdist, see build.py), trimmed to what the
-#                                            CUDA build of llama-bench, llama-quantize and
-#                                            llama-mtmd-cli needs
+#                                            CUDA build of llama-bench, llama-quantize,
+#                                            llama-mtmd-cli and llama-speculative-simple needs
 #                         vocab.gguf.xz      llama.cpp's ggml-vocab-gemma-4.gguf (tokenizer keys
 #                                            for the bench models; a26b's gemma4.* header)
 #                         whl/*.whl          wgpu cffi pycparser rendercanvas gguf, cp312 manylinux
@@ -63,6 +63,15 @@ llama_add_compile_flags()
 add_subdirectory(llama-bench)
 add_subdirectory(quantize)
 add_subdirectory(mtmd)
+EOF
+# examples/speculative-simple (llama-speculative-simple: an assistant drafter, issue 29 goal 4) alone
+mkdir -p "$DST/examples"
+cp -a "$SRC/examples/speculative-simple" "$DST/examples/"
+cat > "$DST/examples/CMakeLists.txt" <<'EOF'
+# trimmed by bench/carry.sh: only speculative-simple (llama-speculative-simple)
+find_package(Threads REQUIRED)
+llama_add_compile_flags()
+add_subdirectory(speculative-simple)
 EOF
 VERSION=$(basename "$SDIST" .tar.gz)
 echo "$VERSION" > "$DST/SOURCE"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def step_costs(eng, speculate: int, repeat: int = 5):
     if not speculate:
         return {}
     n = min(1 + speculate, eng.runner.head_rows)
+    drafting = yield from drafter_costs(eng, n - 1, repeat)
     runs = {"one": (1, False), "few": (n, True), "tiles": (n, False)}
     times = {k: [] for k in runs}
     for _ in range(repeat):
@@ -114,9 +116,41 @@ def step_costs(eng, speculate: int, repeat: int = 5):
             times[key].append((yield from eng.timed_step(ids, pos, few)))
     eng.reset()                  # those steps wrote K/V past the cached tokens
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    break_even = (ms["few"] + drafting.get("drafter_round_ms", 0.0)) / ms["one"]
     return {"one_token_step_ms": round(ms["one"], 3), "draft_step_tokens": n,
             "draft_step_ms": round(ms["few"], 3), "draft_step_tiles_ms": round(ms["tiles"], 3),
-            "break_even_tokens_per_step": round(ms["few"] / ms["one"], 2)}
+            **drafting, "break_even_tokens_per_step": round(break_even, 2),
+            "break_even_acceptance": round(acceptance_for(break_even, n - 1), 3)}
+
+
+def drafter_costs(eng, n: int, repeat: int):
+    """Steps: with an assistant drafter on the GPU (eng.drafter a GpuDrafts), a round of n drafts after the
+    last cached token, submit to readback, median of `repeat` in ms, and its share per draft."""
+    drafter = getattr(eng.drafter, "drafter", None)
+    if drafter is None or len(eng.cached) < 2:
+        return {}
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        yield from drafter.draft(eng.cached[-1], len(eng.cached) - 1, None, n)
+        times.append(time.perf_counter() - t0)
+    ms = 1000 * statistics.median(times)
+    return {"drafter_round_ms": round(ms, 3), "drafter_ms_per_draft": round(ms / n, 3)}
+
+
+def acceptance_for(tokens_per_step: float, n: int) -> float:
+    """The chance a draft is accepted (each alike, until the first rejected) at which a step of n drafts gives
+    tokens_per_step tokens on average: 1 + a + ... + a^n = tokens_per_step (1.0 when even all do not)."""
+    if tokens_per_step >= n + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        a = (lo + hi) / 2
+        if sum(a ** i for i in range(n + 1)) < tokens_per_step:
+            lo = a
+        else:
+            hi = a
+    return (lo + hi) / 2
 
 
 def memory(eng, runs: list) -> dict:

@@ -49,6 +49,12 @@
 #            greedy, for each prompt kind of SPEC_PROMPTS (repeat: a random block of 16 ids repeated;
 #            random) and each SPEC_N (0: off, the baseline; N: up to N prompt-lookup drafts a step):
 #            decode tok/s with drafted, accepted, tokens_per_step -> speculate.jsonl, then table
+#   drafter  an assistant drafter (issue 29 goal 4) on DRAFTER_MODEL, for each type of DRAFTER_QUANTS: writes
+#            MODEL_DIR/bench-SHAPE-assistant-TYPE.gguf (tools/make_bench_drafter.py) if missing, then for each
+#            DRAFTER_N: ours natively (python -m pyapp bench --draft-model, --speculate N: decode tok/s, what a
+#            round of N drafts costs, the acceptance that pays for it) and on the browser path (DRAFTER=...
+#            node_bench.mjs), then llama.cpp's llama-speculative-simple --spec-type draft-mtp on the same two
+#            files (greedy, -n GEN) when built -> drafter/*, llama.cpp's outputs also in drafter-llama.log
 #   vision   image input (issue 28), for each shape of VISION_SHAPES (e2b a26b): writes the projector
 #            MODEL_DIR/mmproj-bench-SHAPE.gguf (tools/make_vision_bench.py) if missing, then natively
 #            bench/vision_bench.py (encode at each of VISION_BUDGETS, and the time to first token of a prompt
@@ -138,7 +144,10 @@ SPEC_MODELS=${SPEC_MODELS:-"e2b:Q4_K"}
 SPEC_PROMPTS=${SPEC_PROMPTS:-"repeat random"}
 SPEC_N=${SPEC_N:-"0 4 8 16"}
 SPEC_GEN=${SPEC_GEN:-$GEN}
-BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-quantize llama-mtmd-cli"}
+BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-quantize llama-mtmd-cli llama-speculative-simple"}
+DRAFTER_MODEL=${DRAFTER_MODEL:-e2b:Q4_K}
+DRAFTER_QUANTS=${DRAFTER_QUANTS:-"F16 Q8_0"}
+DRAFTER_N=${DRAFTER_N:-"2 4 8"}
 VISION_SHAPES=${VISION_SHAPES:-"e2b a26b"}
 VISION_BUDGETS=${VISION_BUDGETS:-"280 1120"}
 VISION_QUANT=${VISION_QUANT:-Q4_K}
@@ -185,6 +194,7 @@ build_targets() {
     for t in $BUILD_TARGETS; do
         [ "$t" = llama-mtmd-cli ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/tools/mtmd" ] && continue
         [ "$t" = llama-quantize ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/tools/quantize" ] && continue
+        [ "$t" = llama-speculative-simple ] && [ -d "$W/llama.cpp" ] && [ ! -d "$W/llama.cpp/examples/speculative-simple" ] && continue
         out+=("$t")
     done
     echo "${out[*]}"
@@ -265,8 +275,9 @@ step_build() {
     local gen=Ninja
     command -v ninja >/dev/null || gen="Unix Makefiles"
     rm -f "$W/build.rc"
-    local targets
+    local targets examples=OFF
     targets=$(build_targets)
+    [ -d "$W/llama.cpp/examples/speculative-simple" ] && examples=ON      # carry.sh keeps that one example
     [ -d "$W/llama.cpp/tools/mtmd" ] || log "build: the carried llama.cpp has no tools/mtmd (an old .carry/base): no llama-mtmd-cli"
     log "build: $targets ($gpu, $gen) in the background, -j $JOBS, log $W/build.log"
     # setsid: its own process session, so it runs on after this call returns
@@ -274,7 +285,7 @@ step_build() {
         set -o pipefail
         start=\$(date +%s)
         cmake -S '$W/llama.cpp' -B '$W/build' -G '$gen' -DCMAKE_BUILD_TYPE=Release $gpu \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$examples -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_COMMIT='$(cat "$W/llama.cpp/SOURCE")' \
         && cmake --build '$W/build' --target $targets -j $JOBS
         rc=\$?
@@ -554,6 +565,48 @@ step_speculate() {
         done
     done
     step_table
+}
+
+# an assistant drafter beside its target (issue 29 goal 4): ours natively and on the browser path, then
+# llama.cpp's llama-speculative-simple (--spec-type draft-mtp) on the same target and drafter files
+step_drafter() {
+    local shape=${DRAFTER_MODEL%%:*} target name q drafter n res
+    busy drafter && return 1
+    mkdir -p "$RES/drafter"
+    target=$(text_model drafter "$DRAFTER_MODEL")
+    [ -n "$target" ] || return 1
+    name=$(model_name "$DRAFTER_MODEL")
+    for q in $DRAFTER_QUANTS; do
+        drafter=$MODEL_DIR/bench-$shape-assistant-$q.gguf
+        make_once "$drafter" drafter "$PY" tools/make_bench_drafter.py --target "$shape" --quant "$q" || continue
+        for n in $DRAFTER_N; do
+            res=$RES/drafter/native-$name-$q-$n.jsonl
+            if ! done_already "$res"; then
+                log "drafter (native): $name + $q drafter, $n drafts a step"
+                limited 20 "$PY" -m pyapp bench "$target" --json --prompt-tokens "$PROMPT" --decode-tokens "$GEN" \
+                    --context "$CONTEXT" --prompt-step "$CHUNK" --speculate "$n" --draft-model "$drafter" \
+                    > "$res.tmp" && tail -1 "$res.tmp" > "$res"
+                cat "$res" 2>/dev/null
+            fi
+            res=$RES/drafter/browser-$name-$q-$n.jsonl
+            if [ -x "$W/bin/node" ] && ! done_already "$res"; then
+                log "drafter (browser): $name + $q drafter, SPECULATE=$n"
+                DRAFTER=$drafter SPECULATE=$n PROMPT_TOKENS=$PROMPT GEN_TOKENS=$GEN CONTEXT=$CONTEXT CHUNK=$CHUNK \
+                    PYODIDE_DIR=$W/pyodide WEBGPU_DIR=$W/webgpu \
+                    limited 20 "$W/bin/node" bench/node_bench.mjs "$target" > "$res.tmp" && mv "$res.tmp" "$res"
+                cat "$res" 2>/dev/null
+            fi
+            res=$RES/drafter/llama-$name-$q-$n.txt
+            if [ -x "$W/build/bin/llama-speculative-simple" ] && ! done_already "$res"; then
+                log "drafter (llama.cpp): $name + $q drafter, --spec-draft-n-max $n"
+                limited 20 "$W/build/bin/llama-speculative-simple" -m "$target" -md "$drafter" --spec-type draft-mtp \
+                    --spec-draft-n-max "$n" -ngl 99 -ngld 99 -c "$CONTEXT" -n "$GEN" --temp 0 \
+                    -p "$(printf 'the %.0s' $(seq 1 100))" > "$res.tmp" 2>&1
+                grep -E "decoded|encoded|n_drafted|n_accept|accept " "$res.tmp" && mv "$res.tmp" "$res"
+                { echo "== $name + $q drafter, n $n"; cat "$res.tmp" "$res" 2>/dev/null; } >> "$RES/drafter-llama.log"
+            fi
+        done
+    done
 }
 
 # FILE made once by COMMAND ... --out FILE.tmp (FILE.ok marks it made); STEP names the step in the log
@@ -842,6 +895,8 @@ finish() {   # what comes back: the files in $OUT
         cat "$RES/$kind"-*.jsonl > "$OUT/$kind.jsonl" 2>/dev/null || rm -f "$OUT/$kind.jsonl"
     done
     cat "$RES"/speculate/*.jsonl > "$OUT/speculate.jsonl" 2>/dev/null || rm -f "$OUT/speculate.jsonl"
+    cat "$RES"/drafter/*.jsonl > "$OUT/drafter.jsonl" 2>/dev/null || rm -f "$OUT/drafter.jsonl"
+    [ -f "$RES/drafter-llama.log" ] && tail -c 4000000 "$RES/drafter-llama.log" > "$OUT/drafter-llama.log"
     cat "$RES"/vision/*.jsonl > "$OUT/vision.jsonl" 2>/dev/null || rm -f "$OUT/vision.jsonl"
     if ls "$RES"/vision/*.log >/dev/null 2>&1; then
         for f in "$RES"/vision/*.log; do echo "==== $(basename "$f")"; cat "$f"; done | tail -c 8000000 > "$OUT/vision-llama.log"
@@ -866,7 +921,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|train|vision|audio|table|status) ;;
+        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|drafter|train|vision|audio|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done

@@ -24,7 +24,8 @@
 //      every matmul and matvec on f32 activations),
 //      TEMPERATURE (0: greedy decoding), SPECULATE (0: off; N: speculative decoding, up to N
 //      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
-//      a random block of 16 ids repeated).
+//      a random block of 16 ids repeated), DRAFTER (an assistant drafter GGUF: it drafts instead of prompt
+//      lookup; with SPECULATE N, what a round of N drafts costs and the acceptance that pays for it).
 // A DiffusionGemma file is measured by denoising (bench/engine_bench.py's bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
@@ -164,6 +165,11 @@ for m in ${JSON.stringify(models)}:
                                   chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
                                   gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"},
                                   int8=${process.env.INT8 === "0" ? "False" : "True"})
+    drafter_file = ${JSON.stringify(process.env.DRAFTER ? "/models" + path.resolve(process.env.DRAFTER) : "")}
+    if drafter_file:                 # an assistant drafter on the GPU drafts instead of prompt lookup
+        from pyapp.families.gemma4_assistant.runner import GpuDrafter
+        from pyapp.families.gemma4_assistant.source import GpuDrafts
+        eng.drafter = GpuDrafts(await GpuDrafter.open_async(dev, read_gguf(drafter_file), eng.runner))
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
     if ${train ? "True" : "False"}:

@@ -77,6 +77,8 @@ def _loaded(gguf, args, events=None):
                    ple_in_file=True if args.ple_in_file else None, lora=_loras(args),
                    int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False),
                    prompt_step=args.prompt_step))
+    if getattr(args, "draft_model", None):
+        run(model.add_drafter(session, _open(args.draft_model)))
     return session
 
 
@@ -437,7 +439,15 @@ def _params(args):
     from .engine import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
-                          max_tokens=args.max_tokens, seed=args.seed, speculate=args.speculate)
+                          max_tokens=args.max_tokens, seed=args.seed, speculate=_drafts(args))
+
+
+def _drafts(args) -> int:
+    """Drafts a step: --speculate, or with --draft-model and no --speculate, DRAFTER_DRAFTS."""
+    from .sampling import DRAFTER_DRAFTS
+    if not args.speculate and getattr(args, "draft_model", None):
+        return DRAFTER_DRAFTS
+    return args.speculate
 
 
 def cmd_chat(args) -> int:
@@ -487,7 +497,7 @@ def cmd_bench(args) -> int:
     g = _open(args.model)
     engine = _loaded(g, args).engine
     result = bench(engine, prompt_tokens=args.prompt_tokens, gen_tokens=args.decode_tokens, repeat=args.repeat,
-                   speculate=args.speculate, prompt=args.prompt_kind)
+                   speculate=_drafts(args), prompt=args.prompt_kind)
     if args.json:
         print(json.dumps(result))
     else:
@@ -596,6 +606,10 @@ def _speculate_arg(p) -> None:
                         "them in one step: the greedy tokens (up to float rounding), faster where text repeats "
                         "(code, quoting the prompt, lists). Greedy only: off with --temperature > 0 or "
                         "--repeat-penalty != 1 (default 0: off)")
+    p.add_argument("--draft-model", dest="draft_model", metavar="FILE",
+                   help="an assistant drafter (a gemma-4-*-it-assistant GGUF, llama.cpp's converter) that drafts "
+                        "on the GPU beside the model instead of prompt lookup; --speculate N then defaults to "
+                        "4 drafts a step")
 
 
 def _number(text: str) -> float:

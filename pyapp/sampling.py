@@ -23,6 +23,7 @@ MIN_CONTEXT = 2              # one prompt token and one generated token
 MAX_TEMPERATURE = 100        # far past the point where the pick is uniform over the top k
 MAX_REPEAT_PENALTY = 100
 MAX_SPECULATE = HEAD_ROWS - 1   # drafts a speculative step checks: its rows (the token + drafts) fit the greedy head
+DRAFTER_DRAFTS = 4              # drafts a step by default with an assistant drafter (--draft-model)
 
 
 class ParamError(Gemma4Error, ValueError):

@@ -103,6 +103,18 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     return engine
 
 
+def add_drafter(session: Session, g) -> Steps:
+    """Steps: an assistant drafter (a parsed `gemma4-assistant` GGUF: gemma-4-*-it-assistant) loaded beside the
+    session's model on its GPU; from now on its speculative replies draft with it instead of by prompt lookup.
+    A drafter made for another model is refused (ConfigError, in a sentence) and nothing changes."""
+    from ..families.gemma4_assistant.runner import GpuDrafter
+    from ..families.gemma4_assistant.source import GpuDrafts
+    engine = session.loaded("load a model before its drafter")
+    drafter = yield call(GpuDrafter.open, session.device, g, engine.runner)
+    engine.drafter = GpuDrafts(drafter)
+    return drafter
+
+
 def plan_figures(plan) -> dict:
     """A memory plan's figures for the page's bar: the parts on the GPU (weights, experts or their cache,
     activations and KV cache) and what stays in the file (experts that stream, the per-layer embeddings when

@@ -139,6 +139,24 @@ def test_generate_and_bench_speculate():
 
 
 @pytest.mark.gpu
+def test_generate_with_an_assistant_drafter():
+    """--draft-model: the drafter (the tiny random one of tests/fixtures/assistant/) drafts 4 tokens a step by
+    default and the reply is the greedy one without it; a file that is no drafter, and a drafter made for
+    another model, are refused in a sentence (exit 2)."""
+    model, drafter = FIX / "gemma4-dense-f32.gguf", FIX / "assistant" / "gemma4-assistant-f32.gguf"
+    args = ("generate", model, "--prompt", "one two", "--raw", "--max-tokens", "10")
+    plain = pyapp(*args)
+    r = pyapp(*args, "--draft-model", drafter)
+    assert r.stdout == plain.stdout and r.stdout.strip()
+    drafted = re.search(r"speculative: \d+ of (\d+) drafted tokens accepted", r.stderr)
+    assert drafted and int(drafted[1]) >= 4, r.stderr
+    r = pyapp("generate", model, "--prompt", "x", "--draft-model", model, check=False)
+    assert r.returncode == 2 and "is not an assistant drafter" in r.stderr, r.stderr
+    r = pyapp("generate", FIX / "gemma4-moe-q8_0.gguf", "--prompt", "x", "--draft-model", drafter, check=False)
+    assert r.returncode == 2 and "the drafter does not fit this target" in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
 def test_prompt_step_reaches_the_engine():
     """The app layer's load (the CLI's --prompt-step) sizes the engine's prompt steps: a 40-token prompt read
     in steps of 24 gives the logits of the default step (one step of 40), within float rounding."""
