@@ -34,13 +34,13 @@ class PromptLookup:
             self._latest[n][tuple(self.tokens[end - n:end])] = end - n
         self.tokens.append(int(token))
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, limit: int, min_ngram: int = 1) -> list[int]:
         """Up to `limit` tokens that followed the latest earlier occurrence of the history's longest
-        matching suffix (n-grams of max_ngram down to 1 token); [] when none occurs earlier."""
+        matching suffix (n-grams of max_ngram down to min_ngram tokens); [] when none occurs earlier."""
         seq, end = self.tokens, len(self.tokens)
         if limit <= 0:
             return []
-        for n in range(min(self.max_ngram, end), 0, -1):
+        for n in range(min(self.max_ngram, end), min_ngram - 1, -1):
             start = self._latest[n].get(tuple(seq[end - n:]))
             if start is None:
                 continue

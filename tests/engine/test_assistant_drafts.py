@@ -111,3 +111,23 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     assert spec.tokens == plain.tokens
     assert len(gpu_source.drafts_made) > 3
     assert gpu_source.drafts_made == numpy_source.drafts_made
+
+
+@pytest.mark.gpu
+def test_repeated_text_drafts_by_prompt_lookup(dev):
+    """With the drafter as the source, rounds after a token whose last 3 tokens occurred before draft by prompt
+    lookup instead (free); the greedy tokens stay the target's, and in a prompt repeated three times the
+    looked-up drafts are accepted."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.families.gemma4_assistant.source import GpuDrafts
+    from pyapp.gguf import read_gguf
+    prompt = np.load(GOLDEN)["prompt_2"].tolist() * 3
+    eng = Engine.open(read_gguf(TARGET), device=dev, context_length=128, chunk=16, int8=False)
+    plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
+    eng.drafter = source = GpuDrafts(gpu_drafter(eng))
+    eng.reset()
+    spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    print(f"{source.lookup_rounds} lookup rounds, {len(source.drafts_made)} drafter rounds, "
+          f"{spec.accepted}/{spec.drafted} accepted")
+    assert spec.tokens == plain.tokens
+    assert source.lookup_rounds > 0 and spec.accepted > 0

@@ -35,6 +35,8 @@ def test_prompt_lookup_drafts_what_followed_the_longest_latest_match():
     assert PromptLookup([1, 2, 3]).draft(4) == []      # nothing occurs earlier
     assert PromptLookup([4, 4, 1, 4]).draft(2) == [1, 4]   # 1-gram (4): its latest earlier occurrence, at 1
     assert PromptLookup([1, 2, 3, 1, 2]).draft(0) == []
+    p = PromptLookup([5, 2, 3, 7, 8, 6, 2, 3])
+    assert p.draft(2, min_ngram=3) == [] and p.draft(2, min_ngram=2) == [7, 8]   # only (2 3) occurred before
 
 
 def test_prompt_lookup_continues_a_loop_past_the_end_of_the_history():

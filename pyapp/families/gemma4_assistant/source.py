@@ -13,6 +13,7 @@ Both draft nothing where the target's sliding ring no longer holds the window + 
 
 from __future__ import annotations
 
+from ...prompt_lookup import MAX_NGRAM, PromptLookup
 from .config import kv_layer
 
 
@@ -48,13 +49,32 @@ class DraftSource:
 
 
 class GpuDrafts(DraftSource):
+    """The drafter on the GPU; where the text repeats (its last MAX_NGRAM tokens occurred before in the
+    generation's text), prompt lookup's drafts instead: free, and right more often there."""
+
     def __init__(self, drafter):
         super().__init__(drafter.runner.cfg)
         self.drafter = drafter
+        self.lookup: PromptLookup | None = None      # the generation's text (none: the drafter always)
+        self.lookup_rounds = 0                       # rounds prompt lookup drafted
+
+    def __call__(self, prompt: list[int]) -> "GpuDrafts":
+        self.lookup = PromptLookup(prompt)
+        return self
+
+    def append(self, token: int) -> None:
+        if self.lookup is not None:
+            self.lookup.append(token)
 
     def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
-        """Steps: up to `limit` drafts after tok (a round on the GPU), from the final-normed row state_row."""
+        """Steps: up to `limit` drafts after tok: prompt lookup's where the text repeats, else a round on the
+        GPU from the final-normed row state_row."""
         from .runner import MAX_DRAFTS
+        if self.lookup is not None and limit > 0:
+            repeated = self.lookup.draft(limit, min_ngram=MAX_NGRAM)
+            if repeated:
+                self.lookup_rounds += 1
+                return repeated
         position = self.position(eng, fed)
         if limit <= 0 or position == 0 or not self.holds(eng, self.sliding_source, self.first_sliding(position)):
             return []
