@@ -73,6 +73,8 @@ find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(speculative-simple)
 EOF
+mkdir -p "$DST/pocs"           # the examples bring pocs/ along: nothing of it is built
+echo "# emptied by bench/carry.sh" > "$DST/pocs/CMakeLists.txt"
 VERSION=$(basename "$SDIST" .tar.gz)
 echo "$VERSION" > "$DST/SOURCE"
 tar -C "$TMP" -cf - llama.cpp | $XZ > "$CARRY/base/llama.cpp.tar.xz"
