@@ -126,16 +126,19 @@ def step_costs(eng, speculate: int, repeat: int = 5):
 def drafter_costs(eng, n: int, repeat: int):
     """Steps: with an assistant drafter on the GPU (eng.drafter a GpuDrafts), a round of n drafts after the
     last cached token, submit to readback, median of `repeat` in ms, and its share per draft."""
-    drafter = getattr(eng.drafter, "drafter", None)
+    source = eng.drafter
+    drafter = getattr(source, "drafter", None)
     if drafter is None or len(eng.cached) < 2:
         return {}
+    # rounds over every run so far, by who drafted them (the drafter, or prompt lookup where the text repeated)
+    rounds = {"drafter_rounds": len(source.drafts_made), "lookup_rounds": source.lookup_rounds}
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         yield from drafter.draft(eng.cached[-1], len(eng.cached) - 1, None, n)
         times.append(time.perf_counter() - t0)
     ms = 1000 * statistics.median(times)
-    return {"drafter_round_ms": round(ms, 3), "drafter_ms_per_draft": round(ms / n, 3)}
+    return {**rounds, "drafter_round_ms": round(ms, 3), "drafter_ms_per_draft": round(ms / n, 3)}
 
 
 def acceptance_for(tokens_per_step: float, n: int) -> float:

@@ -51,7 +51,7 @@
 #            decode tok/s with drafted, accepted, tokens_per_step -> speculate.jsonl, then table
 #   drafter  an assistant drafter (issue 29 goal 4) on DRAFTER_MODEL, for each type of DRAFTER_QUANTS: writes
 #            MODEL_DIR/bench-SHAPE-assistant-TYPE.gguf (tools/make_bench_drafter.py) if missing, then for each
-#            DRAFTER_N: ours natively (python -m pyapp bench --draft-model, --speculate N: decode tok/s, what a
+#            DRAFTER_N (0: plain decoding, the baseline): ours natively (python -m pyapp bench --draft-model, --speculate N: decode tok/s, what a
 #            round of N drafts costs, the acceptance that pays for it) and on the browser path (DRAFTER=...
 #            node_bench.mjs), then llama.cpp's llama-speculative-simple --spec-type draft-mtp on the same two
 #            files (greedy, -n GEN) when built -> drafter/*, llama.cpp's outputs also in drafter-llama.log
@@ -147,7 +147,7 @@ SPEC_GEN=${SPEC_GEN:-$GEN}
 BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-quantize llama-mtmd-cli llama-speculative-simple"}
 DRAFTER_MODEL=${DRAFTER_MODEL:-e2b:Q4_K}
 DRAFTER_QUANTS=${DRAFTER_QUANTS:-"F16 Q8_0"}
-DRAFTER_N=${DRAFTER_N:-"2 4 8"}
+DRAFTER_N=${DRAFTER_N:-"0 4 8"}
 VISION_SHAPES=${VISION_SHAPES:-"e2b a26b"}
 VISION_BUDGETS=${VISION_BUDGETS:-"280 1120"}
 VISION_QUANT=${VISION_QUANT:-Q4_K}
@@ -583,9 +583,10 @@ step_drafter() {
             res=$RES/drafter/native-$name-$q-$n.jsonl
             if ! done_already "$res"; then
                 log "drafter (native): $name + $q drafter, $n drafts a step"
+                # N = 0: the baseline, plain decoding (--draft-model alone would draft 4 a step)
                 limited 20 "$PY" -m pyapp bench "$target" --json --prompt-tokens "$PROMPT" --decode-tokens "$GEN" \
-                    --context "$CONTEXT" --prompt-step "$CHUNK" --speculate "$n" --draft-model "$drafter" \
-                    > "$res.tmp" && tail -1 "$res.tmp" > "$res"
+                    --context "$CONTEXT" --prompt-step "$CHUNK" --speculate "$n" \
+                    $([ "$n" = 0 ] || echo --draft-model "$drafter") > "$res.tmp" && tail -1 "$res.tmp" > "$res"
                 cat "$res" 2>/dev/null
             fi
             res=$RES/drafter/browser-$name-$q-$n.jsonl

@@ -150,6 +150,10 @@ def test_generate_with_an_assistant_drafter():
     assert r.stdout == plain.stdout and r.stdout.strip()
     drafted = re.search(r"speculative: \d+ of (\d+) drafted tokens accepted", r.stderr)
     assert drafted and int(drafted[1]) >= 4, r.stderr
+    b = json.loads(pyapp("bench", model, "--json", "--prompt-tokens", "16", "--decode-tokens", "8", "--repeat", "1",
+                         "--draft-model", drafter).stdout.strip().splitlines()[-1])
+    assert b["speculate"] == 4 and b["drafter_rounds"] > 0 and b["drafter_round_ms"] > 0
+    assert 0 < b["break_even_acceptance"] <= 1 and b["break_even_tokens_per_step"] > 1
     r = pyapp("generate", model, "--prompt", "x", "--draft-model", model, check=False)
     assert r.returncode == 2 and "is not an assistant drafter" in r.stderr, r.stderr
     r = pyapp("generate", FIX / "gemma4-moe-q8_0.gguf", "--prompt", "x", "--draft-model", drafter, check=False)
