@@ -32,6 +32,7 @@ from .app.reply import count_tokens as _count_tokens
 from .app.reply import reply
 from .app.session import Refused, Session
 from .families.diffusion_gemma import DenoiseParams
+from .families.gemma4_assistant.config import ARCH as DRAFTER_ARCH
 from .families.gemma4_audio import features
 from .families.gemma4_audio.config import AudioError
 from .families.gemma4_audio.source import holds_audio, serves_audio
@@ -43,8 +44,9 @@ from .families.gemma4_vision.config import BUDGETS, DEFAULT_BUDGET, VisionError,
 from .families.gemma4_vision.source import check_projector
 from .gguf import read_gguf
 from .gpu import GPUError, get_device_async
+from .model.config import ConfigError
 from .model.lora import LoraError
-from .sampling import page_rules
+from .sampling import DRAFTER_DRAFTS, page_rules
 from .source import SourceError
 from .steps import run_async
 from .train.data import DataError
@@ -241,6 +243,9 @@ def open_file(blob, name: str = "") -> dict:
         g = read_gguf(src)
         if g.metadata.get("general.type") == "adapter":     # a dropped LoRA adapter, not a model
             return _choose_adapter(g, src.name)
+        if g.metadata.get("general.architecture") == DRAFTER_ARCH:   # a drafter, not a model
+            return {"error": f"\u201c{shown}\u201d is an assistant drafter, not a model: choose its model, then add "
+                             "the drafter under Drafter, in the sidebar.", "drafter_file": True}
         info = model.describe(g, src.name)
     except EXPECTED as e:
         return _error(e, shown)
@@ -297,7 +302,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
     return {"ready": True, "seconds": time.perf_counter() - t, "context_length": eng.context_length,
             "model": SESSION.model.info, "plan": eng.memory_plan.describe(eng.load_bytes_per_s),
             "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION),
-            "images": _images(), "audio": _audio()}
+            "images": _images(), "audio": _audio(), "drafter": _drafter()}
 
 
 @command
@@ -472,6 +477,44 @@ def remove_projector() -> dict:
     return {"images": _images(), "audio": _audio()}
 
 
+# -- commands: an assistant drafter (pyapp.app.model.add_drafter) ------------------------------------------
+
+def _drafter() -> dict:
+    """The drafter added for the chosen model, as the page shows it: its name, whether it is on the GPU, and the
+    drafts a step it suggests (the page sets Speculative drafts to it when that is 0)."""
+    loaded = SESSION.engine is not None and SESSION.engine.drafter is not None
+    return {"name": SESSION.drafter_name, "loaded": loaded, "drafts": DRAFTER_DRAFTS}
+
+
+@command
+async def add_drafter(blob, name: str = "") -> dict:
+    """Add an assistant drafter for the chosen model (gemma-4-*-it-assistant, llama.cpp's converter), checked to
+    be made for it; on the GPU now if the model is loaded, else when it loads."""
+    shown = name or getattr(blob, "name", "") or "the drafter"
+    if SESSION.model is None:
+        return {"error": f"Choose the model first: \u201c{shown}\u201d is an assistant drafter, made for one model.",
+                "drafter_error": True}
+    try:
+        g = read_gguf(BlobSource(blob, shown))
+    except EXPECTED as e:
+        return {**_error(e, shown), "drafter_error": True}
+    try:
+        await run_async(model.add_drafter(SESSION, g, shown))
+    except ConfigError as e:
+        return {"error": f"{_sentence(str(e))} Add the assistant drafter published with this model "
+                         "(gemma-4-\u2026-it-assistant).", "detail": str(e), "drafter_error": True}
+    except EXPECTED as e:
+        return {**_error(e, shown), "drafter_error": True}
+    return {"drafter": _drafter()}
+
+
+@command
+def remove_drafter() -> dict:
+    """Forget the drafter added: speculative replies draft by prompt lookup again."""
+    model.remove_drafter(SESSION)
+    return {"drafter": _drafter()}
+
+
 # -- commands: audio (pyapp.app.audio) ---------------------------------------------------------------------
 # The page records a clip or decodes a file, resamples it to 16 kHz mono with Web Audio (web/audio.js) and keeps
 # the samples with the conversation. add_audio has the GPU compute their log-mel features and soft tokens (the
@@ -587,7 +630,7 @@ async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
         res = await run_async(generate(SESSION, json.loads(tokens_json), params, stop_ids=()))
     except EXPECTED as e:
         return _error(e)
-    return {"tokens": list(res.tokens), "stop_reason": res.stop_reason}
+    return {"tokens": list(res.tokens), "stop_reason": res.stop_reason, "drafted": res.drafted, "accepted": res.accepted}
 
 
 # -- commands: DiffusionGemma's tests ----------------------------------------------------------------

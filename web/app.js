@@ -3,6 +3,7 @@ import { escapeHtml, renderMarkdown } from "./markdown.js";
 import { setupFinetune } from "./finetune.js";
 import { setupAudio } from "./audio.js";
 import { setupImages } from "./images.js";
+import { setupDrafter } from "./drafter.js";
 
 const $ = (id) => document.getElementById(id);
 const CHAT_KEY = "gemma4.chat.v1";     // the one conversation earlier versions kept: moved into CHATS_KEY
@@ -58,6 +59,7 @@ const state = {
 let finetune = null;   // the Fine-tune panel (finetune.js)
 let images = null;     // images attached to messages (images.js)
 let audio = null;      // audio clips attached to messages (audio.js)
+let drafter = null;    // an assistant drafter beside the model (drafter.js)
 state.chat = state.chats.chats.find((c) => c.id === state.chats.current);
 window.app = { call, state, loadModel, generate };   // for tests and the curious
 
@@ -263,6 +265,7 @@ async function afterOpen(r, source) {
   state.model = r.model;
   audio.modelChosen(r.audio);    // whether it hears audio (before the card says so)
   images.modelChosen(r.images);  // whether it takes images (the projector added for the old one is forgotten)
+  drafter.modelChosen();         // a drafter added for the old model is forgotten too
   state.loaded = false;        // the worker dropped the model loaded before
   state.everLoaded = false;
   state.loadFailed = false;
@@ -289,7 +292,13 @@ async function openFile(file, source = { kind: "file" }) {
     return;
   }
   setState("opening");
-  await afterOpen(await call("open_file", file, file.name), { ...source, name: file.name, size: file.size });
+  const r = await call("open_file", file, file.name);
+  if (r.drafter_file && state.model && !state.model.denoise) {   // a drafter dropped: for the chosen model
+    setState(state.loaded ? "loaded" : "ready");
+    await drafter.add(file);
+    return;
+  }
+  await afterOpen(r, { ...source, name: file.name, size: file.size });
 }
 
 async function loadModel() {
@@ -318,11 +327,13 @@ async function loadModel() {
     finetune.modelLoaded();
     images.modelLoaded(null);
     audio.modelChosen();
+    drafter.modelUnloaded();
     return;
   }
   state.loaded = true;
   audio.modelChosen(r.audio);
   images.modelLoaded(r.images);
+  drafter.modelLoaded(r.drafter);
   state.everLoaded = true;
   state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16 };
   contextLoaded(r.context_length);
@@ -960,6 +971,7 @@ function updateButtons() {
   composerHint(valid);
   if (images) images.render();
   if (audio) audio.render();
+  if (drafter) drafter.render();
   showModelStatus();
   updateReopenNotice();
   if (finetune) finetune.update();
@@ -1156,6 +1168,7 @@ async function generate() {
       markLoaded();
       images.modelLoaded(null);
       audio.modelChosen();
+      drafter.modelUnloaded();
       return { imageError };
     }
   } else {
@@ -1640,6 +1653,7 @@ on("token", (m) => {                              // a committed block (Diffusio
 if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conversation is kept at once
 images = setupImages({ call, state, showError, updateButtons, modelCardChanged });
 audio = setupAudio({ call, state, showError, updateButtons });
+drafter = setupDrafter({ call, state, showError, updateButtons });
 // why a model takes no images or audio: one line each on a phone (style.css), the whole on a tap
 for (const id of ["attach-why", "audio-why"]) $(id).addEventListener("click", () => $(id).classList.toggle("open"));
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,

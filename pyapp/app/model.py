@@ -63,6 +63,7 @@ def choose(session: Session, g, info: dict | None = None) -> ChosenModel:
     session.model = ChosenModel(g, info, chat_style(g, info.get("parameters")))
     session.adapter = None
     session.projector = session.projector_name = session.ollama_projector = None
+    session.drafter = session.drafter_name = None
     return session.model
 
 
@@ -100,19 +101,41 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     except Exception:
         session.unload()
         raise
+    if session.drafter is not None:
+        yield from _attach_drafter(session)
     return engine
 
 
-def add_drafter(session: Session, g) -> Steps:
-    """Steps: an assistant drafter (a parsed `gemma4-assistant` GGUF: gemma-4-*-it-assistant) loaded beside the
-    session's model on its GPU; from now on its speculative replies draft with it instead of by prompt lookup.
-    A drafter made for another model is refused (ConfigError, in a sentence) and nothing changes."""
+def add_drafter(session: Session, g, name: str | None = None) -> Steps:
+    """Steps: an assistant drafter (a parsed `gemma4-assistant` GGUF: gemma-4-*-it-assistant) for the chosen
+    model, on the GPU beside it now if it is loaded, else when it loads; its speculative replies then draft with
+    it (prompt lookup still where the text repeats). A file that is no drafter, or a drafter made for another
+    model, is refused (ConfigError, in a sentence) and nothing changes."""
+    from ..families.gemma4_assistant.config import DrafterConfig
+    DrafterConfig.from_gguf(g).check_target(model_config(session.chosen().gguf))
+    session.drafter, session.drafter_name = g, name
+    if session.engine is not None:
+        try:
+            yield from _attach_drafter(session)
+        except Exception:
+            remove_drafter(session)
+            raise
+
+
+def remove_drafter(session: Session) -> None:
+    """Forget the drafter added: speculative replies draft by prompt lookup again."""
+    session.drafter = session.drafter_name = None
+    if session.engine is not None:
+        session.engine.drafter = None
+
+
+def _attach_drafter(session: Session) -> Steps:
+    """Steps: the session's drafter loaded on the GPU beside its engine, the engine's draft source."""
     from ..families.gemma4_assistant.runner import GpuDrafter
     from ..families.gemma4_assistant.source import GpuDrafts
-    engine = session.loaded("load a model before its drafter")
-    drafter = yield call(GpuDrafter.open, session.device, g, engine.runner)
+    engine = session.engine
+    drafter = yield call(GpuDrafter.open, session.device, session.drafter, engine.runner)
     engine.drafter = GpuDrafts(drafter)
-    return drafter
 
 
 def plan_figures(plan) -> dict:

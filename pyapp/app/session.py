@@ -45,6 +45,8 @@ class Session:
     projector: object = None                  # the image encoder's file added beside the model (a parsed GGUF)
     projector_name: str | None = None         # its name, as the user knows it
     ollama_projector: object = None           # the chosen Ollama tag's projector layer (a parsed GGUF), if any
+    drafter: object = None                    # an assistant drafter added for the chosen model (a parsed GGUF)
+    drafter_name: str | None = None           # its name, as the user knows it
     image_encoder: object = None              # the loaded ImageEncoder (pyapp.app.images), on first use
     encoded_images: dict = field(default_factory=dict)   # digest -> EncodedImage: each image encoded once
     audio_encoder: object = None              # the loaded AudioEncoder (pyapp.app.audio), on first use

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from support.browser import FIXTURES, ensure_model, fresh_chat, native_greedy, send, set_field, wait_loaded_file
+from support.browser import (FIXTURES, SCREENSHOTS, ensure_model, fresh_chat, native_greedy, send, set_field,
+                             wait_loaded_file)
 
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
 RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
@@ -63,4 +64,36 @@ def test_speculative_drafts_setting_in_the_chat(page):
     set_field(page, "speculate", 99)                                 # beyond pyapp.sampling's rule: refused
     assert page.evaluate("window.app.state.settings.speculate") == "8"
     page.click("#advanced summary")
+    assert not page.errors
+
+
+def test_a_drafter_beside_the_model(page):
+    """The Drafter box (sidebar): a file that is no drafter refused in a sentence; the tiny assistant drafter of
+    tests/fixtures/assistant/ loaded on the GPU beside its model in the worker, Speculative drafts turned on at
+    its 4, the greedy tokens the native engine's (it drafted, its drafts checked); removed again."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    path, drafter = FIXTURES / "gemma4-dense-f32.gguf", FIXTURES / "assistant" / "gemma4-assistant-f32.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    page.evaluate("document.getElementById('advanced').open = true")      # where Speculative drafts is
+    set_field(page, "speculate", 0)
+    assert page.is_visible("#open-drafter") and page.is_hidden("#remove-drafter")
+    page.set_input_files("#drafter-input", str(FIXTURES / "demo.gguf"))            # a model, not a drafter
+    page.wait_for_function("document.getElementById('drafter-error').textContent.length > 0")
+    assert "is not an assistant drafter" in page.inner_text("#drafter-error")
+    assert page.is_hidden("#remove-drafter")
+    page.set_input_files("#drafter-input", str(drafter))
+    page.wait_for_function("window.app.state.drafter.info && window.app.state.drafter.info.loaded")
+    assert page.inner_text("#drafter-error") == ""
+    assert f"Greedy replies draft with \u201c{drafter.name}\u201d" in page.inner_text("#drafter-info")
+    assert page.input_value("#speculate") == "4" and page.evaluate("window.app.state.settings.speculate") == "4"
+    page.screenshot(path=str(SCREENSHOTS / "drafter-added.png"))
+    got = _generate(page, RANDOM, max_tokens=10, speculate=4)
+    native = Engine.open(read_gguf(path), backend="native", context_length=128)
+    want = native.generate(RANDOM, SamplingParams(temperature=0, max_tokens=10), stop_ids=()).tokens
+    assert got["tokens"] == want and got["drafted"] > 0, got
+    page.click("#remove-drafter")
+    page.wait_for_function("!window.app.state.drafter.info")
+    assert page.inner_text("#drafter-info") == "" and page.is_hidden("#remove-drafter")
     assert not page.errors
