@@ -126,10 +126,11 @@ def step_costs(eng, speculate: int, repeat: int = 5):
 def drafter_costs(eng, n: int, repeat: int):
     """Steps: with an assistant drafter on the GPU (eng.drafter a GpuDrafts), a round of n drafts after the
     last cached token, submit to readback, median of `repeat` in ms, and its share per draft."""
+    from pyapp.families.gemma4_assistant.source import GpuDrafts
     source = eng.drafter
-    drafter = getattr(source, "drafter", None)
-    if drafter is None or len(eng.cached) < 2:
+    if not isinstance(source, GpuDrafts) or len(eng.cached) < 2:
         return {}
+    drafter = source.drafter
     # rounds over every run so far, by who drafted them (the drafter, or prompt lookup where the text repeated)
     rounds = {"drafter_rounds": len(source.drafts_made), "lookup_rounds": source.lookup_rounds}
     times = []

@@ -72,13 +72,18 @@ def _loaded(gguf, args, events=None):
     from .steps import run
     session = Session()
     model.choose(session, gguf)
+    drafter = _open(args.draft_model) if getattr(args, "draft_model", None) else None
+    if drafter is not None:          # refused before the model loads, not after
+        from .families import model_config
+        from .families.gemma4_assistant.config import DrafterConfig
+        DrafterConfig.from_gguf(drafter).check_target(model_config(gguf))
     run(model.load(session, events or _Printer(), context_length=getattr(args, "context", None),
                    gpu_memory_mib=args.gpu_memory, expert_cache_mib=args.expert_cache,
                    ple_in_file=True if args.ple_in_file else None, lora=_loras(args),
                    int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False),
                    prompt_step=args.prompt_step))
-    if getattr(args, "draft_model", None):
-        run(model.add_drafter(session, _open(args.draft_model)))
+    if drafter is not None:
+        run(model.add_drafter(session, drafter, args.draft_model))
     return session
 
 
@@ -443,10 +448,10 @@ def _params(args):
 
 
 def _drafts(args) -> int:
-    """Drafts a step: --speculate, or with --draft-model and no --speculate, DRAFTER_DRAFTS."""
+    """Drafts a step: --speculate N (0: off, with a drafter too), else DRAFTER_DRAFTS with --draft-model."""
     from .sampling import DRAFTER_DRAFTS
-    if not args.speculate and getattr(args, "draft_model", None):
-        return DRAFTER_DRAFTS
+    if args.speculate is None:
+        return DRAFTER_DRAFTS if getattr(args, "draft_model", None) else 0
     return args.speculate
 
 
@@ -600,7 +605,7 @@ def _memory_args(p) -> None:
 
 def _speculate_arg(p) -> None:
     from .sampling import MAX_SPECULATE
-    p.add_argument("--speculate", type=_integer, default=0, metavar="N",
+    p.add_argument("--speculate", type=_integer, default=None, metavar="N",
                    help=f"speculative decoding: draft up to N tokens (0-{MAX_SPECULATE}) by prompt lookup (the "
                         "tokens that followed the latest earlier occurrence of the last 3, 2 or 1 tokens) and check "
                         "them in one step: the greedy tokens (up to float rounding), faster where text repeats "

@@ -177,7 +177,11 @@ function showModelStatus() {
                                     loaded: "loaded", failed: "not loaded", chosen: "not loaded" }[status];
   $("model-button").title = m ? `${m.name} (${m.file})` : "Choose a model";
 }
-function modelLabel(m) { return m.digest ? m.name : m.test_model ? "Built-in test model" : m.file || m.name; }
+// The header's name of a model: its Ollama name, "Built-in test model" for the page's own, else its file.
+function modelLabel(m) {
+  const builtIn = m.test_model && state.modelSource && state.modelSource.kind === "demo";
+  return m.digest ? m.name : builtIn ? "Built-in test model" : m.file || m.name;
+}
 
 // ---------------------------------------------------------------- boot
 on("status", (m) => {

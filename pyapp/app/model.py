@@ -133,8 +133,12 @@ def _attach_drafter(session: Session) -> Steps:
     """Steps: the session's drafter loaded on the GPU beside its engine, the engine's draft source."""
     from ..families.gemma4_assistant.runner import GpuDrafter
     from ..families.gemma4_assistant.source import GpuDrafts
+    from ..sampling import DRAFTER_DRAFTS
     engine = session.engine
+    session.clear_gpu_error()
     drafter = yield call(GpuDrafter.open, session.device, session.drafter, engine.runner)
+    drafter.prepare(DRAFTER_DRAFTS)
+    session.check_gpu_accepted("the drafter")
     engine.drafter = GpuDrafts(drafter)
 
 

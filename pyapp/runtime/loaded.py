@@ -194,3 +194,4 @@ class LoadedModel:
 
     def close(self) -> None:
         self.runner = None
+        self.drafter = None           # an assistant drafter holds the runner too

@@ -472,14 +472,14 @@ class Attend(Op):
     """out = softmax(q k^T, causal [+ sliding window]) v over the cache. prep (one token): q (and k, v)
     are raw projections that the decode attention's split kernel norms, ropes (and stores) itself.
     keys_before = 1 (one token): the keys before the query's position only, and on sliding layers the
-    last `window` of them (None: cfg.sliding_window): an assistant drafter's query over its target's cache."""
+    last `sliding_keys` of them (None: cfg.sliding_window): an assistant drafter's query over its target's cache."""
     lc: object
     q: Buffer
     cache: object
     out: Buffer
     prep: K.QueryPrep | None = None
     keys_before: int = 0
-    window: int | None = None
+    sliding_keys: int | None = None
 
     def reads(self) -> tuple:
         return (self.q, self.cache.k, self.cache.v)
@@ -490,7 +490,7 @@ class Attend(Op):
     def lower(self, L: Lowering) -> None:
         s, lc, c, cfg = L.s, self.lc, self.cache, L.cfg
         H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
-        window = (cfg.sliding_window if self.window is None else self.window) if lc.sliding else 0
+        window = (cfg.sliding_window if self.sliding_keys is None else self.sliding_keys) if lc.sliding else 0
         if self.keys_before and L.T != 1:
             raise AssertionError("a query that sees only earlier keys is one token's (the drafter's)")
         if L.T == 1:

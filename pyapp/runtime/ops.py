@@ -220,15 +220,15 @@ class Ops:
         self._record(NormRope(s.q_raw, s.q, w.attn_q_norm, self.cfg.n_heads, lc.head_dim, lc.rope_dims,
                                  lc.rope_base, freq_factors))
 
-    def attend(self, lc, q: Buffer, cache, out: Buffer, keys_before: int = 0, window: int | None = None) -> None:
+    def attend(self, lc, q: Buffer, cache, out: Buffer, keys_before: int = 0, sliding_keys: int | None = None) -> None:
         """out = softmax(q k^T, causal [+ sliding window]) v over the cache (scale 1: q, k are normed).
         One token, or the few of a speculative step: split over the keys so the whole GPU works on few queries.
-        keys_before=1, window: an assistant drafter's query, which sees the `window` keys before its position
-        on sliding layers, every key before it on full ones."""
+        keys_before=1, sliding_keys: an assistant drafter's query, which sees the `sliding_keys` keys before its
+        position on sliding layers (0: all), every key before it on full ones."""
         prep, self._query_prep = self._query_prep, None
         if prep is not None:                 # q (and k, v) still raw: in the buffer the projections wrote
             q = self.s.qkv if prep.mode == 2 else self.s.q_raw
-        self._record(Attend(lc, q, cache, out, prep, keys_before, window))
+        self._record(Attend(lc, q, cache, out, prep, keys_before, sliding_keys))
 
     def attend_canvas(self, lc, q: Buffer, cache, k: Buffer, v: Buffer, out: Buffer) -> None:
         """out = softmax(q k^T) v, unmasked, over the cached prefix and the step's own k, v (DiffusionGemma's

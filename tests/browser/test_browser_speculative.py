@@ -88,6 +88,7 @@ def test_a_drafter_beside_the_model(page):
     assert page.inner_text("#drafter-error") == ""
     assert f"Greedy replies draft with \u201c{drafter.name}\u201d" in page.inner_text("#drafter-info")
     assert page.input_value("#speculate") == "4" and page.evaluate("window.app.state.settings.speculate") == "4"
+    page.locator("#drafter-box").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "drafter-added.png"))
     got = _generate(page, RANDOM, max_tokens=10, speculate=4)
     native = Engine.open(read_gguf(path), backend="native", context_length=128)

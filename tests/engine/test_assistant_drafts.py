@@ -102,15 +102,39 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
         def draft(self, eng, tok, fed, limit, state_row):
             want = yield from numpy_source.draft(eng, tok, fed, limit, state_row)
             got = yield from gpu_source.draft(eng, tok, fed, limit, state_row)
+            assert got == want, f"round {len(gpu_source.drafts_made)}: GPU {got}, numpy {want}"
             return got
 
     eng.drafter = Both()
     eng.reset()
     spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
-    print(f"chunk {chunk}: {spec.accepted}/{spec.drafted} drafts accepted, {len(gpu_source.drafts_made)} rounds")
+    print(f"chunk {chunk}: {spec.accepted}/{spec.drafted} drafts accepted, {len(gpu_source.drafts_made)} rounds, "
+          f"{gpu_source.skipped_rounds} skipped")
     assert spec.tokens == plain.tokens
     assert len(gpu_source.drafts_made) > 3
-    assert gpu_source.drafts_made == numpy_source.drafts_made
+    assert list(gpu_source.drafts_made) == list(numpy_source.drafts_made)
+    # a ring of window + chunk - 1 = 8 slots loses the keys of rounds after rejected drafts moved its end on
+    assert (gpu_source.skipped_rounds > 0) == (chunk == 5)
+
+
+def test_a_round_needs_the_window_and_one_key_before_its_position_in_the_ring():
+    """DraftSource.holds / keeps_keys (no GPU): a sliding ring of `slots` positions keeps the last slots written
+    (kv_end past the cached tokens when rejected drafts were written); a round at p reads p - W - 1 .. p - 1."""
+    from types import SimpleNamespace
+    from pyapp.families.gemma4_assistant.source import DraftSource
+    from pyapp.gguf import read_gguf
+    from pyapp.families import model_config
+    cfg = model_config(read_gguf(TARGET))                    # window 4: a round reads 5 keys before it
+    source = DraftSource(cfg, cfg.sliding_window + 1)
+    ring = {source.sliding_source: SimpleNamespace(slots=8), source.full_source: SimpleNamespace(slots=128)}
+    eng = SimpleNamespace(kv_end=20, runner=SimpleNamespace(state=SimpleNamespace(kv=ring)))
+    assert source.first_sliding(17) == 12 and source.first_sliding(3) == 0
+    assert source.holds(eng, source.sliding_source, 12)        # the ring holds 12..19
+    assert not source.holds(eng, source.sliding_source, 11)
+    assert source.keeps_keys(eng, 17) and source.skipped_rounds == 0
+    eng.kv_end = 21                                              # one more position written past them: 12 is gone
+    assert not source.keeps_keys(eng, 17) and source.skipped_rounds == 1
+    assert source.holds(eng, source.full_source, 0)             # the full layer keeps the whole context
 
 
 @pytest.mark.gpu

@@ -7,6 +7,9 @@ llama.cpp's converter, architecture `gemma4-assistant`.
 
     config.py       DrafterConfig: hyperparameters from gemma4-assistant.* keys, checked against a target
     weights.py      its tensors, bound once
+    model.py        DrafterForward: a draft step on the GPU, op by op against the ops recorder
+    runner.py       DrafterState, GpuDrafter: its buffers, weights and plans beside a target's Runner
+    source.py       GpuDrafts: the engine's draft source (standard library only: it runs in the page)
     reference.py    DrafterReference: the numpy oracle (transformers' Gemma4AssistantForCausalLM, chained
-                    as its assisted generation chains it)
+                    as its assisted generation chains it); ReferenceDrafts, the numpy drafter as a source
 """

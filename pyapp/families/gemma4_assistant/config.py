@@ -83,6 +83,12 @@ class DrafterConfig:
         return cls(n_layers=n, hidden=hidden, backbone_hidden=backbone, n_heads=n_heads, vocab_size=vocab_size,
                    eps=eps, sliding_window=window, layers=tuple(layer(i) for i in range(n)))
 
+    @property
+    def sliding_keys(self) -> int:
+        """The keys a sliding layer's query sees, all before its position: the window + 1 (transformers'
+        bidirectional window, distances 0..W, flipped onto the keys' end); 0: no window, every key."""
+        return self.sliding_window + 1 if self.sliding_window else 0
+
     def check_target(self, target) -> None:
         """ConfigError unless this drafter can read the target's (a pyapp.model.config.Gemma4Config) K/V and state."""
         problems = []
@@ -97,6 +103,9 @@ class DrafterConfig:
             if (source.head_dim, source.n_kv_heads) != (lc.head_dim, lc.n_kv_heads):
                 problems.append(f"layer {lc.index} reads {lc.n_kv_heads} K/V heads of {lc.head_dim}, the target's "
                                 f"layer {source.index} has {source.n_kv_heads} of {source.head_dim}")
+            elif (source.rope_base, source.rope_dims) != (lc.rope_base, lc.rope_dims):
+                problems.append(f"layer {lc.index} ropes {lc.rope_dims} dims at base {lc.rope_base:g}, the keys it "
+                                f"reads {source.rope_dims} at {source.rope_base:g}")
         if problems:
             raise ConfigError("the drafter does not fit this target: " + "; ".join(problems))
 

@@ -23,7 +23,6 @@ class DrafterForward:
         self.cfg, self.w, self.s = cfg, weights, state
         self.target_embd = target_embd                      # the target's token_embd (GpuTensor)
         self.embed_scale = math.sqrt(cfg.backbone_hidden)
-        self.window = cfg.sliding_window + 1                 # transformers' bidirectional window: distances 0..W
 
     def step(self, ops, draft: int) -> None:
         """reference: step; the draft's id into state.drafts[draft], its state into state.state_out."""
@@ -41,7 +40,7 @@ class DrafterForward:
         s, w = self.s, self.w.layers[lc.index]
         ops.rms_norm(s.x, s.xn, w.attn_norm)
         ops.q_proj(lc, w, s.xn, None if lc.sliding else self.w.rope_freqs)
-        ops.attend(lc, s.q, s.kv[lc.index], s.attn, keys_before=1, window=self.window)
+        ops.attend(lc, s.q, s.kv[lc.index], s.attn, keys_before=1, sliding_keys=self.cfg.sliding_keys)
         ops.linear(w.attn_output, s.attn, s.attn_out)
         ops.add_norm(s.attn_out, w.post_attention_norm, into=s.x)
         ops.rms_norm(s.x, s.xn, w.ffn_norm)

@@ -70,7 +70,7 @@ class DrafterReference:
         keys = keys[:, :position]
         values = values[:, :position]
         if lc.sliding and cfg.sliding_window > 0:
-            first_visible = max(0, position - cfg.sliding_window - 1)
+            first_visible = max(0, position - cfg.sliding_keys)
             keys = keys[:, first_visible:]
             values = values[:, first_visible:]
 
@@ -196,7 +196,7 @@ def cut_back(cache, length: int) -> None:
 
 class ReferenceDrafts(DraftSource):
     def __init__(self, drafter: DrafterReference, target_config, target_token_embd: np.ndarray):
-        super().__init__(target_config)
+        super().__init__(target_config, drafter.cfg.sliding_keys)
         drafter.cfg.check_target(target_config)
         self.drafter = drafter
         self.layers = {self.sliding_source: target_config.layers[self.sliding_source],
@@ -206,7 +206,7 @@ class ReferenceDrafts(DraftSource):
     def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
         """Steps: up to `limit` drafts after tok, at its position, by the numpy drafter."""
         position = self.position(eng, fed)
-        if limit <= 0 or position == 0:
+        if limit <= 0 or position == 0 or not self.keeps_keys(eng, position):
             return []
         sliding = yield from self.keys_and_values(eng, self.sliding_source, self.first_sliding(position), position)
         full = yield from self.keys_and_values(eng, self.full_source, 0, position)

@@ -1,15 +1,15 @@
 """An assistant drafter on the GPU beside its target: its buffers (DrafterState), its weights and its plans
 (GpuDrafter), reading the target's K/V caches, final-normed rows and token embedding where they are.
 
-A round of drafts after the newest token t at position p is one submit and one readback:
+A round of drafts after the newest token t at position p is two small writes (t into state.ids, p into the
+step uniform: every step of a round is at p), one submit and one readback:
 
-  write_round(t, p)        t into state.ids, p into the step uniform (every step of a round is at p)
-  start_plan(row)          the target's final-normed row into joined's second half (Runner.final_norm_at)
-  draft_plan(n)            n draft steps (model.DrafterForward); between two, the last draft's id becomes
+  draft_plan(row, n)       the target's final-normed row `row` into joined's second half (Runner.final_norm_at),
+                           then n draft steps (model.DrafterForward); between two, the last draft's id becomes
                            the next input and its state the next second half, on the GPU; then the n ids
                            copied to a readback buffer
 
-Plans are recorded on first use, per row and per n.
+Plans are recorded per row and n: the default round's at load (`prepare`), others on first use.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class DrafterState:
 
     def max_keys(self, lc) -> int:
         """The most keys the query of this layer sees: a sliding layer's window + 1, else the context."""
-        if lc.sliding and self.cfg.sliding_window:
-            return min(self.ctx, self.cfg.sliding_window + 1)
+        if lc.sliding and self.cfg.sliding_keys:
+            return min(self.ctx, self.cfg.sliding_keys)
         return self.ctx
 
 
@@ -106,21 +106,19 @@ class GpuDrafter(LoadedInSteps):
             layers.append(DrafterLayerWeights(**(yield from _on_gpu(dev, lw))))
         return cls(dev, cfg, DrafterWeights(**uploaded, layers=layers), runner)
 
-    def start_plan(self, row: int | None) -> Plan:
-        """The target's final-normed row `row` (Runner.final_norm_at) into joined's second half."""
-        key = ("start", row)
-        if key not in self._plans:
-            buffer, offset = self.runner.final_norm_at(row)
-            width = 4 * self.cfg.backbone_hidden
-            self._plans[key] = self.dev.plan().copy(buffer, offset, self.state.joined, width, width)
-        return self._plans[key]
+    def prepare(self, n: int) -> None:
+        """Record the plan of a round of n drafts after a sampled token (the one-row head's row): its shaders
+        compile at load, not in the first reply."""
+        self.draft_plan(None, n)
 
-    def draft_plan(self, n: int) -> Plan:
-        """n chained draft steps, their ids copied to drafts_readback."""
-        key = ("drafts", n)
+    def draft_plan(self, row: int | None, n: int) -> Plan:
+        """The target's final-normed row `row` (Runner.final_norm_at) into joined's second half, then n chained
+        draft steps, their ids copied to drafts_readback."""
+        key = (row, n)
         if key not in self._plans:
             s, width = self.state, 4 * self.cfg.backbone_hidden
-            plan = self.dev.plan()
+            buffer, offset = self.runner.final_norm_at(row)
+            plan = self.dev.plan().copy(buffer, offset, s.joined, width, width)
             for i in range(n):
                 if i:
                     plan.copy(s.drafts, 4 * (i - 1), s.ids, 0, 4)
@@ -141,7 +139,6 @@ class GpuDrafter(LoadedInSteps):
         s = self.state
         self.dev.write(s.step, K.pack_step(1, position))
         self.dev.write(s.ids, array("I", [token]).tobytes())
-        self.dev.submit(self.start_plan(row))
-        self.dev.submit(self.draft_plan(n))
+        self.dev.submit(self.draft_plan(row, n))
         data = yield ReadMapped(s.drafts_readback, 0, 4 * n)
         return list(struct.unpack(f"<{n}I", bytes(data)))
