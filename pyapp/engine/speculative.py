@@ -44,8 +44,11 @@ def generation(eng, prompt: list[int], params: SamplingParams, on_token=None, sh
                 eng.cached.append(tok)
         limit = draft_limit(eng, params, result, len(prompt), fed)
         drafts = yield from source.draft(eng, tok, fed, limit, state_row)
-        if drafts:
+        if hasattr(drafts, "submit"):      # a drafter's round on the GPU: drafted into the checking step
+            drafts, ids = yield from verify_drafted(eng, tok, fed, drafts)
+        elif drafts:
             ids = yield from verify(eng, tok, fed, drafts)
+        if drafts:
             clock.token_read()
             result.decode_steps += 1
             if not fed:
@@ -118,6 +121,25 @@ def verify(eng, tok: int, fed: bool, drafts: list[int]):
     feed = drafts if fed else [tok] + drafts
     yield from eng.step(feed, len(eng.cached), few=True)
     return (yield from r.greedy(1 if fed else 0, len(drafts) + 1))
+
+
+def verify_drafted(eng, tok: int, fed: bool, pending):
+    """Steps: verify for drafts a drafter makes on the GPU now (pending: DraftsOnGpu): the step's ids are
+    written with places for them, the drafter's round (submitted after) fills them, and the step runs behind
+    it, so the CPU waits once, for the greedy ids, and then reads the drafts; returns (drafts, ids)."""
+    r = eng.runner
+    first = 0 if fed else 1              # where the drafts go among the step's ids: after tok unless its step ran
+    feed = [tok] * first + [0] * pending.n
+    pos = len(eng.cached)
+    r.write_step(feed, pos)
+    pending.submit(into=first)
+    if fed:
+        r.sample(0)
+    yield from r.run_layers(len(feed), few=True)
+    eng.kv_end = max(eng.kv_end, pos + len(feed))
+    ids = yield from r.greedy(1 if fed else 0, pending.n + 1)
+    drafts = yield from pending.read()
+    return drafts, ids
 
 
 def timed_step(eng, ids: list[int], pos: int, few: bool):

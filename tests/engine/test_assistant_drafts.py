@@ -77,7 +77,9 @@ def read(buffer):
 @pytest.mark.parametrize("chunk", [5, 16])      # a sliding ring of 8 slots (drafts skipped where it lost a key), of 19
 def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     """Speculative greedy generation with the drafter on the GPU: the target's greedy tokens unchanged, and
-    each round's drafts the numpy drafter's from the same target rows and K/V (its source run alongside)."""
+    each round's drafts the numpy drafter's from the same target rows and K/V (its source run alongside, the
+    GPU's rounds read back first); then with the GPU's rounds drafting straight into the checking steps (their
+    ids read after): the same tokens and the same rounds."""
     from pyapp.engine import Engine, SamplingParams
     from pyapp.families.gemma4_assistant.reference import DrafterReference, ReferenceDrafts
     from pyapp.families.gemma4_assistant.source import GpuDrafts
@@ -89,7 +91,8 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     eng = Engine.open(target, device=dev, context_length=128, chunk=chunk, int8=False)
     plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
     numpy_source = ReferenceDrafts(DrafterReference(read_gguf(DRAFTER)), eng.config, ReferenceModel(target).w.token_embd)
-    gpu_source = GpuDrafts(gpu_drafter(eng))
+    drafter = gpu_drafter(eng)
+    gpu_source = GpuDrafts(drafter)
 
     class Both:
         """The GPU's drafts, with the numpy drafter's from the same rows and K/V beside them."""
@@ -102,6 +105,9 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
         def draft(self, eng, tok, fed, limit, state_row):
             want = yield from numpy_source.draft(eng, tok, fed, limit, state_row)
             got = yield from gpu_source.draft(eng, tok, fed, limit, state_row)
+            if not isinstance(got, list):           # a round on the GPU: run and read it here
+                got.submit(None)
+                got = yield from got.read()
             assert got == want, f"round {len(gpu_source.drafts_made)}: GPU {got}, numpy {want}"
             return got
 
@@ -115,6 +121,11 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     assert list(gpu_source.drafts_made) == list(numpy_source.drafts_made)
     # a ring of window + chunk - 1 = 8 slots loses the keys of rounds after rejected drafts moved its end on
     assert (gpu_source.skipped_rounds > 0) == (chunk == 5)
+    eng.drafter = into_steps = GpuDrafts(drafter, lookup=False)
+    eng.reset()
+    again = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    assert again.tokens == plain.tokens and again.drafted == spec.drafted
+    assert list(into_steps.drafts_made) == list(gpu_source.drafts_made)
 
 
 def test_a_round_needs_the_window_and_one_key_before_its_position_in_the_ring():

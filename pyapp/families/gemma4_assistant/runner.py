@@ -111,10 +111,11 @@ class GpuDrafter(LoadedInSteps):
         compile at load, not in the first reply."""
         self.draft_plan(None, n)
 
-    def draft_plan(self, row: int | None, n: int) -> Plan:
+    def draft_plan(self, row: int | None, n: int, into: int | None = None) -> Plan:
         """The target's final-normed row `row` (Runner.final_norm_at) into joined's second half, then n chained
-        draft steps, their ids copied to drafts_readback."""
-        key = (row, n)
+        draft steps, their ids copied to drafts_readback (and, into: to the target's step ids from that
+        index on, where the step that checks them reads them)."""
+        key = (row, n, into)
         if key not in self._plans:
             s, width = self.state, 4 * self.cfg.backbone_hidden
             buffer, offset = self.runner.final_norm_at(row)
@@ -128,17 +129,28 @@ class GpuDrafter(LoadedInSteps):
                 self.model.step(ops, i)
                 ops.finish()
             plan.copy(s.drafts, 0, s.drafts_readback, 0, 4 * n)
+            if into is not None:
+                plan.copy(s.drafts, 0, self.runner.state.ids, 4 * into, 4 * n)
             self._plans[key] = plan
         return self._plans[key]
 
-    def draft(self, token: int, position: int, row: int | None, n: int):
-        """Steps: n (at most MAX_DRAFTS) greedy drafts after `token` at `position`, from the target's
-        final-normed row `row` of the token before it; the target's K/V of the positions before it are read."""
+    def submit(self, token: int, position: int, row: int | None, n: int, into: int | None = None) -> None:
+        """Start a round of n (at most MAX_DRAFTS) greedy drafts after `token` at `position`, from the target's
+        final-normed row `row` of the token before it (the target's K/V of the positions before it are read);
+        into: also copy them into the target's step ids from that index on (written before this)."""
         if not 1 <= n <= MAX_DRAFTS or position < 1:
             raise ValueError(f"a round drafts 1..{MAX_DRAFTS} tokens after a position past 0, not {n} at {position}")
         s = self.state
         self.dev.write(s.step, K.pack_step(1, position))
         self.dev.write(s.ids, array("I", [token]).tobytes())
-        self.dev.submit(self.draft_plan(row, n))
-        data = yield ReadMapped(s.drafts_readback, 0, 4 * n)
+        self.dev.submit(self.draft_plan(row, n, into))
+
+    def read(self, n: int):
+        """Step: the ids of the round submitted last."""
+        data = yield ReadMapped(self.state.drafts_readback, 0, 4 * n)
         return list(struct.unpack(f"<{n}I", bytes(data)))
+
+    def draft(self, token: int, position: int, row: int | None, n: int):
+        """Steps: a round (submit) and its ids (read)."""
+        self.submit(token, position, row, n)
+        return (yield from self.read(n))

@@ -63,18 +63,39 @@ class DraftSource:
         return False
 
 
+class DraftsOnGpu:
+    """A drafter's round not run yet, whose drafts go straight into the step that checks them
+    (pyapp.engine.speculative.verify_drafted): the CPU reads them only with that step's greedy ids."""
+
+    def __init__(self, source: "GpuDrafts", token: int, position: int, row: int | None, n: int):
+        self.source, self.token, self.position, self.row, self.n = source, token, position, row, n
+
+    def submit(self, into: int | None) -> None:
+        """The round, its drafts also copied to the target's step ids from index `into` (None: not)."""
+        self.source.drafter.submit(self.token, self.position, self.row, self.n, into)
+
+    def read(self):
+        """Steps: the round's drafts (after the checking step: in the same wait)."""
+        drafts = yield from self.source.drafter.read(self.n)
+        self.source.drafts_made.append(drafts)
+        return drafts
+
+
 class GpuDrafts(DraftSource):
     """The drafter on the GPU; where the text repeats (its last MAX_NGRAM tokens occurred before in the
-    generation's text), prompt lookup's drafts instead: free, and right more often there."""
+    generation's text), prompt lookup's drafts instead: free, and right more often there. A round's drafts go
+    into the checking step on the GPU (DraftsOnGpu) where the step's ids need not be known on the CPU (a per-layer
+    embedding table left in the file needs them: there a round is read back first)."""
 
-    def __init__(self, drafter):
+    def __init__(self, drafter, lookup: bool = True):
         super().__init__(drafter.runner.cfg, drafter.cfg.sliding_keys)
         self.drafter = drafter
-        self.lookup: PromptLookup | None = None      # the generation's text (none: the drafter always)
+        self.uses_lookup = lookup                    # False: the drafter drafts every round
+        self.lookup: PromptLookup | None = None      # the generation's text
         self.lookup_rounds = 0                       # rounds prompt lookup drafted
 
     def __call__(self, prompt: list[int]) -> "GpuDrafts":
-        self.lookup = PromptLookup(prompt)
+        self.lookup = PromptLookup(prompt) if self.uses_lookup else None
         return self
 
     def append(self, token: int) -> None:
@@ -83,7 +104,7 @@ class GpuDrafts(DraftSource):
 
     def draft(self, eng, tok: int, fed: bool, limit: int, state_row):
         """Steps: up to `limit` drafts after tok: prompt lookup's where the text repeats, else a round on the
-        GPU from the final-normed row state_row."""
+        GPU from the final-normed row state_row (DraftsOnGpu where they can stay there)."""
         if self.lookup is not None and limit > 0:
             repeated = self.lookup.draft(limit, min_ngram=MAX_NGRAM)
             if repeated:
@@ -92,6 +113,8 @@ class GpuDrafts(DraftSource):
         position = self.position(eng, fed)
         if limit <= 0 or position == 0 or not self.keeps_keys(eng, position):
             return []
-        drafts = yield from self.drafter.draft(tok, position, state_row, min(limit, MAX_DRAFTS))
-        self.drafts_made.append(drafts)
-        return drafts
+        pending = DraftsOnGpu(self, tok, position, state_row, min(limit, MAX_DRAFTS))
+        if eng.runner.decodes_ahead:
+            return pending
+        pending.submit(None)
+        return (yield from pending.read())
