@@ -90,6 +90,8 @@ def generation(eng, prompt_tokens: int = 256, gen_tokens: int = 64, seed: int = 
             "speculate": speculated,
             # the first run's (greedy runs draft alike): steps after the prompt's, tokens each gave
             "decode_steps": first.decode_steps, "tokens_per_step": round(first.tokens_per_step, 3),
+            # a step's wall time as generation paces it (drafts, the checking step, the readbacks as they overlap)
+            "ms_per_step": round(1000 * statistics.median(r.decode_s / max(r.decode_steps, 1) for r in runs), 3),
             "drafted": first.drafted, "accepted": first.accepted,
             "acceptance": round(first.accepted / first.drafted, 3) if first.drafted else None,
             **(yield from step_costs(eng, speculated)),

@@ -25,7 +25,8 @@
 //      TEMPERATURE (0: greedy decoding), SPECULATE (0: off; N: speculative decoding, up to N
 //      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
 //      a random block of 16 ids repeated), DRAFTER (an assistant drafter GGUF: it drafts instead of prompt
-//      lookup; with SPECULATE N, what a round of N drafts costs and the acceptance that pays for it).
+//      lookup; with SPECULATE N, what a round of N drafts costs and the acceptance that pays for it),
+//      DRAFTER_LOOKUP (0: the drafter drafts every round, prompt lookup not even where the text repeats).
 // A DiffusionGemma file is measured by denoising (bench/engine_bench.py's bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
@@ -169,7 +170,8 @@ for m in ${JSON.stringify(models)}:
     if drafter_file:                 # an assistant drafter on the GPU drafts instead of prompt lookup
         from pyapp.families.gemma4_assistant.runner import GpuDrafter
         from pyapp.families.gemma4_assistant.source import GpuDrafts
-        eng.drafter = GpuDrafts(await GpuDrafter.open_async(dev, read_gguf(drafter_file), eng.runner))
+        eng.drafter = GpuDrafts(await GpuDrafter.open_async(dev, read_gguf(drafter_file), eng.runner),
+                                lookup=${process.env.DRAFTER_LOOKUP === "0" ? "False" : "True"})
     heap_after_load = heap_mib()
     load = time.perf_counter() - t
     if ${train ? "True" : "False"}:
