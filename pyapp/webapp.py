@@ -220,12 +220,14 @@ async def boot() -> dict:
 
 
 @command
-def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None) -> dict:
-    """What loading the chosen model with these settings would put on the GPU and leave in the file."""
+def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None, prompt_step=None) -> dict:
+    """What loading the chosen model with these settings would put on the GPU and leave in the file
+    (prompt_step: the most prompt tokens a step reads; None: the model's default)."""
     try:
         chosen = SESSION.chosen()
         limits = SESSION.device.limits if SESSION.device else {}
-        plan = Engine.plan(chosen.gguf, limits, int(context_length), settings.gpu_budget(gpu_memory))
+        plan = Engine.plan(chosen.gguf, limits, int(context_length), settings.gpu_budget(gpu_memory),
+                           chunk=settings.prompt_step(prompt_step))
     except EXPECTED as e:        # shown beside the plan as it is: no model file's fault
         return {"error": str(e)}
     return {"lines": plan.describe(), **model.plan_figures(plan)}
@@ -280,9 +282,11 @@ async def open_folder_model(name: str) -> dict:
 
 
 @command
-async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None, f16: bool = False) -> dict:
+async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memory=None, f16: bool = False,
+               prompt_step=None) -> dict:
     """Upload the chosen model's weights to the GPU (progress events; cancel_load(load_id) stops it);
-    f16: the prompt matmuls int8 does not take in f16 tiles where the device has shader-f16."""
+    f16: the prompt matmuls int8 does not take in f16 tiles where the device has shader-f16; prompt_step: the
+    most prompt tokens a step reads (None: the model's default)."""
     if SESSION.model is None:
         return {"error": "choose a model first"}
     SESSION.unload()
@@ -296,13 +300,14 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
     try:
         t = time.perf_counter()
         eng = await run_async(model.load(SESSION, EVENTS, context_length=context_length, load_id=load_id,
-                                         gpu_memory_mib=settings.gpu_budget(gpu_memory), f16=bool(f16)))
+                                         gpu_memory_mib=settings.gpu_budget(gpu_memory), f16=bool(f16),
+                                         prompt_step=settings.prompt_step(prompt_step)))
     except Exception as e:
         return _error(e)
     return {"ready": True, "seconds": time.perf_counter() - t, "context_length": eng.context_length,
             "model": SESSION.model.info, "plan": eng.memory_plan.describe(eng.load_bytes_per_s),
             "plan_figures": model.plan_figures(eng.memory_plan), "adapter": adapters.loaded_adapter(SESSION),
-            "images": _images(), "audio": _audio(), "drafter": _drafter()}
+            "images": _images(), "audio": _audio(), "drafter": _drafter(), "prompt_step": eng.runner.chunk}
 
 
 @command

@@ -12,6 +12,7 @@ const LAST_MODEL_KEY = "gemma4.last_model.v1";   // {kind, name, handle}: offere
 const SETTINGS_KEY = "gemma4.settings.v1";
 const GPU_MEMORY_KEY = "gemma4.gpu_memory.v1";   // {adapter: MiB}: a property of the GPU, not of a model
 const F16_KEY = "gemma4.f16.v1";                 // {adapter: true}: f16 prompt tiles chosen for that GPU
+const PROMPT_STEP_KEY = "gemma4.prompt_step.v1"; // {adapter: tokens}: the prompt step chosen for that GPU
 const PARAMS = ["temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "speculate", "max_tokens", "context_length",
                 "denoise_steps", "denoise_t_min", "denoise_t_max", "denoise_entropy_bound"];   // the last: DiffusionGemma
 // Sampling and context defaults come from Python at boot (pyapp.engine.SamplingParams, the one definition).
@@ -52,7 +53,7 @@ const state = {
   adapterLoaded: false, // the loaded model has a LoRA adapter applied
   training: false,     // a fine-tuning run is going (finetune.js): the engine is the trainer's
   everLoaded: false,   // the chosen model loaded at least once (its button says Reload, else Load)
-  loadedWith: null,    // {gpuMemory, f16}: the settings the loaded model was loaded with
+  loadedWith: null,    // {gpuMemory, f16, promptStep}: the settings the loaded model was loaded with
   loadFailed: false,   // the last load of the chosen model failed (the error is about it)
   webgpu: true,        // false: the browser gives the page no WebGPU device
 };
@@ -213,6 +214,8 @@ async function boot() {
   state.gpuMemory = loadJSON(GPU_MEMORY_KEY, {})[r.adapter] ?? r.gpu_memory;
   $("gpu_memory").value = state.gpuMemory;
   // f16 tiles need shader-f16: without it the box stays off and says why
+  state.promptStep = loadJSON(PROMPT_STEP_KEY, {})[r.adapter] || "";      // "": the model's default
+  $("prompt_step").value = state.promptStep;
   state.f16 = !!r.f16 && !!loadJSON(F16_KEY, {})[r.adapter];
   $("f16").checked = state.f16;
   $("f16").disabled = !r.f16;
@@ -317,7 +320,7 @@ async function loadModel() {
   $("load-text").textContent = "Uploading weights to the GPU…";
   state.loadId += 1;   // cancel names the load it means: a late click cannot cancel the next one
   const r = await call("load", settingNumber(state.settings.context_length, DEFAULTS.context_length), state.loadId,
-                       state.gpuMemory, state.f16);
+                       state.gpuMemory, state.f16, state.promptStep);
   state.busy = false;
   $("load-box").hidden = true;
   if (r.error) {
@@ -339,11 +342,12 @@ async function loadModel() {
   images.modelLoaded(r.images);
   drafter.modelLoaded(r.drafter);
   state.everLoaded = true;
-  state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16 };
+  state.loadedWith = { gpuMemory: state.gpuMemory, f16: state.f16, promptStep: state.promptStep };
   contextLoaded(r.context_length);
   showError("chat-error", "");
   $("model-info").innerHTML = describe(r.model,
-    `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${plural(r.context_length, "token")}</div>`);
+    `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${plural(r.context_length, "token")}` +
+    `${state.promptStep ? ` · prompt steps of ${r.prompt_step}` : ""}</div>`);
   state.loadedPlan = planHtml(r.plan, r.plan_figures, "On the GPU now");
   $("memory-plan").innerHTML = state.loadedPlan;
   showAdapter(r.adapter);
@@ -606,7 +610,7 @@ $("reset-settings").onclick = () => {
 // settings as they are; after loading, what the GPU holds.
 async function showPlan() {
   const ctx = settingNumber(state.settings.context_length, DEFAULTS.context_length);
-  const p = await call("memory_plan", ctx, state.gpuMemory);
+  const p = await call("memory_plan", ctx, state.gpuMemory, state.promptStep);
   const title = state.loaded ? "After a reload with these settings" : "Loading it would take";
   $("memory-plan").innerHTML = p.error ? `<div class="error">${escapeHtml(p.error)}</div>` : planHtml(p.lines, p, title);
 }
@@ -640,7 +644,7 @@ function planBar(p) {
   return `<svg class="plan-bar" viewBox="0 0 ${Math.ceil(x)} 14" width="300" height="14" role="img" ` +
     `aria-label="${escapeHtml(label)}">${rects.join("")}</svg><ul class="plan-legend" aria-hidden="true">${legend}</ul>`;
 }
-// A setting that sizes the loaded model (GPU memory, f16 tiles, context) changed: the plan for it, a stale
+// A setting that sizes the loaded model (GPU memory, prompt step, f16 tiles, context) changed: the plan for it, a stale
 // load error gone (it was about the old settings), and Load / Reload offered.
 async function settingsChanged() {
   contextNote();
@@ -654,6 +658,13 @@ async function settingsChanged() {
   if (!state.loaded || reloadWanted()) await showPlan();
   else if (state.loadedPlan) $("memory-plan").innerHTML = state.loadedPlan;   // as loaded again
 }
+$("prompt_step").addEventListener("change", () => {
+  state.promptStep = $("prompt_step").value;
+  const saved = loadJSON(PROMPT_STEP_KEY, {});
+  saved[state.adapter] = state.promptStep;
+  localStorage.setItem(PROMPT_STEP_KEY, JSON.stringify(saved));
+  settingsChanged();                      // the loaded model keeps its steps until reloaded
+});
 $("f16").addEventListener("change", () => {
   state.f16 = $("f16").checked;
   const saved = loadJSON(F16_KEY, {});
@@ -751,10 +762,11 @@ function contextNote() {
   }
   showContextNote(notes.join(" "));
 }
-// A setting the loaded model was loaded with (GPU memory, f16 tiles, context) differs now: a reload applies it.
+// A setting the loaded model was loaded with (GPU memory, prompt step, f16 tiles, context) differs now: a reload applies it.
 function reloadWanted() {
   const w = state.loadedWith;
-  return !!(state.loaded && w && (w.gpuMemory !== state.gpuMemory || w.f16 !== state.f16 || contextDiffers()));
+  return !!(state.loaded && w && (w.gpuMemory !== state.gpuMemory || w.f16 !== state.f16 ||
+                                  w.promptStep !== state.promptStep || contextDiffers()));
 }
 // The context field asks for another size than the loaded model's KV cache holds.
 function contextDiffers() {

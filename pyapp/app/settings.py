@@ -78,6 +78,15 @@ def default_gpu_memory(info: dict) -> int:
     return CPU_ADAPTER_GPU_MEMORY_MIB if software_adapter(info) else DEFAULT_GPU_MEMORY_MIB
 
 
+def prompt_step(value) -> int | None:
+    """The page's prompt step setting: None (empty or 0) for the model's default, else a whole number of tokens
+    from 1 to MAX_CHUNK (EngineError otherwise)."""
+    from ..engine.loading import check_chunk
+    if value in (None, "", 0, "0"):
+        return None
+    return check_chunk(int(value) if isinstance(value, str) and value.isdigit() else value)
+
+
 def gpu_budget(gpu_memory) -> float | None:
     """The GPU memory setting in MiB; 0 or empty: no budget (everything on the GPU)."""
     return float(gpu_memory) if gpu_memory not in (None, "") and float(gpu_memory) > 0 else None
