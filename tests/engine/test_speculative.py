@@ -128,8 +128,9 @@ def test_steps_of_few_tokens_give_the_prefill_logits(dev, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["tiny"])
 def test_toys_random_prompt_same_tokens(dev, toy, shape):
-    """Varied tokens: most drafts are rejected, their K/V overwritten by the steps after."""
-    eng = _open(dev, toy(shape), chunk=8)
+    """Varied tokens: most drafts are rejected, their K/V overwritten by the steps after. The prompt is
+    one prefill step (a step of up to 64 tokens costs the same on lavapipe)."""
+    eng = _open(dev, toy(shape), chunk=20)
     prompt = RANDOM[:4] + [999] + RANDOM[5:]          # the toys' vocabulary is 1000
     plain, plain_cached, _, spec, spec_cached, _ = _pair(eng, prompt, 4, max_tokens=24)
     _assert_same(plain, spec)
@@ -235,14 +236,16 @@ def test_a_turn_rolling_back_further_recomputes_what_the_ring_lost(dev, toy, mon
     """Turn 1 stops at a stop token whose K/V were written anyway (decoded ahead; or drafts after it, in
     the same step); turn 2 rolls back 3 positions from there and is short; turn 3 rolls back 3 more. A
     sliding layer's ring (window 8 + chunk 5 - 1 = 12 slots) lost positions turn 3 needs to turn 1's
-    writes past turn 2's end, so turn 3 is computed again: it answers as a fresh engine does."""
+    writes past turn 2's end, so turn 3 is computed again: it answers as a fresh engine does. A prompt of
+    two steps: what the ring loses depends on the positions after it, not on its length."""
     from pyapp.engine import SamplingParams
+    prompt = RANDOM[:10]
     eng = _open(dev, toy("tiny"))
-    truth = eng.generate(RANDOM, SamplingParams(temperature=0, max_tokens=12), stop_ids=())
+    truth = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=12), stop_ids=())
     if speculate:
-        _with_oracle(monkeypatch, eng, RANDOM, truth, spoil=False)
+        _with_oracle(monkeypatch, eng, prompt, truth, spoil=False)
     eng.reset()
-    first = eng.generate(RANDOM, SamplingParams(temperature=0, max_tokens=12, speculate=speculate),
+    first = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=12, speculate=speculate),
                          stop_ids={truth.tokens[7]})
     assert first.stop_reason == "stop" and eng.kv_end > len(eng.cached)       # K/V written past the reply
     n2 = min(eng.kv_end - 3, len(eng.cached))
