@@ -435,7 +435,7 @@ def _speculation_note(params, res) -> str:
     if not params.speculate:
         return ""
     if not params.speculates:
-        return "; --speculate is off: greedy only (--temperature 0, --repeat-penalty 1)"
+        return "; speculative decoding is off: greedy only (--temperature 0, --repeat-penalty 1)"
     return (f"; speculative: {res.accepted} of {res.drafted} drafted tokens accepted, "
             f"{res.tokens_per_step:.2f} tokens per step")
 

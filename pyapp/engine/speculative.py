@@ -9,6 +9,9 @@ step of pyapp.engine.decode.
 
     generation(eng, prompt, params, ...)   steps of one generation; returns its GenerationResult
     verify(eng, tok, fed, drafts)          steps: the greedy choice after tok and after each draft
+    verify_drafted(eng, tok, fed, pending) the same for a drafter's round not run yet (a source's draft() may
+                                           give one: an object with submit(into) and read()), whose drafts
+                                           go into the checking step on the GPU
     timed_step(eng, ids, pos, few)         steps: what one step costs alone (benchmarks)
 """
 

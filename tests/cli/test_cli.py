@@ -129,7 +129,7 @@ def test_generate_and_bench_speculate():
     assert r.returncode == 0, r.stderr
     assert re.search(r"speculative: \d+ of \d+ drafted tokens accepted, [\d.]+ tokens per step", r.stderr), r.stderr
     r = pyapp("generate", model, "--prompt", "Hi", "--max-tokens", "3", "--speculate", "4", "--temperature", "0.5")
-    assert "--speculate is off: greedy only" in r.stderr
+    assert "speculative decoding is off: greedy only" in r.stderr
     b = json.loads(pyapp("bench", model, "--json", "--prompt-tokens", "32", "--decode-tokens", "12", "--repeat", "1",
                          "--speculate", "4", "--prompt-kind", "repeat").stdout.strip().splitlines()[-1])
     assert b["speculate"] == 4 and b["prompt"] == "repeat" and b["generated_tokens"] == 12
