@@ -102,7 +102,11 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
         session.unload()
         raise
     if session.drafter is not None:
-        yield from _attach_drafter(session)
+        try:
+            yield from _attach_drafter(session)
+        except Exception:            # the load fails whole (the drafter stays chosen: removing it lets it load)
+            session.unload()
+            raise
     return engine
 
 
