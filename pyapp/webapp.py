@@ -444,19 +444,26 @@ async def add_image(pixels, width: int, height: int, budget: int = DEFAULT_BUDGE
     return {"key": image.key, "tokens": image.n}
 
 
+def _file_for_the_model(blob, shown: str, kind: str, flag: str):
+    """A file made for the chosen model (a projector, a drafter), parsed: (gguf, None), or (None, the page's
+    error with `flag` set) when no model is chosen or the file is no GGUF."""
+    if SESSION.model is None:
+        return None, {"error": f"Choose the model first: \u201c{shown}\u201d is {kind}, made for one model.", flag: True}
+    try:
+        return read_gguf(BlobSource(blob, shown)), None
+    except EXPECTED as e:
+        return None, {**_error(e, shown), flag: True}
+
+
 @command
 def add_projector(blob, name: str = "") -> dict:
     """Add the chosen model's image and audio encoders from a projector file (llama.cpp's mmproj GGUF, clip.* keys):
     checked to be Gemma 4's and made for this model's width; a projector of the audio encoder alone serves the
     model's audio. {"images", "audio"} as the model's results say them."""
     shown = name or getattr(blob, "name", "") or "the projector"
-    if SESSION.model is None:
-        return {"error": f"Choose the model first: \u201c{shown}\u201d is a projector, made for one model.",
-                "projector_error": True}
-    try:
-        g = read_gguf(BlobSource(blob, shown))
-    except EXPECTED as e:
-        return {**_error(e, shown), "projector_error": True}
+    g, refused = _file_for_the_model(blob, shown, "a projector", "projector_error")
+    if refused:
+        return refused
     width, quoted = model_config(SESSION.model.gguf).hidden, f"\u201c{shown}\u201d"
     try:
         try:
@@ -496,13 +503,9 @@ async def add_drafter(blob, name: str = "") -> dict:
     """Add an assistant drafter for the chosen model (gemma-4-*-it-assistant, llama.cpp's converter), checked to
     be made for it; on the GPU now if the model is loaded, else when it loads."""
     shown = name or getattr(blob, "name", "") or "the drafter"
-    if SESSION.model is None:
-        return {"error": f"Choose the model first: \u201c{shown}\u201d is an assistant drafter, made for one model.",
-                "drafter_error": True}
-    try:
-        g = read_gguf(BlobSource(blob, shown))
-    except EXPECTED as e:
-        return {**_error(e, shown), "drafter_error": True}
+    g, refused = _file_for_the_model(blob, shown, "an assistant drafter", "drafter_error")
+    if refused:
+        return refused
     try:
         await run_async(model.add_drafter(SESSION, g, shown))
     except ConfigError as e:

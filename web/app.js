@@ -658,26 +658,26 @@ async function settingsChanged() {
   if (!state.loaded || reloadWanted()) await showPlan();
   else if (state.loadedPlan) $("memory-plan").innerHTML = state.loadedPlan;   // as loaded again
 }
+// GPU memory, the prompt step and f16 tiles are properties of the GPU, not of a model: kept per adapter.
+function rememberForThisGpu(key, value) {
+  const saved = loadJSON(key, {});
+  saved[state.adapter] = value;
+  localStorage.setItem(key, JSON.stringify(saved));
+}
 $("prompt_step").addEventListener("change", () => {
   state.promptStep = $("prompt_step").value;
-  const saved = loadJSON(PROMPT_STEP_KEY, {});
-  saved[state.adapter] = state.promptStep;
-  localStorage.setItem(PROMPT_STEP_KEY, JSON.stringify(saved));
+  rememberForThisGpu(PROMPT_STEP_KEY, state.promptStep);
   settingsChanged();                      // the loaded model keeps its steps until reloaded
 });
 $("f16").addEventListener("change", () => {
   state.f16 = $("f16").checked;
-  const saved = loadJSON(F16_KEY, {});
-  saved[state.adapter] = state.f16;
-  localStorage.setItem(F16_KEY, JSON.stringify(saved));
+  rememberForThisGpu(F16_KEY, state.f16);
   settingsChanged();                      // the loaded model keeps its tiles until reloaded
 });
 $("gpu_memory").addEventListener("change", async () => {
   if (!checkSetting("gpu_memory")) return;   // a bad value is not used (its message says why)
   state.gpuMemory = settingNumber($("gpu_memory").value, 0);
-  const saved = loadJSON(GPU_MEMORY_KEY, {});
-  saved[state.adapter] = state.gpuMemory;
-  localStorage.setItem(GPU_MEMORY_KEY, JSON.stringify(saved));
+  rememberForThisGpu(GPU_MEMORY_KEY, state.gpuMemory);
   await settingsChanged();                // the loaded model keeps its old plan until reloaded
 });
 $("gpu_memory").addEventListener("input", () => checkSetting("gpu_memory"));
