@@ -31,10 +31,6 @@ from . import decode, loading, speculative
 
 
 class Engine(LoadedModel):
-    # a draft source in place of prompt lookup when speculating: drafter(prompt) -> an object with
-    # append(token) and draft(eng, tok, fed, limit, state_row) (steps -> drafts), as pyapp.engine.speculative's LookupDrafts
-    drafter = None
-
     # -- loading ------------------------------------------------------------------
     @classmethod
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int | None = None,

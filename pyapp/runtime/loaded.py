@@ -63,6 +63,11 @@ class GenerationResult:
 
 
 class LoadedModel:
+    # a draft source in place of prompt lookup when speculating: drafter(prompt) -> an object with append(token)
+    # and draft(eng, tok, fed, limit, state_row) (steps -> drafts), as pyapp.engine.speculative's LookupDrafts;
+    # only an Engine speculates, but every loaded model answers whether it has one (the page asks)
+    drafter = None
+
     def __init__(self, dev, gguf, runner, family, memory_plan=None, adapters=None, load_bytes_per_s: float = 0.0):
         self.dev, self.gguf, self.runner = dev, gguf, runner
         self.family = family              # pyapp.families.family.Family: what the file is
