@@ -72,18 +72,13 @@ def _loaded(gguf, args, events=None):
     from .steps import run
     session = Session()
     model.choose(session, gguf)
-    drafter = _open(args.draft_model) if getattr(args, "draft_model", None) else None
-    if drafter is not None:          # refused before the model loads, not after
-        from .families import model_config
-        from .families.gemma4_assistant.config import DrafterConfig
-        DrafterConfig.from_gguf(drafter).check_target(model_config(gguf))
+    if getattr(args, "draft_model", None):      # checked now, refused before the model loads; loaded with it
+        run(model.add_drafter(session, _open(args.draft_model), args.draft_model))
     run(model.load(session, events or _Printer(), context_length=getattr(args, "context", None),
                    gpu_memory_mib=args.gpu_memory, expert_cache_mib=args.expert_cache,
                    ple_in_file=True if args.ple_in_file else None, lora=_loras(args),
                    int8=not getattr(args, "no_int8", False), f16=getattr(args, "f16", False),
                    prompt_step=args.prompt_step))
-    if drafter is not None:
-        run(model.add_drafter(session, drafter, args.draft_model))
     return session
 
 

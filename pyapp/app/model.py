@@ -98,15 +98,11 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     session.engine, session.device = engine, engine.dev
     try:
         session.check_gpu_accepted("the model")
-    except Exception:
+        if session.drafter is not None:
+            yield from _attach_drafter(session)
+    except Exception:                # the load fails whole (a drafter stays chosen: removing it lets the model load)
         session.unload()
         raise
-    if session.drafter is not None:
-        try:
-            yield from _attach_drafter(session)
-        except Exception:            # the load fails whole (the drafter stays chosen: removing it lets it load)
-            session.unload()
-            raise
     return engine
 
 

@@ -210,8 +210,6 @@ class ReferenceDrafts(DraftSource):
             return []
         sliding = yield from self.keys_and_values(eng, self.sliding_source, self.first_sliding(position), position)
         full = yield from self.keys_and_values(eng, self.full_source, 0, position)
-        if sliding is None or full is None:
-            return []
         row = yield from eng.runner.final_norm_row(state_row)
         state = np.frombuffer(bytes(row), np.float32)
         kv = TargetKV(*sliding, *full)
@@ -222,9 +220,7 @@ class ReferenceDrafts(DraftSource):
 
     def keys_and_values(self, eng, layer: int, first: int, end: int):
         """Steps: a layer's K and V [n_kv_heads, end, head_dim] with positions first..end-1 filled from its
-        cache (the rest zero: never looked at), or None when its ring has overwritten one of them."""
-        if not self.holds(eng, layer, first):
-            return None
+        cache (the rest zero: never looked at; keeps_keys saw that its ring still holds them)."""
         keys, values, slots = yield from eng.runner.kv_of_layer(layer)
         lc = self.layers[layer]
         shape = (lc.n_kv_heads, slots, lc.head_dim)

@@ -1,12 +1,14 @@
 """An assistant drafter as the engine's draft source (`Engine.drafter`): after the newest token, a round of
 drafts from the target's state and K/V.
 
-  GpuDrafts(GpuDrafter)        the drafter on the GPU (runner.py): one submit and one readback a round
+  GpuDrafts(GpuDrafter)        the drafter on the GPU (runner.py): a round is one submit, its drafts read with
+                               the step that checks them (DraftsOnGpu), prompt lookup where the text repeats
   reference.ReferenceDrafts    the numpy drafter on the CPU, fed the target's state and K/V read back from the
                                GPU (CPython): what shows the GPU's rows and positions are the right ones
 
 Both draft nothing where the target's sliding ring no longer holds the window + 1 keys before the token
-(a long rollback overwrote one), and nothing at position 0. `drafts_made` keeps each round's drafts.
+(a small ring, or rejected drafts written past the kept tokens, overwrote one: `keeps_keys`), and nothing at
+position 0. `drafts_made` keeps the last rounds' drafts.
 
     engine.drafter = GpuDrafts(GpuDrafter.open(dev, drafter_gguf, engine.runner))
 """
