@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
-from make_bench_model import FILE_TYPES, SHAPES, add_matrix, add_vector
+from make_bench_model import FILE_TYPES, SHAPES, add_matrix, add_rope_freqs, add_vector, write_attention_keys
 
 ARCH = "gemma4-assistant"
 # the drafters Google publishes, by target (gemma-4-E2B-it-assistant's config.json)
@@ -42,24 +42,15 @@ def write(target: str, qtype, out: str, seed: int = 0) -> None:
     w.add_feed_forward_length(s["ffn"])
     w.add_head_count(s["heads"])
     w.add_head_count_kv(t["kv_heads"])
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_float32(f"{ARCH}.rope.freq_base_swa", 10_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_key_length(t["global_head_dim"])
-    w.add_value_length(t["global_head_dim"])
-    w.add_uint32(f"{ARCH}.attention.key_length_swa", t["head_dim"])
-    w.add_uint32(f"{ARCH}.attention.value_length_swa", t["head_dim"])
+    write_attention_keys(w, t, ARCH)             # the target's head widths: the drafter reads its K/V
     w.add_sliding_window(t["window"])
     w.add_uint32(f"{ARCH}.attention.shared_kv_layers", n)
     w.add_uint32(f"{ARCH}.embedding_length_per_layer_input", 0)
     w.add_array(f"{ARCH}.attention.sliding_window_pattern", pattern)
-    w.add_rope_dimension_count(t["global_head_dim"])
-    w.add_uint32(f"{ARCH}.rope.dimension_count_swa", t["head_dim"])
     w.add_uint32(f"{ARCH}.nextn_predict_layers", n)
     w.add_file_type(int(FILE_TYPES[qtype]))
 
-    n_rot = t["global_head_dim"] // 8        # partial_rotary_factor 0.25
-    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (t["global_head_dim"] // 2 - n_rot), np.float32))
+    add_rope_freqs(w, t["global_head_dim"])
     add_matrix(w, rng, "token_embd.weight", h, t["vocab"], qtype)
     add_vector(w, rng, "output_norm.weight", h)
     add_matrix(w, rng, "nextn.pre_projection.weight", 2 * t["hidden"], h, qtype)

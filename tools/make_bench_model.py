@@ -296,6 +296,27 @@ def write(shape: str, qtype, out: str, seed: int = 0, vocab: str | Path | None =
     w.close()
 
 
+def write_attention_keys(w: GGUFWriter, s: dict, arch: str) -> None:
+    """The attention keys Gemma 4's converter writes alike for a model and its assistant drafter, from a shape's
+    head widths (full and sliding): RoPE bases and rotated dims, the norm's epsilon, key and value lengths."""
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(s["global_head_dim"])
+    w.add_value_length(s["global_head_dim"])
+    w.add_uint32(f"{arch}.attention.key_length_swa", s["head_dim"])
+    w.add_uint32(f"{arch}.attention.value_length_swa", s["head_dim"])
+    w.add_rope_dimension_count(s["global_head_dim"])
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", s["head_dim"])
+
+
+def add_rope_freqs(w: GGUFWriter, global_head_dim: int) -> None:
+    """rope_freqs: the full layers' frequency factors for partial_rotary_factor 0.25 (1 for the rotated pairs,
+    1e30 for the rest), as the converter writes them."""
+    n_rot = global_head_dim // 8
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (global_head_dim // 2 - n_rot), np.float32))
+
+
 def write_hparams(w: GGUFWriter, s: dict, arch: str, n: int, pattern: list, ffn: list, kv_heads: list) -> None:
     """The gemma4.* keys from the shape's numbers, as llama.cpp's converter writes them."""
     w.add_block_count(n)
@@ -304,13 +325,7 @@ def write_hparams(w: GGUFWriter, s: dict, arch: str, n: int, pattern: list, ffn:
     w.add_feed_forward_length(ffn)
     w.add_head_count(s["heads"])
     w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_key_length(s["global_head_dim"])
-    w.add_value_length(s["global_head_dim"])
-    w.add_uint32(f"{arch}.attention.key_length_swa", s["head_dim"])
-    w.add_uint32(f"{arch}.attention.value_length_swa", s["head_dim"])
+    write_attention_keys(w, s, arch)
     w.add_final_logit_softcapping(s["softcap"])
     w.add_sliding_window(s["window"])
     w.add_uint32(f"{arch}.attention.shared_kv_layers", s["shared"])
@@ -321,8 +336,6 @@ def write_hparams(w: GGUFWriter, s: dict, arch: str, n: int, pattern: list, ffn:
         w.add_expert_used_count(s["experts_used"])
         w.add_uint32(f"{arch}.expert_feed_forward_length", s["expert_ffn"])
     w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
-    w.add_rope_dimension_count(s["global_head_dim"])
-    w.add_uint32(f"{arch}.rope.dimension_count_swa", s["head_dim"])
 
 
 def write_tensors(w: GGUFWriter, rng, s: dict, qtype, n: int, pattern: list, ffn: list, kv_heads: list) -> None:
@@ -333,8 +346,7 @@ def write_tensors(w: GGUFWriter, rng, s: dict, qtype, n: int, pattern: list, ffn
         add_matrix(w, rng, "per_layer_token_embd.weight", ple * n, V, qtype)
         add_matrix(w, rng, "per_layer_model_proj.weight", h, ple * n, T.F16)
         add_vector(w, rng, "per_layer_proj_norm.weight", ple)
-    n_rot = s["global_head_dim"] // 8        # partial_rotary_factor 0.25 -> pairs rotated
-    w.add_tensor("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (s["global_head_dim"] // 2 - n_rot), np.float32))
+    add_rope_freqs(w, s["global_head_dim"])
     add_vector(w, rng, "output_norm.weight", h)
     for i in range(n):
         p = f"blk.{i}."

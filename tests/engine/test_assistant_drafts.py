@@ -16,25 +16,34 @@ from support.paths import FIXTURES
 TARGET = FIXTURES / "gemma4-dense-f32.gguf"
 DRAFTER = FIXTURES / "assistant" / "gemma4-assistant-f32.gguf"
 GOLDEN = FIXTURES / "assistant" / "gemma4-assistant-f32.golden.npz"
+GREEDY_24 = dict(temperature=0, max_tokens=24)
+
+
+def target_and_its_greedy_reply(dev, prompt: list[int], chunk: int):
+    """(the parsed target, its engine, the greedy 24 tokens after prompt without drafts): what speculative
+    generation with a drafter must give again."""
+    from pyapp.engine import Engine, SamplingParams
+    from pyapp.gguf import read_gguf
+    target = read_gguf(TARGET)
+    eng = Engine.open(target, device=dev, context_length=128, chunk=chunk, int8=False)
+    plain = eng.generate(prompt, SamplingParams(**GREEDY_24), stop_ids=())
+    eng.reset()
+    return target, eng, plain
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk", [5, 16])      # a sliding ring of 8 slots (drafts skipped where it lost a key), of 19
 def test_greedy_output_unchanged_with_the_drafter(dev, chunk):
-    from pyapp.engine import Engine, SamplingParams
-    from pyapp.families.gemma4_assistant.reference import DrafterReference
-    from pyapp.families.gemma4_assistant.reference import ReferenceDrafts
+    from pyapp.engine import SamplingParams
+    from pyapp.families.gemma4_assistant.reference import DrafterReference, ReferenceDrafts
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
     golden = np.load(GOLDEN)
     prompt = golden["prompt_2"].tolist()
-    target = read_gguf(TARGET)
-    eng = Engine.open(target, device=dev, context_length=128, chunk=chunk, int8=False)
-    plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
+    target, eng, plain = target_and_its_greedy_reply(dev, prompt, chunk)
     source = ReferenceDrafts(DrafterReference(read_gguf(DRAFTER)), eng.config, ReferenceModel(target).w.token_embd)
     eng.drafter = source
-    eng.reset()
-    spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    spec = eng.generate(prompt, SamplingParams(**GREEDY_24, speculate=4), stop_ids=())
     print(f"chunk {chunk}: {spec.accepted}/{spec.drafted} drafts accepted, {spec.tokens_per_step:.2f} tokens a step, "
           f"{len(source.drafts_made)} rounds drafted")
     assert spec.tokens == plain.tokens
@@ -80,16 +89,14 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     each round's drafts the numpy drafter's from the same target rows and K/V (its source run alongside, the
     GPU's rounds read back first); then with the GPU's rounds drafting straight into the checking steps (their
     ids read after): the same tokens and the same rounds."""
-    from pyapp.engine import Engine, SamplingParams
+    from pyapp.engine import SamplingParams
     from pyapp.families.gemma4_assistant.reference import DrafterReference, ReferenceDrafts
     from pyapp.families.gemma4_assistant.source import GpuDrafts
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
     golden = np.load(GOLDEN)
     prompt = golden["prompt_2"].tolist()
-    target = read_gguf(TARGET)
-    eng = Engine.open(target, device=dev, context_length=128, chunk=chunk, int8=False)
-    plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
+    target, eng, plain = target_and_its_greedy_reply(dev, prompt, chunk)
     numpy_source = ReferenceDrafts(DrafterReference(read_gguf(DRAFTER)), eng.config, ReferenceModel(target).w.token_embd)
     drafter = gpu_drafter(eng)
     gpu_source = GpuDrafts(drafter)
@@ -112,8 +119,7 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
             return got
 
     eng.drafter = Both()
-    eng.reset()
-    spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    spec = eng.generate(prompt, SamplingParams(**GREEDY_24, speculate=4), stop_ids=())
     print(f"chunk {chunk}: {spec.accepted}/{spec.drafted} drafts accepted, {len(gpu_source.drafts_made)} rounds, "
           f"{gpu_source.skipped_rounds} skipped")
     assert spec.tokens == plain.tokens
@@ -123,7 +129,7 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     assert (gpu_source.skipped_rounds > 0) == (chunk == 5)
     eng.drafter = into_steps = GpuDrafts(drafter, lookup=False)
     eng.reset()
-    again = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    again = eng.generate(prompt, SamplingParams(**GREEDY_24, speculate=4), stop_ids=())
     assert again.tokens == plain.tokens and again.drafted == spec.drafted
     assert list(into_steps.drafts_made) == list(gpu_source.drafts_made)
 
@@ -153,15 +159,12 @@ def test_repeated_text_drafts_by_prompt_lookup(dev):
     """With the drafter as the source, rounds after a token whose last 3 tokens occurred before draft by prompt
     lookup instead (free); the greedy tokens stay the target's, and in a prompt repeated three times the
     looked-up drafts are accepted."""
-    from pyapp.engine import Engine, SamplingParams
+    from pyapp.engine import SamplingParams
     from pyapp.families.gemma4_assistant.source import GpuDrafts
-    from pyapp.gguf import read_gguf
     prompt = np.load(GOLDEN)["prompt_2"].tolist() * 3
-    eng = Engine.open(read_gguf(TARGET), device=dev, context_length=128, chunk=16, int8=False)
-    plain = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24), stop_ids=())
+    _, eng, plain = target_and_its_greedy_reply(dev, prompt, 16)
     eng.drafter = source = GpuDrafts(gpu_drafter(eng))
-    eng.reset()
-    spec = eng.generate(prompt, SamplingParams(temperature=0, max_tokens=24, speculate=4), stop_ids=())
+    spec = eng.generate(prompt, SamplingParams(**GREEDY_24, speculate=4), stop_ids=())
     print(f"{source.lookup_rounds} lookup rounds, {len(source.drafts_made)} drafter rounds, "
           f"{spec.accepted}/{spec.drafted} accepted")
     assert spec.tokens == plain.tokens
