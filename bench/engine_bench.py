@@ -165,13 +165,15 @@ def memory(eng, runs: list) -> dict:
     out = {"gpu_memory_mib": round(plan.total / 2**20), "budget_mib": plan.budget and round(plan.budget / 2**20)}
     if not plan.streams:
         return out
-    hits = misses = read = tokens = 0
-    for r in runs:          # decode only: from the first token to the end
-        (h0, m0, b0), (h1, m1, b1) = r.expert_counts[1], r.expert_counts[-1]
-        hits, misses, read, tokens = hits + h1 - h0, misses + m1 - m0, read + b1 - b0, tokens + len(r.tokens) - 1
+    decoded = [r.expert_counts[-1].since(r.expert_counts[1]) for r in runs]   # from the first token to the end
+    hits, misses, read, wait_s, copy_s = (sum(field) for field in zip(*decoded))
+    tokens = max(sum(len(r.tokens) - 1 for r in runs), 1)
     return {**out, "expert_slots": plan.slots, "expert_cache_mib": round(plan.expert_cache / 2**20),
             "decode_expert_hit_rate": round(hits / max(hits + misses, 1), 3),
-            "decode_read_mib_per_token": round(read / max(tokens, 1) / 2**20, 1),
+            "decode_read_mib_per_token": round(read / tokens / 2**20, 1),
+            # a token's wall time spent waiting for the routers' choices, and copying the missed experts
+            "decode_router_wait_ms_per_token": round(wait_s / tokens * 1e3, 2),
+            "decode_copy_ms_per_token": round(copy_s / tokens * 1e3, 2),
             "planned_read_mib_per_token": round(plan.read_per_token / 2**20, 1),
             "load_read_gb_s": round(eng.load_bytes_per_s / 1e9, 2)}
 
@@ -220,7 +222,7 @@ def denoising(eng, prompt_tokens: int = 128, gen_tokens: int = 256, seed: int = 
     plan = eng.memory_plan
     out.update(gpu_memory_mib=round(plan.total / 2**20), budget_mib=plan.budget and round(plan.budget / 2**20))
     if counts0 is not None:
-        hits, misses, read = (a - b for a, b in zip(eng.expert_counts(), counts0))
+        hits, misses, read, _, _ = eng.expert_counts().since(counts0)
         out.update(expert_slots=plan.slots, expert_cache_mib=round(plan.expert_cache / 2**20),
                    expert_hit_rate=round(hits / max(hits + misses, 1), 3),
                    read_mib_per_step=round(read / max(len(step_s), 1) / 2**20, 1),

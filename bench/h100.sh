@@ -23,7 +23,8 @@
 #   ttft     time to first token for a TTFT_PROMPT-token prompt (TTFT_MODELS): ours native and
 #            llama-bench -p TTFT_PROMPT -n 0 (TTFT_BROWSER=1 adds the browser path)
 #   stream   the STREAM_MODEL under each GPU memory budget of STREAM_BUDGETS (MiB): experts streamed
-#            from the file into a cache; native and browser path, STREAM_PROMPT/STREAM_GEN tokens, 1 run
+#            from the file into a cache; native and browser path, STREAM_PROMPT/STREAM_GEN tokens, 1 run;
+#            beside them llama-bench with every expert on the CPU (-ncmoe 99), when built
 #   skew     the stream runs again on a copy of STREAM_MODEL whose routers favor 16 experts per
 #            layer (tools/skew_router.py): uniform routing is the worst case for the cache
 #   sweep    bench/matvec_sweep.py (Q4_K: the old kernel by threads per row, the chunk kernel by
@@ -462,6 +463,14 @@ step_skew() {
 stream_runs() {
     local path=$1 b res name
     name=$(basename "$path" .gguf)
+    # llama.cpp's answer to a small GPU: every MoE layer's experts in RAM, computed by the CPU (-ncmoe 99)
+    res=$RES/stream-llama-$name.jsonl
+    if [ "$(build_state)" = ok ] && ! done_already "$res"; then
+        log "stream (llama.cpp, experts on the CPU): $name"
+        limited 20 "$W/build/bin/llama-bench" -m "$path" -p "$STREAM_PROMPT" -n "$STREAM_GEN" -ngl 99 -ncmoe 99 -r 3 \
+            -o jsonl > "$res.tmp" && mv "$res.tmp" "$res"
+        cat "$res" 2>/dev/null
+    fi
     for b in $STREAM_BUDGETS; do
         res=$RES/stream-native-$name-$b.jsonl
         if ! done_already "$res"; then

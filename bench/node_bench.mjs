@@ -26,11 +26,15 @@
 //      prompt-lookup drafts checked per step, greedy only), PROMPT_KIND (random: random ids; repeat:
 //      a random block of 16 ids repeated), DRAFTER (an assistant drafter GGUF: it drafts instead of prompt
 //      lookup; with SPECULATE N, what a round of N drafts costs and the acceptance that pays for it),
-//      DRAFTER_LOOKUP (0: the drafter drafts every round, prompt lookup not even where the text repeats).
+//      DRAFTER_LOOKUP (0: the drafter drafts every round, prompt lookup not even where the text repeats),
+//      BLOB (0: the model's bytes go through Pyodide's file system (NODEFS) and Python into writeBuffer; 1: as the
+//      page's do, Blob -> writeBuffer inside JS, FileBlob standing for the picked File: slower in Node, whose
+//      file reads then go through libuv's thread pool, so not the default).
 // A DiffusionGemma file is measured by denoising (bench/engine_bench.py's bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
 // Prints one JSON line per model.
+import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
@@ -56,6 +60,22 @@ py.runPython("import sys; sys.path.insert(0, '/repo')");
 const { createHelper } = await import(pathToFileURL(path.join(root, "web/gpu.js")).href);
 py.registerJsModule("webgpu_helper", { createHelper });
 // Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
+// The model file as the page's File is (BLOB=1): slice(a, b).arrayBuffer() reads those bytes in JS, so weights and
+// streamed experts copy file -> GPU without Python. (fs.openAsBlob's slices read short past 2 GiB in Node 20.)
+class FileBlob {
+  constructor(handle, start, end) { Object.assign(this, { handle, start, end }); }
+  get size() { return this.end - this.start; }
+  slice(a, b) { return new FileBlob(this.handle, this.start + a, this.start + Math.min(b, this.size)); }
+  async arrayBuffer() {
+    const bytes = Buffer.allocUnsafeSlow(this.size);      // its own ArrayBuffer, not zeroed: read once, not copied
+    const { bytesRead } = await this.handle.read(bytes, 0, bytes.length, this.start);
+    return bytesRead === bytes.length ? bytes.buffer : bytes.buffer.slice(0, bytesRead);
+  }
+}
+globalThis.open_model_blob = async (p) => {
+  const handle = await fs.promises.open(p, "r");
+  return new FileBlob(handle, 0, (await handle.stat()).size);
+};
 globalThis.wasm_heap_bytes = () => (py._module && py._module.HEAP8 ? py._module.HEAP8.buffer.byteLength : 0);
 const train = process.argv.includes("--train");
 if (process.argv.includes("--sweep")) {
@@ -161,6 +181,9 @@ def heap_mib():
 out = []
 for m in ${JSON.stringify(models)}:
     g = read_gguf(m)
+    if ${process.env.BLOB === "1" ? "True" : "False"}:
+        from js import open_model_blob
+        g.source.blob = await open_model_blob(m[len("/models"):])
     t = time.perf_counter()
     eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
                                   chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
@@ -190,6 +213,7 @@ for m in ${JSON.stringify(models)}:
                               speculate=${Number(process.env.SPECULATE || 0)},
                               prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
+             file_bytes="blob" if hasattr(g.source, "blob") else "python",
              int8=${process.env.INT8 === "0" ? "False" : "True"},
              chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())

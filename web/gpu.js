@@ -46,6 +46,13 @@ export function createHelper() {
         device.queue.writeBuffer(buf, dstOffset + done, data);
       }
     },
+    async uploadBlobs(device, blob, copies, chunk) {
+      // copies: flat [buffer, dstOffset, offset, n, ...], all read at once
+      const all = [];
+      for (let i = 0; i < copies.length; i += 4)
+        all.push(this.uploadBlob(device, copies[i], copies[i + 1], blob, copies[i + 2], copies[i + 3], chunk));
+      await Promise.all(all);
+    },
     pipeline(device, code, entryPoint, constants, label) {
       const module = device.createShaderModule({code, label});
       return device.createComputePipeline({layout: "auto", label,

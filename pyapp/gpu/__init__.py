@@ -235,6 +235,16 @@ class Device:
             self.write(buf, data, dst_offset + done)
             done += k
 
+    def upload_many(self, source, copies: list) -> None:
+        """upload() of each (buffer, src_offset, n, dst_offset)."""
+        for buf, src_offset, n, dst_offset in copies:
+            self.upload(buf, source, src_offset, n, dst_offset)
+
+    async def upload_many_async(self, source, copies: list) -> None:
+        """upload_async() of each (buffer, src_offset, n, dst_offset); the browser's reads overlap."""
+        for buf, src_offset, n, dst_offset in copies:
+            await self.upload_async(buf, source, src_offset, n, dst_offset)
+
     # -- pipelines ---------------------------------------------------------
     def pipeline(self, shader: str, entry: str = "main", constants: dict | None = None,
                  prelude: str = "") -> Pipeline:

@@ -88,6 +88,22 @@ class BrowserDevice(Device):
         except Exception as e:
             raise GPUError(f"reading the model file failed at byte {src_offset}: {e}") from e
 
+    async def upload_many_async(self, source, copies, chunk=UPLOAD_CHUNK):
+        """Every copy's file reads started at once in JS (a round of streamed experts: a few MB each)."""
+        blob = getattr(source, "blob", None)
+        if blob is None:
+            return await super().upload_many_async(source, copies)
+        self._check()
+        flat = []
+        for buf, src_offset, n, dst_offset in copies:
+            if dst_offset % 4:
+                raise GPUError(f"buffer writes need 4-byte aligned offsets, got {dst_offset}")
+            flat += [buf.handle, dst_offset, src_offset, n]
+        try:
+            await self.js.uploadBlobs(self.device, blob, to_js(flat), chunk & ~3)
+        except Exception as e:
+            raise GPUError(f"reading the model file failed: {e}") from e
+
     def _create_pipeline(self, source, entry, constants, label):
         self._check()
         return self.js.pipeline(self.device, source, entry, _constants(constants), label)

@@ -8,8 +8,9 @@ tensor [E, n, k] of a MoE layer becomes a cache of `slots` experts on the GPU
   2. on the host (`ExpertCache.run`): read those ids back, and in rounds of at
      most `slots` distinct experts: copy the missing ones from the file into free
      or least recently used slots (file -> GPU, never through Python in the
-     browser), write each token's slot ids to state.expert_slots, and replay the
-     layer's expert kernels (`ExpertRounds.plan`), which index the cache by slot;
+     browser; a round's copies at once), write each token's slot ids to
+     state.expert_slots, and replay the layer's expert kernels
+     (`ExpertRounds.plan`), which index the cache by slot;
   3. the rest: the weighted sum (by expert id, for the per-expert scales) and on.
 
 Rounds make prefill read each expert at most once per chunk: a chunk of 512
@@ -21,15 +22,29 @@ Decode needs one round: a token's experts always fit (slots >= experts used).
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..gpu import Plan
-from .requests import FileToGpu, ReadGpu
+from .requests import FilesToGpu, FileToGpu, ReadGpu
 from .upload import layer_experts
 
 NOT_HERE = 0xFFFFFFFF
+
+
+class ExpertCounts(NamedTuple):
+    """What the cache did so far; `since` gives what it did between two counts."""
+    hits: int
+    misses: int
+    bytes_read: int
+    wait_s: float      # waiting for the router's choices: the GPU's work up to them and the readback
+    copy_s: float      # copying missed experts file -> GPU
+
+    def since(self, before: "ExpertCounts") -> "ExpertCounts":
+        return ExpertCounts(*(a - b for a, b in zip(self, before)))
 
 
 @dataclass
@@ -47,6 +62,7 @@ class ExpertCache:
         self.tensors = {lc.index: layer_experts(layout, lc) for lc in cfg.layers if lc.has_moe}
         self.resident = {i: OrderedDict() for i in self.tensors}   # expert -> slot, least recently used first
         self.hits = self.misses = self.bytes_read = 0
+        self.wait_s = self.copy_s = 0.0
 
     def rounds(self, layer: int, ids: list[int]):
         """Groups of at most `slots` distinct experts covering ids, each with {expert: slot} and the
@@ -88,12 +104,19 @@ class ExpertCache:
     def run(self, step: ExpertRounds, n_tokens: int):
         """Steps: serve the experts the router chose for n_tokens tokens of step.layer."""
         s = self.state
+        start = time.perf_counter()
         ids = array("I", (yield ReadGpu(s.expert_ids, 0, 4 * n_tokens * self.used)))
+        self.wait_s += time.perf_counter() - start
         for slot_of, copies in self.rounds(step.layer, list(ids)):
-            for expert, slot in copies:
-                yield from self.copy_in(step.layer, expert, slot)
+            if copies:
+                start = time.perf_counter()
+                yield FilesToGpu(tuple(c for expert, slot in copies for c in self.copy_in(step.layer, expert, slot)))
+                self.copy_s += time.perf_counter() - start
             self.dev.write(s.expert_slots, array("I", (slot_of.get(e, NOT_HERE) for e in ids)).tobytes())
             self.dev.submit(step.plan)
+
+    def counts(self) -> ExpertCounts:
+        return ExpertCounts(self.hits, self.misses, self.bytes_read, self.wait_s, self.copy_s)
 
     def stats(self) -> dict:
         looked = self.hits + self.misses

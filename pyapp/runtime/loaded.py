@@ -39,7 +39,7 @@ class GenerationResult:
     cached_tokens: int = 0           # prompt tokens reused from the KV cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    # streamed experts: the cache's (hits, misses, bytes read) at the start, the first token, the end
+    # streamed experts: the cache's ExpertCounts at the start, the first token, the end
     expert_counts: list = field(default_factory=list)
     decode_steps: int = 0            # layer steps after the prompt's: one token each, or a token and its drafts
     drafted: int = 0                 # speculative decoding: tokens drafted by prompt lookup
@@ -183,10 +183,11 @@ class LoadedModel:
                 yield from after_each(n)
         return n
 
-    def expert_counts(self) -> tuple[int, int, int] | None:
-        """The streamed experts' cache so far: (hits, misses, bytes read); None when every expert is resident."""
+    def expert_counts(self):
+        """The streamed experts' cache so far (pyapp.runtime.experts.ExpertCounts); None when every
+        expert is resident."""
         cache = self.runner.experts
-        return None if cache is None else (cache.hits, cache.misses, cache.bytes_read)
+        return None if cache is None else cache.counts()
 
     # -- LoRA ------------------------------------------------------------------------
     def set_lora_scale(self, i: int, user_scale: float) -> None:

@@ -44,10 +44,17 @@ class ReadMapped:
     n: int
 
 
+@dataclass(frozen=True)
+class FilesToGpu:
+    """Several FileToGpu copies at once: in the browser their file reads overlap (a round of streamed experts)."""
+    copies: tuple
+
+
 def handler(dev: Device, source, asynchronous: bool = False):
     """Answers to the requests: direct calls natively; awaitables (for drive_async) in the browser,
     where file bytes go Blob -> GPU inside JS and readbacks wait for a buffer map."""
     upload = dev.upload_async if asynchronous else dev.upload
+    upload_many = dev.upload_many_async if asynchronous else dev.upload_many
     read_gpu = dev.read_async if asynchronous else dev.read
     read_mapped = dev.read_mapped_async if asynchronous else dev.read_mapped
 
@@ -60,5 +67,7 @@ def handler(dev: Device, source, asynchronous: bool = False):
             return read_gpu(req.buffer, req.offset, req.n)
         if isinstance(req, ReadMapped):
             return read_mapped(req.buffer, req.offset, req.n)
+        if isinstance(req, FilesToGpu):
+            return upload_many(source, [(c.buffer, c.offset, c.n, c.dst_offset) for c in req.copies])
         raise TypeError(f"unknown request {req!r}")
     return handle

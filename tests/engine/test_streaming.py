@@ -122,6 +122,46 @@ def test_streamed_experts_give_the_golden_logits_and_tokens(dev, path, slots):
 
 
 @pytest.mark.gpu
+def test_the_browser_driver_asks_for_a_rounds_copies_at_once_and_gives_the_same_tokens(dev, monkeypatch):
+    """drive_async (the page's driver) gets every copy of a round in one FilesToGpu request, which the
+    browser's device reads all at once; the greedy tokens are transformers' and the counts say what
+    decoding waited for and copied."""
+    import asyncio
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.runtime.memory import MIB, plan_memory
+    from pyapp.sampling import SamplingParams
+    path = MOE[1]
+    golden = np.load(path.with_suffix(".golden.npz"))
+    g, cfg, bound = _bound(path)
+    each = plan_memory(dev.limits, cfg, bound, 128, 16).expert_each
+    upload_many = dev.upload_many_async
+    asked = []
+
+    async def upload_many_counted(source, copies):
+        asked.append(len(copies))
+        return await upload_many(source, copies)
+
+    async def run():
+        eng = await Engine.open_async(read_gguf(path), dev, context_length=128, chunk=16,
+                                      expert_cache_mib=(2 * each + 64) / MIB)
+        monkeypatch.setattr(dev, "upload_many_async", upload_many_counted)
+        before = eng.expert_counts()
+        res = await eng.generate_async(golden["tokens_0"].tolist(),
+                                       SamplingParams(temperature=0, max_tokens=len(golden["generate_0"])),
+                                       stop_ids=())
+        return eng, res, eng.expert_counts().since(before)
+
+    eng, res, counts = asyncio.run(run())
+    assert res.tokens == golden["generate_0"].tolist()
+    tensors = len(next(iter(eng.runner.experts.tensors.values())))     # an expert's tensors: a copy each
+    assert all(n % tensors == 0 for n in asked) and sum(asked) == counts.misses * tensors
+    assert max(asked) == 2 * tensors                # the prompt's rounds copy both slots' experts at once
+    assert counts.bytes_read == counts.misses * each // sum(lc.has_moe for lc in cfg.layers)
+    assert counts.wait_s > 0 and counts.copy_s > 0
+
+
+@pytest.mark.gpu
 def test_a_prefill_chunk_reads_each_expert_at_most_once(dev):
     """16 tokens route to all 4 experts; a cache of 2 serves them in two rounds, 4 reads per layer."""
     from pyapp.engine import Engine
