@@ -2,6 +2,9 @@
 
     python bench/matvec_sweep.py [--quants q4_k q6_k q8_0] [--tpr 8 16 32 64]
     python bench/matvec_sweep.py --experts        the decode expert matvecs (GPU timestamps)
+    python bench/matvec_sweep.py --few 5 [--few-threads 16x64 32x128 ...]
+                                                  matvec_tokens (a step of 5 tokens: speculative decoding's
+                                                  checking step) by threads per row x per workgroup (GPU timestamps)
     python bench/matvec_sweep.py --norm-input --shapes 128x2816 --quants f16 --tpr 32 64 128 256
                                                   the matvec building its input by norming a row
                                                   in every workgroup (K.NormInput: the MoE router)
@@ -52,12 +55,18 @@ def main() -> int:
                     help="the Q4_K chunk kernels and the int8 units (Q6_K, Q4_0, Q5_0, Q8_0) also on x rounded to int8")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
+    ap.add_argument("--few", type=int, default=0, help="matvec_tokens for a step of this many tokens instead")
+    ap.add_argument("--few-threads", nargs="*", default=["16x64", "32x128", "64x256", "128x128", "128x256", "32x256"],
+                    help="--few: TPRxWG variants")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
     if args.experts:
         return expert_sweep(dev, rng, int8=args.int8)
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
+    if args.few:
+        return few_sweep(dev, rng, args.few, shapes, args.quants, [tuple(int(v) for v in t.split("x"))
+                                                                   for t in args.few_threads])
     for n, k in shapes:
         x = dev.buffer(4 * k)
         dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
@@ -108,6 +117,40 @@ def main() -> int:
                 if args.geglu:
                     shown["geglu"] = True
                 print(json.dumps({"rows": n, "cols": k, "quant": q, **shown, "us": round(s * 1e6, 2),
+                                  "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
+    return 0
+
+
+def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) -> int:
+    """matvec_tokens of a step of `tokens` tokens by (threads per row, workgroup), GPU timestamps; the
+    engine's choice (few_tokens_threads) is marked."""
+    import numpy as np
+    from pyapp import ggml
+    from pyapp.gpu import kernels as K
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(tokens, 0))
+    for n, k in shapes:
+        x = dev.buffer(4 * K.FEW_TOKENS * k)
+        dev.write(x, rng.standard_normal(K.FEW_TOKENS * k).astype(np.float32).tobytes())
+        y = dev.buffer(4 * K.FEW_TOKENS * n)
+        for q in quants:
+            try:
+                nbytes = ggml.row_bytes(q, k) * n
+            except ValueError:
+                continue
+            w = dev.buffer(nbytes + 4)
+            dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
+            engine = K.few_tokens_threads(ggml.lookup(q).id == ggml.Q4_K, k, n)
+            for tpr, wg in dict.fromkeys([engine, *threads]):
+                if tpr > wg:
+                    continue
+                plan = dev.plan()
+                for _ in range(reps if n < 100000 else 3):
+                    K.matvec_tokens(dev, q, k, n, w, x, y, step, plan=plan, tpr=tpr, wg=wg)
+                dev.time_plan(plan, repeat=1)
+                s = gpu_seconds(dev, plan) / (reps if n < 100000 else 3)
+                print(json.dumps({"rows": n, "cols": k, "quant": q, "tokens": tokens, "tpr": tpr, "wg": wg,
+                                  "engine": (tpr, wg) == engine, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
 

@@ -6,8 +6,8 @@
 // of the GPU idle (N / 64 workgroups). For speculative decoding's steps of a token and its drafts.
 // W: raw GGUF bytes of [N, K] (any type in quants.wgsl); X: f32 [T, K]; Y: f32 [T, LDY] (LDY 0: N;
 // a row block of a split W writes its columns of a wider Y, bound at its first column).
-// MAXM comes from the prelude (pyapp.gpu.kernels.FEW_TOKENS). TPR >= MAXM: thread t of a row
-// writes token t.
+// MAXM comes from the prelude (pyapp.gpu.kernels.FEW_TOKENS). Thread t of a row writes tokens t,
+// t + TPR, ...
 // Dispatch: ceil(N / (WG / TPR)) workgroups, split into (x, y) above 65535.
 
 override K: u32;
@@ -31,5 +31,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     row_dots(lid, min(row, N - 1u) * (K / QK) * QB, row < N, m_rows);
     let t = lid % TPR;
-    if (row < N && t < m_rows) { Y[t * select(LDY, N, LDY == 0u) + row] = sums[t * WG + lid - t]; }
+    if (row < N) {
+        let ldy = select(LDY, N, LDY == 0u);
+        for (var m = t; m < m_rows; m += TPR) { Y[m * ldy + row] = sums[m * WG + lid - t]; }
+    }
 }

@@ -46,6 +46,42 @@ def test_matvec_tokens(dev, qtype, t):
     np.testing.assert_array_equal(got2, got)
 
 
+@pytest.mark.parametrize("qtype,k,rows,threads", [
+    ("q4_0", 4128, 37, None), ("q6_k", 3072, 41, None), ("q4_k", 2560, 37, None), ("q4_k", 1024, 9, None),
+    ("q8_0", 160, 150, (16, 64)), ("q4_k", 256, 150, (128, 128)), ("q5_0", 4128, 37, (64, 256))])
+def test_matvec_tokens_threads(dev, qtype, k, rows, threads):
+    """The threads a row and a workgroup: long rows (the rule's 64-128 threads a row), few rows (more
+    threads in all), and fewer threads a row than tokens (each thread writes tokens t, t + TPR, ...)."""
+    rng = np.random.default_rng(k + rows)
+    t = K.FEW_TOKENS
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((t, k))
+    tpr, wg = threads or K.few_tokens_threads(qtype == "q4_k", k, rows)
+    if threads is None:
+        assert tpr >= 32                          # the rule gives these shapes more than the old 16 / 32
+    y = f32(dev, np.full((t, rows), 7.0))
+    dev.submit(K.matvec_tokens(dev, qtype, k, rows, weight_buffer(dev, raw), f32(dev, x), y, step_buffer(dev, t),
+                               tpr=tpr, wg=wg))
+    got = read_f32(dev, y, t * rows).reshape(t, rows)
+    assert_close_dot(got, x, w, x @ w.T)
+
+
+def test_few_tokens_threads_rule():
+    """More threads a row for long rows and for few rows, never more than a workgroup's."""
+    assert K.few_tokens_threads(False, 12288, 1536) == (128, 128)       # E2B's down projection
+    assert K.few_tokens_threads(False, 1536, 24576) == (32, 128)        # its gate|up
+    assert K.few_tokens_threads(False, 1536, 256) == (128, 128)         # 256 rows: few
+    assert K.few_tokens_threads(True, 12288, 1536) == (32, 128)
+    assert K.few_tokens_threads(True, 1536, 24576) == (16, 64)
+    assert K.few_tokens_threads(True, 1536, 256) == (64, 128)
+    for q4k in (False, True):
+        for k in (32, 256, 1536, 4096, 12288, 65536):
+            for n in (1, 256, 1536, 262144):
+                tpr, wg = K.few_tokens_threads(q4k, k, n)
+                assert tpr & (tpr - 1) == 0 and 16 <= tpr <= wg <= 128
+
+
 @pytest.mark.parametrize("qtype,m,cap,splits,out0", [
     ("f32", 1, 0.0, (), 0), ("f32", 17, 30.0, (400, 733), 1), ("q8_0", 5, 30.0, (), 0),
     ("q4_k", 17, 0.0, (333,), 0), ("q6_k", 3, 30.0, (1, 502), 1), ("q5_0", 16, 0.0, (), 0)])

@@ -10,27 +10,47 @@ from .quants import quant_prelude, quant_type, row_bytes
 from .shared import groups, pipeline
 
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
-FEW_TPR, FEW_WG = 32, 128     # its threads per row (>= FEW_TOKENS: thread t writes token t) and per workgroup
-FEW_Q4K_TPR, FEW_Q4K_WG = 16, 64   # matvec_tokens_q4k: threads per row (each writes tokens t, t + 16) and per workgroup
+FEW_GROUPS = 12           # matvec_tokens: at least this many 4-weight groups a thread (fewer: its reduction dominates)
+FEW_ROW_THREADS = 32768   # and at least this many threads in all where rows are few (256 rows: 128 a row)
+FEW_Q4K_THREADS = 16384   # matvec_tokens_q4k's (its 16-byte chunks are 32 weights)
 
 
 def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: Buffer, plan: Plan | None = None,
-                  ldy: int = 0) -> Plan:
+                  ldy: int = 0, tpr: int | None = None, wg: int | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for the step's t < params.n_tokens <= FEW_TOKENS, each weight read once
     (shaders/matvec_tokens.wgsl): a step of a few tokens, where matmul's 64-token tiles would be mostly
-    padding. ldy: row stride of Y when W is one row block of a wider matrix (y bound at its column)."""
+    padding. ldy: row stride of Y when W is one row block of a wider matrix (y bound at its column).
+    tpr, wg: threads per row and per workgroup (default: few_tokens_threads)."""
     row_bytes(qtype, k)
     maxm = f"const MAXM: u32 = {FEW_TOKENS}u;\n"
-    if quant_type(qtype) == ggml.Q4_K:       # its own kernel: each 16-byte chunk dequantized once (matvec_tokens_q4k)
-        p = pipeline(dev, "matvec_tokens_q4k", prelude=maxm,
-                     constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_Q4K_TPR, "WG": FEW_Q4K_WG})
-        rows_per_group = FEW_Q4K_WG // FEW_Q4K_TPR
+    q4k = quant_type(qtype) == ggml.Q4_K
+    tpr_, wg_ = few_tokens_threads(q4k, k, n)
+    tpr, wg = tpr or tpr_, wg or wg_
+    if q4k:       # its own kernel: each 16-byte chunk dequantized once (matvec_tokens_q4k)
+        p = pipeline(dev, "matvec_tokens_q4k", prelude=maxm, constants={"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg})
     else:
         p = pipeline(dev, "matvec_tokens", prelude=quant_prelude(qtype) + maxm,
-                     constants={"K": k, "N": n, "LDY": ldy, "TPR": FEW_TPR, "WG": FEW_WG})
-        rows_per_group = FEW_WG // FEW_TPR
+                     constants={"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params})
-    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // rows_per_group)))
+    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+
+
+def few_tokens_threads(q4k: bool, k: int, n: int) -> tuple[int, int]:
+    """(threads per row, per workgroup) of matvec_tokens for n rows of k weights, from bench/matvec_sweep.py
+    --few 5 on the H100 (bench/RESULTS.md): long rows want more threads a row (E2B's down projection, 12288
+    long: 128 threads, 0.70x the time of 32), short ones fewer (the reduction over a row's threads costs
+    a barrier a halving), and few rows more threads in all (256 rows of 1536: 128 threads, 0.45x)."""
+    if q4k:     # 16-byte chunks of 32 weights; four rows a workgroup
+        tpr = 16 if k < 2048 else 32
+        while n * tpr < FEW_Q4K_THREADS and tpr < 64:
+            tpr *= 2
+        return tpr, max(4 * tpr, 64) if tpr < 64 else 128
+    tpr = 16
+    while tpr < 128 and k // (8 * tpr) >= FEW_GROUPS:
+        tpr *= 2
+    while n * tpr < FEW_ROW_THREADS and tpr < 128:
+        tpr *= 2
+    return tpr, 64 if tpr == 16 else 128
 
 
 HEAD_ROWS = FEW_TOKENS   # rows head_argmax scores at once: those of a step of few tokens
