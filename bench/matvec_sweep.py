@@ -5,6 +5,8 @@
     python bench/matvec_sweep.py --few 5 [--few-threads 16x64 32x128 ...]
                                                   matvec_tokens (a step of 5 tokens: speculative decoding's
                                                   checking step) by threads per row x per workgroup (GPU timestamps)
+    python bench/matvec_sweep.py --few 5 --head   the greedy head of such a step (head_argmax over E2B's 262144
+                                                  rows of 1536) by threads per vocabulary row x per workgroup
     python bench/matvec_sweep.py --norm-input --shapes 128x2816 --quants f16 --tpr 32 64 128 256
                                                   the matvec building its input by norming a row
                                                   in every workgroup (K.NormInput: the MoE router)
@@ -58,12 +60,16 @@ def main() -> int:
     ap.add_argument("--few", type=int, default=0, help="matvec_tokens for a step of this many tokens instead")
     ap.add_argument("--few-threads", nargs="*", default=["16x64", "32x128", "64x256", "128x128", "128x256", "32x256"],
                     help="--few: TPRxWG variants")
+    ap.add_argument("--head", action="store_true", help="--few: head_argmax instead of matvec_tokens")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
     if args.experts:
         return expert_sweep(dev, rng, int8=args.int8)
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
+    if args.few and args.head:
+        return head_sweep(dev, rng, args.few, args.quants, [tuple(int(v) for v in t.split("x"))
+                                                            for t in args.few_threads])
     if args.few:
         return few_sweep(dev, rng, args.few, shapes, args.quants, [tuple(int(v) for v in t.split("x"))
                                                                    for t in args.few_threads])
@@ -152,6 +158,46 @@ def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) ->
                 print(json.dumps({"rows": n, "cols": k, "quant": q, "tokens": tokens, "tpr": tpr, "wg": wg,
                                   "engine": (tpr, wg) == engine, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
+    return 0
+
+
+def head_sweep(dev, rng, tokens: int, quants, threads, k: int = 1536, n: int = 262144, reps: int = 3) -> int:
+    """head_argmax (the greedy head of a step of `tokens` tokens) by (threads a vocabulary row, workgroup),
+    GPU timestamps; the engine's (HEAD_TPR, HEAD_WG) is marked. Random bytes as weights: their f16 scales
+    may be anything, so compare variants within a type."""
+    import numpy as np
+    from pyapp import ggml
+    from pyapp.gpu import kernels as K
+    from pyapp.gpu.kernels import few_tokens
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(tokens, 0))
+    x = dev.buffer(4 * K.HEAD_ROWS * k)
+    dev.write(x, rng.standard_normal(K.HEAD_ROWS * k).astype(np.float32).tobytes())
+    out = dev.buffer(4 * (K.HEAD_ROWS + 1))
+    engine = (few_tokens.HEAD_TPR, few_tokens.HEAD_WG)
+    for q in quants:
+        rb = ggml.row_bytes(q, k)
+        per = dev.limits["max_storage_buffer_binding_size"] // rb // 256 * 256     # rows a binding holds
+        parts = []
+        for row0 in range(0, n, per):
+            rows = min(per, n - row0)
+            w = dev.buffer(rows * rb + 4)
+            dev.write(w, rng.integers(0, 255, rows * rb, dtype=np.uint8).tobytes())
+            parts.append((w, row0, rows))
+        for tpr, wg in dict.fromkeys([engine, *threads]):
+            few_tokens.HEAD_TPR, few_tokens.HEAD_WG = tpr, wg       # read by head_argmax and its scratch size
+            try:
+                scratch = dev.buffer(K.head_argmax_scratch_bytes([rows for _, _, rows in parts]))
+                plan = dev.plan()
+                for _ in range(reps):
+                    K.head_argmax(dev, q, k, parts, x, scratch, out, step, plan=plan)
+                dev.time_plan(plan, repeat=1)
+                s = gpu_seconds(dev, plan) / reps
+            finally:
+                few_tokens.HEAD_TPR, few_tokens.HEAD_WG = engine
+            print(json.dumps({"rows": n, "cols": k, "quant": q, "tokens": tokens, "head": True, "tpr": tpr, "wg": wg,
+                              "engine": (tpr, wg) == engine, "us": round(s * 1e6, 2), "adapter": dev.describe()}),
+                  flush=True)
     return 0
 
 

@@ -54,7 +54,7 @@ def few_tokens_threads(q4k: bool, k: int, n: int) -> tuple[int, int]:
 
 
 HEAD_ROWS = FEW_TOKENS   # rows head_argmax scores at once: those of a step of few tokens
-HEAD_TPR, HEAD_WG = 32, 128     # its threads per vocabulary row and per workgroup (4 vocabulary rows a workgroup)
+HEAD_TPR, HEAD_WG = 8, 64       # its threads per vocabulary row and per workgroup (8 vocabulary rows a workgroup)
 
 
 def head_argmax_partials(rows: list[int]) -> int:
