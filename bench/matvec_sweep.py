@@ -147,16 +147,22 @@ def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) ->
             w = dev.buffer(nbytes + 4)
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
             engine = K.few_tokens_threads(ggml.lookup(q).id == ggml.Q4_K, k, n)
-            for tpr, wg in dict.fromkeys([engine, *threads]):
+            xq, xs = dev.buffer(K.FEW_TOKENS * k), dev.buffer(K.FEW_TOKENS * k // 4)
+            int8s = (False, True) if q == "q4_k" else (False,)    # Q4_K also on int8 x: quantize_q8 + the x8 kernel
+            for (tpr, wg), int8 in ((t, i) for t in dict.fromkeys([engine, *threads]) for i in int8s):
                 if tpr > wg:
                     continue
                 plan = dev.plan()
                 for _ in range(reps if n < 100000 else 3):
-                    K.matvec_tokens(dev, q, k, n, w, x, y, step, plan=plan, tpr=tpr, wg=wg)
+                    if int8:
+                        K.quantize_q8(dev, k, x, xq, xs, step, tokens, plan=plan)
+                        K.matvec_tokens_x8(dev, k, n, w, xq, xs, y, step, plan=plan, tpr=tpr, wg=wg)
+                    else:
+                        K.matvec_tokens(dev, q, k, n, w, x, y, step, plan=plan, tpr=tpr, wg=wg)
                 dev.time_plan(plan, repeat=1)
                 s = gpu_seconds(dev, plan) / (reps if n < 100000 else 3)
                 print(json.dumps({"rows": n, "cols": k, "quant": q, "tokens": tokens, "tpr": tpr, "wg": wg,
-                                  "engine": (tpr, wg) == engine, "us": round(s * 1e6, 2),
+                                  "int8": int8, "engine": (tpr, wg) == engine and not int8, "us": round(s * 1e6, 2),
                                   "gb_s": round(nbytes / s / 1e9, 1), "adapter": dev.describe()}), flush=True)
     return 0
 

@@ -64,9 +64,22 @@ class Lowering:
         return self.s.x_alt if self.stream is self.s.x else self.s.x
 
     def matvec_int8(self, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
-        """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8.
-        Steps of a few tokens (speculative decoding's checks) stay in f32."""
+        """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8."""
         return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, geglu, rows)
+
+    def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list) -> None:
+        """y[t, n] = x[t, k] @ W^T for a step of a few tokens, for each (W buffer, n, y, ldy) of blocks (as
+        matmul's): on x rounded to int8 (quantized here, once for every block) where K.int8_few_tokens says
+        so, as the one-token matvecs round it, else on f32 x."""
+        dev, s = self.dev, self.s
+        int8 = self.int8_x and K.int8_few_tokens(qtype, k, sum(n for _, n, _, _ in blocks))
+        if int8:
+            K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
+        for w, n, y, ldy in blocks:
+            if int8:
+                K.matvec_tokens_x8(dev, k, n, w, s.xq, s.xq_scales, y, self.step, plan=self.plan, ldy=ldy)
+            else:
+                K.matvec_tokens(dev, qtype, k, n, w, x, y, self.step, plan=self.plan, ldy=ldy)
 
     def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
@@ -148,21 +161,21 @@ class Linear(Op):
         if len(w.parts) == 1 and T == 1:
             self._matvec(L, k, n, x)
         elif len(w.parts) == 1 and L.few:
-            K.matvec_tokens(dev, w.qtype, k, n, w.bound, x, self.y, L.step, plan=plan)
+            L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)])
         elif len(w.parts) == 1:
             L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)])
         elif T > 1 and not L.few:
             y = self.y
             L.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts])
-        else:
+        elif T == 1:
             y = self.y
             for p in w.parts:
-                if T == 1:
-                    K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan,
-                             int8=L.matvec_int8(w.qtype, rows=p.rows))
-                else:
-                    K.matvec_tokens(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, y.size - 4 * p.row0),
-                                    L.step, plan=plan, ldy=n)
+                K.matvec(dev, w.qtype, k, p.rows, p.buffer, x, (y, 4 * p.row0, 4 * p.rows), plan=plan,
+                         int8=L.matvec_int8(w.qtype, rows=p.rows))
+        else:
+            y = self.y
+            L.matvec_tokens(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n)
+                                            for p in w.parts])
 
     def _matvec(self, L: Lowering, k: int, n: int, x: Buffer) -> None:
         """One matvec dispatch, with what the rules fused into it."""

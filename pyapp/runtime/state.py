@@ -75,12 +75,14 @@ class State:
         self.qkv = f32(max(qkv_rows, default=4), "qkv")  # [q rows | k rows | v rows] of one decode token
         self.partials = f32(max(K.decode_partials(H, lc.head_dim, self.max_keys(lc)) for lc in cfg.layers),
                             "attention partials")       # split-K decode: per 32-key softmax states
-        # int8 activations of a chunk's quantized matmuls (K.quantize_q8): codes and (scale, sum) per 32
+        # int8 activations of a chunk's quantized matmuls and of a few-token step's (K.quantize_q8): codes and
+        # (scale, sum) per 32
         self.xq = self.xq_scales = None
-        if T > K.INT8_MIN_TOKENS:
-            rows_k = T * max(d, ff, H * hd)            # a projection's input; the experts' down: a row a slot
+        rounded = T if T > K.INT8_MIN_TOKENS else min(T, K.HEAD_ROWS) if T > 1 else 0   # rows rounded at once
+        if rounded:
+            rows_k = rounded * max(d, ff, H * hd)      # a projection's input; the experts' down: a row a slot
             if cfg.is_moe:
-                rows_k = max(rows_k, T * cfg.n_experts_used * cfg.expert_ffn_dim)
+                rows_k = max(rows_k, rounded * cfg.n_experts_used * cfg.expert_ffn_dim)
             xq_bytes, xs_bytes = K.q8_bytes(1, rows_k)
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32

@@ -100,6 +100,27 @@ def test_fixtures_repetitive_prompt_drafts_accepted_same_tokens(dev, name):
 
 
 @pytest.mark.gpu
+def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypatch):
+    """The Q4_K projections of a speculative step on x rounded to int8 (quantize_q8 + matvec_tokens_q4k_x8,
+    as E2B's from 512 rows; here every row count): the greedy tokens of plain decoding, drafts accepted."""
+    from pyapp.gpu import kernels
+    from pyapp.gpu.kernels import few_tokens
+    monkeypatch.setattr(few_tokens, "FEW_INT8_ROWS", 1)
+    lowered = []
+    x8 = kernels.matvec_tokens_x8
+
+    def counted(*args, **kwargs):
+        lowered.append(args[1:3])
+        return x8(*args, **kwargs)
+    monkeypatch.setattr(kernels, "matvec_tokens_x8", counted)
+    eng = _open(dev, FIXTURES / "gemma4-dense-q4_k.gguf")
+    plain, plain_cached, _, spec, spec_cached, _ = _pair(eng, REPEATING, 6, max_tokens=48)
+    assert lowered                                   # the few-token plan's Q4_K projections took the int8 kernel
+    _assert_same(plain, spec)
+    assert spec.accepted > 10 and spec_cached == plain_cached
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gemma4-dense-q4_k", "gemma4-moe-q8_0"])
 def test_steps_of_few_tokens_give_the_prefill_logits(dev, name):
     """The plan a token and its drafts run in (matvec_tokens, per-slot experts) against the prefill plan

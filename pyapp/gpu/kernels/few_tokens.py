@@ -35,6 +35,29 @@ def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: B
     return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
+def matvec_tokens_x8(dev: Device, k: int, n: int, w, xq: Buffer, xs: Buffer, y, params: Buffer,
+                     plan: Plan | None = None, ldy: int = 0, tpr: int | None = None, wg: int | None = None) -> Plan:
+    """matvec_tokens for Q4_K weights on activations rounded to int8 (xq, xs as kernels.quantize_q8 leaves
+    them): each 16-byte chunk's nibbles meet every token's codes in dot4I8Packed (matvec_tokens_q4k_x8)."""
+    row_bytes(ggml.Q4_K, k)
+    tpr_, wg_ = few_tokens_threads(True, k, n)
+    tpr, wg = tpr or tpr_, wg or wg_
+    p = pipeline(dev, "matvec_tokens_q4k_x8", prelude=f"const MAXM: u32 = {FEW_TOKENS}u;\n",
+                 constants={"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg})
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
+    return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
+
+
+FEW_INT8_ROWS = 512      # int8_few_tokens: from this many rows the rounding dispatch pays for itself
+
+
+def int8_few_tokens(qtype, k: int, n: int) -> bool:
+    """Whether a few-token matvec of n rows of qtype takes x rounded to int8 (quantize_q8 + matvec_tokens_x8):
+    Q4_K from 512 rows (bench/matvec_sweep.py --few 5 on the H100, the rounding's dispatch included: E2B's
+    gate|up 151 -> 68 us, down 79 -> 37, q 55 -> 45; 256 rows 26 -> 38, so not there)."""
+    return quant_type(qtype) == ggml.Q4_K and k % 256 == 0 and n >= FEW_INT8_ROWS
+
+
 def few_tokens_threads(q4k: bool, k: int, n: int) -> tuple[int, int]:
     """(threads per row, per workgroup) of matvec_tokens for n rows of k weights, from bench/matvec_sweep.py
     --few 5 on the H100 (bench/RESULTS.md): long rows want more threads a row (E2B's down projection, 12288
