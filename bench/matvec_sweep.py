@@ -148,7 +148,8 @@ def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) ->
             dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
             engine = K.few_tokens_threads(ggml.lookup(q).id == ggml.Q4_K, k, n)
             xq, xs = dev.buffer(K.FEW_TOKENS * k), dev.buffer(K.FEW_TOKENS * k // 4)
-            int8s = (False, True) if q == "q4_k" else (False,)    # Q4_K also on int8 x: quantize_q8 + the x8 kernel
+            # also on int8 x (quantize_q8 + the x8 kernel) where there is one
+            int8s = (False, True) if q in ("q4_k", "q4_0", "q5_0", "q8_0", "q6_k") else (False,)
             for (tpr, wg), int8 in ((t, i) for t in dict.fromkeys([engine, *threads]) for i in int8s):
                 if tpr > wg:
                     continue
@@ -156,7 +157,7 @@ def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) ->
                 for _ in range(reps if n < 100000 else 3):
                     if int8:
                         K.quantize_q8(dev, k, x, xq, xs, step, tokens, plan=plan)
-                        K.matvec_tokens_x8(dev, k, n, w, xq, xs, y, step, plan=plan, tpr=tpr, wg=wg)
+                        K.matvec_tokens_x8(dev, q, k, n, w, xq, xs, y, step, plan=plan, tpr=tpr, wg=wg)
                     else:
                         K.matvec_tokens(dev, q, k, n, w, x, y, step, plan=plan, tpr=tpr, wg=wg)
                 dev.time_plan(plan, repeat=1)

@@ -70,14 +70,14 @@ class Lowering:
     def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[t, n] = x[t, k] @ W^T for a step of a few tokens, for each (W buffer, n, y, ldy) of blocks (as
         matmul's): on x rounded to int8 (quantized here, once for every block) where K.int8_few_tokens says
-        so, as the one-token matvecs round it, else on f32 x."""
+        so (where the one-token matvec rounds it too), else on f32 x."""
         dev, s = self.dev, self.s
-        int8 = self.int8_x and K.int8_few_tokens(qtype, k, sum(n for _, n, _, _ in blocks))
+        int8 = self.int8_x and K.int8_few_tokens(dev, qtype, k, sum(n for _, n, _, _ in blocks))
         if int8:
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
         for w, n, y, ldy in blocks:
             if int8:
-                K.matvec_tokens_x8(dev, k, n, w, s.xq, s.xq_scales, y, self.step, plan=self.plan, ldy=ldy)
+                K.matvec_tokens_x8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, plan=self.plan, ldy=ldy)
             else:
                 K.matvec_tokens(dev, qtype, k, n, w, x, y, self.step, plan=self.plan, ldy=ldy)
 

@@ -110,7 +110,7 @@ def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypat
     x8 = kernels.matvec_tokens_x8
 
     def counted(*args, **kwargs):
-        lowered.append(args[1:3])
+        lowered.append(args[1:4])
         return x8(*args, **kwargs)
     monkeypatch.setattr(kernels, "matvec_tokens_x8", counted)
     eng = _open(dev, FIXTURES / "gemma4-dense-q4_k.gguf")

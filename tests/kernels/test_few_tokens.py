@@ -67,27 +67,30 @@ def test_matvec_tokens_threads(dev, qtype, k, rows, threads):
     assert_close_dot(got, x, w, x @ w.T)
 
 
-@pytest.mark.parametrize("k,rows,t,threads", [(256, 150, 5, None), (1536, 37, 17, None), (2560, 9, 3, (32, 128)),
-                                              (512, 70, 17, (16, 64))])
-def test_matvec_tokens_x8(dev, k, rows, t, threads):
-    """Q4_K rows on activations rounded to int8 by quantize_q8 (the prefill's rounding): numpy's integer
-    sums of the same codes (float64), tokens past the step's left alone, also as two row blocks."""
+@pytest.mark.parametrize("qtype,k,rows,t,threads", [
+    ("q4_k", 256, 150, 5, None), ("q4_k", 1536, 37, 17, None), ("q4_k", 2560, 9, 3, (32, 128)),
+    ("q4_k", 512, 70, 17, (16, 64)), ("q4_0", 160, 150, 5, None), ("q5_0", 4128, 37, 17, None),
+    ("q8_0", 96, 70, 3, (16, 64)), ("q6_k", 512, 150, 9, None), ("q6_k", 3072, 9, 17, (128, 128))])
+def test_matvec_tokens_x8(dev, qtype, k, rows, t, threads):
+    """Q4_K and the 32-weight unit types on activations rounded to int8 by quantize_q8 (the prefill's
+    rounding): numpy's integer sums of the same codes (float64), tokens past the step's left alone,
+    also as two row blocks writing their columns."""
     from pyapp.reference.quants import matmul_int8, quantize_activations_q8
-    rng = np.random.default_rng(k + t)
-    raw = random_tensor("q4_k", rows, k, rng)
+    rng = np.random.default_rng(k + t + ggml.lookup(qtype).id)
+    raw = random_tensor(qtype, rows, k, rng)
     x = rng.standard_normal((K.FEW_TOKENS, k)).astype(np.float32)
     q, d, sums = quantize_activations_q8(x[:t])
-    want = matmul_int8(raw, "q4_k", rows, q, d, sums)
+    want = matmul_int8(raw, qtype, rows, q, d, sums)
     step = step_buffer(dev, t)
     xq = dev.buffer(K.FEW_TOKENS * k)
     xs = dev.buffer(K.FEW_TOKENS * k // 32 * 8)
     plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, t)
     y = f32(dev, np.full((K.FEW_TOKENS, rows), 7.0))
     tpr, wg = threads or (None, None)
-    K.matvec_tokens_x8(dev, k, rows, weight_buffer(dev, raw), xq, xs, y, step, plan=plan, tpr=tpr, wg=wg)
+    K.matvec_tokens_x8(dev, qtype, k, rows, weight_buffer(dev, raw), xq, xs, y, step, plan=plan, tpr=tpr, wg=wg)
     dev.submit(plan)
     got = read_f32(dev, y, K.FEW_TOKENS * rows).reshape(K.FEW_TOKENS, rows)
-    w = dequantize("q4_k", raw, rows, k)
+    w = dequantize(qtype, raw, rows, k)
     assert_close_dot(got[:t], x[:t], w, want)
     assert (got[t:] == 7.0).all()
     if rows <= 64:
@@ -96,8 +99,8 @@ def test_matvec_tokens_x8(dev, k, rows, t, threads):
     y2 = f32(dev, np.full((K.FEW_TOKENS, rows), 7.0))
     plan = dev.plan()
     for a, b in ((0, 64), (64, rows)):                 # a row block boundary at a bindable column
-        K.matvec_tokens_x8(dev, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
-                           step, plan=plan, ldy=rows)
+        K.matvec_tokens_x8(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs,
+                           (y2, 4 * a, y2.size - 4 * a), step, plan=plan, ldy=rows)
     dev.submit(plan)
     np.testing.assert_array_equal(read_f32(dev, y2, K.FEW_TOKENS * rows).reshape(K.FEW_TOKENS, rows), got)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ... import ggml
 from .. import Buffer, Device, Plan
-from .quants import quant_prelude, quant_type, row_bytes
+from .matvec import int8_matvec
+from .quants import B32_TYPES, q8_b32_prelude, quant_prelude, quant_type, row_bytes
 from .shared import groups, pipeline
 
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
@@ -35,15 +36,29 @@ def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: B
     return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
-def matvec_tokens_x8(dev: Device, k: int, n: int, w, xq: Buffer, xs: Buffer, y, params: Buffer,
+def matvec_tokens_x8(dev: Device, qtype, k: int, n: int, w, xq: Buffer, xs: Buffer, y, params: Buffer,
                      plan: Plan | None = None, ldy: int = 0, tpr: int | None = None, wg: int | None = None) -> Plan:
-    """matvec_tokens for Q4_K weights on activations rounded to int8 (xq, xs as kernels.quantize_q8 leaves
-    them): each 16-byte chunk's nibbles meet every token's codes in dot4I8Packed (matvec_tokens_q4k_x8)."""
-    row_bytes(ggml.Q4_K, k)
-    tpr_, wg_ = few_tokens_threads(True, k, n)
+    """matvec_tokens on activations rounded to int8 (xq, xs as kernels.quantize_q8 leaves them) for Q4_K
+    (each 16-byte chunk's nibbles meet every token's codes: matvec_tokens_q4k_x8) and the 32-weight unit types
+    of INT8_UNIT_TYPES (each unit's codes cut once: matvec_tokens_x8)."""
+    row_bytes(qtype, k)
+    t = quant_type(qtype)
+    maxm = f"const MAXM: u32 = {FEW_TOKENS}u;\n"
+    tpr_, wg_ = few_tokens_threads(t == ggml.Q4_K, k, n)
     tpr, wg = tpr or tpr_, wg or wg_
-    p = pipeline(dev, "matvec_tokens_q4k_x8", prelude=f"const MAXM: u32 = {FEW_TOKENS}u;\n",
-                 constants={"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg})
+    constants = {"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg}
+    if t == ggml.Q4_K:
+        p = pipeline(dev, "matvec_tokens_q4k_x8", prelude=maxm, constants=constants)
+    elif t in B32_TYPES:
+        p = pipeline(dev, "matvec_tokens_x8", prelude=q8_b32_prelude(t) + maxm + "//!include unit8_b32\n",
+                     constants=constants)
+    elif t == ggml.Q6_K:
+        p = pipeline(dev, "matvec_tokens_x8", prelude=quant_prelude(t) + maxm + "//!include unit8_q6k\n",
+                     constants=constants)
+    else:
+        raise ValueError(f"no int8 few-token matvec for {ggml.name(t)}")
+    if k % 32:
+        raise ValueError(f"int8 activations need rows of a multiple of 32, not {k}")
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
@@ -51,11 +66,15 @@ def matvec_tokens_x8(dev: Device, k: int, n: int, w, xq: Buffer, xs: Buffer, y, 
 FEW_INT8_ROWS = 512      # int8_few_tokens: from this many rows the rounding dispatch pays for itself
 
 
-def int8_few_tokens(qtype, k: int, n: int) -> bool:
+def int8_few_tokens(dev: Device, qtype, k: int, n: int) -> bool:
     """Whether a few-token matvec of n rows of qtype takes x rounded to int8 (quantize_q8 + matvec_tokens_x8):
-    Q4_K from 512 rows (bench/matvec_sweep.py --few 5 on the H100, the rounding's dispatch included: E2B's
-    gate|up 151 -> 68 us, down 79 -> 37, q 55 -> 45; 256 rows 26 -> 38, so not there)."""
-    return quant_type(qtype) == ggml.Q4_K and k % 256 == 0 and n >= FEW_INT8_ROWS
+    where the one-token matvec of those rows does (int8_matvec: Q4_K always, the 32-weight blocks where the
+    backend runs their int8 units faster), so that a speculative step checks the tokens plain decoding would
+    give, and from 512 rows (bench/matvec_sweep.py --few 5 on the H100, the rounding's dispatch included:
+    E2B's Q4_K gate|up 151 -> 68 us, down 79 -> 37, q 55 -> 45; 256 rows 26 -> 38, so not there)."""
+    t = quant_type(qtype)
+    return (t == ggml.Q4_K or t in B32_TYPES or t == ggml.Q6_K) and k % 32 == 0 and n >= FEW_INT8_ROWS \
+        and int8_matvec(dev, t, rows=n)
 
 
 def few_tokens_threads(q4k: bool, k: int, n: int) -> tuple[int, int]:
