@@ -44,7 +44,7 @@ def matvec_tokens_x8(dev: Device, qtype, k: int, n: int, w, xq: Buffer, xs: Buff
     row_bytes(qtype, k)
     t = quant_type(qtype)
     maxm = f"const MAXM: u32 = {FEW_TOKENS}u;\n"
-    tpr_, wg_ = few_tokens_threads(t == ggml.Q4_K, k, n)
+    tpr_, wg_ = few_tokens_threads(True, k, n)      # 32 weights a step, as Q4_K's chunks
     tpr, wg = tpr or tpr_, wg or wg_
     constants = {"K": k, "N": n, "LDY": ldy, "TPR": tpr, "WG": wg}
     if t == ggml.Q4_K:
@@ -77,12 +77,13 @@ def int8_few_tokens(dev: Device, qtype, k: int, n: int) -> bool:
         and int8_matvec(dev, t, rows=n)
 
 
-def few_tokens_threads(q4k: bool, k: int, n: int) -> tuple[int, int]:
+def few_tokens_threads(units32: bool, k: int, n: int) -> tuple[int, int]:
     """(threads per row, per workgroup) of matvec_tokens for n rows of k weights, from bench/matvec_sweep.py
     --few 5 on the H100 (bench/RESULTS.md): long rows want more threads a row (E2B's down projection, 12288
     long: 128 threads, 0.70x the time of 32), short ones fewer (the reduction over a row's threads costs
-    a barrier a halving), and few rows more threads in all (256 rows of 1536: 128 threads, 0.45x)."""
-    if q4k:     # 16-byte chunks of 32 weights; four rows a workgroup
+    a barrier a halving), and few rows more threads in all (256 rows of 1536: 128 threads, 0.45x).
+    units32: a thread reads 32 weights a step (Q4_K's 16-byte chunks, the int8 kernels' units), else 4."""
+    if units32:     # four rows a workgroup
         tpr = 16 if k < 2048 else 32
         while n * tpr < FEW_Q4K_THREADS and tpr < 64:
             tpr *= 2
