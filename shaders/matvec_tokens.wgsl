@@ -23,6 +23,7 @@ override WG: u32 = 128u;
 
 //!include quants
 //!include row_dots
+//!include tokens_out
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -30,9 +31,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let m_rows = min(S.n_tokens, MAXM);
     let row = (wid.x + wid.y * nwg.x) * (WG / TPR) + lid / TPR;
     row_dots(lid, min(row, N - 1u) * (K / QK) * QB, row < N, m_rows);
-    let t = lid % TPR;
-    if (row < N) {
-        let ldy = select(LDY, N, LDY == 0u);
-        for (var m = t; m < m_rows; m += TPR) { Y[m * ldy + row] = sums[m * WG + lid - t]; }
-    }
+    write_token_rows(lid, row, m_rows);
 }

@@ -23,6 +23,7 @@ override WG: u32 = 64u;
 
 //!include q4k_chunk
 //!include row_sums
+//!include tokens_out
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -59,8 +60,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     sum_row_shares(lid, acc, m_rows);
-    if (row < N) {
-        let ldy = select(LDY, N, LDY == 0u);
-        for (var m = t; m < m_rows; m += TPR) { Y[m * ldy + row] = sums[m * WG + lid - t]; }
-    }
+    write_token_rows(lid, row, m_rows);
 }
