@@ -13,7 +13,7 @@ from .shared import groups, pipeline
 FEW_TOKENS = 17           # the most tokens matvec_tokens takes: a token and up to 16 drafts (speculative decoding)
 FEW_GROUPS = 12           # matvec_tokens: at least this many 4-weight groups a thread (fewer: its reduction dominates)
 FEW_ROW_THREADS = 32768   # and at least this many threads in all where rows are few (256 rows: 128 a row)
-FEW_Q4K_THREADS = 16384   # matvec_tokens_q4k's (its 16-byte chunks are 32 weights)
+FEW_UNIT_THREADS = 16384  # the same for the kernels that read 32 weights a step (Q4_K's chunks, the int8 units)
 
 
 def matvec_tokens(dev: Device, qtype, k: int, n: int, w, x: Buffer, y, params: Buffer, plan: Plan | None = None,
@@ -42,6 +42,8 @@ def matvec_tokens_x8(dev: Device, qtype, k: int, n: int, w, xq: Buffer, xs: Buff
     (each 16-byte chunk's nibbles meet every token's codes: matvec_tokens_q4k_x8) and the 32-weight unit types
     of INT8_UNIT_TYPES (each unit's codes cut once: matvec_tokens_x8)."""
     row_bytes(qtype, k)
+    if k % 32:
+        raise ValueError(f"int8 activations need rows of a multiple of 32, not {k}")
     t = quant_type(qtype)
     maxm = f"const MAXM: u32 = {FEW_TOKENS}u;\n"
     tpr_, wg_ = few_tokens_threads(True, k, n)      # 32 weights a step, as Q4_K's chunks
@@ -57,13 +59,12 @@ def matvec_tokens_x8(dev: Device, qtype, k: int, n: int, w, xq: Buffer, xs: Buff
                      constants=constants)
     else:
         raise ValueError(f"no int8 few-token matvec for {ggml.name(t)}")
-    if k % 32:
-        raise ValueError(f"int8 activations need rows of a multiple of 32, not {k}")
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     return (plan if plan is not None else dev.plan()).dispatch(p, bg, *groups(-(-n // (wg // tpr))))
 
 
 FEW_INT8_ROWS = 512      # int8_few_tokens: from this many rows the rounding dispatch pays for itself
+FEW_INT8_TYPES = frozenset({ggml.Q4_K, ggml.Q6_K, *B32_TYPES})     # those matvec_tokens_x8 takes
 
 
 def int8_few_tokens(dev: Device, qtype, k: int, n: int) -> bool:
@@ -73,8 +74,7 @@ def int8_few_tokens(dev: Device, qtype, k: int, n: int) -> bool:
     give, and from 512 rows (bench/matvec_sweep.py --few 5 on the H100, the rounding's dispatch included:
     E2B's Q4_K gate|up 151 -> 68 us, down 79 -> 37, q 55 -> 45; 256 rows 26 -> 38, so not there)."""
     t = quant_type(qtype)
-    return (t == ggml.Q4_K or t in B32_TYPES or t == ggml.Q6_K) and k % 32 == 0 and n >= FEW_INT8_ROWS \
-        and int8_matvec(dev, t, rows=n)
+    return t in FEW_INT8_TYPES and k % 32 == 0 and n >= FEW_INT8_ROWS and int8_matvec(dev, t, rows=n)
 
 
 def few_tokens_threads(units32: bool, k: int, n: int) -> tuple[int, int]:
@@ -85,7 +85,7 @@ def few_tokens_threads(units32: bool, k: int, n: int) -> tuple[int, int]:
     units32: a thread reads 32 weights a step (Q4_K's 16-byte chunks, the int8 kernels' units), else 4."""
     if units32:     # four rows a workgroup
         tpr = 16 if k < 2048 else 32
-        while n * tpr < FEW_Q4K_THREADS and tpr < 64:
+        while n * tpr < FEW_UNIT_THREADS and tpr < 64:
             tpr *= 2
         return tpr, max(4 * tpr, 64) if tpr < 64 else 128
     tpr = 16
