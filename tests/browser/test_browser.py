@@ -10,11 +10,14 @@ reload, and a browser without WebGPU.
 A screenshot of the chat is saved to test-artifacts/; of the conversation list
 and the recent models to tests/screenshots/.
 
-The tests share the module's booted page (tests/browser/conftest.py), and each sets up on it what it needs
-(its model, its settings, its conversation: support/browser.py's ensure_model and fresh_chat), so any of them
-runs alone and in any order (--random-order). The page runs under its Content-Security-Policy (no eval), which
-Playwright's wait_for_function breaks (it evals its expression in the page): pages made with under_csp poll with
-evaluate() instead, and collect every CSP violation, which the conftest checks after each test.
+The tests share the module's booted page (the session's: tests/browser/conftest.py), and each sets up on it what it
+needs (its model, its settings, its conversation: support/browser.py's ensure_model and fresh_chat), so any of them
+runs alone and in any order (--random-order). The three that throw away what a page's worker compiled (two reloads,
+a lost GPU device) share a page of the module's own (own_page); in this file the recent models' test comes first of
+them, so the device-loss test finds the GPU programs of the demo model (reopened there) compiled. The page runs
+under its Content-Security-Policy (no eval), which Playwright's wait_for_function breaks (it evals its expression
+in the page): pages made with under_csp poll with evaluate() instead, and collect every CSP violation, which the
+conftest checks after each test.
 """
 
 from __future__ import annotations
@@ -381,30 +384,6 @@ def test_cancel_loading(page):
     assert page.inner_text("#model-error") == ""
 
 
-def test_device_lost_then_reload_the_model(page):
-    pytest.importorskip("wgpu")
-    ensure_model(page)
-    fresh_chat(page, max_tokens=10)                   # the reply is compared with native greedy
-    page.evaluate("window.app.call('simulate_device_loss')")
-    page.fill("#prompt", "Are you there?")
-    page.click("#send")
-    page.wait_for_function("document.getElementById('chat-error').textContent.includes('lost')")
-    assert "Reload the model" in page.inner_text("#chat-error")
-    assert page.is_visible("#reload-model") and page.is_disabled("#send")
-    assert messages(page)[-1] == {"role": "user", "content": "Are you there?"}     # nothing typed is lost
-    page.click("#reload-model")
-    wait_state(page, "loaded")
-    assert page.is_hidden("#reload-model") and page.inner_text("#chat-error") == ""
-    page.click("#regen")                                         # answers the unanswered message
-    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
-    # the first reply on the new device (its plans made again, on SwiftShader) ran past the usual 180 s once,
-    # beside the suite's other half and three CPU-bound processes (load average 6-7 on 2 cores): twice the
-    # usual wait, which still fails a reply that never ends
-    page.wait_for_function("document.body.dataset.state === 'loaded'", timeout=2 * TIMEOUT)
-    msgs = messages(page)
-    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"] == native_greedy(as_sent(msgs[:-1]), 10)
-
-
 def test_damaged_file_is_a_clear_error(page):
     """A file that does not open: plain words naming it and saying what to do, the technical message
     folded under "Technical details", above the model still loaded (never under its green line)."""
@@ -647,30 +626,6 @@ def test_model_from_an_ollama_folder_in_opfs(page):
     assert page.inner_text("#model-error") == ""
 
 
-def test_reload_keeps_the_conversation(page):
-    # what the reload keeps: an Ollama folder opened (its handle remembered) and a two-turn conversation
-    write_opfs_folder(page, "reload-models", ollama_folder({"gemma4:tiny": [("model", DEMO.read_bytes())]}))
-    wait_idle(page)
-    page.click("#open-folder")
-    page.wait_for_function("window.app.state.folderName === 'reload-models'")     # remembered before it is listed
-    ensure_model(page)
-    said = [m["content"] for m in messages(page) if m["role"] == "user"]
-    if len(messages(page)) < 4 or "Hello there!" not in said:
-        fresh_chat(page, max_tokens=10)
-        send(page, "Hello there!")
-        send(page, "Tell me more.")
-    before = [m["content"] for m in messages(page)]
-    assert len(before) >= 4
-    page.reload()
-    wait_state(page, "ready")
-    assert [m["content"] for m in messages(page)] == before
-    assert "Hello there!" in page.inner_text("#messages")
-    assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
-    page.click("#reopen-folder")                                # one click (permission is asked again)
-    page.wait_for_selector("#model-list li:has-text('gemma4:tiny') button")
-    assert not page.errors, page.errors
-
-
 def test_ollamas_own_gemma4_blobs_in_an_ollama_folder(page):
     """Files as Ollama's converter writes them (tools/ollama_convert.py): its tokenizer typing, no chat
     template, inline encoders; the original tags' split experts and per_expert_scale. Each lists with
@@ -732,10 +687,11 @@ def recent_names(page) -> list[str]:
     return page.evaluate("[...document.querySelectorAll('#recent-list button.model strong')].map((e) => e.textContent)")
 
 
-def test_recent_models_reopen_with_one_click_after_a_reload(page):
+def test_recent_models_reopen_with_one_click_after_a_reload(own_page):
     """Files opened with the picker or dropped keep their handles in IndexedDB (OPFS files here) and
     are listed as recent models; after a reload with a conversation on screen, the page says the model
     must be reopened and offers it, and the list reopens the others with one click."""
+    page = own_page                                   # a new worker: every GPU program compiled again
     wait_state(page, "ready", "loaded")
     for _ in range(20):                                          # the list starts empty, whatever ran before
         if not recent_names(page):
@@ -785,6 +741,56 @@ def test_recent_models_reopen_with_one_click_after_a_reload(page):
     assert recent_names(page) == ["picked.gguf", "dropped.gguf"]
     page.click("#recent-list li:has-text('dropped.gguf') button.forget")
     assert recent_names(page) == ["picked.gguf"]
+    assert not page.errors, page.errors
+
+
+def test_device_lost_then_reload_the_model(own_page):
+    pytest.importorskip("wgpu")
+    page = own_page                                   # a new device: every GPU program compiled again
+    ensure_model(page)
+    fresh_chat(page, max_tokens=10)                   # the reply is compared with native greedy
+    page.evaluate("window.app.call('simulate_device_loss')")
+    page.fill("#prompt", "Are you there?")
+    page.click("#send")
+    page.wait_for_function("document.getElementById('chat-error').textContent.includes('lost')")
+    assert "Reload the model" in page.inner_text("#chat-error")
+    assert page.is_visible("#reload-model") and page.is_disabled("#send")
+    assert messages(page)[-1] == {"role": "user", "content": "Are you there?"}     # nothing typed is lost
+    page.click("#reload-model")
+    wait_state(page, "loaded")
+    assert page.is_hidden("#reload-model") and page.inner_text("#chat-error") == ""
+    page.click("#regen")                                         # answers the unanswered message
+    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
+    # the first reply on the new device (its plans made again, on SwiftShader) ran past the usual 180 s once,
+    # beside the suite's other half and three CPU-bound processes (load average 6-7 on 2 cores): twice the
+    # usual wait, which still fails a reply that never ends
+    page.wait_for_function("document.body.dataset.state === 'loaded'", timeout=2 * TIMEOUT)
+    msgs = messages(page)
+    assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"] == native_greedy(as_sent(msgs[:-1]), 10)
+
+
+def test_reload_keeps_the_conversation(own_page):
+    # what the reload keeps: an Ollama folder opened (its handle remembered) and a two-turn conversation
+    page = own_page                                   # a new worker: every GPU program compiled again
+    write_opfs_folder(page, "reload-models", ollama_folder({"gemma4:tiny": [("model", DEMO.read_bytes())]}))
+    wait_idle(page)
+    page.click("#open-folder")
+    page.wait_for_function("window.app.state.folderName === 'reload-models'")     # remembered before it is listed
+    ensure_model(page)
+    said = [m["content"] for m in messages(page) if m["role"] == "user"]
+    if len(messages(page)) < 4 or "Hello there!" not in said:
+        fresh_chat(page, max_tokens=10)
+        send(page, "Hello there!")
+        send(page, "Tell me more.")
+    before = [m["content"] for m in messages(page)]
+    assert len(before) >= 4
+    page.reload()
+    wait_state(page, "ready")
+    assert [m["content"] for m in messages(page)] == before
+    assert "Hello there!" in page.inner_text("#messages")
+    assert page.is_visible("#reopen-folder")                    # the folder handle was remembered
+    page.click("#reopen-folder")                                # one click (permission is asked again)
+    page.wait_for_selector("#model-list li:has-text('gemma4:tiny') button")
     assert not page.errors, page.errors
 
 

@@ -1,8 +1,9 @@
 """Audio in the chat, in headless Chromium (WebGPU on SwiftShader): the built app in dist/, on the E2B-like fixture
 whose audio encoder is inline in Ollama's blob (the one the CLI's audio tests use).
 
-Chromium's fake microphone plays a chirp from a WAV made here (--use-fake-device-for-media-stream
---use-file-for-fake-audio-capture; --use-fake-ui-for-media-stream grants it): the Record button records it (the
+The session's Chromium (tests/browser/conftest.py) has a fake microphone that plays a chirp from a WAV made by
+support.audio (--use-fake-device-for-media-stream --use-file-for-fake-audio-capture; --use-fake-ui-for-media-stream
+and the page's context grant it): the Record button records it (the
 level meter moves, the time counts against 30 s), Stop ends it, the page decodes and resamples the recording to
 16 kHz with Web Audio and keeps the samples in OPFS; sent, the reply's greedy tokens equal the native app layer's
 (pyapp.app.audio + AudioEncoder + the text engine on wgpu) on the very samples the page kept (the fake device's
@@ -15,57 +16,19 @@ why. Screenshots: tests/screenshots/audio-{attached,recorder,sent,no-encoder}.pn
 
 from __future__ import annotations
 
-import math
-import struct
 from array import array
 
 import pytest
 
-from support.browser import (CHROMIUM, FIXTURES, FLAGS, SCREENSHOTS, fresh_chat, messages, open_app, read_opfs_file,
-                             regenerate, wait_idle, wait_loaded_file, wait_state)
+from support.audio import wav
+from support.browser import (FIXTURES, SCREENSHOTS, fresh_chat, messages, read_opfs_file, regenerate, wait_idle,
+                             wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
 DENSE = FIXTURES / "forms" / "ollama-dense.gguf"             # a tiny E2B-like Gemma 4, its audio encoder inline
 TEXT_ONLY = FIXTURES / "forms" / "llamacpp-dense-fused-qkv.gguf"   # the same model as llama.cpp writes its text
 MAX_TOKENS = 6
-
-
-def wav(rate: int, seconds: float, channels: int = 1, hz=(300.0, 1200.0)) -> bytes:
-    """A 16-bit PCM WAV of a chirp from hz[0] to hz[1] (each channel a little different)."""
-    n = int(rate * seconds)
-    frames = array("h")
-    for i in range(n):
-        t = i / rate
-        phase = 2 * math.pi * (hz[0] * t + (hz[1] - hz[0]) * t * t / (2 * seconds))
-        for c in range(channels):
-            frames.append(int(12000 * math.sin(phase + c)))
-    data = frames.tobytes()
-    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
-    return b"RIFF" + struct.pack("<I", len(body)) + body
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    """Chromium with a fake microphone that plays a 2 s chirp at 48 kHz, over and over."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    mic = tmp_path_factory.mktemp("mic") / "chirp.wav"
-    mic.write_bytes(wav(48_000, 2.0))
-    args = [*FLAGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={mic}"]
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=args, headless=True)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def page(browser, server):
-    pg = open_app(browser, server, permissions=["microphone"])
-    assert pg.evaluate("document.body.dataset.state") == "ready", pg.inner_text("#webgpu-help")
-    yield pg
-    pg.context.close()
 
 
 def open_model(page, path) -> None:
