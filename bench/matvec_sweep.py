@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--few-threads", nargs="*", default=["16x64", "32x128", "64x256", "128x128", "128x256", "32x256"],
                     help="--few: TPRxWG variants")
     ap.add_argument("--head", action="store_true", help="--few: head_argmax instead of matvec_tokens")
+    ap.add_argument("--head-cols", type=int, default=1536, help="--head: the rows' length (an assistant drafter's: 256)")
     args = ap.parse_args()
     dev = get_device("native")
     rng = np.random.default_rng(0)
@@ -69,7 +70,7 @@ def main() -> int:
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
     if args.few and args.head:
         return head_sweep(dev, rng, args.few, args.quants, [tuple(int(v) for v in t.split("x"))
-                                                            for t in args.few_threads])
+                                                            for t in args.few_threads], k=args.head_cols)
     if args.few:
         return few_sweep(dev, rng, args.few, shapes, args.quants, [tuple(int(v) for v in t.split("x"))
                                                                    for t in args.few_threads])
