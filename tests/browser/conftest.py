@@ -52,11 +52,11 @@ def session_page(browser, server):
 
 @pytest.fixture(scope="module")
 def page(request, session_page):
-    """The module's page: the session's page as a module before may have left it, brought to what a new page shows
-    (a module's tests set up what they need from that): idle, at the module's VIEWPORT (else 1280x860), on the Chat
-    tab, a new conversation with nothing attached and nothing typed, and, where a model is loaded, its settings those
-    it opened with (Model defaults). So a module before leaves no conversation for this one's replies to answer
-    after, nor a setting (Speculative drafts, say) they would run with."""
+    """The module's page: the session's page as a module before may have left it, brought to what a new page
+    shows (a module's tests set up what they need from that): idle, at the module's VIEWPORT (else 1280x860), on
+    the Chat tab, a new conversation with nothing attached and nothing typed, no error line, and, where a model
+    is loaded, its settings those it opened with (Model defaults). So a module before leaves no conversation for
+    this one's replies to answer after, nor a setting (Speculative drafts, say) they would run with."""
     pg = session_page
     wait_idle(pg)
     w, h = getattr(request.module, "VIEWPORT", (1280, 860))
@@ -68,6 +68,8 @@ def page(request, session_page):
         while pg.query_selector(remove):
             pg.click(remove)
     pg.fill("#prompt", "")
+    # no error line a module before left (a refused file, clip or image says so until something replaces it)
+    pg.evaluate("document.querySelectorAll('.error[role=alert]').forEach((e) => { e.textContent = ''; })")
     pg.click("#new-chat")
     assert pg.evaluate("window.app.state.chat.messages.length") == 0
     if pg.evaluate("window.app.state.loaded"):
