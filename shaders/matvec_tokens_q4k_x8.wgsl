@@ -25,6 +25,7 @@ override WG: u32 = 64u;
 @group(0) @binding(4) var<uniform> S: Step;
 
 //!include q4k_chunk
+//!include dot16_i8
 //!include row_sums
 //!include tokens_out
 
@@ -56,10 +57,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 if (m >= m_rows) { break; }                 // uniform: every thread has the same m_rows
                 let xl = XQ[m * qrow + 2u * blo + h];
                 let xh = XQ[m * qrow + 2u * blo + 2u + h];
-                let il = dot4I8Packed(lo.x, xl.x) + dot4I8Packed(lo.y, xl.y) + dot4I8Packed(lo.z, xl.z)
-                       + dot4I8Packed(lo.w, xl.w);
-                let ih = dot4I8Packed(hi.x, xh.x) + dot4I8Packed(hi.y, xh.y) + dot4I8Packed(hi.z, xh.z)
-                       + dot4I8Packed(hi.w, xh.w);
+                let il = dot16_i8(lo, xl);
+                let ih = dot16_i8(hi, xh);
                 let s0 = XS[m * srow + blo];
                 let s1 = XS[m * srow + blo + 1u];
                 acc[m] += a0 * s0.x * f32(il) + a1 * s1.x * f32(ih)

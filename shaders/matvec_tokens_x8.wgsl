@@ -30,6 +30,7 @@ struct Unit8 {
 }
 
 //!include quants
+//!include dot16_i8
 //!include row_sums
 //!include tokens_out
 
@@ -50,12 +51,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 if (m >= m_rows) { break; }                 // uniform: every thread has the same m_rows
                 let xl = XQ[m * qrow + 2u * u];
                 let xh = XQ[m * qrow + 2u * u + 1u];
-                let il = dot4I8Packed(c.lo.x, xl.x) + dot4I8Packed(c.lo.y, xl.y) + dot4I8Packed(c.lo.z, xl.z)
-                       + dot4I8Packed(c.lo.w, xl.w);
-                let ih = dot4I8Packed(c.hi.x, xh.x) + dot4I8Packed(c.hi.y, xh.y) + dot4I8Packed(c.hi.z, xh.z)
-                       + dot4I8Packed(c.hi.w, xh.w);
                 let s = XS[m * units + u];
-                acc[m] += s.x * (c.scale.x * f32(il) + c.scale.y * f32(ih)) - c.offset * s.y;
+                acc[m] += s.x * (c.scale.x * f32(dot16_i8(c.lo, xl)) + c.scale.y * f32(dot16_i8(c.hi, xh)))
+                        - c.offset * s.y;
             }
         }
     }

@@ -30,6 +30,7 @@ override WG: u32 = 128u;
 var<workgroup> red: array<f32, WG>;
 
 //!include x8_round
+//!include dot16_i8
 
 //!include moe_slot
 
@@ -38,9 +39,7 @@ fn block_dot(rb: u32, b: u32) -> f32 {
     let c = b32_codes(rb + b * QB);
     let xl = xq[2u * b];
     let xh = xq[2u * b + 1u];
-    let s = dot4I8Packed(c.lo.x, xl.x) + dot4I8Packed(c.lo.y, xl.y) + dot4I8Packed(c.lo.z, xl.z)
-          + dot4I8Packed(c.lo.w, xl.w) + dot4I8Packed(c.hi.x, xh.x) + dot4I8Packed(c.hi.y, xh.y)
-          + dot4I8Packed(c.hi.z, xh.z) + dot4I8Packed(c.hi.w, xh.w);
+    let s = dot16_i8(c.lo, xl) + dot16_i8(c.hi, xh);
     let x = xd[b];
     return c.ab.x * x.x * f32(s) - c.ab.y * x.y;
 }

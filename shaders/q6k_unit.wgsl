@@ -28,3 +28,9 @@ fn q6k_unit(rowbase: u32, u: u32) -> Q6kUnit {
 fn q6k_codes(p: Q6kUnit, j: u32) -> u32 {
     return ((rd32(p.lo_at + 4u * j) >> p.lo_sh) & 0x0f0f0f0fu) | (((rd32(p.hi_at + 4u * j) >> p.hi_sh) & 0x03030303u) << 4u);
 }
+
+// Word j of the codes made signed (q - 32) a byte at a time without borrows ((q | 0x80) - 0x20, then the
+// top bit flipped back): the int8 units' (quants_dot_x8.wgsl, unit8_q6k.wgsl).
+fn q6k_signed_codes(p: Q6kUnit, j: u32) -> u32 {
+    return ((q6k_codes(p, j) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+}

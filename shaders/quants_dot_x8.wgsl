@@ -13,7 +13,7 @@ fn dot32_q6_k_x8(rowbase: u32, u: u32) -> f32 {
     let x1 = xq[2u * u + 1u];
     var a = vec2<i32>(0);
     for (var j = 0u; j < 8u; j++) {
-        let signed = ((q6k_codes(p, j) | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+        let signed = q6k_signed_codes(p, j);
         if (j < 4u) { a.x += dot4I8Packed(signed, x0[j]); } else { a.y += dot4I8Packed(signed, x1[j - 4u]); }
     }
     return xd[u].x * dot(p.scale, vec2<f32>(a));

@@ -78,8 +78,8 @@ class State:
         # int8 activations of a chunk's quantized matmuls and of a few-token step's (K.quantize_q8): codes and
         # (scale, sum) per 32
         self.xq = self.xq_scales = None
-        rounded = T if T > K.INT8_MIN_TOKENS else min(T, K.HEAD_ROWS) if T > 1 else 0   # rows rounded at once
-        if rounded:
+        rounded = T if T > K.INT8_MIN_TOKENS else min(T, K.HEAD_ROWS)     # a chunk's rows, or a few-token step's
+        if rounded > 1:
             rows_k = rounded * max(d, ff, H * hd)      # a projection's input; the experts' down: a row a slot
             if cfg.is_moe:
                 rows_k = max(rows_k, rounded * cfg.n_experts_used * cfg.expert_ffn_dim)
