@@ -7,6 +7,13 @@
                                                   checking step) by threads per row x per workgroup (GPU timestamps)
     python bench/matvec_sweep.py --few 5 --head   the greedy head of such a step (head_argmax over E2B's 262144
                                                   rows of 1536) by threads per vocabulary row x per workgroup
+    python bench/matvec_sweep.py --rounded [--shapes 2560x10240] [--quants q6_k q4_k]
+                                                  a matvec reading x as int8 codes its producer stored
+                                                  (K.RoundedX: the down projection after the GeGLU) by
+                                                  threads per row x per workgroup, beside the engine's
+                                                  matvec today and x rounded in each workgroup (GPU
+                                                  timestamps; node bench/node_bench.mjs --matvec-rounded:
+                                                  the browser path, SWEEP_SHAPES / SWEEP_QUANTS)
     python bench/matvec_sweep.py --norm-input --shapes 128x2816 --quants f16 --tpr 32 64 128 256
                                                   the matvec building its input by norming a row
                                                   in every workgroup (K.NormInput: the MoE router)
@@ -55,6 +62,7 @@ def main() -> int:
     ap.add_argument("--geglu", action="store_true", help="ROWS outputs of a gate|up matrix of 2 ROWS rows (GeGLU)")
     ap.add_argument("--int8", action="store_true",
                     help="the Q4_K chunk kernels and the int8 units (Q6_K, Q4_0, Q5_0, Q8_0) also on x rounded to int8")
+    ap.add_argument("--rounded", action="store_true", help="x stored as int8 codes by its producer (K.RoundedX)")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     ap.add_argument("--few", type=int, default=0, help="matvec_tokens for a step of this many tokens instead")
@@ -68,6 +76,12 @@ def main() -> int:
     if args.experts:
         return expert_sweep(dev, rng, int8=args.int8)
     shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else SHAPES
+    if args.rounded:
+        import asyncio
+        for row in asyncio.run(rounded_sweep_async(dev, shapes=args.shapes and shapes or ROUNDED_SHAPES,
+                                                   quants=args.quants)):
+            print(json.dumps(row), flush=True)
+        return 0
     if args.few and args.head:
         return head_sweep(dev, rng, args.few, args.quants, [tuple(int(v) for v in t.split("x"))
                                                             for t in args.few_threads], k=args.head_cols)
@@ -207,6 +221,59 @@ def head_sweep(dev, rng, tokens: int, quants, threads, k: int = 1536, n: int = 2
                               "engine": (tpr, wg) == engine, "us": round(s * 1e6, 2), "adapter": dev.describe()}),
                   flush=True)
     return 0
+
+
+# (rows, row length): the down projections that read the GeGLU's output: E4B, E2B (double-wide FFN), E2B
+ROUNDED_SHAPES = [(2560, 10240), (1536, 12288), (1536, 6144)]
+ROUNDED_THREADS = [(t, g) for t in (4, 8, 16, 32, 64) for g in (64, 128, 256) if t <= g]
+
+
+async def rounded_sweep_async(dev, shapes=ROUNDED_SHAPES, quants=("q6_k", "q4_k", "q4_0"), threads=ROUNDED_THREADS,
+                              reps: int = 50) -> list[dict]:
+    """GPU us a dispatch (timestamps around a plan of `reps`) of the decode matvec of each shape and quant:
+    the engine's today ("engine": f32 x or x rounded in its workgroups, as K.int8_matvec says), x rounded
+    in each workgroup at the kernel's default threads ("round"), and x read as stored codes ("rounded")
+    by threads a row x a workgroup."""
+    import numpy as np
+    from pyapp import ggml
+    from pyapp.gpu import kernels as K
+    rng = np.random.default_rng(0)
+    rows = []
+    for n, k in shapes:
+        x, y = dev.buffer(4 * k), dev.buffer(4 * n)
+        dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
+        codes, scales = K.q8_bytes(1, k)
+        stored = K.RoundedX(dev.buffer(codes), dev.buffer(scales))
+        dev.submit(K.quantize_q8(dev, k, x, stored.codes, stored.scales, _step(dev), 1))
+        for q in quants:
+            nbytes = ggml.row_bytes(q, k) * n
+            w = dev.buffer(nbytes + 4)
+            dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
+            t = ggml.lookup(q).id
+            variants = [("engine", dict(x=x, int8=K.int8_matvec(dev, q, rows=n)))]
+            if t == ggml.Q4_K or t in K.INT8_UNIT_TYPES:
+                variants.append(("round", dict(x=x, int8=True)))
+                variants += [("rounded", dict(x=None, rounded_x=stored, tpr=tp, wg=g)) for tp, g in threads
+                             if k // 32 >= tp]
+            for name, v in variants:
+                plan = dev.plan()
+                for _ in range(reps):
+                    K.matvec(dev, q, k, n, w, v["x"], y, plan=plan, **{key: val for key, val in v.items() if key != "x"})
+                await dev.time_plan_gpu_async(plan, 1)          # warm-up
+                t3 = await dev.time_plan_gpu_async(plan, 3)
+                s = sorted(t3["ns"][2 * i + 1] - t3["ns"][2 * i] for i in range(3))[1] / 1e9 / reps
+                rows.append({"rows": n, "cols": k, "quant": q, "x": name, "int8": bool(v.get("int8") or v.get("rounded_x")),
+                             "tpr": v.get("tpr"), "wg": v.get("wg"), "us": round(s * 1e6, 2),
+                             "adapter": dev.describe()})
+    return rows
+
+
+def _step(dev):
+    """A step uniform of one token at position 0."""
+    from pyapp.gpu import kernels as K
+    step = dev.buffer(K.STEP_BYTES, "uniform")
+    dev.write(step, K.pack_step(1, 0))
+    return step
 
 
 def gpu_seconds(dev, plan, repeat: int = 3) -> float:

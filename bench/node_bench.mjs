@@ -7,6 +7,8 @@
 //   node bench/node_bench.mjs --gpu-profile MODEL.gguf   where a decode step's GPU time goes (bench/gpu_profile.py;
 //        FEW=N: a speculative step of 1 + N tokens; PROFILE_PREFILL=1: a prefill chunk; PROFILE_PROMPT,
 //        PROFILE_CONTEXT: after a prompt of that many tokens (512) in that context (2048))
+//   node bench/node_bench.mjs --matvec-rounded         the down projection reading x rounded by its producer, by threads
+//        (bench/matvec_sweep.py --rounded): SWEEP_SHAPES, SWEEP_QUANTS ("q6_k q4_k q4_0")
 //   node bench/node_bench.mjs --overlap                do independent dispatches overlap (bench/overlap_probe.py)
 //   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
@@ -96,6 +98,20 @@ else:
     if not shapes:
         rows += await matmul_sweep.moe_sweep_async(dev)
         rows = await matmul_sweep.attention_sweep_async(dev) + rows
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--matvec-rounded")) {
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import matvec_sweep
+from pyapp.gpu import get_device_async
+shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAPES || ""}".split()]
+quants = tuple("${process.env.SWEEP_QUANTS || "q6_k q4_k q4_0"}".split())
+rows = await matvec_sweep.rounded_sweep_async(await get_device_async("browser"), shapes=shapes or matvec_sweep.ROUNDED_SHAPES,
+                                              quants=quants)
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

@@ -19,4 +19,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     input_prologue(lid, wid.x + wid.y == 0u);
     x_prepare(lid);
     reduce_and_finish(lid, t, row, row_partials(row, t));
+    round_rows(wid.x + wid.y * nwg.x, lid);
 }

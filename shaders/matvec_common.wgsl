@@ -5,8 +5,9 @@
 // matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
 // normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
-// that routes a MoE token), dot32() and x_prepare() (a no-op for f32 x; x8_round.wgsl's for the int8
-// units of quants_dot_x8.wgsl).
+// that routes a MoE token), store_row() and round_rows() (matvec_out_y.wgsl, or matvec_out_q8.wgsl: the
+// rows also rounded to int8 for the next matvec), dot32() and x_prepare() (a no-op for f32 x; x8_round.wgsl's for the int8
+// units of quants_dot_x8.wgsl, or x8_stored.wgsl's).
 
 override K: u32;
 override N: u32;
@@ -58,7 +59,7 @@ fn row_partials(row: u32, t: u32) -> vec2<f32> {
     return acc;
 }
 
-// Sum the TPR partials of each row with a tree in shared memory; the row's thread 0 writes Y.
+// Sum the TPR partials of each row with a tree in shared memory; the row's thread 0 stores it.
 fn reduce_and_finish(lid: u32, t: u32, row: u32, acc: vec2<f32>) {
     red[lid] = acc.x;
     red2[lid] = acc.y;
@@ -70,5 +71,5 @@ fn reduce_and_finish(lid: u32, t: u32, row: u32, acc: vec2<f32>) {
         }
         workgroupBarrier();
     }
-    if (t == 0u && row < N) { Y[row] = finish(row, red[lid], red2[lid]); }
+    if (t == 0u && row < N) { store_row(row, lid, finish(row, red[lid], red2[lid])); }
 }

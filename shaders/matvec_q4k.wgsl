@@ -11,5 +11,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (tail_workgroup(wid.x + wid.y * nwg.x, lid)) { return; }
     input_prologue(lid, wid.x + wid.y == 0u);
     x_prepare(lid);
-    reduce_and_finish(lid, t, row, row_partials(row, t));
+    let total = row_tree_sum(lid, t, row_partials(row, t));
+    if (t == 0u && row < N) { store_row(row, lid, finish(row, total.x, total.y)); }
+    round_rows(wid.x + wid.y * nwg.x, lid);
 }

@@ -9,7 +9,8 @@
 // matvec_input_residual.wgsl: built from a pending residual add; matvec_input_norm.wgsl: a row
 // normed by every workgroup), which the prelude supplies;
 // so is tail_workgroup() (matvec_tail_none.wgsl, or matvec_tail_route.wgsl: one workgroup more
-// that routes a MoE token), and how a chunk meets x: x_prepare() once per workgroup, then
+// that routes a MoE token), store_row() and round_rows() for the kernels that store whole rows
+// (matvec_out_y.wgsl, or matvec_out_q8.wgsl: also rounded to int8 for the next matvec), and how a chunk meets x: x_prepare() once per workgroup, then
 // chunk_dot() (matvec_q4k_x32.wgsl: f32 x; matvec_q4k_x8.wgsl: x rounded to int8 per 32 in workgroup
 // memory, integer dot products).
 
@@ -68,12 +69,6 @@ fn row_partials_at(rb: u32, t: u32) -> vec2<f32> {
 }
 
 var<workgroup> red: array<vec2<f32>, WG>;
-
-// Sum the TPR partials of each row with a tree in shared memory; the row's thread 0 writes Y.
-fn reduce_and_finish(lid: u32, t: u32, row: u32, acc: vec2<f32>) {
-    let total = row_tree_sum(lid, t, acc);
-    if (t == 0u && row < N) { Y[row] = finish(row, total.x, total.y); }
-}
 
 // The sum of each row's TPR partials (a tree in shared memory), meaningful in the row's thread 0.
 // Uniform control flow only.

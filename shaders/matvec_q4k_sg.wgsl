@@ -16,9 +16,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     x_prepare(lid);
     var acc = row_partials(row, t);
     if (sg < TPR) {
-        reduce_and_finish(lid, t, row, acc);
-        return;
+        acc = row_tree_sum(lid, t, acc);
+    } else {
+        for (var m = TPR / 2u; m > 0u; m >>= 1u) { acc += subgroupShuffleXor(acc, m); }
     }
-    for (var m = TPR / 2u; m > 0u; m >>= 1u) { acc += subgroupShuffleXor(acc, m); }
-    if (t == 0u && row < N) { Y[row] = finish(row, acc.x, acc.y); }
+    if (t == 0u && row < N) { store_row(row, lid, finish(row, acc.x, acc.y)); }
+    round_rows(wid.x + wid.y * nwg.x, lid);
 }

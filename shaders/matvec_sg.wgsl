@@ -19,17 +19,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let acc = row_partials(row, t);
     if (sg > TPR) {                          // a subgroup would span rows: the shared-memory tree
         reduce_and_finish(lid, t, row, acc);
-        return;
+    } else {
+        let s = vec2<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y));
+        if (lane == 0u) {
+            red[lid] = s.x;
+            red2[lid] = s.y;
+        }
+        workgroupBarrier();
+        if (t == 0u && row < N) {
+            var tot = vec2<f32>(0.0);
+            for (var k = 0u; k < TPR; k += sg) { tot += vec2<f32>(red[lid + k], red2[lid + k]); }
+            store_row(row, lid, finish(row, tot.x, tot.y));
+        }
     }
-    let s = vec2<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y));
-    if (lane == 0u) {
-        red[lid] = s.x;
-        red2[lid] = s.y;
-    }
-    workgroupBarrier();
-    if (t == 0u && row < N) {
-        var tot = vec2<f32>(0.0);
-        for (var k = 0u; k < TPR; k += sg) { tot += vec2<f32>(red[lid + k], red2[lid + k]); }
-        Y[row] = finish(row, tot.x, tot.y);
-    }
+    round_rows(wid.x + wid.y * nwg.x, lid);
 }

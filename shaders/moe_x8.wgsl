@@ -37,10 +37,10 @@ var<workgroup> red: array<f32, WG>;
 // Block b of the row whose first block starts at byte rb . x.
 fn block_dot(rb: u32, b: u32) -> f32 {
     let c = b32_codes(rb + b * QB);
-    let xl = xq[2u * b];
-    let xh = xq[2u * b + 1u];
+    let xl = x8q(2u * b);
+    let xh = x8q(2u * b + 1u);
     let s = dot16_i8(c.lo, xl) + dot16_i8(c.hi, xh);
-    let x = xd[b];
+    let x = x8d(b);
     return c.ab.x * x.x * f32(s) - c.ab.y * x.y;
 }
 

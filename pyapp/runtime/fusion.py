@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer
 from .lowering import (AddNorm, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd, GegluHalves,
-                       GeluTimes, Linear, MoeTail, Op, RmsNorm, RmsNormPair, Route, Scale, buffer_of)
+                       GeluTimes, Linear, MoeTail, Op, RmsNorm, RmsNormPair, RoundedInput, Route, Scale, buffer_of)
 
 BARRIERS = (ExpertRoundsBegin, ExpertRoundsEnd)      # a plan boundary: nothing moves or merges across it
 
@@ -34,6 +34,8 @@ class Rules:
     tape: bool = False             # every value kept (training's forward for its backward)
     route_tails: bool = False      # the routing may ride on a matvec (the runner's decode fusions)
     residual_inputs: bool = False  # the adds into the stream may be built by their readers (needs 9 buffers)
+    reads_rounded: object = None   # (qtype, k) -> whether a one-token matvec of qtype takes its k-long x as
+                                   # int8 codes its producer stores (K.RoundedX); None: never
 
 
 def fuse(ops: list, rules: Rules) -> list:
@@ -47,6 +49,8 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = route_tails(ops, rules.route_tails)
     if rules.residual_inputs:
         ops = residual_inputs(ops, rules)
+    if rules.one_token and rules.reads_rounded is not None:
+        ops = rounded_inputs(ops, rules.reads_rounded)
     return ops
 
 
@@ -267,3 +271,20 @@ def _readers(ops: list, i: int) -> list:
 def _builds(op: Op, normed: bool, add: AddNorm) -> bool:
     """Whether op is a one-token matvec reading the add's sum (or pre-norm output) whole as its x."""
     return matvec(op) and op.input is None and op.route is None and op.x is (add.next_out if normed else add.into)
+
+
+def rounded_inputs(ops: list, reads_rounded) -> list:
+    """The GeGLU's output of a one-token MLP, read first by a matvec (the down projection) that takes x
+    rounded to int8 (reads_rounded): the GeGLU's matvec also writes it so rounded (its workgroups hold
+    whole blocks of 32 rows), and the reader takes those codes instead of rounding x in each of its
+    workgroups. The f32 output is still written: a LoRA delta on the down projection reads it."""
+    for i, op in enumerate(ops):
+        if not (matvec(op) and isinstance(op.epilogue, GegluHalves)):
+            continue
+        out = op.epilogue.out
+        reader = next((o for o in ops[i + 1:] if id(buffer_of(out)) in reads(o)), None)
+        if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is out
+                and reads_rounded(reader.w.qtype, op.epilogue.ff)):
+            op.rounds_out = True
+            reader.input = RoundedInput()
+    return ops

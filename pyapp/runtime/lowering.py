@@ -9,6 +9,8 @@ fusion rules (pyapp.runtime.fusion) look at. A rule may fill a record's fusion s
   Linear.route      one workgroup more in the matvec's dispatch routes a MoE token (`Route`: K.RouteTail)
   Linear.epilogue   the matvec's outputs go through gelu(gate) * up (`GegluHalves`) or gelu(y) * b
                     (`GeluTimes`) before they are written
+  Linear.rounds_out the matvec also writes its outputs rounded to int8 (K.RoundedX in state.act_q8), and
+                    the matvec reading them takes those codes as its x (`RoundedInput`)
   Experts.epilogue  the same GeGLU in the expert matvec
   AddNorm.built     (one token, into the residual stream) its consumers build it: no dispatch
 
@@ -62,6 +64,10 @@ class Lowering:
 
     def other_stream(self) -> Buffer:
         return self.s.x_alt if self.stream is self.s.x else self.s.x
+
+    def rounded(self) -> K.RoundedX:
+        """Where a one-token matvec's outputs rounded to int8 live for the next matvec (Linear.rounds_out)."""
+        return K.RoundedX(self.s.act_q8, self.s.act_q8_scales)
 
     def matvec_int8(self, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
         """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8."""
@@ -133,15 +139,22 @@ class FromAdd:
 
 
 @dataclass(eq=False)
+class RoundedInput:
+    """A one-token matvec's x read as the int8 codes that the matvec writing x stored beside it
+    (its rounds_out): no rounding of x in this matvec's workgroups."""
+
+
+@dataclass(eq=False)
 class Linear(Op):
     """y[T, n] = x[T, k] @ W^T (reference: x @ w.T): a matvec for one token, matvec_tokens for a few,
     the tiled matmul for a chunk; row blocks of a split W each write their columns of y."""
     w: GpuTensor
     x: Buffer
     y: object
-    input: object = None                 # FromAdd | RmsNormPair: the matvec builds x
+    input: object = None                 # FromAdd | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8
     route: "Route | None" = None
     epilogue: object = None              # GegluHalves | GeluTimes: written instead of y
+    rounds_out: bool = False             # also writes its outputs rounded to int8 (L.rounded())
 
     def reads(self) -> tuple:
         x = (self.input.x,) if isinstance(self.input, RmsNormPair) else (self.x,)
@@ -184,14 +197,17 @@ class Linear(Op):
             y, geglu, n = self.epilogue.out, True, n // 2
         elif isinstance(self.epilogue, GeluTimes):
             y, times = self.epilogue.out, self.epilogue.b
-        built, int8 = None, L.matvec_int8(self.w.qtype, rows=n)
+        built, int8, rounded = None, L.matvec_int8(self.w.qtype, rows=n), None
         if isinstance(self.input, FromAdd):
             x, built = None, self.input.kernel_input()
         elif isinstance(self.input, RmsNormPair):           # the router's: its normed input stays f32
             x, built, int8 = None, self.input.kernel_input(L), False
+        elif isinstance(self.input, RoundedInput):
+            x, rounded = None, L.rounded()
         route = self.route.kernel_tail(L) if self.route is not None else None
         K.matvec(L.dev, self.w.qtype, k, n, self.w.bound, x, y, plan=L.plan, geglu=geglu, gelu_times=times,
-                 residual=built, route=route, int8=int8)
+                 residual=built, route=route, int8=int8, rounded_x=rounded,
+                 round_out=L.rounded() if self.rounds_out else None)
 
 
 @dataclass(eq=False)

@@ -77,7 +77,12 @@ class Ops:
         self.rules = Rules(cfg.hidden, state.x, one_token=one, few=self.few, tape=tape,
                            route_tails=fuse_residual and one,
                            residual_inputs=(fuse_residual and one and K.fuses_residual_input(dev)
-                                            and self._fits(cfg.hidden)))
+                                            and self._fits(cfg.hidden)),
+                           reads_rounded=self._reads_rounded if fuse_residual and one and int8 else None)
+
+    def _reads_rounded(self, qtype, k: int) -> bool:
+        """Whether a one-token matvec of qtype reads its k-long x as int8 codes stored by x's producer."""
+        return K.rounds_output(self.dev, k) and K.int8_rounded_matvec(self.dev, qtype)
 
     def _fits(self, k: int) -> bool:
         """Whether a matvec workgroup (256 threads) builds a k-float residual input: its registers

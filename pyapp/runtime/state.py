@@ -87,6 +87,9 @@ class State:
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
         # dense MLP
+        q8_codes, q8_scales = K.q8_bytes(1, ff)        # a decode step's GeGLU output rounded to int8 per 32
+        self.act_q8 = dev.buffer(q8_codes, label="act q8")                   # i8 [ff] (K.RoundedX)
+        self.act_q8_scales = dev.buffer(q8_scales, label="act q8 scales")    # [ff / 32, 2] f32: (d, sum)
         self.gate = f32(T * ff, "gate")                 # [T, ff]
         self.up = f32(T * ff, "up")                     # [T, ff]
         self.gate_up = f32(T * 2 * ff, "gate_up")       # [T, 2 ff] fused gate|up rows

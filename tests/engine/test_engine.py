@@ -432,6 +432,30 @@ def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     assert clear.sum() >= 5 and (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
+@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"])
+def test_decode_down_projection_reads_the_geglu_output_rounded_once(dev, toy, shape, monkeypatch):
+    """A one-token step's gate|up matvec writes the GeGLU output rounded to int8 as well
+    (shaders/matvec_out_q8.wgsl) and the Q4_K down projection reads those codes (x8_stored.wgsl)
+    instead of rounding it in each workgroup: one rounding a layer, the same codes, so the same logits
+    as the plan where down rounds it itself (to float rounding), in every layer with a dense MLP."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.gpu import kernels as K
+
+    def decode():
+        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1)
+        keys = [op[1].key for op in eng.runner.layers_plan(1).ops if op[0] == "d"]
+        return engine_logits(eng, TOKENS[:9]), keys, eng.config
+    rounded, keys, cfg = decode()
+    assert sum("matvec_out_q8" in key[2] for key in keys) == cfg.n_layers        # every layer's dense MLP
+    assert sum("x8_stored" in key[2] for key in keys) == cfg.n_layers
+    monkeypatch.setattr(K, "int8_rounded_matvec", lambda dev, qtype: False)
+    itself, plain_keys, _ = decode()
+    assert not any("matvec_out_q8" in key[2] or "x8_stored" in key[2] for key in plain_keys)
+    assert len(plain_keys) == len(keys)
+    np.testing.assert_allclose(rounded, itself, rtol=1e-5, atol=1e-5 * np.abs(itself).max())
+
+
 @pytest.mark.parametrize("model", ["fixture-dense-q6_k", "toy-moe-1-layer"])
 def test_f16_tiles_within_their_rounding(dev, tmp_path, model):
     """f16=True where the device has shader-f16: a prefill in 16-token steps (the int8 path's minimum

@@ -5,9 +5,9 @@ with the recorder's earlier plans by tools/plan_listing.py; the logits, by tests
 from __future__ import annotations
 
 from pyapp.gpu import Buffer
-from pyapp.runtime.fusion import Rules, fuse, merge_adds, moe_tails, residual_inputs, route_tails
+from pyapp.runtime.fusion import Rules, fuse, merge_adds, moe_tails, residual_inputs, rounded_inputs, route_tails
 from pyapp.runtime.lowering import (AddNorm, Combine, Copy, Experts, FromAdd, GegluHalves, GeluTimes, Linear, Lora,
-                                    MoeTail, RmsNorm, RmsNormPair, Route, Scale)
+                                    MoeTail, RmsNorm, RmsNormPair, RoundedInput, Route, Scale)
 from pyapp.runtime.upload import GpuTensor, Part
 
 D = 64
@@ -144,3 +144,33 @@ def test_a_products_epilogue_waits_for_a_lora_delta():
     assert fuse([gate, GeluTimes(gate.y, times, out, D)], rules()) == [gate] and gate.epilogue.b is times
     chunk = Linear(tensor("ple gate"), X, buf("g"))
     assert len(fuse([chunk, GeluTimes(chunk.y, times, out, D)], rules(one_token=False))) == 2
+
+
+def mlp(lora_on_down: bool = False, down_qtype: str = "q4_k"):
+    """A one-token MLP as recorded: gate|up, the GeGLU, down (a LoRA delta on it if asked)."""
+    gate_up, gu, act = tensor("gate_up", 2 * D), buf("gate_up out"), buf("act")
+    down = Linear(tensor("down"), act, buf("ffn out"))
+    down.w.qtype = down_qtype
+    ops = [Linear(gate_up, XN, gu), GegluHalves(gu, act, D), down]
+    return ops + ([Lora([], act, down.y, D)] if lora_on_down else [])
+
+
+def test_the_down_projection_reads_the_geglu_output_rounded_by_its_writer():
+    """Where the down projection's type takes rounded x (reads_rounded, asked with its type and the GeGLU's
+    width), the gate|up matvec writes its output rounded too and down reads those codes; a LoRA delta on
+    down still reads the f32 output, which is still written; another type, or no rule, leaves both plain."""
+    asked = []
+
+    def reads_rounded(qtype, k):
+        asked.append((qtype, k))
+        return qtype == "q4_k"
+    for lora in (False, True):
+        gate_up, down = fuse(mlp(lora), rules(reads_rounded=reads_rounded))[:2]
+        assert gate_up.rounds_out and isinstance(gate_up.epilogue, GegluHalves) and isinstance(down.input, RoundedInput)
+    assert asked == [("q4_k", D)] * 2
+    gate_up, down = fuse(mlp(down_qtype="f16"), rules(reads_rounded=reads_rounded))
+    assert not gate_up.rounds_out and down.input is None
+    gate_up, down = fuse(mlp(), rules())
+    assert not gate_up.rounds_out and down.input is None
+    unfused = rounded_inputs(mlp(), reads_rounded)      # no GeGLU epilogue (a chunk): nothing to round
+    assert not unfused[0].rounds_out and unfused[2].input is None

@@ -180,6 +180,110 @@ def test_matvec_threads_per_row(dev, tpr, subgroups):
     assert_close_dot(read_f32(dev, y, rows), w, x, w @ x)
 
 
+def rounded_buffers(dev, k: int) -> K.RoundedX:
+    codes, scales = K.q8_bytes(1, k)
+    return K.RoundedX(dev.buffer(codes), dev.buffer(scales))
+
+
+def read_rounded(dev, r: K.RoundedX, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [k], (d, sum) float32 [k / 32, 2]) of a RoundedX."""
+    codes = np.frombuffer(dev.read(r.codes, 0, k), np.int8)
+    return codes, np.frombuffer(dev.read(r.scales, 0, 8 * (k // 32)), np.float32).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("qtype,k,opts", [("q4_k", 512, dict(chunks=True)), ("q4_k", 768, dict(chunks=True, int8=True)),
+                                          ("q4_k", 256, dict(chunks=True, tpr=32, wg=64)),
+                                          ("q4_0", 352, dict(int8=True)), ("q8_0", 512, {}), ("f16", 96, dict(tpr=64))])
+@pytest.mark.parametrize("residual", [False, True], ids=["x", "residual-input"])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_round_out(dev, qtype, k, opts, residual, subgroups):
+    """A GeGLU matvec that also writes its rows rounded to int8 (round_out: matvec_out_q8.wgsl): the same
+    rows in Y as without, and codes and (d, sum) per 32 as quantize_q8's rule gives for those rows, with
+    96 rows (a workgroup of 64 rows and one whose second block lies past the end) and 160 (whole
+    workgroups); its threads a row capped so that a workgroup holds whole blocks (tpr 32 asked: 8)."""
+    from pyapp.reference.quants import quantize_activations_q8
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(k + 7 * residual)
+    for n in (96, 160):
+        raw = random_tensor(qtype, 2 * n, k, rng)
+        x = rng.standard_normal(k).astype(np.float32)
+        res = None
+        if residual:
+            ysub, resid, pw = (rng.standard_normal(k).astype(np.float32) for _ in range(3))
+            res = K.ResidualInput(f32(dev, ysub), f32(dev, resid), dev.buffer(4 * k), f32(dev, pw))
+        xb = None if residual else f32(dev, x)
+        plain, y, out = dev.buffer(4 * n), dev.buffer(4 * n), rounded_buffers(dev, n)
+        common = dict(subgroups=subgroups, geglu=True, residual=res, **opts)
+        dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), xb, plain, **common))
+        dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), xb, y, round_out=out, **common))
+        rows = read_f32(dev, y, n)
+        # (the same sums, but in another order where the threads a row were capped)
+        np.testing.assert_allclose(rows, read_f32(dev, plain, n), rtol=1e-5, atol=1e-5 * np.abs(rows).max())
+        q, d, sums = quantize_activations_q8(rows[None])
+        codes, ds = read_rounded(dev, out, n)
+        np.testing.assert_allclose(ds[:, 0], d[0], rtol=1e-6)
+        np.testing.assert_allclose(ds[:, 1], sums[0], rtol=1e-5, atol=1e-5 * np.abs(rows).max())
+        assert np.abs(codes.astype(int) - q[0]).max() <= 1 and (codes == q[0]).mean() > 0.98   # ties may round apart
+        assert np.abs(codes).max() == 127
+
+
+def test_matvec_round_out_where_it_fits(dev):
+    """Rows rounded to int8 come in whole blocks of 32: other row counts are refused beforehand."""
+    assert K.rounds_output(dev, 64) and not K.rounds_output(dev, 48)
+    raw = random_tensor("q4_k", 96, 256, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="rows rounded to int8"):
+        K.matvec(dev, "q4_k", 256, 48, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(4 * 48),
+                 geglu=True, round_out=rounded_buffers(dev, 48))
+
+
+@pytest.mark.parametrize("qtype,blocks,opts", [("q4_k", 3, {}), ("q4_k", 11, dict(tpr=32, wg=64)),
+                                               ("q6_k", 5, {}), ("q6_k", 11, dict(tpr=64, wg=128)),
+                                               ("q4_0", 7, {}), ("q5_0", 3, dict(tpr=16)), ("q8_0", 5, {})])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_matvec_rounded_x(dev, qtype, blocks, opts, subgroups):
+    """A matvec reading x as the int8 codes its producer stored (rounded_x: x8_stored.wgsl) gives what the
+    same kernel gives rounding the same x in its workgroups (x8_round.wgsl): the same codes, the same sums;
+    and the reference's integer sums. x rounded here by quantize_q8, and by a producer's round_out in
+    the same plan (GeGLU rows into the down projection, as a decode step's MLP)."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    rng = np.random.default_rng(500 + blocks)
+    n, k = 37, 256 * blocks
+    raw = random_tensor(qtype, n, k, rng)
+    x = rng.standard_normal(k).astype(np.float32)
+    x[:32] = 0.0
+    xb, wb = f32(dev, x), weight_buffer(dev, raw)
+    rounded, want, y = rounded_buffers(dev, k), dev.buffer(4 * n), dev.buffer(4 * n)
+    plan = K.quantize_q8(dev, k, xb, rounded.codes, rounded.scales, step_buffer(dev, 1), 1)
+    K.matvec(dev, qtype, k, n, wb, None, y, plan=plan, subgroups=subgroups, rounded_x=rounded, **opts)
+    K.matvec(dev, qtype, k, n, wb, xb, want, plan=plan, subgroups=subgroups, int8=True, **opts)
+    dev.submit(plan)
+    got = read_f32(dev, y, n)
+    np.testing.assert_allclose(got, read_f32(dev, want, n), rtol=1e-6, atol=1e-6 * np.abs(got).max())
+    np.testing.assert_allclose(got, rounded_reference(qtype, raw, n, x), rtol=1e-4, atol=1e-4 * np.abs(got).max())
+    # the rows of a GeGLU matvec (Q4_K, 2 k rows of 256), rounded by it, into this one
+    up_raw = random_tensor("q4_k", 2 * k, 256, rng)
+    u = rng.standard_normal(256).astype(np.float32)
+    act = dev.buffer(4 * k)
+    plan = K.matvec(dev, "q4_k", 256, k, weight_buffer(dev, up_raw), f32(dev, u), act, geglu=True, round_out=rounded)
+    K.matvec(dev, qtype, k, n, wb, None, y, plan=plan, subgroups=subgroups, rounded_x=rounded, **opts)
+    dev.submit(plan)
+    np.testing.assert_allclose(read_f32(dev, y, n), rounded_reference(qtype, raw, n, read_f32(dev, act, k)),
+                               rtol=1e-3, atol=1e-3 * np.abs(got).max())
+
+
+def rounded_reference(qtype, raw, n: int, x) -> np.ndarray:
+    """W x with x rounded to int8 per 32: Q4_K's min terms on the blocks' exact sums (int8_reference),
+    the other types' W dequantized times the rounded x."""
+    from pyapp.reference.quants import quantize_activations_q8
+    if qtype == "q4_k":
+        return int8_reference(raw, n, x)
+    k = len(x)
+    q, d, _ = quantize_activations_q8(np.asarray(x, np.float32)[None])
+    return dequantize(qtype, raw, n, k) @ (q.reshape(-1, 32).astype(np.float64) * d.reshape(-1, 1)).reshape(-1)
+
+
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_k", "f16"])
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
 def test_matvec_epilogues(dev, qtype, subgroups):

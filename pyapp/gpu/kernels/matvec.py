@@ -57,12 +57,37 @@ def fuses_residual_input(dev: Device) -> bool:
     return dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= RESIDUAL_INPUT_BUFFERS
 
 
-def matvec_prelude(t, int8: bool = False) -> str:
+@dataclass(frozen=True)
+class RoundedX:
+    """x as int8 codes per 32 with (d, sum) a block (quantize_q8's layout), written by the matvec that
+    made x (its `round_out`: shaders/matvec_out_q8.wgsl) for the next one to read (`rounded_x`:
+    shaders/x8_stored.wgsl) instead of rounding x in each of its workgroups."""
+    codes: Buffer
+    scales: Buffer
+
+
+# Storage buffers a matvec rounding its rows binds beside a residual input's (YQ, YS).
+ROUND_OUT_BUFFERS = RESIDUAL_INPUT_BUFFERS + 2
+
+
+def rounds_output(dev: Device, n: int) -> bool:
+    """Whether a decode matvec of n rows can also write them rounded to int8 (RoundedX): whole blocks,
+    and storage buffers enough beside a residual input."""
+    return n % 32 == 0 and dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= ROUND_OUT_BUFFERS
+
+
+def x8_source(rounded: RoundedX | None) -> str:
+    """Where an int8 kernel's x codes come from: rounded by each workgroup, or stored by x's producer."""
+    return "x8_round" if rounded is None else "x8_stored"
+
+
+def matvec_prelude(t, int8: bool = False, rounded: RoundedX | None = None) -> str:
     """quant_prelude plus matvec's dot32 (32-weight units) for this type and its x_prepare: none for f32
-    x; int8: x rounded to int8 by each workgroup (x8_round.wgsl) and the type's int8 unit."""
+    x; int8: x rounded to int8 by each workgroup (x8_round.wgsl), or by its producer (rounded:
+    x8_stored.wgsl), and the type's int8 unit."""
     name = shader_block(t)[0]
     if int8:
-        return (quant_prelude(t) + "//!include x8_round\n//!include quants_dot_x8\n"
+        return (quant_prelude(t) + f"//!include {x8_source(rounded)}\n//!include quants_dot_x8\n"
                 f"fn dot32(rb: u32, u: u32) -> f32 {{ return dot32_{name}_x8(rb, u); }}\n")
     impl = f"dot32_{name}" if quant_type(t) in DOT32_TYPES else "dot32_generic"
     return (quant_prelude(t) + f"fn dot32(rb: u32, u: u32) -> f32 {{ return {impl}(rb, u); }}\n"
@@ -70,8 +95,11 @@ def matvec_prelude(t, int8: bool = False) -> str:
 
 
 def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInput | None,
-                  dev: Device) -> tuple[str, dict, dict]:
-    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput or NormInput."""
+                  dev: Device, rounded: RoundedX | None = None) -> tuple[str, dict, dict]:
+    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput or NormInput,
+    or its producer's int8 codes (rounded: x8_stored.wgsl, which the int8 prelude includes)."""
+    if rounded is not None:
+        return "", {}, {"XQS": rounded.codes, "XSS": rounded.scales}
     if residual is None:
         return "//!include matvec_input\n", {}, {"X": x}
     if k % 4 or k > 4 * RESIDUAL_INPUT_ROUNDS * wg:
@@ -91,6 +119,13 @@ def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInpu
     return "//!include matvec_input_residual\n", consts, res
 
 
+def _matvec_output(round_out: RoundedX | None) -> tuple[str, dict]:
+    """(prelude, bindings) of how a matvec stores its rows: Y, and rounded to int8 given round_out."""
+    if round_out is None:
+        return "//!include matvec_out_y\n", {}
+    return "//!include matvec_out_q8\n", {"YQ": round_out.codes, "YS": round_out.scales}
+
+
 def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, dict, int]:
     """(prelude, constants, bindings, workgroups) of a matvec dispatch of `workgroups` with or without
     one more that routes a MoE token (RouteTail)."""
@@ -105,7 +140,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
            probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None,
-           int8: bool = False) -> Plan:
+           int8: bool = False, rounded_x: RoundedX | None = None, round_out: RoundedX | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
@@ -117,9 +152,18 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
     row and per workgroup (defaults per kernel); probe: bench/matvec_sweep.py's bandwidth probe.
     int8: x rounded to int8 per 32 by each workgroup, integer dot products (the Q4_K chunk kernel and
-    the Q6_K units; int8_matvec says where it is faster).
+    the Q6_K units; int8_matvec says where it is faster); rounded_x: x (None here) arrives so rounded
+    (int8 implied; int8_rounded_matvec says where).
+    round_out: the rows are also written rounded to int8, for the next matvec's rounded_x (rounds_output
+    says where; a workgroup then holds whole blocks of 32 rows).
     """
     row_bytes(qtype, k)
+    if rounded_x is not None:
+        if x is not None or residual is not None:
+            raise ValueError("a matvec reading rounded x reads it only")
+        int8 = True
+    if round_out is not None and not rounds_output(dev, n):
+        raise ValueError(f"{n} rows rounded to int8 need n % 32 == 0 and {ROUND_OUT_BUFFERS} storage buffers")
     sg = dev.has_subgroups if subgroups is None else subgroups
     mode = 1 if geglu else 2 if gelu_times is not None else 0
     b = gelu_times if gelu_times is not None else dev.dummy
@@ -132,13 +176,16 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         tpr = tpr or q4k_threads_per_row(k, n, int8)
         # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
         wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None or int8 else Q4K_WORKGROUP)
-        x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
+        if round_out is not None:
+            tpr, wg = _whole_blocks(tpr, wg)
+        x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev, rounded_x)
         t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
+        o_prelude, o_res = _matvec_output(round_out)
         p = pipeline(dev, "matvec_q4k_sg" if sg else "matvec_q4k", enables=("subgroups",) if sg else (),
-                     prelude=x_prelude + t_prelude + q4k_x_prelude(int8),
+                     prelude=x_prelude + t_prelude + o_prelude + q4k_x_prelude(int8, rounded_x),
                      constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "PROBE": probe,
-                                **x_arrays(k, int8), **x_consts, **t_consts})
-        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+                                **x_arrays(k, int8, rounded_x), **x_consts, **t_consts})
+        bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res, **o_res})
         return plan.dispatch(p, bg, *groups(workgroups))
     if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
         raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
@@ -152,6 +199,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
     tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
     wg = wg or 256
+    if round_out is not None:
+        tpr, wg = _whole_blocks(tpr, wg)
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
@@ -162,13 +211,14 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         units = int8 or (k % 32 == 0 and k // 32 >= 2 * tpr and quant_type(qtype) in UNIT_TYPES)
     if int8 and not units:
         raise ValueError("int8 x needs the 32-weight units")
-    x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev)
+    x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev, rounded_x)
     t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
-    p = pipeline(dev, "matvec_sg" if sg else "matvec", prelude=matvec_prelude(qtype, int8) + x_prelude + t_prelude,
-                 enables=("subgroups",) if sg else (),
+    o_prelude, o_res = _matvec_output(round_out)
+    p = pipeline(dev, "matvec_sg" if sg else "matvec", enables=("subgroups",) if sg else (),
+                 prelude=matvec_prelude(qtype, int8, rounded_x) + x_prelude + t_prelude + o_prelude,
                  constants={"K": k, "N": n, "TPR": tpr, "WG": wg, "MODE": mode, "UNITS": units,
-                            **(x_arrays(k, True) if int8 else {}), **x_consts, **t_consts})
-    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res})
+                            **(x_arrays(k, True, rounded_x) if int8 else {}), **x_consts, **t_consts})
+    bg = dev.bind_group(p, {"W": w, "Y": y, "B": b, **x_res, **t_res, **o_res})
     return plan.dispatch(p, bg, *groups(workgroups))
 
 
@@ -224,13 +274,37 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
     return t in INT8_UNIT_MIN_ROWS and rows >= INT8_UNIT_MIN_ROWS[t]
 
 
-def q4k_x_prelude(int8: bool) -> str:
-    """How the Q4_K chunk kernels meet x: f32, or rounded to int8 per 32 (dot4I8Packed)."""
-    return "//!include matvec_q4k_x8\n" if int8 else "//!include matvec_q4k_x32\n"
+def int8_rounded_matvec(dev: Device, qtype) -> bool:
+    """Whether a decode matvec of qtype whose x its producer can store rounded to int8 (RoundedX) reads
+    it so: the types with an int8 kernel (the Q4_K chunks, the units of INT8_UNIT_TYPES), where it is
+    faster than f32 x with no rounding of its own to pay for (32-weight blocks: where the backend runs
+    their units faster, dev.int8_block_units)."""
+    t = quant_type(qtype)
+    if t in B32_TYPES:
+        return t in INT8_UNIT_TYPES and dev.int8_block_units
+    return t in (ggml.Q4_K, ggml.Q6_K)
 
 
-def x_arrays(k: int, int8: bool) -> dict:
-    """The sizes of the workgroup arrays x8_round.wgsl (int8) or matvec_q4k_x32.wgsl declare for rows of k."""
+def q4k_x_prelude(int8: bool, rounded: RoundedX | None = None) -> str:
+    """How the Q4_K chunk kernels meet x: f32, or rounded to int8 per 32 (dot4I8Packed) by each workgroup
+    or by x's producer (rounded)."""
+    if not int8:
+        return "//!include matvec_q4k_x32\n"
+    return f"//!include {x8_source(rounded)}\n//!include matvec_q4k_x8\n"
+
+
+def _whole_blocks(tpr: int, wg: int) -> tuple[int, int]:
+    """Threads a row and a workgroup for a matvec rounding its rows (round_out): a workgroup's rows are
+    whole blocks of 32, so at most 8 threads a row in a 256-thread workgroup."""
+    tpr = min(tpr, 8)
+    return tpr, max(wg, 32 * tpr)
+
+
+def x_arrays(k: int, int8: bool, rounded: RoundedX | None = None) -> dict:
+    """The sizes of the workgroup arrays x8_round.wgsl (int8) or matvec_q4k_x32.wgsl declare for rows of k
+    (none for x rounded by its producer: x8_stored.wgsl reads it from storage)."""
+    if rounded is not None:
+        return {}
     return {"XB": k // 32, "XR": k // 16} if int8 else {"XR": k // 16}
 
 
