@@ -234,21 +234,22 @@ async def rounded_sweep_async(dev, shapes=ROUNDED_SHAPES, quants=("q6_k", "q4_k"
     the engine's today ("engine": f32 x or x rounded in its workgroups, as K.int8_matvec says), x rounded
     in each workgroup at the kernel's default threads ("round"), and x read as stored codes ("rounded")
     by threads a row x a workgroup."""
-    import numpy as np
+    import random
+    from array import array
     from pyapp import ggml
     from pyapp.gpu import kernels as K
-    rng = np.random.default_rng(0)
+    rng = random.Random(0)             # the standard library only: this runs in Pyodide too
     rows = []
     for n, k in shapes:
         x, y = dev.buffer(4 * k), dev.buffer(4 * n)
-        dev.write(x, rng.standard_normal(k).astype(np.float32).tobytes())
+        dev.write(x, array("f", (rng.gauss(0, 1) for _ in range(k))).tobytes())
         codes, scales = K.q8_bytes(1, k)
         stored = K.RoundedX(dev.buffer(codes), dev.buffer(scales))
         dev.submit(K.quantize_q8(dev, k, x, stored.codes, stored.scales, _step(dev), 1))
         for q in quants:
             nbytes = ggml.row_bytes(q, k) * n
             w = dev.buffer(nbytes + 4)
-            dev.write(w, rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes())   # speed only
+            dev.write(w, rng.randbytes(nbytes))   # speed only
             t = ggml.lookup(q).id
             variants = [("engine", dict(x=x, int8=K.int8_matvec(dev, q, rows=n)))]
             if t == ggml.Q4_K or t in K.INT8_UNIT_TYPES:

@@ -173,6 +173,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
+        if rounded_x is not None:
+            tpr, wg = tpr or ROUNDED_Q4K_THREADS[0], wg or ROUNDED_Q4K_THREADS[1]
         tpr = tpr or q4k_threads_per_row(k, n, int8)
         # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
         wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None or int8 else Q4K_WORKGROUP)
@@ -195,6 +197,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
     # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
     # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
+    if rounded_x is not None:
+        tpr, wg = tpr or ROUNDED_UNIT_THREADS[0], wg or ROUNDED_UNIT_THREADS[1]
     if int8:             # units only
         tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
     tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
@@ -274,15 +278,30 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
     return t in INT8_UNIT_MIN_ROWS and rows >= INT8_UNIT_MIN_ROWS[t]
 
 
-def int8_rounded_matvec(dev: Device, qtype) -> bool:
-    """Whether a decode matvec of qtype whose x its producer can store rounded to int8 (RoundedX) reads
-    it so: the types with an int8 kernel (the Q4_K chunks, the units of INT8_UNIT_TYPES), where it is
-    faster than f32 x with no rounding of its own to pay for (32-weight blocks: where the backend runs
-    their units faster, dev.int8_block_units)."""
+# A down projection reading its x as codes the GeGLU stored (RoundedX), against today's kernel on f32 x or
+# x rounded in each workgroup (bench/matvec_sweep.py --rounded, node bench/node_bench.mjs --matvec-rounded;
+# H100, GPU us a dispatch, browser path / native):
+#   Q6_K  2560 x 10240: f32 35.9 / 35.9 -> 15.6 / 22.8;  1536 x 12288: 143.5 / 66.4 -> 43.8 / 30.9
+#   Q4_0  2560 x 10240: 71.9 (rounding its own) -> 37.4;  1536 x 12288: 64.7 -> 30.6
+#   Q4_K  2560 x 10240: 12.3 / 121.1 (rounding its own) -> 21.7 / 12.1;  1536 x 12288: 46.2 / 125.3 -> 29.6 / 18.3
+# Units: 64 threads a row in 256 (best or within 4% at every shape); Q4_K chunks: 32 in 64.
+ROUNDED_UNIT_THREADS = (64, 256)
+ROUNDED_Q4K_THREADS = (32, 64)
+ROUNDED_Q4K_MAX_ROWS = 2048     # Dawn: below, Q4_K's own rounding makes few workgroups (1536 rows: 96)
+
+
+def int8_rounded_matvec(dev: Device, qtype, n: int) -> bool:
+    """Whether a decode matvec of n rows of qtype whose x its producer can store rounded to int8
+    (RoundedX) reads it so, where that measured faster (the figures above): Q6_K's units; Q4_0's where
+    the backend runs int8 units faster (dev.int8_block_units: Dawn's, not naga's); the Q4_K chunks
+    natively (naga runs their own rounding slowly) and on Dawn below ROUNDED_Q4K_MAX_ROWS rows. Q5_0
+    and Q8_0 have the units but no measurement yet."""
     t = quant_type(qtype)
-    if t in B32_TYPES:
-        return t in INT8_UNIT_TYPES and dev.int8_block_units
-    return t in (ggml.Q4_K, ggml.Q6_K)
+    if t == ggml.Q6_K:
+        return True
+    if t == ggml.Q4_0:
+        return dev.int8_block_units
+    return t == ggml.Q4_K and (n < ROUNDED_Q4K_MAX_ROWS or not dev.int8_block_units)
 
 
 def q4k_x_prelude(int8: bool, rounded: RoundedX | None = None) -> str:
