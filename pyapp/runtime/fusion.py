@@ -34,8 +34,8 @@ class Rules:
     tape: bool = False             # every value kept (training's forward for its backward)
     route_tails: bool = False      # the routing may ride on a matvec (the runner's decode fusions)
     residual_inputs: bool = False  # the adds into the stream may be built by their readers (needs 9 buffers)
-    reads_rounded: object = None   # (qtype, k, n) -> whether a one-token matvec of n rows of qtype takes its
-                                   # k-long x as int8 codes its producer stores (K.RoundedX); None: never
+    reads_rounded: object = None   # (qtype, k) -> whether a one-token matvec of qtype takes its k-long x as
+                                   # int8 codes its producer stores (K.RoundedX); None: never
 
 
 def fuse(ops: list, rules: Rules) -> list:
@@ -284,7 +284,7 @@ def rounded_inputs(ops: list, reads_rounded) -> list:
         out = op.epilogue.out
         reader = next((o for o in ops[i + 1:] if id(buffer_of(out)) in reads(o)), None)
         if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is out
-                and reads_rounded(reader.w.qtype, op.epilogue.ff, reader.w.shape[1])):
+                and reads_rounded(reader.w.qtype, op.epilogue.ff)):
             op.rounds_out = True
             reader.input = RoundedInput()
     return ops

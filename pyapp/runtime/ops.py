@@ -80,9 +80,9 @@ class Ops:
                                             and self._fits(cfg.hidden)),
                            reads_rounded=self._reads_rounded if fuse_residual and one and int8 else None)
 
-    def _reads_rounded(self, qtype, k: int, n: int) -> bool:
-        """Whether a one-token matvec of n rows of qtype reads its k-long x as int8 codes stored by x's producer."""
-        return K.rounds_output(self.dev, k) and K.int8_rounded_matvec(self.dev, qtype, n)
+    def _reads_rounded(self, qtype, k: int) -> bool:
+        """Whether a one-token matvec of qtype reads its k-long x as int8 codes stored by x's producer."""
+        return K.rounds_output(self.dev, k) and K.int8_rounded_matvec(self.dev, qtype)
 
     def _fits(self, k: int) -> bool:
         """Whether a matvec workgroup (256 threads) builds a k-float residual input: its registers

@@ -462,7 +462,7 @@ def test_decode_down_projection_reads_the_geglu_output_rounded_once(dev, tmp_pat
     assert q4k_downs >= 1              # (the fixture's first two layers' are Q8_0: natively f32 x)
     assert sum("matvec_out_q8" in key[2] for key in keys) == q4k_downs
     assert sum("x8_stored" in key[2] for key in keys) == q4k_downs
-    monkeypatch.setattr(K, "int8_rounded_matvec", lambda dev, qtype, n: False)
+    monkeypatch.setattr(K, "int8_rounded_matvec", lambda dev, qtype: False)
     itself, plain_keys, _ = decode()
     assert not any("matvec_out_q8" in key[2] or "x8_stored" in key[2] for key in plain_keys)
     assert len(plain_keys) == len(keys)

@@ -161,13 +161,13 @@ def test_the_down_projection_reads_the_geglu_output_rounded_by_its_writer():
     down still reads the f32 output, which is still written; another type, or no rule, leaves both plain."""
     asked = []
 
-    def reads_rounded(qtype, k, n):
-        asked.append((qtype, k, n))
+    def reads_rounded(qtype, k):
+        asked.append((qtype, k))
         return qtype == "q4_k"
     for lora in (False, True):
         gate_up, down = fuse(mlp(lora), rules(reads_rounded=reads_rounded))[:2]
         assert gate_up.rounds_out and isinstance(gate_up.epilogue, GegluHalves) and isinstance(down.input, RoundedInput)
-    assert asked == [("q4_k", D, D)] * 2
+    assert asked == [("q4_k", D)] * 2
     gate_up, down = fuse(mlp(down_qtype="f16"), rules(reads_rounded=reads_rounded))
     assert not gate_up.rounds_out and down.input is None
     gate_up, down = fuse(mlp(), rules())

@@ -279,29 +279,27 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
 
 
 # A down projection reading its x as codes the GeGLU stored (RoundedX), against today's kernel on f32 x or
-# x rounded in each workgroup (bench/matvec_sweep.py --rounded, node bench/node_bench.mjs --matvec-rounded;
-# H100, GPU us a dispatch, browser path / native):
-#   Q6_K  2560 x 10240: f32 35.9 / 35.9 -> 15.6 / 22.8;  1536 x 12288: 143.5 / 66.4 -> 43.8 / 30.9
-#   Q4_0  2560 x 10240: 71.9 (rounding its own) -> 37.4;  1536 x 12288: 64.7 -> 30.6
-#   Q4_K  2560 x 10240: 12.3 / 121.1 (rounding its own) -> 21.7 / 12.1;  1536 x 12288: 46.2 / 125.3 -> 29.6 / 18.3
-# Units: 64 threads a row in 256 (best or within 4% at every shape); Q4_K chunks: 32 in 64.
+# x rounded in each workgroup. In a decode step (H100, browser path, GPU timestamps, node_bench.mjs
+# --gpu-profile, bench/RESULTS.md): E4B Q4_K_M's Q6_K down 2560 x 10240 45.6 -> 25.1 us, its Q4_K down
+# 22.0 -> 18.5; E2B Q4_0's down 1536 x 12288 27.8 -> 15.3, 1536 x 6144 18.7 -> 12.3. Alone, 50 times
+# over the same matrix (bench/matvec_sweep.py --rounded, node bench/node_bench.mjs --matvec-rounded: weights
+# and x warm in L2, so Q4_K's own rounding looks cheaper than it is in a step), by threads: units best at
+# 64 a row in 256 or within 4% (Q6_K 2560 x 10240 15.6 us, 1536 x 12288 43.8; Q4_0 37.4 / 30.6), Q4_K
+# chunks at 32 in 64 (21.7 / 29.6); natively Q6_K 22.8 against f32's 35.9, Q4_K 12.1 against 121 (naga
+# runs Q4_K's own rounding slowly).
 ROUNDED_UNIT_THREADS = (64, 256)
 ROUNDED_Q4K_THREADS = (32, 64)
-ROUNDED_Q4K_MAX_ROWS = 2048     # Dawn: below, Q4_K's own rounding makes few workgroups (1536 rows: 96)
 
 
-def int8_rounded_matvec(dev: Device, qtype, n: int) -> bool:
-    """Whether a decode matvec of n rows of qtype whose x its producer can store rounded to int8
-    (RoundedX) reads it so, where that measured faster (the figures above): Q6_K's units; Q4_0's where
-    the backend runs int8 units faster (dev.int8_block_units: Dawn's, not naga's); the Q4_K chunks
-    natively (naga runs their own rounding slowly) and on Dawn below ROUNDED_Q4K_MAX_ROWS rows. Q5_0
+def int8_rounded_matvec(dev: Device, qtype) -> bool:
+    """Whether a decode matvec of qtype whose x its producer can store rounded to int8
+    (RoundedX) reads it so, where that measured faster (the figures above): the Q4_K chunks, Q6_K's units,
+    and Q4_0's where the backend runs int8 units faster (dev.int8_block_units: Dawn's, not naga's). Q5_0
     and Q8_0 have the units but no measurement yet."""
     t = quant_type(qtype)
-    if t == ggml.Q6_K:
-        return True
     if t == ggml.Q4_0:
         return dev.int8_block_units
-    return t == ggml.Q4_K and (n < ROUNDED_Q4K_MAX_ROWS or not dev.int8_block_units)
+    return t in (ggml.Q4_K, ggml.Q6_K)
 
 
 def q4k_x_prelude(int8: bool, rounded: RoundedX | None = None) -> str:
