@@ -4,10 +4,11 @@
 // (pyapp.runtime.fusion.rounded_inputs: the GeGLU output for the down projection). A workgroup's rows
 // are whole blocks: (WG / TPR) % 32 == 0 and N % 32 == 0 (pyapp.gpu.kernels.matvec sees to it).
 
-@group(0) @binding(13) var<storage, read_write> YQ: array<vec4<u32>>;   // [N / 16]
+@group(0) @binding(13) var<storage, read_write> YQ: array<u32>;         // [N / 4]
 @group(0) @binding(14) var<storage, read_write> YS: array<vec2<f32>>;   // [N / 32]
 
 var<workgroup> yrows: array<f32, WG>;        // this workgroup's rows' values (the first WG / TPR)
+var<workgroup> yblock: array<vec2<f32>, WG>; // (max |y|, sum y) of each thread's 4 rows, then of its block
 
 //!include q8_block
 
@@ -16,20 +17,35 @@ fn store_row(row: u32, lid: u32, y: f32) {
     yrows[lid / TPR] = y;
 }
 
-// One thread a block of 32 rows rounds it, once every row is stored.
+// Once every row is stored: 8 threads a block of 32 rows, 4 rows (a code word) each, their block's
+// largest magnitude and sum gathered by its first thread (q8_block.wgsl's rule: the same codes; the sum
+// in another order).
 fn round_rows(wg: u32, lid: u32) {
     workgroupBarrier();
     let blocks = WG / TPR / 32u;
-    let b = wg * blocks + lid;               // the block of Y this thread rounds
-    if (lid < blocks && 32u * b < N) {
-        var v: array<vec4<f32>, 8>;
-        for (var i = 0u; i < 8u; i++) {
-            let j = 32u * lid + 4u * i;
-            v[i] = vec4<f32>(yrows[j], yrows[j + 1u], yrows[j + 2u], yrows[j + 3u]);
+    let b = lid / 8u;                        // the workgroup's block this thread rounds a word of
+    let j = 4u * lid;                        // its first row: 32 b + 4 (lid % 8)
+    var v = vec4<f32>(0.0);
+    if (b < blocks) {
+        v = vec4<f32>(yrows[j], yrows[j + 1u], yrows[j + 2u], yrows[j + 3u]);
+        let a = abs(v);
+        yblock[lid] = vec2<f32>(max(max(a.x, a.y), max(a.z, a.w)), v.x + v.y + v.z + v.w);
+    }
+    workgroupBarrier();
+    if (b < blocks && lid % 8u == 0u) {
+        var m = yblock[lid];
+        for (var i = 1u; i < 8u; i++) {
+            let o = yblock[lid + i];
+            m = vec2<f32>(max(m.x, o.x), m.y + o.y);
         }
-        let r = q8_block(v);
-        YQ[2u * b] = vec4<u32>(r.q[0], r.q[1], r.q[2], r.q[3]);
-        YQ[2u * b + 1u] = vec4<u32>(r.q[4], r.q[5], r.q[6], r.q[7]);
-        YS[b] = r.ds;
+        yblock[lid] = m;
+    }
+    workgroupBarrier();
+    let gb = wg * blocks + b;                // the block of Y
+    if (b < blocks && 32u * gb < N) {
+        let m = yblock[8u * b];
+        let s = q8_scale(m.x);
+        YQ[8u * gb + lid % 8u] = q8_word(v, s.y);
+        if (lid % 8u == 0u) { YS[gb] = vec2<f32>(s.x, m.y); }
     }
 }
