@@ -232,12 +232,13 @@ def test_matvec_round_out_where_it_fits(dev, monkeypatch):
     """Rows rounded to int8 come in whole blocks of 32 (other row counts are refused beforehand), with storage
     buffers enough beside a residual input; the types that read them: Q4_K, Q6_K, Q4_0 where the backend's
     int8 units are the faster (the browser's), none else."""
-    assert K.rounds_output(dev, 64) and not K.rounds_output(dev, 48)
+    assert K.can_round_output(dev, 64) and not K.can_round_output(dev, 48)
+    assert K.rounds_output(dev, 4096) and not K.rounds_output(dev, 2112)     # a decode step: rows to fill the GPU
     assert K.int8_rounded_matvec(dev, "q4_k") and K.int8_rounded_matvec(dev, "q6_k")
     assert K.int8_rounded_matvec(dev, "q4_0") == dev.int8_block_units
     assert not any(K.int8_rounded_matvec(dev, q) for q in ("q5_0", "q8_0", "f16", "f32", "q5_k"))
     monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 10)
-    assert not K.rounds_output(dev, 64)
+    assert not K.can_round_output(dev, 64) and not K.rounds_output(dev, 4096)
     monkeypatch.undo()
     raw = random_tensor("q4_k", 96, 256, np.random.default_rng(1))
     with pytest.raises(ValueError, match="rows rounded to int8"):

@@ -70,10 +70,22 @@ class RoundedX:
 ROUND_OUT_BUFFERS = RESIDUAL_INPUT_BUFFERS + 2
 
 
-def rounds_output(dev: Device, n: int) -> bool:
-    """Whether a decode matvec of n rows can also write them rounded to int8 (RoundedX): whole blocks,
+# Rows a matvec needs to round its output: at the 8 threads a row that whole blocks allow (_whole_blocks),
+# 4096 rows make 128 workgroups. 26B-A4B's dense GeGLU (2112 rows: 66) took 28.8 us so on the H100's
+# browser path and its decode lost (216 -> 199 tok/s); E2B's (6144 and 12288 rows) and E4B's (10240) gain.
+ROUND_OUT_MIN_ROWS = 4096
+
+
+def can_round_output(dev: Device, n: int) -> bool:
+    """Whether a decode matvec of n rows can also write them rounded to int8 (RoundedX): whole blocks of 32,
     and storage buffers enough beside a residual input."""
     return n % 32 == 0 and dev.limits.get("max_storage_buffers_per_shader_stage", 8) >= ROUND_OUT_BUFFERS
+
+
+def rounds_output(dev: Device, n: int) -> bool:
+    """Whether a decode step's matvec of n rows writes them rounded to int8 for the next (can_round_output,
+    and rows enough to fill the GPU at 8 threads a row: ROUND_OUT_MIN_ROWS)."""
+    return can_round_output(dev, n) and n >= ROUND_OUT_MIN_ROWS
 
 
 def x8_source(rounded: RoundedX | None) -> str:
@@ -154,15 +166,15 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     int8: x rounded to int8 per 32 by each workgroup, integer dot products (the Q4_K chunk kernel and
     the Q6_K units; int8_matvec says where it is faster); rounded_x: x (None here) arrives so rounded
     (int8 implied; int8_rounded_matvec says where).
-    round_out: the rows are also written rounded to int8, for the next matvec's rounded_x (rounds_output
-    says where; a workgroup then holds whole blocks of 32 rows).
+    round_out: the rows are also written rounded to int8, for the next matvec's rounded_x (can_round_output
+    says where it can, rounds_output where a decode step does; a workgroup then holds whole blocks of 32 rows).
     """
     row_bytes(qtype, k)
     if rounded_x is not None:
         if x is not None or residual is not None:
             raise ValueError("a matvec reading rounded x reads it only")
         int8 = True
-    if round_out is not None and not rounds_output(dev, n):
+    if round_out is not None and not can_round_output(dev, n):
         raise ValueError(f"{n} rows rounded to int8 need n % 32 == 0 and {ROUND_OUT_BUFFERS} storage buffers")
     sg = dev.has_subgroups if subgroups is None else subgroups
     mode = 1 if geglu else 2 if gelu_times is not None else 0
@@ -197,8 +209,9 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
     # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
     # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
-    if rounded_x is not None:
-        tpr, wg = tpr or ROUNDED_UNIT_THREADS[0], wg or ROUNDED_UNIT_THREADS[1]
+    if rounded_x is not None:      # (at least two units a thread: 2112-long rows take 32)
+        tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << ((k // 64).bit_length() - 1)))
+        wg = wg or ROUNDED_UNIT_THREADS[1]
     if int8:             # units only
         tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
     tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
