@@ -282,6 +282,22 @@ def test_matvec_rounded_x(dev, qtype, blocks, opts, subgroups):
                                rtol=1e-3, atol=1e-3 * np.abs(got).max())
 
 
+@pytest.mark.parametrize("k", [32, 64, 96])
+def test_matvec_rounded_x_short_rows(dev, k):
+    """Rows of one to three blocks of 32 (the threads a row the kernel picks for rounded x: at least 4)."""
+    rng = np.random.default_rng(k)
+    n = 5
+    raw = random_tensor("q8_0", n, k, rng)
+    x = rng.standard_normal(k).astype(np.float32)
+    rounded, y, want = rounded_buffers(dev, k), dev.buffer(4 * n), dev.buffer(4 * n)
+    plan = K.quantize_q8(dev, k, f32(dev, x), rounded.codes, rounded.scales, step_buffer(dev, 1), 1)
+    K.matvec(dev, "q8_0", k, n, weight_buffer(dev, raw), None, y, plan=plan, rounded_x=rounded)
+    K.matvec(dev, "q8_0", k, n, weight_buffer(dev, raw), f32(dev, x), want, plan=plan, int8=True)
+    dev.submit(plan)
+    np.testing.assert_allclose(read_f32(dev, y, n), read_f32(dev, want, n), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(read_f32(dev, y, n), rounded_reference("q8_0", raw, n, x), rtol=1e-4, atol=1e-4)
+
+
 def rounded_reference(qtype, raw, n: int, x) -> np.ndarray:
     """W x with x rounded to int8 per 32: Q4_K's min terms on the blocks' exact sums (int8_reference),
     the other types' W dequantized times the rounded x."""

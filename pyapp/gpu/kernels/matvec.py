@@ -210,7 +210,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
     # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
     if rounded_x is not None:      # (at least two units a thread: 2112-long rows take 32)
-        tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << ((k // 64).bit_length() - 1)))
+        tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << max(0, (k // 64).bit_length() - 1)))
         wg = wg or ROUNDED_UNIT_THREADS[1]
     if int8:             # units only
         tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
