@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--int8", action="store_true",
                     help="the Q4_K chunk kernels and the int8 units (Q6_K, Q4_0, Q5_0, Q8_0) also on x rounded to int8")
     ap.add_argument("--rounded", action="store_true", help="x stored as int8 codes by its producer (K.RoundedX)")
+    ap.add_argument("--cold-mib", type=int, default=COLD_BYTES >> 20,
+                    help="--rounded: MiB of weight copies the dispatches cycle through (0: one matrix, L2-warm)")
     ap.add_argument("--experts", action="store_true",
                     help="the decode expert matvecs instead (26B-A4B shapes), timed by GPU timestamps")
     ap.add_argument("--few", type=int, default=0, help="matvec_tokens for a step of this many tokens instead")
@@ -79,7 +81,7 @@ def main() -> int:
     if args.rounded:
         import asyncio
         for row in asyncio.run(rounded_sweep_async(dev, shapes=args.shapes and shapes or ROUNDED_SHAPES,
-                                                   quants=args.quants)):
+                                                   quants=args.quants, cold_bytes=args.cold_mib << 20)):
             print(json.dumps(row), flush=True)
         return 0
     if args.few and args.head:
@@ -228,12 +230,19 @@ ROUNDED_SHAPES = [(2560, 10240), (1536, 12288), (1536, 6144)]
 ROUNDED_THREADS = [(t, g) for t in (4, 8, 16, 32, 64) for g in (64, 128, 256) if t <= g]
 
 
+# Bytes of weights a rounded sweep cycles through: more than an H100's 50 MB L2, so that each dispatch reads
+# its matrix from memory as a decode step does (one matrix 50 times over ran from L2 and favoured kernels
+# that read x from workgroup memory: bench/RESULTS.md, 2026-11-27, sixth session).
+COLD_BYTES = 256 << 20
+
+
 async def rounded_sweep_async(dev, shapes=ROUNDED_SHAPES, quants=("q6_k", "q4_k", "q4_0"), threads=ROUNDED_THREADS,
-                              reps: int = 50) -> list[dict]:
+                              reps: int = 50, cold_bytes: int = COLD_BYTES) -> list[dict]:
     """GPU us a dispatch (timestamps around a plan of `reps`) of the decode matvec of each shape and quant:
     the engine's today ("engine": f32 x or x rounded in its workgroups, as K.int8_matvec says), x rounded
     in each workgroup at the kernel's default threads ("round"), and x read as stored codes ("rounded")
-    by threads a row x a workgroup."""
+    by threads a row x a workgroup. The dispatches cycle through copies of the matrix, cold_bytes in all
+    (at most reps copies), so that each reads its weights from memory (0: one matrix, L2-warm)."""
     import random
     from array import array
     from pyapp import ggml
@@ -248,8 +257,10 @@ async def rounded_sweep_async(dev, shapes=ROUNDED_SHAPES, quants=("q6_k", "q4_k"
         dev.submit(K.quantize_q8(dev, k, x, stored.codes, stored.scales, _step(dev), 1))
         for q in quants:
             nbytes = ggml.row_bytes(q, k) * n
-            w = dev.buffer(nbytes + 4)
-            dev.write(w, rng.randbytes(nbytes))   # speed only
+            copies = max(1, min(reps, cold_bytes // nbytes))
+            ws = [dev.buffer(nbytes + 4) for _ in range(copies)]
+            for w in ws:
+                dev.write(w, rng.randbytes(nbytes))   # speed only
             t = ggml.lookup(q).id
             variants = [("engine", dict(x=x, int8=K.int8_matvec(dev, q, rows=n)))]
             if t == ggml.Q4_K or t in K.INT8_UNIT_TYPES:
@@ -258,13 +269,14 @@ async def rounded_sweep_async(dev, shapes=ROUNDED_SHAPES, quants=("q6_k", "q4_k"
                              if k // 32 >= tp]
             for name, v in variants:
                 plan = dev.plan()
-                for _ in range(reps):
-                    K.matvec(dev, q, k, n, w, v["x"], y, plan=plan, **{key: val for key, val in v.items() if key != "x"})
+                for i in range(reps):
+                    K.matvec(dev, q, k, n, ws[i % copies], v["x"], y, plan=plan,
+                             **{key: val for key, val in v.items() if key != "x"})
                 await dev.time_plan_gpu_async(plan, 1)          # warm-up
                 t3 = await dev.time_plan_gpu_async(plan, 3)
                 s = sorted(t3["ns"][2 * i + 1] - t3["ns"][2 * i] for i in range(3))[1] / 1e9 / reps
                 rows.append({"rows": n, "cols": k, "quant": q, "x": name, "int8": bool(v.get("int8") or v.get("rounded_x")),
-                             "tpr": v.get("tpr"), "wg": v.get("wg"), "us": round(s * 1e6, 2),
+                             "tpr": v.get("tpr"), "wg": v.get("wg"), "copies": copies, "us": round(s * 1e6, 2),
                              "adapter": dev.describe()})
     return rows
 

@@ -416,3 +416,20 @@ def test_matvec_route_tail(dev, qtype, k, n, chunks, e, ksel, subgroups):
     top, want = route_reference(logits, ksel)
     np.testing.assert_array_equal(np.frombuffer(dev.read(route.ids, 0, 4 * ksel), np.uint32), top[0])
     np.testing.assert_allclose(read_f32(dev, route.weights, ksel), want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_rounded_sweep_cycles_through_cold_copies(dev):
+    """bench/matvec_sweep.py --rounded: a row per variant with a time; the dispatches cycle through copies of
+    the matrix (as many as cold_bytes holds, at most one a dispatch) so that none reads its weights from L2."""
+    import asyncio
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("matvec_sweep", Path(__file__).resolve().parents[2] / "bench" / "matvec_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    k, n = 256, 64
+    rows = asyncio.run(sweep.rounded_sweep_async(dev, shapes=[(n, k)], quants=("q6_k",), threads=[(4, 64), (8, 256), (64, 256)],
+                                                 reps=4, cold_bytes=3 * ggml.row_bytes("q6_k", k) * n))
+    assert [r["x"] for r in rows] == ["engine", "round", "rounded", "rounded"]
+    assert all(r["copies"] == 3 and r["us"] > 0 for r in rows)
+    assert [(r["tpr"], r["wg"]) for r in rows[2:]] == [(4, 64), (8, 256)] and rows[2]["int8"]   # 64 a row: rows of 8 units, left out
