@@ -227,7 +227,7 @@ def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None, prompt_s
         chosen = SESSION.chosen()
         limits = SESSION.device.limits if SESSION.device else {}
         plan = Engine.plan(chosen.gguf, limits, int(context_length), settings.gpu_budget(gpu_memory),
-                           chunk=settings.prompt_step(prompt_step))
+                           chunk=settings.prompt_step(prompt_step), drafter=SESSION.drafter)
     except EXPECTED as e:        # shown beside the plan as it is: no model file's fault
         return {"error": str(e)}
     return {"lines": plan.describe(), **model.plan_figures(plan)}
@@ -512,7 +512,8 @@ async def add_drafter(blob, name: str = "") -> dict:
         return {"error": f"{_sentence(str(e))} Add the assistant drafter published with this model "
                          "(gemma-4-\u2026-it-assistant).", "detail": str(e), "drafter_error": True}
     except EXPECTED as e:
-        return {**_error(e, shown), "drafter_error": True}
+        kept = {"drafter": _drafter()} if SESSION.drafter is g else {}    # (too big for the plan: loads with the model)
+        return {**_error(e, shown), "drafter_error": True, **kept}
     return {"drafter": _drafter()}
 
 

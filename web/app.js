@@ -622,12 +622,14 @@ function planHtml(lines, p, title) {
     `<ul class="plan">${rest.map((l) => `<li>${l}</li>`).join("")}</ul></details>`;
 }
 // One bar, to scale, with its legend: the weights, the experts (all, or their cache), the activations and KV
-// cache (all on the GPU), and what stays in the file and is read as needed.
+// cache (all on the GPU), an assistant drafter loaded beside the model, and what stays in the file and is read
+// as needed.
 function planBar(p) {
   const experts = p.n_experts ? `experts (all ${p.n_experts} per layer)` : "experts";
   const parts = [["resident", "weights on the GPU", p.weights], ["experts", `${experts} on the GPU`, p.experts],
                  ["cache", `expert cache on the GPU (${p.slots} of ${p.n_experts} per layer)`, p.expert_cache],
                  ["state", "activations and KV cache", p.state],
+                 ["drafter", "assistant drafter on the GPU", p.drafter],
                  ["file", "left in the file, read as needed", p.in_file]].filter(([, , n]) => n > 0);
   const total = parts.reduce((a, [, , n]) => a + n, 0) || 1;
   let x = 0;

@@ -37,7 +37,7 @@ export function setupDrafter(app) {
     $("drafter-info").textContent = `Loading \u201c${file.name}\u201d…`;
     const r = await call("add_drafter", file, file.name);
     state.busy = false;
-    if (!r.error) {
+    if (r.drafter) {               // added (with an error too: it waits to load with the model, which says why)
       dr.info = r.drafter;
       suggestDrafts(r.drafter.drafts);
     }

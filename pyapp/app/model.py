@@ -18,7 +18,7 @@ from ..families import model_config
 from ..model.forms import file_form
 from ..steps import Steps, call
 from .events import Events
-from .session import ChosenModel, Session
+from .session import ChosenModel, Refused, Session
 from .settings import denoise_defaults
 
 TEST_MODEL_MAX_TOKENS = 64      # the default max tokens of a test model (random weights): a short reply shows it
@@ -94,7 +94,7 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
                         chunk=prompt_step, progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
                         expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
-                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16)
+                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16, drafter=session.drafter)
     session.engine, session.device = engine, engine.dev
     try:
         session.check_gpu_accepted("the model")
@@ -110,16 +110,38 @@ def add_drafter(session: Session, g, name: str | None = None) -> Steps:
     """Steps: an assistant drafter (a parsed `gemma4-assistant` GGUF: gemma-4-*-it-assistant) for the chosen
     model, on the GPU beside it now if it is loaded, else when it loads; its speculative replies then draft with
     it (prompt lookup still where the text repeats). A file that is no drafter, or a drafter made for another
-    model, is refused (ConfigError, in a sentence) and nothing changes."""
+    model, is refused (ConfigError, in a sentence) and nothing changes. Under a GPU memory budget the model's
+    plan counts a drafter chosen before it loads; one added to a loaded model that does not fit what its plan
+    left of the budget stays chosen, not loaded, and Refused says so: it loads with the model, whose
+    plan then makes room for it, the next time the model loads."""
     from ..families.gemma4_assistant.config import DrafterConfig
     DrafterConfig.from_gguf(g).check_target(model_config(session.chosen().gguf))
     session.drafter, session.drafter_name = g, name
     if session.engine is not None:
+        session.engine.drafter = None                # (a drafter added before: its plans go)
+        _check_drafter_fits(session.engine, g)
         try:
             yield from _attach_drafter(session)
         except Exception:
             remove_drafter(session)
             raise
+
+
+def _check_drafter_fits(engine, g) -> None:
+    """A drafter added to a loaded model within what its memory plan left of the GPU memory budget (with the
+    room it planned for a drafter, if it did), or Refused: how much it needs and what to do."""
+    from ..families.gemma4_assistant.runner import gpu_bytes
+    from ..runtime.memory import size
+    plan = engine.memory_plan
+    if plan is None or plan.budget is None:
+        return
+    need = gpu_bytes(engine.dev.limits, g, engine.config, plan.context_length)
+    left = plan.budget - (plan.total - plan.beside)
+    if need > left:
+        raise Refused(f"The assistant drafter needs {size(need)} of GPU memory; the model's plan leaves "
+                      f"{size(max(0, left))} of the {size(plan.budget)} budget. It stays added and loads with the "
+                      "model: load the model again, and its plan counts the drafter (more experts or the per-layer "
+                      "embeddings may stay in the file), or raise GPU memory (MiB) first.")
 
 
 def remove_drafter(session: Session) -> None:
@@ -144,13 +166,13 @@ def _attach_drafter(session: Session) -> Steps:
 
 def plan_figures(plan) -> dict:
     """A memory plan's figures for the page's bar: the parts on the GPU (weights, experts or their cache,
-    activations and KV cache) and what stays in the file (experts that stream, the per-layer embeddings when
+    activations and KV cache, an assistant drafter beside the model) and what stays in the file (experts that stream, the per-layer embeddings when
     they stay there). Experts all resident are on the GPU, never in the file."""
     ple_resident = 0 if plan.ple_in_file else plan.ple_table
     return {"total": plan.total, "budget": plan.budget, "streams": plan.streams, "minimum": plan.minimum,
             "expert_each": plan.expert_each, "n_experts": plan.n_experts, "slots": plan.slots,
             "weights": plan.weights + ple_resident, "experts": 0 if plan.streams else plan.experts,
-            "expert_cache": plan.expert_cache, "state": plan.state,
+            "expert_cache": plan.expert_cache, "state": plan.state, "drafter": plan.beside,
             "resident": plan.total - plan.expert_cache,
             "in_file": (plan.experts - plan.expert_cache if plan.streams else 0)
                        + (plan.ple_table if plan.ple_in_file else 0)}

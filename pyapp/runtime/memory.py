@@ -6,7 +6,8 @@ resident, as fast as it gets, and a GPU too small for that reports running out
 of memory. Within a budget, in order:
 
   1. resident always: attention, norms, dense MLP, router, embeddings and head,
-     the activations and the KV cache for the chosen context;
+     the activations and the KV cache for the chosen context, and an assistant drafter
+     chosen to load beside the model (`beside`: its weights and buffers);
   2. the per-layer embedding table (E2B/E4B): resident if it fits, else read a
      row per token from the file (pyapp.runtime.state);
   3. experts (26B-A4B): all resident if they fit, else a cache of `slots`
@@ -74,6 +75,7 @@ class MemoryPlan:
     slots: int | None         # experts held per MoE layer when they stream; None: all resident
     budget: int | None        # bytes, or None (no budget: everything resident)
     context_length: int       # the KV cache's positions, counted in state
+    beside: int = 0           # what is loaded beside the model within the budget (an assistant drafter)
 
     @property
     def streams(self) -> bool:
@@ -86,12 +88,13 @@ class MemoryPlan:
     @property
     def total(self) -> int:
         resident_ple = 0 if self.ple_in_file else self.ple_table
-        return self.weights + resident_ple + self.state + (self.expert_cache if self.streams else self.experts)
+        return (self.weights + resident_ple + self.state + (self.expert_cache if self.streams else self.experts)
+                + self.beside)
 
     @property
     def minimum(self) -> int:
         """The least GPU memory this model and context can run in (PLE in the file, fewest experts)."""
-        return self.weights + self.state + self.n_used * self.expert_each
+        return self.weights + self.state + self.n_used * self.expert_each + self.beside
 
     @property
     def read_per_token(self) -> float:
@@ -115,6 +118,8 @@ class MemoryPlan:
         lines = [f"GPU memory: {size(self.total)}{budget}",
                  f"  resident weights {size(self.weights + (0 if self.ple_in_file else self.ple_table))}, "
                  f"activations and KV cache {size(self.state)}"]
+        if self.beside:
+            lines.append(f"  assistant drafter {size(self.beside)}")
         if self.ple_table:
             lines.append(f"  per-layer embeddings: {'read per token from the file' if self.ple_in_file else 'resident'}"
                          f" ({size(self.ple_table)})")
@@ -130,11 +135,13 @@ class MemoryPlan:
 
 
 def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_memory: int | None = None,
-                expert_cache: int | None = None, ple_in_file: bool | None = None, state_class=State) -> MemoryPlan:
+                expert_cache: int | None = None, ple_in_file: bool | None = None, state_class=State,
+                beside: int = 0) -> MemoryPlan:
     """The plan for this model and context under a budget (bytes; None: no budget).
     expert_cache (bytes): the experts' cache size, overriding what the budget leaves them.
     ple_in_file: force the per-layer embedding table's place (None: resident if it fits).
-    state_class: the buffers the runner allocates (its state_class: a family's may hold more)."""
+    state_class: the buffers the runner allocates (its state_class: a family's may hold more).
+    beside (bytes): loaded beside the model within the same budget (an assistant drafter: its gpu_bytes)."""
     experts = [t for lc in cfg.layers if lc.has_moe for t in layer_experts(bound, lc)]
     streamable = bool(experts)
     counter = MemoryCounter(limits)
@@ -148,7 +155,7 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
     plan = MemoryPlan(weights=weights, state=state, ple_table=ple_table, ple_in_file=bool(ple_in_file),
                       experts=sum(t.nbytes for t in experts), expert_each=sum(t.nbytes // E for t in experts),
                       n_experts=E, n_used=cfg.n_experts_used, slots=None, budget=gpu_memory,
-                      context_length=context_length)
+                      context_length=context_length, beside=beside)
 
     if expert_cache is not None:
         if not streamable:
@@ -165,7 +172,7 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
         raise PlanError(_too_small(plan, plan.minimum, gpu_memory, context_length), fault=Fault.TOO_SMALL,
                         need=size(plan.minimum))
     if ple_in_file is None and ple_table:
-        plan.ple_in_file = plan.weights + ple_table + plan.state + (plan.n_used * plan.expert_each) > gpu_memory
+        plan.ple_in_file = plan.minimum + ple_table > gpu_memory
     if expert_cache is None and streamable:
         left = gpu_memory - (plan.total - plan.experts)        # what the experts can have
         if left < plan.experts:
@@ -178,6 +185,8 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
 
 def _too_small(plan: MemoryPlan, need: int, budget: int, context_length: int) -> str:
     parts = [f"weights {size(plan.weights)}", f"activations and a {context_length}-token KV cache {size(plan.state)}"]
+    if plan.beside:
+        parts.append(f"the assistant drafter {size(plan.beside)}")
     if plan.expert_each:
         parts.append(f"{plan.n_used} experts per layer {size(plan.n_used * plan.expert_each)}" if need == plan.minimum
                      else f"experts {size(plan.expert_cache or plan.experts)}")

@@ -142,11 +142,18 @@ def perform(dev: Device, u: Upload):
         dev.write(u.buffer, f32_vector((yield ReadFile(u.offset, u.n)), u.to_f32), u.dst_offset)
 
 
-def model_tensor(dev: Device, t):
-    """Steps: a tensor of a model loaded beside the main one (an assistant drafter) on the GPU, as the main
-    model's are (plan_uploads): a vector as f32, a matrix as stored in row blocks that each fit one binding."""
+def planned_tensor(dev: Device, t) -> tuple[GpuTensor, list[Upload]]:
+    """A tensor of a model loaded beside the main one (an assistant drafter) as the main model's are laid out
+    (plan_uploads): its buffers (a vector as f32, a matrix as stored in row blocks that each fit one binding)
+    and the uploads that fill them. On a MemoryCounter: what it takes, and nothing read."""
     uploads: list[Upload] = []
     g = _vector(dev, t, uploads) if len(t.shape) == 1 else _matrix(dev, t, binding_limit(dev.limits), uploads)
+    return g, uploads
+
+
+def model_tensor(dev: Device, t):
+    """Steps: planned_tensor's buffers filled from the file."""
+    g, uploads = planned_tensor(dev, t)
     for u in uploads:
         yield from perform(dev, u)
     return g

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from support.browser import (FIXTURES, SCREENSHOTS, ensure_model, fresh_chat, native_greedy, send, set_field,
-                             wait_loaded_file)
+                             wait_loaded_file, wait_state)
 
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
 RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
@@ -97,4 +97,41 @@ def test_a_drafter_beside_the_model(page):
     page.click("#remove-drafter")
     page.wait_for_function("!window.app.state.drafter.info")
     assert page.inner_text("#drafter-info") == "" and page.is_hidden("#remove-drafter")
+    assert not page.errors
+
+
+def test_a_drafter_the_gpu_memory_setting_has_no_room_for_waits_for_the_next_load(page):
+    """A model loaded under a GPU memory setting its plan fills: a drafter added is refused on the GPU in words
+    (what it needs, what the plan left, what to do) but stays added ("drafts once the model is loaded"); the plan
+    shown counts it (a green part of the bar); with the setting raised, Reload loads both and it drafts."""
+    path, drafter = FIXTURES / "gemma4-dense-f32.gguf", FIXTURES / "assistant" / "gemma4-assistant-f32.gguf"
+    page.set_input_files("#file-input", str(path))
+    wait_loaded_file(page, path.name)
+    set_field(page, "context_length", 256)
+    alone = page.evaluate("window.app.call('memory_plan', 256, 0)")
+    set_field(page, "gpu_memory", f"{(alone['total'] + (64 << 10)) / 2**20:.4f}")    # 64 KiB to spare
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded === false")
+    wait_state(page, "loaded")
+    page.set_input_files("#drafter-input", str(drafter))
+    page.wait_for_function("document.getElementById('drafter-error').textContent.length > 0")
+    error = page.inner_text("#drafter-error")
+    assert "The assistant drafter needs 1." in error and "It stays added and loads with the model" in error, error
+    assert "drafts once the model is loaded" in page.inner_text("#drafter-info")
+    assert page.is_visible("#remove-drafter") and not page.evaluate("window.app.state.drafter.info.loaded")
+    both = page.evaluate("window.app.call('memory_plan', 256, 0)")
+    assert both["drafter"] > 0 and both["total"] == alone["total"] + both["drafter"], both
+    set_field(page, "gpu_memory", f"{(both['total'] + (64 << 10)) / 2**20:.4f}")
+    page.wait_for_function("document.querySelector('#memory-plan svg rect.drafter') !== null")
+    page.locator("#drafter-box").scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "drafter-waits-for-the-load.png"))
+    page.click("#reload-model")
+    page.wait_for_function("window.app.state.loaded === false")
+    wait_state(page, "loaded")
+    page.wait_for_function("window.app.state.drafter.info && window.app.state.drafter.info.loaded")
+    assert "Greedy replies draft with" in page.inner_text("#drafter-info")
+    page.click("#remove-drafter")
+    page.wait_for_function("!window.app.state.drafter.info")
+    for field, value in (("gpu_memory", 0), ("context_length", 4096)):      # as the tests after expect
+        set_field(page, field, value)
     assert not page.errors

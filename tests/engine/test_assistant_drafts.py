@@ -169,3 +169,73 @@ def test_repeated_text_drafts_by_prompt_lookup(dev):
           f"{spec.accepted}/{spec.drafted} accepted")
     assert spec.tokens == plain.tokens
     assert source.lookup_rounds > 0 and spec.accepted > 0
+
+
+# -- the drafter within the memory plan ---------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_bytes_are_what_loading_the_drafter_allocates(dev, monkeypatch):
+    """gpu_bytes (counted on a MemoryCounter, nothing read) equals the bytes of every buffer GpuDrafter.open
+    creates beside a loaded target."""
+    from pyapp.families.gemma4_assistant.runner import gpu_bytes
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    eng = Engine.open(read_gguf(TARGET), device=dev, context_length=96, chunk=16, int8=False)
+    made = []
+    create = dev._create_buffer
+    monkeypatch.setattr(dev, "_create_buffer", lambda size, kind, label: made.append(size) or create(size, kind, label))
+    gpu_drafter(eng)
+    drafter = read_gguf(DRAFTER)
+    assert sum(made) == gpu_bytes(dev.limits, drafter, eng.config, 96) > 0
+
+
+def test_the_plan_counts_a_drafter_chosen_before_the_model_loads():
+    """A drafter given to the plan (the app passes the one chosen) is counted within the budget: a budget the
+    model alone fits but not with the drafter is refused with the drafter's share named; the plan says it."""
+    from pyapp.engine import Engine
+    from pyapp.families.gemma4_assistant.runner import gpu_bytes
+    from pyapp.gguf import read_gguf
+    from pyapp.runtime.loaded import EngineError
+    from pyapp.families import model_config
+    limits = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}
+    target, drafter = read_gguf(TARGET), read_gguf(DRAFTER)
+    alone = Engine.plan(target, limits, 64)
+    both = Engine.plan(target, limits, 64, drafter=drafter)
+    need = gpu_bytes(limits, drafter, model_config(target), 64)
+    assert both.beside == need > 0 and both.total == alone.total + need and both.minimum == alone.minimum + need
+    assert any("assistant drafter" in line for line in both.describe())
+    budget_mib = alone.total / 2**20 + 0.01                 # the model alone fits, not the drafter beside it
+    assert Engine.plan(target, limits, 64, gpu_memory_mib=budget_mib).total <= budget_mib * 2**20
+    with pytest.raises(EngineError, match="the assistant drafter"):
+        Engine.plan(target, limits, 64, gpu_memory_mib=budget_mib, drafter=drafter)
+
+
+@pytest.mark.gpu
+def test_a_drafter_added_to_a_loaded_model_fits_its_budget_or_waits_for_the_next_load(dev):
+    """The app: a model loaded with a budget its plan fills leaves no room for a drafter added afterwards: it is
+    refused on the GPU (saying what it needs and what to do) but stays added, and the next load counts it (this
+    dense model cannot make room: the same budget is refused naming the drafter's share, a larger one loads both);
+    within what the plan left, it loads at once."""
+    from pyapp.app import model
+    from pyapp.app.session import Refused, Session
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.runtime.loaded import EngineError
+    from pyapp.steps import run
+    target, drafter = read_gguf(TARGET), read_gguf(DRAFTER)
+    session = Session(device=dev)
+    model.choose(session, target)
+    alone = Engine.plan(target, dev.limits, 64).total / 2**20
+    run(model.load(session, context_length=64, gpu_memory_mib=alone + 0.01, int8=False))
+    with pytest.raises(Refused, match=r"drafter needs 1\.\d MiB .* leaves 0\.01 MiB .* It stays added and loads with the model"):
+        run(model.add_drafter(session, drafter, "drafter.gguf"))
+    assert session.drafter is drafter and session.engine.drafter is None
+    with pytest.raises(EngineError, match=r"the assistant drafter 1\.\d MiB\); the budget is"):
+        run(model.load(session, context_length=64, gpu_memory_mib=alone + 0.01, int8=False))   # the same budget
+    with_it = Engine.plan(target, dev.limits, 64, drafter=drafter)
+    run(model.load(session, context_length=64, gpu_memory_mib=with_it.total / 2**20 + 0.01, int8=False))
+    assert session.engine.memory_plan.beside == with_it.beside > 0 and session.engine.drafter is not None
+    model.remove_drafter(session)
+    run(model.load(session, context_length=64, gpu_memory_mib=with_it.total / 2**20 + 0.01, int8=False))
+    run(model.add_drafter(session, drafter, "drafter.gguf"))            # room left by the plan: on the GPU now
+    assert session.engine.drafter is not None

@@ -22,7 +22,7 @@ from ...gpu import kernels as K
 from ...runtime.ops import Ops
 from ...runtime.requests import ReadMapped
 from ...runtime.state import f32_allocator
-from ...runtime.upload import model_tensor
+from ...runtime.upload import model_tensor, planned_tensor
 from ..family import LoadedInSteps
 from .config import DrafterConfig, kv_layer
 from .model import DrafterForward
@@ -32,11 +32,11 @@ MAX_DRAFTS = K.HEAD_ROWS      # drafts a round at most: a token and its drafts f
 
 
 class DrafterState:
-    """Every buffer a draft step reads or writes besides the weights and the target's (one token, f32)."""
+    """Every buffer a draft step reads or writes besides the weights and the target's (one token, f32).
+    target_kv: the target's K/V caches by layer (its runner's state.kv; None: a count of the bytes only)."""
 
-    def __init__(self, dev: Device, cfg: DrafterConfig, target_runner):
-        target = target_runner.cfg
-        self.dev, self.cfg, self.ctx = dev, cfg, target_runner.ctx
+    def __init__(self, dev: Device, cfg: DrafterConfig, target, ctx: int, target_kv: dict | None):
+        self.dev, self.cfg, self.ctx = dev, cfg, ctx
         d, H, B = cfg.hidden, cfg.n_heads, cfg.backbone_hidden
         hd = max(lc.head_dim for lc in cfg.layers)
         ff = max(lc.ffn_dim for lc in cfg.layers)
@@ -64,13 +64,36 @@ class DrafterState:
         self.drafts = dev.buffer(4 * MAX_DRAFTS, label="drafts")                  # u32 [MAX_DRAFTS]
         self.drafts_readback = dev.buffer(4 * MAX_DRAFTS, "readback", "drafts readback")
         # each layer reads the K/V of the target's last layer of its kind that computes its own
-        self.kv = {lc.index: target_runner.state.kv[kv_layer(target, lc.sliding)] for lc in cfg.layers}
+        self.kv = ({lc.index: target_kv[kv_layer(target, lc.sliding)] for lc in cfg.layers}
+                   if target_kv is not None else {})
 
     def max_keys(self, lc) -> int:
         """The most keys the query of this layer sees: a sliding layer's window + 1, else the context."""
         if lc.sliding and self.cfg.sliding_keys:
             return min(self.ctx, self.cfg.sliding_keys)
         return self.ctx
+
+
+def _head_partials(dev: Device, token_embd) -> object:
+    """The one-row head's scratch (K.head_argmax over the row blocks of the drafter's token embedding)."""
+    return dev.buffer(K.head_argmax_scratch_bytes([p.rows for p in token_embd.parts]), label="drafter head partials")
+
+
+def gpu_bytes(limits: dict, gguf, target_cfg, context_length: int) -> int:
+    """The GPU bytes an assistant drafter takes beside a target of target_cfg in that context (GpuDrafter.load's
+    buffers, counted on a MemoryCounter: nothing read), for the target's memory plan (plan_memory's beside).
+    A file that is no drafter for that target is refused as GpuDrafter.load refuses it."""
+    from ...runtime.memory import MemoryCounter
+    cfg = DrafterConfig.from_gguf(gguf)
+    cfg.check_target(target_cfg)
+    bound = bind(cfg, gguf.tensors)
+    counter = MemoryCounter(limits)
+    tensors = [t for t in vars(bound).values() if t is not None and not isinstance(t, list)]
+    tensors += [t for lw in bound.layers for t in vars(lw).values() if t is not None]
+    planned = {t.name: planned_tensor(counter, t)[0] for t in tensors}
+    DrafterState(counter, cfg, target_cfg, context_length, None)
+    _head_partials(counter, planned[bound.token_embd.name])
+    return counter.total
 
 
 def _on_gpu(dev: Device, weights) -> dict:
@@ -88,9 +111,8 @@ class GpuDrafter(LoadedInSteps):
 
     def __init__(self, dev: Device, cfg: DrafterConfig, weights: DrafterWeights, runner):
         self.dev, self.cfg, self.runner = dev, cfg, runner
-        self.state = DrafterState(dev, cfg, runner)
-        self.state.head_partials = dev.buffer(K.head_argmax_scratch_bytes([p.rows for p in weights.token_embd.parts]),
-                                              label="drafter head partials")
+        self.state = DrafterState(dev, cfg, runner.cfg, runner.ctx, runner.state.kv)
+        self.state.head_partials = _head_partials(dev, weights.token_embd)
         self.model = DrafterForward(cfg, weights, self.state, runner.layout.token_embd)
         self._plans: dict = {}
 
