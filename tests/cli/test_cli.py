@@ -158,6 +158,14 @@ def test_generate_with_an_assistant_drafter():
     assert r.returncode == 2 and "is not an assistant drafter" in r.stderr, r.stderr
     r = pyapp("generate", FIX / "gemma4-moe-q8_0.gguf", "--prompt", "x", "--draft-model", drafter, check=False)
     assert r.returncode == 2 and "the drafter does not fit this target" in r.stderr, r.stderr
+    # --gpu-memory counts the drafter: a budget the model alone fits is refused naming the drafter's share
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    alone = Engine.plan(read_gguf(model), {}, 256).total
+    tight = f"{(alone + (1 << 18)) / 2**20:.3f}"
+    r = pyapp(*args, "--context", "256", "--gpu-memory", tight, "--draft-model", drafter, check=False)
+    assert r.returncode != 0 and "the assistant drafter 1." in r.stderr, r.stderr
+    assert pyapp(*args, "--context", "256", "--gpu-memory", tight).stdout == plain.stdout
 
 
 @pytest.mark.gpu
