@@ -227,7 +227,8 @@ def memory_plan(context_length: int = DEFAULT_CONTEXT, gpu_memory=None, prompt_s
         chosen = SESSION.chosen()
         limits = SESSION.device.limits if SESSION.device else {}
         plan = Engine.plan(chosen.gguf, limits, int(context_length), settings.gpu_budget(gpu_memory),
-                           chunk=settings.prompt_step(prompt_step), drafter=SESSION.drafter)
+                           chunk=settings.prompt_step(prompt_step),
+                           beside=model.drafter_bytes(SESSION, limits, int(context_length)))
     except EXPECTED as e:        # shown beside the plan as it is: no model file's fault
         return {"error": str(e)}
     return {"lines": plan.describe(), **model.plan_figures(plan)}

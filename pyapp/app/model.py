@@ -94,7 +94,8 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
                         chunk=prompt_step, progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
                         expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
-                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16, drafter=session.drafter)
+                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16,
+                        beside=drafter_bytes(session, session.device.limits if session.device else {}, context_length))
     session.engine, session.device = engine, engine.dev
     try:
         session.check_gpu_accepted("the model")
@@ -125,6 +126,17 @@ def add_drafter(session: Session, g, name: str | None = None) -> Steps:
         except Exception:
             remove_drafter(session)
             raise
+
+
+def drafter_bytes(session: Session, limits: dict, context_length: int | None) -> int:
+    """The GPU bytes of the drafter added for the chosen model, loaded beside it in that context (None: the
+    model's own), for its memory plan (Engine.open's and Engine.plan's `beside`); 0 without one."""
+    from ..families.gemma4_assistant.runner import gpu_bytes
+    from ..sampling import check_context_length
+    if session.drafter is None:
+        return 0
+    cfg = model_config(session.chosen().gguf)
+    return gpu_bytes(limits, session.drafter, cfg, check_context_length(context_length, cfg.context_length))
 
 
 def _check_drafter_fits(engine, g) -> None:

@@ -36,7 +36,7 @@ class Engine(LoadedModel):
     def open(cls, model, backend: str = "native", context_length: int | None = None, chunk: int | None = None,
              progress=None, cancelled=None, device: Device | None = None, **memory) -> LoadedModel:
         """Load a GGUF (path, ByteSource or parsed GGUFFile) onto a native GPU device; returns its family's
-        engine (pyapp.families: an Engine, or the family's own, e.g. a DiffusionEngine). memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16, drafter (pyapp.engine.loading.load)."""
+        engine (pyapp.families: an Engine, or the family's own, e.g. a DiffusionEngine). memory: gpu_memory_mib, expert_cache_mib, ple_in_file, on_plan, lora, int8, f16, beside (pyapp.engine.loading.load)."""
         from ..gguf import GGUFFile, read_gguf
         from ..gpu import get_device
         gguf = model if isinstance(model, GGUFFile) else read_gguf(model)
@@ -55,10 +55,10 @@ class Engine(LoadedModel):
     @staticmethod
     def plan(gguf, limits: dict, context_length: int | None = None, gpu_memory_mib: float | None = None,
              expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int | None = None,
-             drafter=None):
+             beside: int = 0):
         """The MemoryPlan loading would follow (see pyapp.engine.loading.load's options), without a GPU."""
         return loading.plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file,
-                            drafter)[3]
+                            beside)[3]
 
     # -- generation -------------------------------------------------------------------
     def generation(self, prompt: list[int], params: SamplingParams | None = None, on_token=None, should_stop=None,

@@ -73,10 +73,9 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
 
 def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | None = None,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None,
-         drafter=None):
+         beside: int = 0):
     """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU.
     chunk: the most tokens a prefill step takes (None: default_chunk)."""
-    from ..families.gemma4_assistant.runner import gpu_bytes
     family = family_for(gguf)
     try:
         cfg = family.config.from_gguf(gguf)
@@ -84,7 +83,6 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
         bound = bind(cfg, gguf.tensors)
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
-        beside = gpu_bytes(limits, drafter, cfg, ctx) if drafter is not None else 0
         mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
                           ple_in_file, state_class=family.runner.state_class, beside=beside)
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
@@ -95,7 +93,7 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
 def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | None, progress, cancelled,
          gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
          ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True, f16: bool = False,
-         drafter=None):
+         beside: int = 0):
     """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
     plans; returns the engine. gpu_memory_mib: the GPU memory budget (None: everything
     resident); expert_cache_mib: the streamed experts' cache, directly; ple_in_file: keep the
@@ -108,12 +106,12 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     and decode, logits within int8's rounding); False keeps every matmul and matvec in f32.
     f16: the chunk matmuls int8 does not take (other weight types, steps of at most 64 tokens) in f16
     tiles where the device has shader-f16 (K.MatmulTile.half: activations rounded to f16, so they must stay
-    within +-65504); False (default): in f32. drafter: a parsed assistant drafter GGUF to be loaded beside
-    the model (pyapp.app.model's, GpuDrafter): the plan counts its buffers within the budget (MemoryPlan.beside);
-    loading it stays the caller's. next_token_engine: the engine class of the families that declare none
+    within +-65504); False (default): in f32. beside: bytes the caller loads on the GPU beside the model (an
+    assistant drafter: pyapp.app.model, gpu_bytes of pyapp.families.gemma4_assistant): the plan counts them within
+    the budget (MemoryPlan.beside); loading them stays the caller's. next_token_engine: the engine class of the families that declare none
     (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
-                                   ple_in_file, drafter)
+                                   ple_in_file, beside)
     chunk = chunk or default_chunk(cfg)
     try:
         adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]

@@ -190,8 +190,9 @@ def test_gpu_bytes_are_what_loading_the_drafter_allocates(dev, monkeypatch):
 
 
 def test_the_plan_counts_a_drafter_chosen_before_the_model_loads():
-    """A drafter given to the plan (the app passes the one chosen) is counted within the budget: a budget the
-    model alone fits but not with the drafter is refused with the drafter's share named; the plan says it."""
+    """A drafter's bytes given to the plan (`beside`: the app passes the chosen drafter's gpu_bytes) are counted
+    within the budget: a budget the model alone fits but not with the drafter is refused with the drafter's share
+    named; the plan says it."""
     from pyapp.engine import Engine
     from pyapp.families.gemma4_assistant.runner import gpu_bytes
     from pyapp.gguf import read_gguf
@@ -200,14 +201,14 @@ def test_the_plan_counts_a_drafter_chosen_before_the_model_loads():
     limits = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}
     target, drafter = read_gguf(TARGET), read_gguf(DRAFTER)
     alone = Engine.plan(target, limits, 64)
-    both = Engine.plan(target, limits, 64, drafter=drafter)
     need = gpu_bytes(limits, drafter, model_config(target), 64)
+    both = Engine.plan(target, limits, 64, beside=need)
     assert both.beside == need > 0 and both.total == alone.total + need and both.minimum == alone.minimum + need
     assert any("assistant drafter" in line for line in both.describe())
     budget_mib = alone.total / 2**20 + 0.01                 # the model alone fits, not the drafter beside it
     assert Engine.plan(target, limits, 64, gpu_memory_mib=budget_mib).total <= budget_mib * 2**20
     with pytest.raises(EngineError, match="the assistant drafter"):
-        Engine.plan(target, limits, 64, gpu_memory_mib=budget_mib, drafter=drafter)
+        Engine.plan(target, limits, 64, gpu_memory_mib=budget_mib, beside=need)
 
 
 @pytest.mark.gpu
@@ -232,7 +233,7 @@ def test_a_drafter_added_to_a_loaded_model_fits_its_budget_or_waits_for_the_next
     assert session.drafter is drafter and session.engine.drafter is None
     with pytest.raises(EngineError, match=r"the assistant drafter 1\.\d MiB\); the budget is"):
         run(model.load(session, context_length=64, gpu_memory_mib=alone + 0.01, int8=False))   # the same budget
-    with_it = Engine.plan(target, dev.limits, 64, drafter=drafter)
+    with_it = Engine.plan(target, dev.limits, 64, beside=model.drafter_bytes(session, dev.limits, 64))
     run(model.load(session, context_length=64, gpu_memory_mib=with_it.total / 2**20 + 0.01, int8=False))
     assert session.engine.memory_plan.beside == with_it.beside > 0 and session.engine.drafter is not None
     model.remove_drafter(session)
