@@ -120,7 +120,7 @@ def add_drafter(session: Session, g, name: str | None = None) -> Steps:
     session.drafter, session.drafter_name = g, name
     if session.engine is not None:
         session.engine.drafter = None                # (a drafter added before: its plans go)
-        _check_drafter_fits(session.engine, g)
+        _check_drafter_fits(session)
         try:
             yield from _attach_drafter(session)
         except Exception:
@@ -139,15 +139,14 @@ def drafter_bytes(session: Session, limits: dict, context_length: int | None) ->
     return gpu_bytes(limits, session.drafter, cfg, check_context_length(context_length, cfg.context_length))
 
 
-def _check_drafter_fits(engine, g) -> None:
-    """A drafter added to a loaded model within what its memory plan left of the GPU memory budget (with the
-    room it planned for a drafter, if it did), or Refused: how much it needs and what to do."""
-    from ..families.gemma4_assistant.runner import gpu_bytes
+def _check_drafter_fits(session: Session) -> None:
+    """The drafter just added to the loaded model within what its memory plan left of the GPU memory budget
+    (with the room it planned for a drafter, if it did), or Refused: how much it needs and what to do."""
     from ..runtime.memory import size
-    plan = engine.memory_plan
+    plan = session.engine.memory_plan
     if plan is None or plan.budget is None:
         return
-    need = gpu_bytes(engine.dev.limits, g, engine.config, plan.context_length)
+    need = drafter_bytes(session, session.engine.dev.limits, plan.context_length)
     left = plan.budget - (plan.total - plan.beside)
     if need > left:
         raise Refused(f"The assistant drafter needs {size(need)} of GPU memory; the model's plan leaves "

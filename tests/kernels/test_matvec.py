@@ -262,14 +262,10 @@ def test_matvec_rounded_x(dev, qtype, blocks, opts, subgroups):
     raw = random_tensor(qtype, n, k, rng)
     x = rng.standard_normal(k).astype(np.float32)
     x[:32] = 0.0
-    xb, wb = f32(dev, x), weight_buffer(dev, raw)
-    rounded, want, y = rounded_buffers(dev, k), dev.buffer(4 * n), dev.buffer(4 * n)
-    plan = K.quantize_q8(dev, k, xb, rounded.codes, rounded.scales, step_buffer(dev, 1), 1)
-    K.matvec(dev, qtype, k, n, wb, None, y, plan=plan, subgroups=subgroups, rounded_x=rounded, **opts)
-    K.matvec(dev, qtype, k, n, wb, xb, want, plan=plan, subgroups=subgroups, int8=True, **opts)
-    dev.submit(plan)
-    got = read_f32(dev, y, n)
-    np.testing.assert_allclose(got, read_f32(dev, want, n), rtol=1e-6, atol=1e-6 * np.abs(got).max())
+    wb = weight_buffer(dev, raw)
+    rounded, y = rounded_buffers(dev, k), dev.buffer(4 * n)
+    got, own = rounded_x_and_own(dev, qtype, raw, x, rounded, subgroups=subgroups, **opts)
+    np.testing.assert_allclose(got, own, rtol=1e-6, atol=1e-6 * np.abs(got).max())
     np.testing.assert_allclose(got, rounded_reference(qtype, raw, n, x), rtol=1e-4, atol=1e-4 * np.abs(got).max())
     # the rows of a GeGLU matvec (Q4_K, 2 k rows of 256), rounded by it, into this one
     up_raw = random_tensor("q4_k", 2 * k, 256, rng)
@@ -289,13 +285,22 @@ def test_matvec_rounded_x_short_rows(dev, k):
     n = 5
     raw = random_tensor("q8_0", n, k, rng)
     x = rng.standard_normal(k).astype(np.float32)
-    rounded, y, want = rounded_buffers(dev, k), dev.buffer(4 * n), dev.buffer(4 * n)
-    plan = K.quantize_q8(dev, k, f32(dev, x), rounded.codes, rounded.scales, step_buffer(dev, 1), 1)
-    K.matvec(dev, "q8_0", k, n, weight_buffer(dev, raw), None, y, plan=plan, rounded_x=rounded)
-    K.matvec(dev, "q8_0", k, n, weight_buffer(dev, raw), f32(dev, x), want, plan=plan, int8=True)
+    got, own = rounded_x_and_own(dev, "q8_0", raw, x, rounded_buffers(dev, k))
+    np.testing.assert_allclose(got, own, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, rounded_reference("q8_0", raw, n, x), rtol=1e-4, atol=1e-4)
+
+
+def rounded_x_and_own(dev, qtype, raw, x, rounded: K.RoundedX, **opts) -> tuple[np.ndarray, np.ndarray]:
+    """x rounded into `rounded` by quantize_q8 in one plan with (rows of the matvec of raw's rows reading those
+    codes: rounded_x, rows of the same kernel rounding x in its workgroups: int8)."""
+    k = len(x)
+    n = len(raw) // ggml.row_bytes(qtype, k)
+    xb, wb, y, own = f32(dev, x), weight_buffer(dev, raw), dev.buffer(4 * n), dev.buffer(4 * n)
+    plan = K.quantize_q8(dev, k, xb, rounded.codes, rounded.scales, step_buffer(dev, 1), 1)
+    K.matvec(dev, qtype, k, n, wb, None, y, plan=plan, rounded_x=rounded, **opts)
+    K.matvec(dev, qtype, k, n, wb, xb, own, plan=plan, int8=True, **opts)
     dev.submit(plan)
-    np.testing.assert_allclose(read_f32(dev, y, n), read_f32(dev, want, n), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(read_f32(dev, y, n), rounded_reference("q8_0", raw, n, x), rtol=1e-4, atol=1e-4)
+    return read_f32(dev, y, n), read_f32(dev, own, n)
 
 
 def rounded_reference(qtype, raw, n: int, x) -> np.ndarray:

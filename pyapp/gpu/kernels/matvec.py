@@ -295,8 +295,9 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
 # x rounded in each workgroup. In a decode step (H100, browser path, GPU timestamps, node_bench.mjs
 # --gpu-profile, bench/RESULTS.md): E4B Q4_K_M's Q6_K down 2560 x 10240 45.6 -> 25.1 us, its Q4_K down
 # 22.0 -> 18.5; E2B Q4_0's down 1536 x 12288 27.8 -> 15.3, 1536 x 6144 18.7 -> 12.3. Alone, 50 times
-# over the same matrix (bench/matvec_sweep.py --rounded, node bench/node_bench.mjs --matvec-rounded: weights
-# and x warm in L2, so Q4_K's own rounding looks cheaper than it is in a step), by threads: units best at
+# over the same matrix (bench/matvec_sweep.py --rounded --cold-mib 0, node bench/node_bench.mjs
+# --matvec-rounded, before the sweep cycled cold copies: weights and x warm in L2, so Q4_K's own rounding
+# looked cheaper than it is in a step), by threads: units best at
 # 64 a row in 256 or within 4% (Q6_K 2560 x 10240 15.6 us, 1536 x 12288 43.8; Q4_0 37.4 / 30.6), Q4_K
 # chunks at 32 in 64 (21.7 / 29.6); natively Q6_K 22.8 against f32's 35.9, Q4_K 12.1 against 121 (naga
 # runs Q4_K's own rounding slowly).
