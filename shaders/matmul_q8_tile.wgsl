@@ -41,6 +41,13 @@ struct Q8Acc {
 fn q8_tile_row(lid: u32, g: u32, i: u32) -> u32 { return 4u * (lid % TX + g * TX) + i; }
 fn q8_tile_token(lid: u32, j: u32) -> u32 { return 4u * (lid / TX) + j; }
 
+// The integer sums start at the bits of 1.5 * 2^23, so each reads as that float plus the sum (exact for
+// |sum| < 2^22: a sub-block's is at most 32 * 127 * 128) and one float add converts it: an int -> float
+// conversion issues at a quarter of the float rate on NVIDIA, once a product a sub-block.
+const SUM_BIAS: i32 = 0x4b400000;
+const SUM_BIAS_F: f32 = 12582912.0;
+fn q8_sum(i: vec4<i32>) -> vec4<f32> { return bitcast<vec4<f32>>(i) - SUM_BIAS_F; }
+
 var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
 var<workgroup> wa: array<vec4<f32>, 2u * Q8_SUBS * GM>;   // [sub-block][rows]: a = d sc
 var<workgroup> wb: array<vec4<f32>, 2u * Q8_SUBS * GM>;   //                    b = dmin m
@@ -102,14 +109,14 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             }
         }
         for (var u = 0u; u < 2u * Q8_SUBS; u++) {     // the step's sub-blocks: 2 x Q8_SUBS of 32 / Q8_SUBS
-            var i0 = vec4<i32>(0);
-            var i1 = vec4<i32>(0);
-            var i2 = vec4<i32>(0);
-            var i3 = vec4<i32>(0);
-            var i4 = vec4<i32>(0);
-            var i5 = vec4<i32>(0);
-            var i6 = vec4<i32>(0);
-            var i7 = vec4<i32>(0);
+            var i0 = vec4<i32>(SUM_BIAS);
+            var i1 = vec4<i32>(SUM_BIAS);
+            var i2 = vec4<i32>(SUM_BIAS);
+            var i3 = vec4<i32>(SUM_BIAS);
+            var i4 = vec4<i32>(SUM_BIAS);
+            var i5 = vec4<i32>(SUM_BIAS);
+            var i6 = vec4<i32>(SUM_BIAS);
+            var i7 = vec4<i32>(SUM_BIAS);
             for (var kk = u * (8u / Q8_SUBS); kk < (u + 1u) * (8u / Q8_SUBS); kk++) {
                 let w = ws[kk * GM + tx];
                 let x = xs[kk * GN + ty];
@@ -138,17 +145,17 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             let b = wb[u * GM + tx];
             let d = xd[s * GN + ty];
             let m = xm[s * GN + ty];
-            acc[0] += vec4<f32>(i0) * (a.x * d) - b.x * m;
-            acc[1] += vec4<f32>(i1) * (a.y * d) - b.y * m;
-            acc[2] += vec4<f32>(i2) * (a.z * d) - b.z * m;
-            acc[3] += vec4<f32>(i3) * (a.w * d) - b.w * m;
+            acc[0] += q8_sum(i0) * (a.x * d) - b.x * m;
+            acc[1] += q8_sum(i1) * (a.y * d) - b.y * m;
+            acc[2] += q8_sum(i2) * (a.z * d) - b.z * m;
+            acc[3] += q8_sum(i3) * (a.w * d) - b.w * m;
             if (TM == 8u) {
                 let a2 = wa[u * GM + tx + TX];
                 let b2 = wb[u * GM + tx + TX];
-                acc2[0] += vec4<f32>(i4) * (a2.x * d) - b2.x * m;
-                acc2[1] += vec4<f32>(i5) * (a2.y * d) - b2.y * m;
-                acc2[2] += vec4<f32>(i6) * (a2.z * d) - b2.z * m;
-                acc2[3] += vec4<f32>(i7) * (a2.w * d) - b2.w * m;
+                acc2[0] += q8_sum(i4) * (a2.x * d) - b2.x * m;
+                acc2[1] += q8_sum(i5) * (a2.y * d) - b2.y * m;
+                acc2[2] += q8_sum(i6) * (a2.z * d) - b2.z * m;
+                acc2[3] += q8_sum(i7) * (a2.w * d) - b2.w * m;
             }
         }
         workgroupBarrier();
