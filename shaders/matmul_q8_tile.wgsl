@@ -17,7 +17,7 @@
 // the current one computes. Jobs: W row jr, half jh (threads < 2 BM); X row xt, quarter xc (words
 // 4 xc .. 4 xc + 3 of its step; threads < 4 BN).
 //
-// Tile shape MQ_BM, MQ_BN, MQ_TM and MQ_COPIES come from the prelude (pyapp.gpu.kernels.Q8Tile checks it).
+// Tile shape MQ_BM, MQ_BN, MQ_TM comes from the prelude (pyapp.gpu.kernels.Q8Tile checks it).
 // The includer declares K (a multiple of the format's Q8_W_ALIGN), XQ (array<vec4<u32>> [rows, K / 16]),
 // XS (array<vec4<f32>> [rows, K / 64]: (d, sum) of two blocks) and
 //   fn q8_w_row(i: u32) -> u32   W row for tile row i (any valid row past the end)
@@ -48,21 +48,12 @@ const SUM_BIAS: i32 = 0x4b400000;
 const SUM_BIAS_F: f32 = 12582912.0;
 fn q8_sum(i: vec4<i32>) -> vec4<f32> { return bitcast<vec4<f32>>(i) - SUM_BIAS_F; }
 
-// Two copies of each shared tile (MQ_COPIES 2): a step stores into one while threads still reading the
-// last step's use the other, so a step has one barrier (a thread storing step s has passed step s - 1's
-// barrier, which every thread reached after its products of step s - 2, the last to read this copy).
-// With one copy (a device's smaller workgroup storage) a second barrier ends each step.
-const COPIES: u32 = MQ_COPIES;
-const WS_WORDS: u32 = 16u * GM;
-const WA_WORDS: u32 = 2u * Q8_SUBS * GM;
-var<workgroup> ws: array<vec4<u32>, COPIES * WS_WORDS>;    // [copy][word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
-var<workgroup> wa: array<vec4<f32>, COPIES * WA_WORDS>;    // [copy][sub-block][rows]: a = d sc
-var<workgroup> wb: array<vec4<f32>, COPIES * WA_WORDS>;    //                          b = dmin m
-var<workgroup> xs: array<vec4<u32>, COPIES * 16u * GN>;         // [copy][word][tokens 4h .. 4h + 3]
-var<workgroup> xd: array<vec4<f32>, COPIES * 2u * GN>;          // [copy][sub-block][tokens]: activation scale
-var<workgroup> xm: array<vec4<f32>, COPIES * 2u * GN>;          //                              sum of the block's x
-var<private> ws0: u32;      // this step's copy: its first word in ws, wa / wb (q8_w_store writes there)
-var<private> wa0: u32;
+var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
+var<workgroup> wa: array<vec4<f32>, 2u * Q8_SUBS * GM>;   // [sub-block][rows]: a = d sc
+var<workgroup> wb: array<vec4<f32>, 2u * Q8_SUBS * GM>;   //                    b = dmin m
+var<workgroup> xs: array<vec4<u32>, 16u * GN>;    // [word][tokens 4h .. 4h + 3]
+var<workgroup> xd: array<vec4<f32>, 2u * GN>;     // [sub-block][tokens]: activation scale
+var<workgroup> xm: array<vec4<f32>, 2u * GN>;     //                      sum of the block's x
 
 // A W load job's registers: what q8_w_fetch read for one row's half step, for q8_w_store.
 struct WJob {
@@ -96,21 +87,16 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
     var acc = mat4x4<f32>();             // acc[i][j]: row 4 tx + i, token 4 ty + j
     var acc2 = mat4x4<f32>();            // row 4 (tx + TX) + i (TM = 8)
     for (var k0 = 0u; k0 < K; k0 += 64u) {
-        let copy = (k0 / 64u) % COPIES;
-        ws0 = copy * WS_WORDS;
-        wa0 = copy * WA_WORDS;
-        let xs0 = copy * 16u * GN;
-        let xd0 = copy * 2u * GN;
         if (has_w) { q8_w_store(wj, jr, jh, k0); }
         if (has_x) {
             for (var m = 0u; m < 4u; m++) {
-                xs[xs0 + (4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[m];
+                xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[m];
             }
             if (xc == 0u) {
-                xd[xd0 + xt / 4u][xt % 4u] = xsc.x;
-                xm[xd0 + xt / 4u][xt % 4u] = xsc.y;
-                xd[xd0 + GN + xt / 4u][xt % 4u] = xsc.z;
-                xm[xd0 + GN + xt / 4u][xt % 4u] = xsc.w;
+                xd[xt / 4u][xt % 4u] = xsc.x;
+                xm[xt / 4u][xt % 4u] = xsc.y;
+                xd[GN + xt / 4u][xt % 4u] = xsc.z;
+                xm[GN + xt / 4u][xt % 4u] = xsc.w;
             }
         }
         workgroupBarrier();
@@ -132,8 +118,8 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             var i6 = vec4<i32>(SUM_BIAS);
             var i7 = vec4<i32>(SUM_BIAS);
             for (var kk = u * (8u / Q8_SUBS); kk < (u + 1u) * (8u / Q8_SUBS); kk++) {
-                let w = ws[ws0 + kk * GM + tx];
-                let x = xs[xs0 + kk * GN + ty];
+                let w = ws[kk * GM + tx];
+                let x = xs[kk * GN + ty];
                 i0 += vec4<i32>(dot4I8Packed(w.x, x.x), dot4I8Packed(w.x, x.y), dot4I8Packed(w.x, x.z),
                                 dot4I8Packed(w.x, x.w));
                 i1 += vec4<i32>(dot4I8Packed(w.y, x.x), dot4I8Packed(w.y, x.y), dot4I8Packed(w.y, x.z),
@@ -143,7 +129,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
                 i3 += vec4<i32>(dot4I8Packed(w.w, x.x), dot4I8Packed(w.w, x.y), dot4I8Packed(w.w, x.z),
                                 dot4I8Packed(w.w, x.w));
                 if (TM == 8u) {
-                    let v = ws[ws0 + kk * GM + tx + TX];
+                    let v = ws[kk * GM + tx + TX];
                     i4 += vec4<i32>(dot4I8Packed(v.x, x.x), dot4I8Packed(v.x, x.y), dot4I8Packed(v.x, x.z),
                                     dot4I8Packed(v.x, x.w));
                     i5 += vec4<i32>(dot4I8Packed(v.y, x.x), dot4I8Packed(v.y, x.y), dot4I8Packed(v.y, x.z),
@@ -155,24 +141,24 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
                 }
             }
             let s = u / Q8_SUBS;                      // the activations' 32-block
-            let a = wa[wa0 + u * GM + tx];
-            let b = wb[wa0 + u * GM + tx];
-            let d = xd[xd0 + s * GN + ty];
-            let m = xm[xd0 + s * GN + ty];
+            let a = wa[u * GM + tx];
+            let b = wb[u * GM + tx];
+            let d = xd[s * GN + ty];
+            let m = xm[s * GN + ty];
             acc[0] += q8_sum(i0) * (a.x * d) - b.x * m;
             acc[1] += q8_sum(i1) * (a.y * d) - b.y * m;
             acc[2] += q8_sum(i2) * (a.z * d) - b.z * m;
             acc[3] += q8_sum(i3) * (a.w * d) - b.w * m;
             if (TM == 8u) {
-                let a2 = wa[wa0 + u * GM + tx + TX];
-                let b2 = wb[wa0 + u * GM + tx + TX];
+                let a2 = wa[u * GM + tx + TX];
+                let b2 = wb[u * GM + tx + TX];
                 acc2[0] += q8_sum(i4) * (a2.x * d) - b2.x * m;
                 acc2[1] += q8_sum(i5) * (a2.y * d) - b2.y * m;
                 acc2[2] += q8_sum(i6) * (a2.z * d) - b2.z * m;
                 acc2[3] += q8_sum(i7) * (a2.w * d) - b2.w * m;
             }
         }
-        if (COPIES == 1u) { workgroupBarrier(); }
+        workgroupBarrier();
     }
     return Q8Acc(acc, acc2);
 }

@@ -17,9 +17,9 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
     for (var m = 0u; m < 4u; m++) {
-        ws[ws0 + (8u * jh + m) * GM + r / 4u][r % 4u] = j.p[m];
-        ws[ws0 + (8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
+        ws[(8u * jh + m) * GM + r / 4u][r % 4u] = j.p[m];
+        ws[(8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
     }
-    wa[wa0 + jh * GM + r / 4u][r % 4u] = j.ab.x;
-    wb[wa0 + jh * GM + r / 4u][r % 4u] = j.ab.y;
+    wa[jh * GM + r / 4u][r % 4u] = j.ab.x;
+    wb[jh * GM + r / 4u][r % 4u] = j.ab.y;
 }

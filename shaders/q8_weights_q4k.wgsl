@@ -32,17 +32,17 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
     for (var m = 0u; m < 4u; m++) {
-        ws[ws0 + (4u * jh + m) * GM + r / 4u][r % 4u] = j.q[m] & 0x0f0f0f0fu;
-        ws[ws0 + (8u + 4u * jh + m) * GM + r / 4u][r % 4u] = (j.q[m] >> 4u) & 0x0f0f0f0fu;
+        ws[(4u * jh + m) * GM + r / 4u][r % 4u] = j.q[m] & 0x0f0f0f0fu;
+        ws[(8u + 4u * jh + m) * GM + r / 4u][r % 4u] = (j.q[m] >> 4u) & 0x0f0f0f0fu;
     }
     if (jh == 0u) {
         let dm = unpack2x16float(j.p.x);
         let c = (k % 256u) / 64u;
         let s0 = scale_min(j.p, 2u * c);
         let s1 = scale_min(j.p, 2u * c + 1u);
-        wa[wa0 + r / 4u][r % 4u] = dm.x * s0.x;
-        wb[wa0 + r / 4u][r % 4u] = dm.y * s0.y;
-        wa[wa0 + GM + r / 4u][r % 4u] = dm.x * s1.x;
-        wb[wa0 + GM + r / 4u][r % 4u] = dm.y * s1.y;
+        wa[r / 4u][r % 4u] = dm.x * s0.x;
+        wb[r / 4u][r % 4u] = dm.y * s0.y;
+        wa[GM + r / 4u][r % 4u] = dm.x * s1.x;
+        wb[GM + r / 4u][r % 4u] = dm.y * s1.y;
     }
 }

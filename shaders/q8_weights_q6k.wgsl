@@ -43,11 +43,11 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
     for (var m = 0u; m < 4u; m++) {
-        ws[ws0 + (8u * jh + m) * GM + r / 4u][r % 4u] = j.p[m];
-        ws[ws0 + (8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
+        ws[(8u * jh + m) * GM + r / 4u][r % 4u] = j.p[m];
+        ws[(8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
     }
-    wa[wa0 + 2u * jh * GM + r / 4u][r % 4u] = j.ab.x;
-    wa[wa0 + (2u * jh + 1u) * GM + r / 4u][r % 4u] = j.ab.y;
-    wb[wa0 + 2u * jh * GM + r / 4u][r % 4u] = 0.0;
-    wb[wa0 + (2u * jh + 1u) * GM + r / 4u][r % 4u] = 0.0;
+    wa[2u * jh * GM + r / 4u][r % 4u] = j.ab.x;
+    wa[(2u * jh + 1u) * GM + r / 4u][r % 4u] = j.ab.y;
+    wb[2u * jh * GM + r / 4u][r % 4u] = 0.0;
+    wb[(2u * jh + 1u) * GM + r / 4u][r % 4u] = 0.0;
 }

@@ -162,29 +162,11 @@ Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, N
             ("q4_k", 150, 70, K.Q8Tile(64, 32)), ("q4_k", 150, 70, K.Q8Tile(128, 64, 8)),
             ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
             ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8)),
-            ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32)),
-            # one copy of the shared tiles (two barriers a step), as a device with less workgroup storage runs it
-            ("q4_k", 150, 70, K.Q8Tile(128, 64, 8, copies=1)), ("q6_k", 64, 130, K.Q8Tile(64, 32, copies=1)),
-            ("q4_0", 150, 70, K.Q8Tile(64, 32, copies=1))]
-
-
-def test_q8_tile_fits_the_workgroup_storage():
-    """Two copies of the shared tiles where the device's workgroup storage holds them, else one: the large
-    tile's Q6_K form (scales per 16) needs 34,816 bytes with two, 17,408 with one."""
-    class Limits:
-        def __init__(self, storage):
-            self.limits = {"max_compute_invocations_per_workgroup": 256, "max_compute_workgroup_size_x": 256,
-                           "max_compute_workgroup_storage_size": storage}
-    big = K.Q8Tile(128, 64, 8)
-    assert big.storage("q6_k") == 34816 and big.storage("q4_k") == 30720
-    assert K.fit_q8_tile(Limits(49152), big, "q6_k").copies == 2
-    assert K.fit_q8_tile(Limits(32768), big, "q6_k").copies == 1
-    assert K.fit_q8_tile(Limits(32768), big, "q4_k").copies == 2
-    assert K.fit_q8_tile(Limits(16384), K.Q8_SMALL, "q6_k") == K.Q8Tile(64, 32, copies=1)
+            ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32))]
 
 
 @pytest.mark.parametrize("qtype,rows,t,tile", Q8_CASES,
-                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}c{v.copies}" if isinstance(v, K.Q8Tile) else str(v))
+                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}" if isinstance(v, K.Q8Tile) else str(v))
 def test_matmul_q8(dev, qtype, rows, t, tile):
     """The int8 matmul on the codes quantize_q8 made (each weight type whose codes are int8: Q4_K's
     sub-blocks, Q6_K's signed codes with a scale per 16, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of

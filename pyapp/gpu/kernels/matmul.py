@@ -124,16 +124,14 @@ Q8_BLOCK = 32             # activations per int8 scale
 @dataclass(frozen=True)
 class Q8Tile:
     """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
-    rows per thread (4 or 8; 4 tokens each), copies of the shared tiles (2: one barrier a step; 1 where
-    the device's workgroup storage is too small for two). Every thread has at most one load job of each
-    kind: 2 per row of W and 4 per token of X."""
+    rows per thread (4 or 8; 4 tokens each). Every thread has at most one load job of each kind: 2 per
+    row of W and 4 per token of X."""
     rows: int = 64
     tokens: int = 64
     thread_rows: int = 4
-    copies: int = 2
 
     def __post_init__(self):
-        if self.thread_rows not in (4, 8) or self.rows % 64 or self.tokens % 32 or self.copies not in (1, 2) \
+        if self.thread_rows not in (4, 8) or self.rows % 64 or self.tokens % 32 \
                 or 2 * self.rows > self.threads or 4 * self.tokens > self.threads:
             raise ValueError(f"bad int8 matmul tile {self}")
 
@@ -141,16 +139,10 @@ class Q8Tile:
     def threads(self) -> int:
         return self.rows // self.thread_rows * self.tokens // 4
 
-    def storage(self, qtype) -> int:
-        """Workgroup bytes: per copy 64 codes and 2 scales a row and a token (4 a row for Q6_K's per-16 scales)."""
-        subs = 2 if quant_type(qtype) == ggml.Q6_K else 1
-        return self.copies * (self.rows * (64 + 2 * 2 * subs * 4) + self.tokens * (64 + 2 * 2 * 4))
-
     def prelude(self, qtype, k: int) -> str:
         """The tile's shape and the weight format's include for qtype."""
         return "".join(f"const MQ_{n}: u32 = {v}u;\n" for n, v in (
-            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows), ("COPIES", self.copies))) \
-            + q8_weights_prelude(qtype, k)
+            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
 
 
 # The tile by the workgroups a matmul makes (bench/matmul_sweep.py on the H100's browser path, 512 tokens,
@@ -172,13 +164,10 @@ def q8_tile_for(rows: int, n_tokens: int) -> Q8Tile:
     return big if rows % big.rows == 0 and workgroups >= Q8_MATMUL_MIN_WORKGROUPS else Q8_SMALL
 
 
-def fit_q8_tile(dev: Device, tile: Q8Tile, qtype) -> Q8Tile:
-    """tile where the device allows its threads (else the small tile) and storage (else one copy)."""
+def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
     limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
                 dev.limits.get("max_compute_workgroup_size_x", 256))
-    tile = tile if tile.threads <= limit else Q8_SMALL
-    room = dev.limits.get("max_compute_workgroup_storage_size", 16384)
-    return tile if tile.storage(qtype) <= room else replace(tile, copies=1)
+    return tile if tile.threads <= limit else Q8_SMALL
 
 
 # weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
@@ -224,7 +213,7 @@ def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: 
 def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs)."""
-    tile = tile or fit_q8_tile(dev, q8_tile_for(n, n_tokens), qtype)
+    tile = tile or fit_q8_tile(dev, q8_tile_for(n, n_tokens))
     p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k), constants={"K": k, "N": n, "LDY": ldy})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
     plan = plan if plan is not None else dev.plan()

@@ -109,9 +109,9 @@ def moe_experts_grouped_q8(dev: Device, qtype, k: int, n: int, n_experts: int, k
     """moe_experts_grouped for experts of an INT8_TYPES type on int8 activations (xq, xs from quantize_q8
     over x's rows), from moe_group's grouping made with the device's MoE tile (its slots a tile: the same here)."""
     bn = fit_tile(dev, MOE_MATMUL).tokens
-    tile = fit_q8_tile(dev, Q8Tile(128, bn), qtype)
+    tile = fit_q8_tile(dev, Q8Tile(128, bn))
     if tile.tokens != bn:
-        tile = fit_q8_tile(dev, Q8Tile(64, bn), qtype)
+        tile = Q8Tile(64, bn)
     bm = tile.rows
     p = pipeline(dev, "moe_grouped_q8", entry="matmul", prelude=tile.prelude(qtype, k),
                  constants={"E": n_experts, "KSEL": k_used, "K": k, "N": n,
