@@ -65,6 +65,7 @@ def tiles():
     shapes = [(64, 128, 32), (64, 128, 32, 8), (64, 64, 32), (128, 64, 32, 8), (128, 128, 32, 8)]
     out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in shapes for sb in (True, False)]
     out += [MatmulTile(64, 128, 16)]
+    out += [MatmulTile(*s) for s in ((64, 32, 32), (32, 64, 32), (32, 32, 32))]    # more workgroups for few rows
     return [MATMUL] + [t for t in out if t != MATMUL]
 
 

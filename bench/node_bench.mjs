@@ -9,6 +9,7 @@
 //        PROFILE_CONTEXT: after a prompt of that many tokens (512) in that context (2048))
 //   node bench/node_bench.mjs --matvec-rounded         the down projection reading x rounded by its producer, by threads
 //        (bench/matvec_sweep.py --rounded): SWEEP_SHAPES, SWEEP_QUANTS ("q6_k q4_k q4_0")
+//   node bench/node_bench.mjs --peak                   int8 DP4A and f32 FMA ceilings (bench/peak_probe.py)
 //   node bench/node_bench.mjs --overlap                do independent dispatches overlap (bench/overlap_probe.py)
 //   node bench/node_bench.mjs --vision MMPROJ.gguf [TEXT.gguf]   image encoding and time to first token with one
 //        image (bench/vision_bench.py's measure_async): VISION_BUDGETS ("280 1120"), VISION_REPEAT (5),
@@ -17,7 +18,8 @@
 //        time to first token with one clip (bench/audio_bench.py's measure_async): AUDIO_SECONDS ("10 30"),
 //        AUDIO_REPEAT (5), AUDIO_WAV_DIR (/tmp/h100/audio: clip-Ss.wav, written by bench/audio_bench.py --wav-dir)
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
-//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k");
+//        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k"),
+//        SWEEP_ALL_TILES=1 (every f32 tile of its tiles());
 //        ATTENTION_AT=POS: only the attention of a chunk at POS (its LONG_ATTENTION_SHAPES)
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
@@ -94,7 +96,8 @@ if at is not None:
     rows = await matmul_sweep.attention_sweep_async(dev, shapes=matmul_sweep.LONG_ATTENTION_SHAPES, pos0=at)
 else:
     rows = await matmul_sweep.sweep_async(dev, quants, n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
-                                          shapes=shapes or matmul_sweep.SHAPES)
+                                          shapes=shapes or matmul_sweep.SHAPES,
+                                          tile_list=${process.env.SWEEP_ALL_TILES === "1" ? "matmul_sweep.tiles()" : "None"})
     if not shapes:
         rows += await matmul_sweep.moe_sweep_async(dev)
         rows = await matmul_sweep.attention_sweep_async(dev) + rows
@@ -123,6 +126,17 @@ sys.path.insert(0, "/repo/bench")
 import overlap_probe
 from pyapp.gpu import get_device_async
 rows = await overlap_probe.probe_async(await get_device_async("browser"))
+"\\n".join(json.dumps(r) for r in rows)
+`));
+  process.exit(0);
+}
+if (process.argv.includes("--peak")) {
+  console.log(await py.runPythonAsync(`
+import json, sys
+sys.path.insert(0, "/repo/bench")
+import peak_probe
+from pyapp.gpu import get_device_async
+rows = await peak_probe.probe_async(await get_device_async("browser"))
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

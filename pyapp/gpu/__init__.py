@@ -263,6 +263,13 @@ class Device:
             self._pipelines[key] = p
         return p
 
+    def pipeline_from_source(self, source: str, label: str, entry: str = "main",
+                             constants: dict | None = None) -> Pipeline:
+        """An uncached compute pipeline from WGSL source (bench probes; the engine's shaders go by name)."""
+        consts = dict(sorted((constants or {}).items()))
+        return Pipeline(self._create_pipeline(source, entry, consts, label), (label, entry, source, tuple(consts.items())),
+                        binding_numbers(source))
+
     def bind_group(self, pipeline: Pipeline, resources: dict) -> BindGroup:
         """Bind @group(0) by the shader's variable names: {"X": resource, ...}, where a resource
         is a Buffer or (Buffer, offset, size). Name exactly the bindings the entry point uses:

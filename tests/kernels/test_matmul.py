@@ -71,8 +71,9 @@ def test_matmul_tile_fits_the_device(dev):
     assert K.fit_tile(Small, K.MOE_MATMUL) == K.MatmulTile(64, 64, 16)
 
 
-@pytest.mark.parametrize("qtype", ["f32", "q4_k"])
+@pytest.mark.parametrize("qtype", ["f32", "f16", "q4_k"])
 @pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16), K.MatmulTile(64, 64, 64), K.MatmulTile(32, 64, 32),
+                                  K.MatmulTile(64, 32, 32), K.MatmulTile(32, 32, 32),
                                   K.MatmulTile(128, 32, 32), K.MatmulTile(64, 128, 32, 8), K.MatmulTile(32, 64, 16, 8)],
                          ids=lambda t: f"{t.rows}x{t.tokens}k{t.k}t{t.thread_tokens}")
 def test_matmul_tile_shapes(dev, qtype, tile):
