@@ -19,10 +19,6 @@
 
 //!include attention_shape
 //!include attention_rows
-// Steps this dispatch serves, by the keys their last query sees (pyapp.gpu.kernels.attention records the
-// 16-row tiles and the wide ones side by side, each taking the steps it runs faster; the other returns)
-override FROM_KEYS: u32 = 0u;
-override BELOW_KEYS: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
@@ -96,7 +92,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = wid.x;
     let t0 = wid.y * (RT / GH);
     if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
-    if (S.pos0 + S.n_tokens < FROM_KEYS || S.pos0 + S.n_tokens >= BELOW_KEYS) { return; }   // the other tiles' step
     let keys = key_range(t0, RT);
     let lo = keys.x;                                // the first key any row sees
     let hi = keys.y;                                // the last

@@ -71,6 +71,15 @@ def test_matmul_tile_fits_the_device(dev):
     assert K.fit_tile(Small, K.MOE_MATMUL) == K.MatmulTile(64, 64, 16)
 
 
+def test_matmul_tile_by_the_workgroups_it_makes():
+    """The engine's tile where it makes enough workgroups; the smallest for few rows of W (the PLE gate's 256
+    at a 512-token step: 16 workgroups of the engine's tile, 128 of the small one); the short one for few tokens."""
+    assert K.matmul_tile_for(2048, 512) == K.MATMUL
+    assert K.matmul_tile_for(1536, 512) == K.MATMUL              # 96 workgroups
+    assert K.matmul_tile_for(256, 512) == K.MATMUL_FEW_ROWS
+    assert K.matmul_tile_for(256, 64) == K.MATMUL_SHORT
+
+
 @pytest.mark.parametrize("qtype", ["f32", "f16", "q4_k"])
 @pytest.mark.parametrize("tile", [K.MatmulTile(64, 64, 16), K.MatmulTile(64, 64, 64), K.MatmulTile(32, 64, 32),
                                   K.MatmulTile(64, 32, 32), K.MatmulTile(32, 32, 32),

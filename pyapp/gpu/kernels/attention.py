@@ -38,8 +38,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head.
     wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
-    register-blocked tiles of 32 rows instead; by default on the steps whose last query sees WIDE_FROM_KEYS
-    keys or more, the 16-row tiles (recorded beside them) on the others."""
+    register-blocked tiles of 32 rows instead."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
         c["ALL_KEYS"] = True
@@ -48,45 +47,27 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     kl = keys_ahead if keys_ahead is not None else dev.dummy
     group = heads // kv_heads
     fits = wide_tile_fits(dev, group, head_dim)
-    plan = plan or dev.plan()
-    narrow = tile_rows or attention_tile_rows(dev, group, head_dim)       # 16 rows for wide heads
-    if wide is None and tiled is not False and tile_rows is None and head_dim > WIDE_ABOVE_HEAD_DIM and fits:
-        if not narrow or all_keys:
-            return _attention_wide(dev, c, group, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan)
-        if ctx < WIDE_FROM_KEYS:                       # no step of this cache sees that many keys
-            return _attention_tiled(dev, c, group, narrow, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan)
-        # both, each returning on the other's steps: the wide tiles make half the workgroups, too few to
-        # fill the GPU until the keys are many (bench/RESULTS.md, 2026-11-28)
-        _attention_tiled(dev, {**c, "BELOW_KEYS": WIDE_FROM_KEYS}, group, narrow, q, kc, vc, out, step, kl,
-                         kv_heads, max_tokens, plan)
-        return _attention_wide(dev, {**c, "FROM_KEYS": WIDE_FROM_KEYS}, group, q, kc, vc, out, step, kl,
-                               kv_heads, max_tokens, plan)
+    if wide is None:
+        wide = tiled is not False and tile_rows is None and head_dim > 256 and fits
     if wide:
         if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
-        return _attention_wide(dev, c, group, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan)
+        p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)))
+    rows = tile_rows or attention_tile_rows(dev, group, head_dim)
     if tiled is None:
-        tiled = narrow > 0
+        tiled = rows > 0
     if tiled:
-        if not narrow:
+        if not rows:
             raise ValueError(f"tiled attention: no tile for {group} heads a KV head of head_dim {head_dim}")
-        return _attention_tiled(dev, c, group, narrow, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan)
+        p = pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
     gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
     p = pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
     bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
-    return plan.dispatch(p, bg, heads // gh, max_tokens)
-
-
-def _attention_wide(dev, c, group, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan):
-    p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
-    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
-    return plan.dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)))
-
-
-def _attention_tiled(dev, c, group, rows, q, kc, vc, out, step, kl, kv_heads, max_tokens, plan):
-    p = pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
-    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
-    return plan.dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
+    return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
 
 
 def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
@@ -106,11 +87,6 @@ def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
 # memory 4 vec4 at a time; its workgroup storage in bytes (within the 32 KiB most devices offer)
 WIDE_ROWS = 32
 WIDE_STORAGE = 4 * (4 * WIDE_ROWS * 4 + 4 * 129 * 4 + 128 * WIDE_ROWS + 32 * WIDE_ROWS + WIDE_ROWS)
-# A step whose last query sees this many keys or more takes the wide tiles where both fit; fewer, the 16-row
-# tiles (twice the workgroups): on the H100's browser path a first 512-token chunk of E2B's global layers ran
-# 2.3x faster on the 16-row tiles, one at 15,872 1.6x faster on the wide ones (bench/RESULTS.md)
-WIDE_FROM_KEYS = 1536
-WIDE_ABOVE_HEAD_DIM = 256       # narrower heads keep the 32-row tiles, faster there at any length
 
 
 def wide_tile_fits(dev: Device, group: int, head_dim: int) -> bool:

@@ -72,6 +72,11 @@ class MatmulTile:
 # A device with fewer threads or less storage a workgroup gets the first FALLBACK tile that fits.
 MATMUL = MatmulTile(64, 128, 32)
 MATMUL_SHORT = MatmulTile(64, 64, 32)       # plans of at most 64 tokens: half the padding
+# Where the engine's tile makes fewer workgroups than this (few rows of W: the PLE gate's 256), the smallest
+# tile: E2B's F16 256 x 1536 at 512 tokens 49.9 us against 153.8 (16 workgroups for 132 SMs), E4B's
+# 256 x 2560 78.4 against 220.8 (H100, browser path, bench/RESULTS.md 2026-11-28)
+MATMUL_FEW_ROWS = MatmulTile(32, 32, 32)
+MATMUL_MIN_WORKGROUPS = 64
 MOE_MATMUL = MatmulTile(128, 32, 32)
 FALLBACK = (MatmulTile(64, 64, 32), MatmulTile(64, 64, 16), MatmulTile(32, 32, 16))
 
@@ -87,6 +92,15 @@ def fit_tile(dev: Device, tile: MatmulTile, f16: bool = False) -> MatmulTile:
         if t.fits(dev):
             return t.half() if f16 and dev.has_f16 else t
     raise ValueError(f"no prefill matmul tile fits this device's workgroup limits ({dev.limits})")
+
+
+def matmul_tile_for(rows: int, n_tokens: int) -> MatmulTile:
+    """The f32 matmul's tile for rows of W and a step of n_tokens: the short one for few tokens, the smallest
+    where the engine's would leave most of the GPU idle."""
+    if n_tokens <= MATMUL_SHORT.tokens:
+        return MATMUL_SHORT
+    workgroups = -(-rows // MATMUL.rows) * -(-n_tokens // MATMUL.tokens)
+    return MATMUL if workgroups >= MATMUL_MIN_WORKGROUPS else MATMUL_FEW_ROWS
 
 
 def matmul_prelude(qtype, tile: MatmulTile) -> str:
@@ -107,7 +121,7 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     Y = clamp(clamp(X, in) @ W^T, out), in the same dispatch.
     """
     row_bytes(qtype, k)
-    tile = tile or fit_tile(dev, MATMUL if n_tokens > MATMUL_SHORT.tokens else MATMUL_SHORT, f16)
+    tile = tile or fit_tile(dev, matmul_tile_for(n, n_tokens), f16)
     p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
                  constants={"K": k, "N": n, "LDY": ldy, "CLAMP": clamp is not None})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params, "CB": clamp if clamp is not None else dev.dummy})
