@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer
 from .lowering import (AddNorm, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd, GegluHalves,
-                       GeluTimes, Linear, MoeTail, Op, RmsNorm, RmsNormPair, RoundedInput, Route, Scale, buffer_of)
+                       GeluTimes, Linear, MoeTail, Op, QuantizedInput, RmsNorm, RmsNormPair, RoundedInput, Route,
+                       Scale, buffer_of)
 
 BARRIERS = (ExpertRoundsBegin, ExpertRoundsEnd)      # a plan boundary: nothing moves or merges across it
 
@@ -36,6 +37,8 @@ class Rules:
     residual_inputs: bool = False  # the adds into the stream may be built by their readers (needs 9 buffers)
     reads_rounded: object = None   # (qtype, k) -> whether a one-token matvec of qtype takes its k-long x as
                                    # int8 codes its producer stores (K.RoundedX); None: never
+    quantized_inputs: object = None   # (qtype, k) -> whether a chunk's matmul of qtype takes its k-long x as
+                                      # int8 (K.int8_matmul); None: never (a tape, a few tokens, f32 only)
 
 
 def fuse(ops: list, rules: Rules) -> list:
@@ -51,6 +54,8 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = residual_inputs(ops, rules)
     if rules.one_token and rules.reads_rounded is not None:
         ops = rounded_inputs(ops, rules.reads_rounded)
+    if not (rules.one_token or rules.few or rules.tape) and rules.quantized_inputs is not None:
+        ops = quantized_geglu(ops, rules.quantized_inputs)
     return ops
 
 
@@ -287,4 +292,21 @@ def rounded_inputs(ops: list, reads_rounded) -> list:
                 and reads_rounded(reader.w.qtype, op.epilogue.ff)):
             op.rounds_out = True
             reader.input = RoundedInput()
+    return ops
+
+
+def quantized_geglu(ops: list, quantized_inputs) -> list:
+    """A chunk's GeGLU whose output the next op (the down projection) takes as int8 (quantized_inputs):
+    the GeGLU rounds its rows into state.xq in the same kernel (quantize_q8's geglu) and the matmul reads
+    them (QuantizedInput) instead of rounding them again. The f32 output is written only where a later op
+    reads it too (a LoRA delta on the down projection)."""
+    for i, op in enumerate(ops[:-1]):
+        reader = ops[i + 1]
+        if not (isinstance(op, GegluHalves) and op.rows_per_token == 1 and isinstance(reader, Linear)
+                and reader.x is op.out and reader.input is None and reader.epilogue is None
+                and quantized_inputs(reader.w.qtype, op.ff)):
+            continue
+        op.quantizes = True
+        op.keep = any(id(buffer_of(op.out)) in reads(o) for o in ops[i + 2:])
+        reader.input = QuantizedInput()
     return ops

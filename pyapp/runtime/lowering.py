@@ -87,14 +87,16 @@ class Lowering:
             else:
                 K.matvec_tokens(dev, qtype, k, n, w, x, y, self.step, plan=self.plan, ldy=ldy)
 
-    def matmul(self, qtype, k: int, x: Buffer, blocks: list) -> None:
+    def matmul(self, qtype, k: int, x: Buffer, blocks: list, quantized: bool = False) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
         blocks, each writing its columns of y; ldy 0: y is n wide): quantized weights on int8 activations
-        (x quantized here, once for every block) where K.int8_matmul says so, else the tile (in f16 where
-        self.f16 and the device has shader-f16)."""
+        (x quantized here, once for every block, unless its producer did: quantized) where K.int8_matmul
+        says so, else the tile (in f16 where self.f16 and the device has shader-f16)."""
         dev, s, T = self.dev, self.s, self.T
         int8 = self.int8 and K.int8_matmul(qtype, k, T)
-        if int8:
+        if quantized and not int8:
+            raise AssertionError("x was rounded to int8 for a matmul that does not take it")
+        if int8 and not quantized:
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=self.plan)
         for w, n, y, ldy in blocks:
             if int8:
@@ -145,13 +147,20 @@ class RoundedInput:
 
 
 @dataclass(eq=False)
+class QuantizedInput:
+    """A chunk's matmul x already rounded to int8 in state.xq by the op just before it (the GeGLU's
+    quantizes): no quantize_q8 of its own."""
+
+
+@dataclass(eq=False)
 class Linear(Op):
     """y[T, n] = x[T, k] @ W^T (reference: x @ w.T): a matvec for one token, matvec_tokens for a few,
     the tiled matmul for a chunk; row blocks of a split W each write their columns of y."""
     w: GpuTensor
     x: Buffer
     y: object
-    input: object = None                 # FromAdd | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8
+    input: object = None                 # FromAdd | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8;
+                                         # QuantizedInput: a chunk's x already in state.xq
     route: "Route | None" = None
     epilogue: object = None              # GegluHalves | GeluTimes: written instead of y
     rounds_out: bool = False             # also writes its outputs rounded to int8 (L.rounded())
@@ -176,10 +185,11 @@ class Linear(Op):
         elif len(w.parts) == 1 and L.few:
             L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)])
         elif len(w.parts) == 1:
-            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)])
+            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=isinstance(self.input, QuantizedInput))
         elif T > 1 and not L.few:
             y = self.y
-            L.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts])
+            L.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts],
+                     quantized=isinstance(self.input, QuantizedInput))
         elif T == 1:
             y = self.y
             for p in w.parts:
@@ -234,11 +244,15 @@ class Lora(Op):
 
 @dataclass(eq=False)
 class GegluHalves(Op):
-    """out[r] = gelu(src[r, :ff]) * src[r, ff:] for rows_per_token rows a token ([gate | up] outputs)."""
+    """out[r] = gelu(src[r, :ff]) * src[r, ff:] for rows_per_token rows a token ([gate | up] outputs);
+    quantizes: also rounded to int8 into state.xq for the matmul after it (its QuantizedInput), out written
+    only where keep (another op reads it)."""
     src: Buffer
     out: Buffer
     ff: int
     rows_per_token: int = 1
+    quantizes: bool = False
+    keep: bool = True
 
     def reads(self) -> tuple:
         return (self.src,)
@@ -247,7 +261,11 @@ class GegluHalves(Op):
         return (self.out,)
 
     def lower(self, L: Lowering) -> None:
-        K.geglu_halves(L.dev, self.ff, self.rows_per_token, self.src, self.out, L.step, L.T, plan=L.plan)
+        if self.quantizes:
+            K.quantize_q8(L.dev, self.ff, self.src, L.s.xq, L.s.xq_scales, L.step, L.T, plan=L.plan,
+                          rows_per_token=self.rows_per_token, geglu=True, out=self.out if self.keep else None)
+        else:
+            K.geglu_halves(L.dev, self.ff, self.rows_per_token, self.src, self.out, L.step, L.T, plan=L.plan)
 
 
 @dataclass(eq=False)

@@ -78,7 +78,12 @@ class Ops:
                            route_tails=fuse_residual and one,
                            residual_inputs=(fuse_residual and one and K.fuses_residual_input(dev)
                                             and self._fits(cfg.hidden)),
-                           reads_rounded=self._reads_rounded if fuse_residual and one and int8 else None)
+                           reads_rounded=self._reads_rounded if fuse_residual and one and int8 else None,
+                           quantized_inputs=self._quantized if self._lowering.int8 else None)
+
+    def _quantized(self, qtype, k: int) -> bool:
+        """Whether a chunk's matmul of qtype takes its k-long x as int8 activations (quantize_q8's)."""
+        return K.int8_matmul(qtype, k, self.T)
 
     def _reads_rounded(self, qtype, k: int) -> bool:
         """Whether a one-token matvec of qtype reads its k-long x as int8 codes stored by x's producer."""

@@ -381,7 +381,8 @@ def _pipelines(engine) -> set[str]:
 @pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "toy-moe-1-layer"])
 def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     """A 90-token prompt runs in the 128-token plan, whose Q4_K / Q6_K matmuls (the dense ones and the
-    grouped experts) take int8 activations (K.INT8_MIN_TOKENS): logits within int8's rounding of the f32
+    grouped experts) take int8 activations (K.INT8_MIN_TOKENS), the dense down projections' rounded by the
+    GeGLU's kernel (quantize_q8's geglu): logits within int8's rounding of the f32
     reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
     within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
     module's docstring), so int8's rounding says nothing there."""
@@ -399,6 +400,14 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     int8 = Engine.open(g, device=dev, context_length=128, chunk=128)
     f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
     assert kernels <= _pipelines(int8) and not {k for k in _pipelines(f32) if "q8" in k}
+    if model.startswith("fixture-dense"):     # the GeGLU rounds the down projection's input (quantized_geglu)
+        from pyapp.gpu import Plan
+
+        def chunk_kernels(engine):
+            return [op[1].label for plan in engine.runner._plans[("layers", 128, False, False)]
+                    if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"]
+        layers = int8.config.n_layers
+        assert "elementwise:geglu_halves" not in chunk_kernels(int8) and chunk_kernels(f32).count("elementwise:geglu_halves") == layers
     np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
     assert_within_rounding(engine_logits(int8, tokens), want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pyapp.gpu import Buffer
 from pyapp.runtime.fusion import Rules, fuse, merge_adds, moe_tails, residual_inputs, rounded_inputs, route_tails
 from pyapp.runtime.lowering import (AddNorm, Combine, Copy, Experts, FromAdd, GegluHalves, GeluTimes, Linear, Lora,
-                                    MoeTail, RmsNorm, RmsNormPair, RoundedInput, Route, Scale)
+                                    MoeTail, QuantizedInput, RmsNorm, RmsNormPair, RoundedInput, Route, Scale)
 from pyapp.runtime.upload import GpuTensor, Part
 
 D = 64
@@ -174,3 +174,26 @@ def test_the_down_projection_reads_the_geglu_output_rounded_by_its_writer():
     assert not gate_up.rounds_out and down.input is None
     unfused = rounded_inputs(mlp(), reads_rounded)      # no GeGLU epilogue (a chunk): nothing to round
     assert not unfused[0].rounds_out and unfused[2].input is None
+
+
+def test_a_chunk_geglu_rounds_the_down_projections_input():
+    """A chunk's GeGLU followed by a down projection that takes int8 activations (quantized_inputs, asked
+    with its type and the GeGLU's width) rounds its rows into state.xq itself and down reads them; the f32
+    rows are written only for a LoRA delta on down; another type, a tape, a one-token step or no rule
+    leave both as they were."""
+    asked = []
+
+    def quantized(qtype, k):
+        asked.append((qtype, k))
+        return qtype == "q4_k"
+    chunk = dict(one_token=False, quantized_inputs=quantized)
+    for lora in (False, True):
+        _, geglu, down = fuse(mlp(lora), rules(**chunk))[:3]
+        assert geglu.quantizes and geglu.keep == lora and isinstance(down.input, QuantizedInput)
+    assert asked == [("q4_k", D)] * 2
+    for plain in (fuse(mlp(down_qtype="f16"), rules(**chunk)), fuse(mlp(), rules(**chunk, tape=True)),
+                  fuse(mlp(), rules(one_token=False))):
+        _, geglu, down = plain[:3]
+        assert not geglu.quantizes and down.input is None
+    gate_up, down = fuse(mlp(), rules(quantized_inputs=quantized))[:2]     # one token: the GeGLU rides on gate|up
+    assert isinstance(gate_up.epilogue, GegluHalves) and not gate_up.epilogue.quantizes

@@ -213,15 +213,17 @@ def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
 
 
 def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: Buffer, n_tokens: int,
-                plan: Plan | None = None, rows_per_token: int = 1) -> Plan:
+                plan: Plan | None = None, rows_per_token: int = 1, geglu: bool = False, out=None) -> Plan:
     """XQ, XS = x's rows (f32 [t * rows_per_token, k], t = params' n_tokens) as int8 per 32 with
-    (scale, sum) per block."""
+    (scale, sum) per block. geglu: x holds [gate | up] rows (f32 [rows, 2 k]) and the rows rounded are
+    gelu(gate) * up (the GeGLU fused into the down projection's rounding), also written to out where given."""
     if k % Q8_BLOCK:
         raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
-    p = pipeline(dev, "quantize_q8", constants={"K": k, "RPT": rows_per_token})
-    bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params})
+    p = pipeline(dev, "quantize_q8", constants={"K": k, "RPT": rows_per_token, "GEGLU": geglu,
+                                                "KEEP": out is not None})
+    bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params, "O": out if out is not None else dev.dummy_out})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, *groups(-(-n_tokens * rows_per_token * k // Q8_BLOCK // 64)))
+    return plan.dispatch(p, bg, *groups(-(-n_tokens * rows_per_token * k // Q8_BLOCK // 8)))
 
 
 def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
