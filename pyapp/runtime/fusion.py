@@ -56,6 +56,7 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = rounded_inputs(ops, rules.reads_rounded)
     if not (rules.one_token or rules.few or rules.tape) and rules.quantized_inputs is not None:
         ops = quantized_geglu(ops, rules.quantized_inputs)
+        ops = shared_quantized_inputs(ops, rules.quantized_inputs)
     return ops
 
 
@@ -309,4 +310,24 @@ def quantized_geglu(ops: list, quantized_inputs) -> list:
         op.quantizes = True
         op.keep = any(id(buffer_of(op.out)) in reads(o) for o in ops[i + 2:])
         reader.input = QuantizedInput()
+    return ops
+
+
+def shared_quantized_inputs(ops: list, quantized_inputs) -> list:
+    """Chunk matmuls reading one x (a layer's q, k and v projections of the normed x): the first rounds x to
+    int8 into state.xq, the later ones read it there (QuantizedInput), as long as no op between writes x or
+    state.xq (another projection, the experts, a GeGLU that rounds; a norm of q or a LoRA delta does not)."""
+    def takes_int8(op) -> bool:
+        return (isinstance(op, Linear) and op.input is None and op.epilogue is None
+                and quantized_inputs(op.w.qtype, op.w.shape[0]))
+    for i, first in enumerate(ops):
+        if not (takes_int8(first) or isinstance(first, Linear) and isinstance(first.input, QuantizedInput)):
+            continue
+        for op in ops[i + 1:]:
+            if id(buffer_of(first.x)) in writes(op) or isinstance(op, BARRIERS):
+                break
+            if takes_int8(op) and op.x is first.x and op.w.shape[0] == first.w.shape[0]:
+                op.input = QuantizedInput()
+            elif isinstance(op, (Linear, Experts, GegluHalves)):
+                break
     return ops

@@ -408,6 +408,8 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
                     if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"]
         layers = int8.config.n_layers
         assert "elementwise:geglu_halves" not in chunk_kernels(int8) and chunk_kernels(f32).count("elementwise:geglu_halves") == layers
+        kernels = chunk_kernels(int8)    # q, k and v round their x once (shared_quantized_inputs)
+        assert kernels.count("quantize_q8:main") <= kernels.count("matmul_q8:main") - layers
     np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
     assert_within_rounding(engine_logits(int8, tokens), want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)
 

@@ -190,10 +190,29 @@ def test_a_chunk_geglu_rounds_the_down_projections_input():
     for lora in (False, True):
         _, geglu, down = fuse(mlp(lora), rules(**chunk))[:3]
         assert geglu.quantizes and geglu.keep == lora and isinstance(down.input, QuantizedInput)
-    assert asked == [("q4_k", D)] * 2
+    assert asked.count(("q4_k", D)) == 2           # down's type and the GeGLU's width (gate|up asked too)
     for plain in (fuse(mlp(down_qtype="f16"), rules(**chunk)), fuse(mlp(), rules(**chunk, tape=True)),
                   fuse(mlp(), rules(one_token=False))):
         _, geglu, down = plain[:3]
         assert not geglu.quantizes and down.input is None
     gate_up, down = fuse(mlp(), rules(quantized_inputs=quantized))[:2]     # one token: the GeGLU rides on gate|up
     assert isinstance(gate_up.epilogue, GegluHalves) and not gate_up.epilogue.quantizes
+
+
+def test_chunk_projections_of_one_x_share_its_rounding():
+    """A chunk's q, k and v projections of one normed x: the first rounds x to int8, the others read those
+    codes (QuantizedInput), a LoRA delta and q's norm between them included; a projection of another x
+    (it rounds its own into state.xq), and one of the same x after it or after an op that writes x, round
+    their own; no rule (a tape, f32 only) leaves them all plain."""
+    xn2 = buf("other x")
+    q, k, v, o, o2 = (Linear(tensor(n), XN, buf(n + " out")) for n in ("q", "k", "v", "o", "o2"))
+    other = Linear(tensor("other"), xn2, buf("other out"))
+    ops = [q, Lora([], XN, q.y, D), RmsNorm(q.y, q.y, W), k, v, other, o, RmsNorm(X, XN, W), o2]
+    fuse(ops, rules(one_token=False, quantized_inputs=lambda qtype, k: True))
+    assert q.input is None and isinstance(k.input, QuantizedInput) and isinstance(v.input, QuantizedInput)
+    assert other.input is None and o.input is None and o2.input is None
+    q, k = (Linear(tensor(n), XN, buf(n + " out")) for n in ("q", "k"))
+    fuse([q, k], rules(one_token=False, tape=True, quantized_inputs=lambda qtype, k: True))
+    assert k.input is None
+    fuse([q, k], rules(one_token=False))
+    assert k.input is None
