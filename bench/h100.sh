@@ -145,7 +145,8 @@ SPEC_MODELS=${SPEC_MODELS:-"e2b:Q4_K"}
 SPEC_PROMPTS=${SPEC_PROMPTS:-"repeat random"}
 SPEC_N=${SPEC_N:-"0 4 8 16"}
 SPEC_GEN=${SPEC_GEN:-$GEN}
-BUILD_TARGETS=${BUILD_TARGETS:-"llama-bench llama-quantize llama-mtmd-cli llama-speculative-simple"}
+# (a later call without BUILD_TARGETS judges the build by the targets the build step was given: build.targets)
+BUILD_TARGETS=${BUILD_TARGETS:-$(cat "$W/build.targets" 2>/dev/null || echo "llama-bench llama-quantize llama-mtmd-cli llama-speculative-simple")}
 DRAFTER_MODEL=${DRAFTER_MODEL:-e2b:Q4_K}
 DRAFTER_QUANTS=${DRAFTER_QUANTS:-"F16 Q8_0"}
 DRAFTER_N=${DRAFTER_N:-"0 4 8"}
@@ -278,6 +279,7 @@ step_build() {
     rm -f "$W/build.rc"
     local targets examples=OFF
     targets=$(build_targets)
+    echo "$BUILD_TARGETS" > "$W/build.targets"
     [ -d "$W/llama.cpp/examples/speculative-simple" ] && examples=ON      # carry.sh keeps that one example
     [ -d "$W/llama.cpp/tools/mtmd" ] || log "build: the carried llama.cpp has no tools/mtmd (an old .carry/base): no llama-mtmd-cli"
     log "build: $targets ($gpu, $gen) in the background, -j $JOBS, log $W/build.log"

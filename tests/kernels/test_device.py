@@ -54,3 +54,37 @@ def test_upload_chunks_copy_and_limits(dev):
     assert dev.read(b, 4, 32) == data[8:40]
     with pytest.raises(GPUError, match="maxBufferSize"):
         dev.buffer(dev.limits["max_buffer_size"] + 1)
+
+
+def test_peak_probe_runs_the_chains_it_counts(dev):
+    """bench/peak_probe.py's DP4A and FMA probes (the ceilings the prefill kernels are read against) compute
+    what they count: each thread's summed accumulators after 3 steps equal a numpy replay of its chains, so
+    the compiler kept every step. Also a pipeline made from source (Device.pipeline_from_source)."""
+    import asyncio
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import peak_probe
+    iters, workgroups = 3, 1
+    rows = asyncio.run(peak_probe.probe_async(dev, iters=iters, workgroups=workgroups, repeat=1))
+    assert [r["probe"] for r in rows] == [name for name, _, _ in peak_probe.PROBES]
+    assert all(r["tera_ops_s"] >= 0 and r["us"] > 0 for r in rows)
+    threads = peak_probe.WORKGROUP * workgroups
+    chains = peak_probe.CHAINS // 4
+    # the probes leave the last one's (FMA's) sums in a buffer of their own; run the DP4A one again to read it
+    src = peak_probe._DP4A.replace("WG", str(peak_probe.WORKGROUP)).replace("CH", str(chains))
+    p = dev.pipeline_from_source(src, "dp4a replay", constants={"ITERS": iters})
+    y = dev.buffer(16 * threads)
+    plan = dev.plan().dispatch(p, dev.bind_group(p, {"Y": y}), workgroups)
+    dev.submit(plan)
+    got = np.frombuffer(dev.read(y), np.int32).reshape(threads, 4)
+    g = np.arange(threads, dtype=np.int64)
+    b = (0x01fe03fd ^ g).astype(np.uint32).view(np.uint8).reshape(threads, 4).view(np.int8).astype(np.int64)
+    total = np.zeros((threads, 4), np.int64)
+    for c in range(chains):
+        acc = np.stack([g + c, np.full(threads, c), g, np.full(threads, 7)], 1).astype(np.int32)
+        for _ in range(iters):
+            a = acc.view(np.uint32).view(np.uint8).reshape(threads, 4, 4).view(np.int8).astype(np.int64)
+            acc = (acc.astype(np.int64) + (a * b[:, None, :]).sum(-1)).astype(np.int32)
+        total += acc
+    np.testing.assert_array_equal(got, total.astype(np.int32))
