@@ -119,24 +119,15 @@ rows = await matvec_sweep.rounded_sweep_async(await get_device_async("browser"),
 `));
   process.exit(0);
 }
-if (process.argv.includes("--overlap")) {
+// bench modules whose probe_async(dev) measures the device alone: their JSON rows, one a line
+for (const [flag, module] of [["--overlap", "overlap_probe"], ["--peak", "peak_probe"]]) {
+  if (!process.argv.includes(flag)) continue;
   console.log(await py.runPythonAsync(`
 import json, sys
 sys.path.insert(0, "/repo/bench")
-import overlap_probe
+import ${module}
 from pyapp.gpu import get_device_async
-rows = await overlap_probe.probe_async(await get_device_async("browser"))
-"\\n".join(json.dumps(r) for r in rows)
-`));
-  process.exit(0);
-}
-if (process.argv.includes("--peak")) {
-  console.log(await py.runPythonAsync(`
-import json, sys
-sys.path.insert(0, "/repo/bench")
-import peak_probe
-from pyapp.gpu import get_device_async
-rows = await peak_probe.probe_async(await get_device_async("browser"))
+rows = await ${module}.probe_async(await get_device_async("browser"))
 "\\n".join(json.dumps(r) for r in rows)
 `));
   process.exit(0);

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHAINS = 32           # scalar accumulators a thread (CHAINS / 4 vec4s)
 WORKGROUP = 256
@@ -64,7 +65,7 @@ PROBES = [("dot4I8Packed (int8 DP4A)", _DP4A, 8), ("fma f32", _FMA, 2)]
 
 
 async def probe_async(dev, iters: int = 2048, workgroups: int = 132 * 16, repeat: int = 10) -> list[dict]:
-    import time
+    from matmul_sweep import _seconds_per_dispatch as seconds_per_dispatch
     threads = workgroups * WORKGROUP
     y = dev.buffer(16 * threads)
     rows = []
@@ -72,14 +73,7 @@ async def probe_async(dev, iters: int = 2048, workgroups: int = 132 * 16, repeat
         src = body.replace("WG", str(WORKGROUP)).replace("CH", str(CHAINS // 4))    # vec4 accumulators
         p = dev.pipeline_from_source(src, f"peak {name}", constants={"ITERS": iters})
         bg = dev.bind_group(p, {"Y": y})
-        plan = dev.plan().dispatch(p, bg, workgroups)
-        dev.submit(plan)
-        await dev.read_async(y, 0, 16)
-        t = time.perf_counter()
-        for _ in range(repeat):
-            dev.submit(plan)
-        await dev.read_async(y, 0, 16)
-        s = (time.perf_counter() - t) / repeat
+        s = await seconds_per_dispatch(dev, dev.plan().dispatch(p, bg, workgroups), y, repeat, 1)
         total = threads * iters * CHAINS * ops
         rows.append({"probe": name, "us": round(s * 1e6, 1), "tera_ops_s": round(total / s / 1e12, 1),
                      "threads": threads, "iters": iters, "chains": CHAINS, "adapter": dev.describe()})

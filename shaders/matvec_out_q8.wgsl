@@ -8,18 +8,16 @@
 @group(0) @binding(14) var<storage, read_write> YS: array<vec2<f32>>;   // [N / 32]
 
 var<workgroup> yrows: array<f32, WG>;        // this workgroup's rows' values (the first WG / TPR)
-var<workgroup> yblock: array<vec2<f32>, WG>; // (max |y|, sum y) of each thread's 4 rows, then of its block
 
 //!include q8_block
+//!include q8_gather
 
 fn store_row(row: u32, lid: u32, y: f32) {
     Y[row] = y;
     yrows[lid / TPR] = y;
 }
 
-// Once every row is stored: 8 threads a block of 32 rows, 4 rows (a code word) each, their block's
-// largest magnitude and sum gathered by its first thread (q8_block.wgsl's rule: the same codes; the sum
-// in another order).
+// Once every row is stored: 8 threads a block of 32 rows, 4 rows (a code word) each (q8_gather.wgsl).
 fn round_rows(wg: u32, lid: u32) {
     workgroupBarrier();
     let blocks = WG / TPR / 32u;
@@ -28,22 +26,10 @@ fn round_rows(wg: u32, lid: u32) {
     var v = vec4<f32>(0.0);
     if (b < blocks) {
         v = vec4<f32>(yrows[j], yrows[j + 1u], yrows[j + 2u], yrows[j + 3u]);
-        let a = abs(v);
-        yblock[lid] = vec2<f32>(max(max(a.x, a.y), max(a.z, a.w)), v.x + v.y + v.z + v.w);
     }
-    workgroupBarrier();
-    if (b < blocks && lid % 8u == 0u) {
-        var m = yblock[lid];
-        for (var i = 1u; i < 8u; i++) {
-            let o = yblock[lid + i];
-            m = vec2<f32>(max(m.x, o.x), m.y + o.y);
-        }
-        yblock[lid] = m;
-    }
-    workgroupBarrier();
+    let m = q8_gather(lid, v);
     let gb = wg * blocks + b;                // the block of Y
     if (b < blocks && 32u * gb < N) {
-        let m = yblock[8u * b];
         let s = q8_scale(m.x);
         YQ[8u * gb + lid % 8u] = q8_word(v, s.y);
         if (lid % 8u == 0u) { YS[gb] = vec2<f32>(s.x, m.y); }

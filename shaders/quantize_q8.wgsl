@@ -8,8 +8,8 @@
 // gelu_tanh(gate) * up (elementwise.wgsl's geglu_halves, fused: the down projection's input), also
 // written as f32 to O where KEEP (a LoRA delta on the down projection reads them).
 // Eight threads a block, a word of four values each (reads of X coalesced), 8 blocks a workgroup; the
-// block's largest magnitude and sum gathered through workgroup memory (q8_block.wgsl's q8_scale and
-// q8_word: every int8 path rounds alike). K (a multiple of 32) is an override constant; the rows are
+// block's largest magnitude and sum gathered by q8_gather.wgsl (q8_block.wgsl's q8_scale and q8_word:
+// every int8 path rounds alike). K (a multiple of 32) is an override constant; the rows are
 // the step's n_tokens times RPT (the MoE's per-slot inputs: KSEL rows a token).
 
 override K: u32;
@@ -24,11 +24,12 @@ override KEEP: bool = false;
 @group(0) @binding(4) var<storage, read_write> O: array<vec4<f32>>;
 
 //!include q8_block
+//!include q8_gather
 //!include gelu
 
-var<workgroup> part: array<vec2<f32>, 64>;      // (max |x|, sum x) of each thread's word, then of its block
+const WG: u32 = 64u;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) ng: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let b = 8u * (wid.x + wid.y * ng.x) + lid / 8u;  // block: row b / (K / 32), block b % (K / 32)
@@ -46,20 +47,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) ng: vec3
             v = X[w];
         }
     }
-    let a = abs(v);
-    part[lid] = vec2<f32>(max(max(a.x, a.y), max(a.z, a.w)), v.x + v.y + v.z + v.w);
-    workgroupBarrier();
-    if (lid % 8u == 0u) {
-        var m = part[lid];
-        for (var i = 1u; i < 8u; i++) {
-            let o = part[lid + i];
-            m = vec2<f32>(max(m.x, o.x), m.y + o.y);
-        }
-        part[lid] = m;
-    }
-    workgroupBarrier();
+    let m = q8_gather(lid, v);
     if (here) {
-        let m = part[lid - lid % 8u];
         let s = q8_scale(m.x);
         XQ[w] = q8_word(v, s.y);
         if (lid % 8u == 0u) { XS[b] = vec2<f32>(s.x, m.y); }
