@@ -148,8 +148,8 @@ class RoundedInput:
 
 @dataclass(eq=False)
 class QuantizedInput:
-    """A chunk's matmul x already rounded to int8 in state.xq by the op just before it (the GeGLU's
-    quantizes): no quantize_q8 of its own."""
+    """A chunk's matmul x already rounded to int8 in state.xq by an earlier op (the GeGLU before the down
+    projection, the first of the projections reading one x): no quantize_q8 of its own."""
 
 
 @dataclass(eq=False)

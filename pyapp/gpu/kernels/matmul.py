@@ -74,7 +74,7 @@ MATMUL = MatmulTile(64, 128, 32)
 MATMUL_SHORT = MatmulTile(64, 64, 32)       # plans of at most 64 tokens: half the padding
 # Where the engine's tile makes fewer workgroups than this (few rows of W: the PLE gate's 256), the smallest
 # tile: E2B's F16 256 x 1536 at 512 tokens 49.9 us against 153.8 (16 workgroups for 132 SMs), E4B's
-# 256 x 2560 78.4 against 220.8 (H100, browser path, bench/RESULTS.md 2026-11-28)
+# 256 x 2560 78.4 against 220.8 (H100, browser path, bench/RESULTS.md 2026-11-27, seventh session)
 MATMUL_FEW_ROWS = MatmulTile(32, 32, 32)
 MATMUL_MIN_WORKGROUPS = 64
 MOE_MATMUL = MatmulTile(128, 32, 32)
