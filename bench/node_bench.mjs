@@ -20,7 +20,8 @@
 //   node bench/node_bench.mjs --sweep                  the prefill matmul by tile shape (bench/matmul_sweep.py):
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k"),
 //        SWEEP_ALL_TILES=1 (every f32 tile of its tiles());
-//        ATTENTION_AT=POS: only the attention of a chunk at POS (its LONG_ATTENTION_SHAPES)
+//        ATTENTION_AT=POS: only the attention of a chunk at POS (its LONG_ATTENTION_SHAPES, or ATTENTION_SHAPES:
+//        "HEADSxKV_HEADSxHEAD_DIMxWINDOW ...")
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -93,7 +94,8 @@ at = ${process.env.ATTENTION_AT === undefined ? "None" : Number(process.env.ATTE
 quants = tuple("${process.env.SWEEP_QUANTS || "q4_k"}".split())
 dev = await get_device_async("browser")
 if at is not None:
-    rows = await matmul_sweep.attention_sweep_async(dev, shapes=matmul_sweep.LONG_ATTENTION_SHAPES, pos0=at)
+    heads = [tuple(int(v) for v in s.split("x")) for s in "${process.env.ATTENTION_SHAPES || ""}".split()]
+    rows = await matmul_sweep.attention_sweep_async(dev, shapes=heads or matmul_sweep.LONG_ATTENTION_SHAPES, pos0=at)
 else:
     rows = await matmul_sweep.sweep_async(dev, quants, n_tokens=${Number(process.env.SWEEP_TOKENS || 512)},
                                           shapes=shapes or matmul_sweep.SHAPES,
