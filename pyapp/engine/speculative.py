@@ -129,7 +129,7 @@ def verify(eng, tok: int, fed: bool, drafts: list[int]):
 def verify_drafted(eng, tok: int, fed: bool, pending):
     """Steps: verify for drafts a drafter makes on the GPU now (pending: DraftsOnGpu): the step's ids are
     written with places for them, the drafter's round (submitted after) fills them, and the step runs behind
-    it, so the CPU waits once, for the greedy ids, and then reads the drafts; returns (drafts, ids)."""
+    it, so the CPU waits once, for the greedy ids and the drafts in one readback; returns (drafts, ids)."""
     r = eng.runner
     first = 0 if fed else 1              # where the drafts go among the step's ids: after tok unless its step ran
     feed = [tok] * first + [0] * pending.n
@@ -140,8 +140,8 @@ def verify_drafted(eng, tok: int, fed: bool, pending):
         r.sample(0)
     yield from r.run_layers(len(feed), few=True)
     eng.kv_end = max(eng.kv_end, pos + len(feed))
-    ids = yield from r.greedy(1 if fed else 0, pending.n + 1)
-    drafts = yield from pending.read()
+    ids, drafts = yield from r.greedy_and_step_ids(1 if fed else 0, pending.n + 1, first, pending.n)
+    pending.made(drafts)
     return drafts, ids
 
 

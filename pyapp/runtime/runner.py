@@ -128,11 +128,12 @@ class Runner:
 
     # Speculative decoding's plans (layers_program(few=True), greedy_plan) are built on the first step
     # that uses them, not at load: a generation speculates only when asked to.
-    def greedy_plan(self, first: int) -> Plan:
+    def greedy_plan(self, first: int, step_ids: bool = False) -> Plan:
         """state.greedy_ids[first + t] = the greedy next token after row t of the last step (up to
         state.head_rows rows), then the ids copied to state.greedy_readback. first = 1: greedy_ids[0]
-        is the id a head_plan(sample=True) at temperature 0 left in state.token (a step before)."""
-        key = ("greedy", first)
+        is the id a head_plan(sample=True) at temperature 0 left in state.token (a step before).
+        step_ids: the step's own ids (state.ids, as many) copied after them, to come back in the same read."""
+        key = ("greedy", first, step_ids)
         if key not in self._plans:
             s = self.state
             plan = self.dev.plan()
@@ -142,6 +143,8 @@ class Runner:
             self.model.head_argmax(ops, first)
             ops.finish()
             plan.copy(s.greedy_ids, 0, s.greedy_readback, 0, s.greedy_ids.size)
+            if step_ids:
+                plan.copy(s.ids, 0, s.greedy_readback, s.greedy_ids.size, min(s.ids.size, s.greedy_ids.size))
             self._plans[key] = plan
         return self._plans[key]
 
@@ -178,6 +181,15 @@ class Runner:
         self.dev.submit(self.greedy_plan(first))
         data = yield ReadMapped(self.state.greedy_readback, 0, 4 * n)
         return list(struct.unpack(f"<{n}I", bytes(data)))
+
+    def greedy_and_step_ids(self, first: int, n: int, ids_from: int, n_ids: int):
+        """Steps: greedy's n ids, and the step's own ids ids_from .. ids_from + n_ids (the drafts a drafter
+        wrote into it on the GPU), in one readback."""
+        self.dev.submit(self.greedy_plan(first, step_ids=True))
+        at = self.state.greedy_ids.size
+        data = bytes((yield ReadMapped(self.state.greedy_readback, 0, at + 4 * (ids_from + n_ids))))
+        return (list(struct.unpack_from(f"<{n}I", data)),
+                list(struct.unpack_from(f"<{n_ids}I", data, at + 4 * ids_from)))
 
     def logits(self, row: int):
         """Steps: the logits of row `row` of the last step (softcap applied), float32 bytes [vocab]."""

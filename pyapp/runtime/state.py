@@ -149,7 +149,8 @@ class State:
         self.head_partials = dev.buffer(K.head_argmax_scratch_bytes([p.rows for p in layout.head.parts]),
                                         label="head argmax partials")      # per row and workgroup: (logit, id)
         self.greedy_ids = dev.buffer(4 * (1 + K.HEAD_ROWS), label="greedy ids")   # u32: the ids of a step
-        self.greedy_readback = dev.buffer(self.greedy_ids.size, "readback", "greedy ids readback")
+        # the greedy ids, then (greedy_plan's step_ids) the step's own ids: a drafter's drafts, in one readback
+        self.greedy_readback = dev.buffer(2 * self.greedy_ids.size, "readback", "greedy ids readback")
         # KV cache: global layers hold the whole context; sliding layers a ring big
         # enough for the window plus one chunk of new tokens. Shared layers read their source's.
         self.kv = {lc.index: KVCache(f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"k cache {lc.index}"),

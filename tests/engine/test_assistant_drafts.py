@@ -88,7 +88,7 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     """Speculative greedy generation with the drafter on the GPU: the target's greedy tokens unchanged, and
     each round's drafts the numpy drafter's from the same target rows and K/V (its source run alongside, the
     GPU's rounds read back first); then with the GPU's rounds drafting straight into the checking steps (their
-    ids read after): the same tokens and the same rounds."""
+    ids read back with the step's greedy ids, one readback): the same tokens and the same rounds."""
     from pyapp.engine import SamplingParams
     from pyapp.families.gemma4_assistant.reference import DrafterReference, ReferenceDrafts
     from pyapp.families.gemma4_assistant.source import GpuDrafts
@@ -114,7 +114,9 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
             got = yield from gpu_source.draft(eng, tok, fed, limit, state_row)
             if not isinstance(got, list):           # a round on the GPU: run and read it here
                 got.submit(None)
-                got = yield from got.read()
+                drafts = yield from drafter.read(got.n)
+                got.made(drafts)
+                got = drafts
             assert got == want, f"round {len(gpu_source.drafts_made)}: GPU {got}, numpy {want}"
             return got
 
@@ -128,6 +130,11 @@ def test_gpu_drafter_drafts_what_the_numpy_drafter_drafts(dev, chunk):
     # a ring of window + chunk - 1 = 8 slots loses the keys of rounds after rejected drafts moved its end on
     assert (gpu_source.skipped_rounds > 0) == (chunk == 5)
     eng.drafter = into_steps = GpuDrafts(drafter, lookup=False)
+
+    def read_alone(n):
+        raise AssertionError("a round drafted into the checking step comes back with its greedy ids")
+        yield
+    drafter.read = read_alone
     eng.reset()
     again = eng.generate(prompt, SamplingParams(**GREEDY_24, speculate=4), stop_ids=())
     assert again.tokens == plain.tokens and again.drafted == spec.drafted

@@ -135,8 +135,8 @@ class GpuDrafter(LoadedInSteps):
 
     def draft_plan(self, row: int | None, n: int, into: int | None = None) -> Plan:
         """The target's final-normed row `row` (Runner.final_norm_at) into joined's second half, then n chained
-        draft steps, their ids copied to drafts_readback (and, into: to the target's step ids from that
-        index on, where the step that checks them reads them)."""
+        draft steps, their ids copied to drafts_readback (or, into: to the target's step ids from that index
+        on, where the step that checks them reads them and its greedy readback brings them back)."""
         key = (row, n, into)
         if key not in self._plans:
             s, width = self.state, 4 * self.cfg.backbone_hidden
@@ -150,8 +150,9 @@ class GpuDrafter(LoadedInSteps):
                           fuse_residual=self.runner.fuse_residual)
                 self.model.step(ops, i)
                 ops.finish()
-            plan.copy(s.drafts, 0, s.drafts_readback, 0, 4 * n)
-            if into is not None:
+            if into is None:
+                plan.copy(s.drafts, 0, s.drafts_readback, 0, 4 * n)
+            else:                        # read back with the checking step's greedy ids (greedy_and_step_ids)
                 plan.copy(s.drafts, 0, self.runner.state.ids, 4 * into, 4 * n)
             self._plans[key] = plan
         return self._plans[key]
@@ -159,7 +160,8 @@ class GpuDrafter(LoadedInSteps):
     def submit(self, token: int, position: int, row: int | None, n: int, into: int | None = None) -> None:
         """Start a round of n (at most MAX_DRAFTS) greedy drafts after `token` at `position`, from the target's
         final-normed row `row` of the token before it (the target's K/V of the positions before it are read);
-        into: also copy them into the target's step ids from that index on (written before this)."""
+        into: put them into the target's step ids from that index on (written before this) instead of
+        drafts_readback: the checking step reads them back (read() is for a round without into)."""
         if not 1 <= n <= MAX_DRAFTS or position < 1:
             raise ValueError(f"a round drafts 1..{MAX_DRAFTS} tokens after a position past 0, not {n} at {position}")
         s = self.state
@@ -168,7 +170,7 @@ class GpuDrafter(LoadedInSteps):
         self.dev.submit(self.draft_plan(row, n, into))
 
     def read(self, n: int):
-        """Step: the ids of the round submitted last."""
+        """Step: the ids of the round submitted last (without into)."""
         data = yield ReadMapped(self.state.drafts_readback, 0, 4 * n)
         return list(struct.unpack(f"<{n}I", bytes(data)))
 

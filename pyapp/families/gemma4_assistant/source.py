@@ -67,7 +67,8 @@ class DraftSource:
 
 class DraftsOnGpu:
     """A drafter's round not run yet, whose drafts go straight into the step that checks them
-    (pyapp.engine.speculative.verify_drafted): the CPU reads them only with that step's greedy ids."""
+    (pyapp.engine.speculative.verify_drafted): the CPU reads them only with that step's greedy ids, from the
+    step's own ids (made: what they were)."""
 
     def __init__(self, source: "GpuDrafts", token: int, position: int, row: int | None, n: int):
         self.source, self.token, self.position, self.row, self.n = source, token, position, row, n
@@ -76,11 +77,9 @@ class DraftsOnGpu:
         """The round, its drafts also copied to the target's step ids from index `into` (None: not)."""
         self.source.drafter.submit(self.token, self.position, self.row, self.n, into)
 
-    def read(self):
-        """Steps: the round's drafts (after the checking step: in the same wait)."""
-        drafts = yield from self.source.drafter.read(self.n)
+    def made(self, drafts: list[int]) -> None:
+        """The round's drafts as the checking step read them back."""
         self.source.drafts_made.append(drafts)
-        return drafts
 
 
 class GpuDrafts(DraftSource):
