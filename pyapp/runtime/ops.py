@@ -27,6 +27,9 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | matvec with `K.NormInput` (matvec_input_norm.wgsl) | one token | the router's `rms_norm(h) / sqrt(d) * router_scale` and the experts' `rms_norm(h, pre_ffw_norm_2)`, `@ router^T` | `norm_inputs` |
 | matvec with `K.RouteTail` (matvec_tail_route.wgsl) | one token | softmax, top-k, renormalize of the router's logits (on the dense MLP's down projection) | `route_tails` |
 | matvec with `K.ResidualInput` (matvec_input_residual.wgsl) | one token, 9 storage buffers a shader | `x = x + rms_norm(y, w)` [`* scale`] and the next `rms_norm(x, w2)`: built by every matvec that reads them | `residual_inputs` |
+| GeGLU matvec writing its rows rounded to int8 (matvec_out_q8.wgsl), down on the codes (x8_stored.wgsl) | one token | `gelu(gate) * up` rounded once for the down projection, not in each of its workgroups | `rounded_inputs` |
+| `quantize_q8` with `GEGLU` | chunk (int8) | `gelu(gate) * up`, rounded to int8 for the down projection in the same kernel | `quantized_geglu` |
+| one `quantize_q8` for several matmuls | chunk (int8) | the q, k and v projections' rounding of their one normed x | `shared_quantized_inputs` |
 | `attention_decode` with `K.QueryPrep` | one token | q/k norms, RoPE, v norm, the cache append | shape (`qkv_into_cache`, `q_proj`) |
 | `norm_rope` | chunk, few | `rope(rms_norm(q or k, norm))` | shape (`q_proj`, `qkv`) |
 | `norm_pair` | chunk, few | the router's and the experts' norms of h | one op (`rms_norm_pair`) |
