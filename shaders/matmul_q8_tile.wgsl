@@ -9,7 +9,8 @@
 //
 // The weight format comes from an include the prelude names (q8_weights_q4k.wgsl, q8_weights_b32.wgsl,
 // q8_weights_q6k.wgsl): it declares W, Q8_W_ALIGN, Q8_SUBS (sub-blocks per 32 weights, each with its own a:
-// 1, or 2 for Q6_K's scale per 16, whose b must be 0: the activations' sums are per 32) and
+// 1, or 2 for Q6_K's scale per 16, whose b must be 0: the activations' sums are per 32), Q8_MIN_TERM
+// (false where b is always 0: Q6_K, Q8_0, which then skip its fix-up and need not store b) and
 //   fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob     load job jh (0, 1) of a row's step at k
 //   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and (a, b) into ws, wa, wb
 // Each thread owns TM rows (4 or 8: row groups tx and tx + TX of 4) x 4 tokens. Shared tiles are
@@ -142,20 +143,32 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
             }
             let s = u / Q8_SUBS;                      // the activations' 32-block
             let a = wa[u * GM + tx];
-            let b = wb[u * GM + tx];
             let d = xd[s * GN + ty];
-            let m = xm[s * GN + ty];
-            acc[0] += q8_sum(i0) * (a.x * d) - b.x * m;
-            acc[1] += q8_sum(i1) * (a.y * d) - b.y * m;
-            acc[2] += q8_sum(i2) * (a.z * d) - b.z * m;
-            acc[3] += q8_sum(i3) * (a.w * d) - b.w * m;
+            acc[0] += q8_sum(i0) * (a.x * d);
+            acc[1] += q8_sum(i1) * (a.y * d);
+            acc[2] += q8_sum(i2) * (a.z * d);
+            acc[3] += q8_sum(i3) * (a.w * d);
             if (TM == 8u) {
                 let a2 = wa[u * GM + tx + TX];
-                let b2 = wb[u * GM + tx + TX];
-                acc2[0] += q8_sum(i4) * (a2.x * d) - b2.x * m;
-                acc2[1] += q8_sum(i5) * (a2.y * d) - b2.y * m;
-                acc2[2] += q8_sum(i6) * (a2.z * d) - b2.z * m;
-                acc2[3] += q8_sum(i7) * (a2.w * d) - b2.w * m;
+                acc2[0] += q8_sum(i4) * (a2.x * d);
+                acc2[1] += q8_sum(i5) * (a2.y * d);
+                acc2[2] += q8_sum(i6) * (a2.z * d);
+                acc2[3] += q8_sum(i7) * (a2.w * d);
+            }
+            if (Q8_MIN_TERM) {                        // - b sum x (formats whose b is never 0)
+                let b = wb[u * GM + tx];
+                let m = xm[s * GN + ty];
+                acc[0] -= b.x * m;
+                acc[1] -= b.y * m;
+                acc[2] -= b.z * m;
+                acc[3] -= b.w * m;
+                if (TM == 8u) {
+                    let b2 = wb[u * GM + tx + TX];
+                    acc2[0] -= b2.x * m;
+                    acc2[1] -= b2.y * m;
+                    acc2[2] -= b2.z * m;
+                    acc2[3] -= b2.w * m;
+                }
             }
         }
         workgroupBarrier();

@@ -9,6 +9,7 @@
 
 const Q8_W_ALIGN: u32 = 256u;     // K is a multiple of this
 const Q8_SUBS: u32 = 1u;          // one scale per 32 weights
+const Q8_MIN_TERM: bool = true;   // b = dmin m
 
 // 6-bit scale and min j (0..7) from a block's first 16 bytes h (scales in words h.y, h.z, h.w), as
 // get_scale_min_k4

@@ -11,6 +11,7 @@
 
 const Q8_W_ALIGN: u32 = 256u;     // K is a multiple of this
 const Q8_SUBS: u32 = 2u;          // a scale per 16 weights
+const Q8_MIN_TERM: bool = false;  // b = 0: the codes are signed
 
 // Four 6-bit codes (low nibbles lo, high pairs hi, a byte each) as signed bytes q - 32: with bit 7 set
 // first, the per-byte subtraction never borrows from the next byte.
@@ -48,6 +49,4 @@ fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
     }
     wa[2u * jh * GM + r / 4u][r % 4u] = j.ab.x;
     wa[(2u * jh + 1u) * GM + r / 4u][r % 4u] = j.ab.y;
-    wb[2u * jh * GM + r / 4u][r % 4u] = 0.0;
-    wb[(2u * jh + 1u) * GM + r / 4u][r % 4u] = 0.0;
 }
