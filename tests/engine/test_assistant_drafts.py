@@ -247,3 +247,28 @@ def test_a_drafter_added_to_a_loaded_model_fits_its_budget_or_waits_for_the_next
     run(model.load(session, context_length=64, gpu_memory_mib=with_it.total / 2**20 + 0.01, int8=False))
     run(model.add_drafter(session, drafter, "drafter.gguf"))            # room left by the plan: on the GPU now
     assert session.engine.drafter is not None
+
+
+@pytest.mark.gpu
+def test_the_first_native_load_counts_the_drafter_by_the_devices_limits(monkeypatch):
+    """Natively the app's first load has no device yet: with a drafter chosen it opens the device first, so the
+    drafter's bytes (a tensor's row blocks depend on the binding limits) are counted by that device's limits, not
+    WebGPU's defaults, and the engine loads on that device."""
+    from pyapp.app import model
+    from pyapp.app.session import Session
+    from pyapp.gguf import read_gguf
+    from pyapp.steps import run
+    asked = []
+    counted = model.drafter_bytes
+
+    def drafter_bytes(session, limits, context_length):
+        asked.append(limits)
+        return counted(session, limits, context_length)
+    monkeypatch.setattr(model, "drafter_bytes", drafter_bytes)
+    session = Session()
+    model.choose(session, read_gguf(TARGET))
+    run(model.add_drafter(session, read_gguf(DRAFTER), "drafter.gguf"))
+    run(model.load(session, context_length=64, int8=False))
+    assert session.device is not None and session.engine.dev is session.device
+    assert asked[-1] is session.device.limits and asked[-1]["max_storage_buffer_binding_size"] > 0
+    assert session.engine.drafter is not None and session.engine.memory_plan.beside > 0
