@@ -91,14 +91,16 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
             events.progress(done=done, total=total, eta=(total - done) / rate if rate else -1)
 
     cancelled = None if load_id is None else (lambda: session.cancelled_load == load_id)
-    if session.device is None and session.drafter is not None:     # natively, the first load: the drafter's
-        from ..gpu import get_device                              # bytes by the device's own limits
-        session.device = get_device("native")
+    beside = 0
+    if session.drafter is not None:  # its bytes by the device's own limits (natively the first load opens it here)
+        if session.device is None:
+            from ..gpu import get_device
+            session.device = get_device("native")
+        beside = drafter_bytes(session, session.device.limits, context_length)
     engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
                         chunk=prompt_step, progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
                         expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
-                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16,
-                        beside=drafter_bytes(session, session.device.limits if session.device else {}, context_length))
+                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16, beside=beside)
     session.engine, session.device = engine, engine.dev
     try:
         session.check_gpu_accepted("the model")

@@ -88,20 +88,23 @@ def gpu_bytes(limits: dict, gguf, target_cfg, context_length: int) -> int:
     cfg.check_target(target_cfg)
     bound = bind(cfg, gguf.tensors)
     counter = MemoryCounter(limits)
-    tensors = [t for t in vars(bound).values() if t is not None and not isinstance(t, list)]
-    tensors += [t for lw in bound.layers for t in vars(lw).values() if t is not None]
-    planned = {t.name: planned_tensor(counter, t)[0] for t in tensors}
+    planned = {t.name: planned_tensor(counter, t)[0]
+               for weights in (bound, *bound.layers) for t in _tensor_fields(weights).values() if t is not None}
     DrafterState(counter, cfg, target_cfg, context_length, None)
     _head_partials(counter, planned[bound.token_embd.name])
     return counter.total
 
 
+def _tensor_fields(weights) -> dict:
+    """A weights dataclass's tensor fields by name (not its layers); None where a file has no such tensor."""
+    return {name: t for name, t in vars(weights).items() if name != "layers"}
+
+
 def _on_gpu(dev: Device, weights) -> dict:
     """Steps: each tensor field of a weights dataclass (not its layers) uploaded (None stays None)."""
     out = {}
-    for name, t in vars(weights).items():
-        if name != "layers":
-            out[name] = (yield from model_tensor(dev, t)) if t is not None else None
+    for name, t in _tensor_fields(weights).items():
+        out[name] = (yield from model_tensor(dev, t)) if t is not None else None
     return out
 
 
