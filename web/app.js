@@ -50,6 +50,7 @@ const state = {
   streaming: null,
   loadId: 0,
   streamedTokens: 0,   // tokens of the reply being streamed
+  repliesEnded: 0,     // replies generated to their end or their error (what a waiter counts)
   adapterLoaded: false, // the loaded model has a LoRA adapter applied
   training: false,     // a fine-tuning run is going (finetune.js): the engine is the trainer's
   everLoaded: false,   // the chosen model loaded at least once (its button says Reload, else Load)
@@ -1187,6 +1188,7 @@ async function generate() {
       images.modelLoaded(null);
       audio.modelChosen();
       drafter.modelUnloaded();
+      state.repliesEnded += 1;
       return { imageError };
     }
   } else {
@@ -1200,6 +1202,7 @@ async function generate() {
   }
   saveChat();
   renderChat();
+  state.repliesEnded += 1;
   setState("loaded");
   return { imageError: imageError && !!r.error, result: r };
 }

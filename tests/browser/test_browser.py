@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support.browser import (ARTIFACTS, CHROMIUM, DEMO, DIST, FIXTURES, SCREENSHOTS, TIMEOUT, as_sent, demo_engine,
-                             ensure_model, fresh_chat, greedy, messages, native_greedy, ollama_folder, send, set_field,
-                             under_csp, wait_idle, wait_loaded_file, wait_state, write_opfs_folder)
+from support.browser import (ARTIFACTS, CHROMIUM, DEMO, DIST, FIXTURES, SCREENSHOTS, TIMEOUT, as_sent,
+                             click_and_wait_reply, demo_engine, ensure_model, fresh_chat, greedy, messages,
+                             native_greedy, ollama_folder, reload_model, send, set_field, under_csp, wait_idle,
+                             wait_loaded_file, wait_state, write_opfs_folder)
 
 pytestmark = pytest.mark.browser
 
@@ -490,8 +491,8 @@ def test_f16_prompt_processing_box(page):
     page.check("#f16")
     assert page.is_visible("#reload-model")                    # the loaded model keeps its tiles until reloaded
     assert page.evaluate("JSON.parse(localStorage.getItem('gemma4.f16.v1'))[window.app.state.adapter]") is True
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded && !window.app.state.busy")
+    reload_model(page)
+    assert page.evaluate("window.app.state.loaded")
     tokens = [2] + np.random.default_rng(4).integers(3, 250, 47).tolist()
     rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
     assert "error" not in rows, rows
@@ -501,8 +502,8 @@ def test_f16_prompt_processing_box(page):
     # both in f16 (SwiftShader, lavapipe): nearer each other than the f32 logits, which are f16's rounding away
     assert np.abs(got - f16).mean() < 0.5 * np.abs(got - f32).mean() < 0.01
     page.uncheck("#f16")
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded && !window.app.state.busy")
+    reload_model(page)
+    assert page.evaluate("window.app.state.loaded")
     rows = page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")
     assert np.abs(np.array(rows["rows"], dtype=np.float32) - f32).max() < 2e-3
 
@@ -765,12 +766,11 @@ def test_device_lost_then_reload_the_model(own_page):
     page.click("#reload-model")
     wait_state(page, "loaded")
     assert page.is_hidden("#reload-model") and page.inner_text("#chat-error") == ""
-    page.click("#regen")                                         # answers the unanswered message
-    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
-    # the first reply on the new device (its plans made again, on SwiftShader) ran past the usual 180 s once,
-    # beside the suite's other half and three CPU-bound processes (load average 6-7 on 2 cores): twice the
-    # usual wait, which still fails a reply that never ends
-    page.wait_for_function("document.body.dataset.state === 'loaded'", timeout=2 * TIMEOUT)
+    # answers the unanswered message; the first reply on the new device (its plans made again, on SwiftShader)
+    # ran past the usual 180 s once, beside the suite's other half and three CPU-bound processes (load average
+    # 6-7 on 2 cores): twice the usual wait, which still fails a reply that never ends
+    click_and_wait_reply(page, "#regen", timeout=2 * TIMEOUT)
+    wait_state(page, "loaded")
     msgs = messages(page)
     assert msgs[-1]["role"] == "assistant" and msgs[-1]["content"] == native_greedy(as_sent(msgs[:-1]), 10)
 
@@ -832,8 +832,7 @@ def test_experts_stream_within_a_small_gpu_memory_setting(page):
     page.dispatch_event("#gpu_memory", "change")
     page.wait_for_function("document.getElementById('memory-plan').textContent.includes('2 of 4 per layer cached')")
     assert page.evaluate("document.querySelector('#memory-plan svg rect') !== null")   # the picture of the plan
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded === false")
+    reload_model(page)
     wait_state(page, "loaded")
     assert "2 of 4 per layer cached" in page.text_content("#memory-plan")
     golden = np.load(path.with_suffix(".golden.npz"))

@@ -21,8 +21,8 @@ from array import array
 import pytest
 
 from support.audio import wav
-from support.browser import (FIXTURES, SCREENSHOTS, fresh_chat, messages, read_opfs_file, regenerate, wait_idle,
-                             wait_loaded_file, wait_state)
+from support.browser import (FIXTURES, SCREENSHOTS, click_and_wait_reply, fresh_chat, messages, read_opfs_file,
+                             regenerate, wait_idle, wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
@@ -67,8 +67,7 @@ def native_reply(samples, text: str) -> dict:
 def send_and_compare(page, text: str, clip: dict) -> dict:
     """Send the message with its clip; the reply equals the native app layer's on the samples the page kept."""
     page.fill("#prompt", text)
-    page.click("#send")
-    page.wait_for_function("window.app.state.streaming !== null")
+    click_and_wait_reply(page, "#send")
     wait_state(page, "loaded")
     assert page.inner_text("#chat-error") == ""
     sent, got = messages(page)[-2:]

@@ -28,8 +28,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from support.browser import (ARTIFACTS, FIXTURES, TIMEOUT, ensure_model, messages, open_app, open_page, set_field,
-                             under_csp, wait_loaded_file, wait_state)
+from support.browser import (ARTIFACTS, FIXTURES, TIMEOUT, click_and_wait_reply, ensure_model, messages, open_app,
+                             open_page, reload_model, set_field, under_csp, wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
@@ -346,8 +346,7 @@ def test_chat_with_the_tuned_model(run):
     set_field(page, "temperature", 0)
     set_field(page, "max_tokens", 8)
     page.fill("#prompt", "Say 3.")
-    page.click("#send")
-    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
+    click_and_wait_reply(page, "#send")
     wait_state(page, "loaded")
     sent = messages(page)
     assert [m["role"] for m in sent] == ["user", "assistant"] and sent[0]["content"] == "Say 3."
@@ -505,8 +504,7 @@ def test_a_model_streaming_its_experts_is_refused_in_plain_words(page):
     set_field(page, "context_length", 256)
     whole = page.evaluate("window.app.call('memory_plan', 256, 0)")
     set_field(page, "gpu_memory", f"{(whole['minimum'] + whole['expert_each'] // 2) / 2**20:.4f}")
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded === false")
+    reload_model(page)
     wait_state(page, "loaded")
     assert "2 of 4 per layer cached" in page.text_content("#memory-plan")
     page.click("#tab-finetune")

@@ -24,8 +24,8 @@ import zlib
 
 import pytest
 
-from support.browser import (FIXTURES, SCREENSHOTS, fresh_chat, messages, read_opfs_file, regenerate, wait_idle,
-                             wait_loaded_file, wait_state)
+from support.browser import (FIXTURES, SCREENSHOTS, click_and_wait_reply, fresh_chat, messages, read_opfs_file,
+                             regenerate, wait_idle, wait_loaded_file, wait_state)
 
 pytestmark = pytest.mark.browser
 
@@ -114,8 +114,7 @@ def test_an_attached_image_is_answered_as_natively(page, tmp_path):
     text = "What is in this picture?"
     page.fill("#prompt", text)
     page.screenshot(path=str(SCREENSHOTS / "image-attached.png"))
-    page.click("#send")
-    page.wait_for_function("window.app.state.streaming !== null")
+    click_and_wait_reply(page, "#send")
     wait_state(page, "loaded")
     assert page.inner_text("#chat-error") == ""
     sent, got = messages(page)[-2:]
@@ -198,8 +197,7 @@ def test_the_12b_reads_an_image_through_its_projector(page, tmp_path):
     assert (entry["width"], entry["height"], entry["tokens"]) == (528, 240, 55)
     text = "What is in this picture?"
     page.fill("#prompt", text)
-    page.click("#send")
-    page.wait_for_function("window.app.state.streaming !== null")
+    click_and_wait_reply(page, "#send")
     wait_state(page, "loaded")
     assert page.inner_text("#chat-error") == ""
     got = messages(page)[-1]

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from support.browser import (FIXTURES, SCREENSHOTS, ensure_model, fresh_chat, native_greedy, send, set_field,
-                             wait_loaded_file, wait_state)
+                             reload_model, wait_loaded_file, wait_state)
 
 REPEATING = [2, 40, 41, 42, 43, 44, 45] * 3                   # a repetitive prompt (as tests/test_speculative.py's)
 RANDOM = [2, 17, 500, 33, 499, 4, 5, 6, 7, 8, 9, 10, 11, 300, 301, 302, 12, 13, 14, 15]
@@ -110,8 +110,7 @@ def test_a_drafter_the_gpu_memory_setting_has_no_room_for_waits_for_the_next_loa
     set_field(page, "context_length", 256)
     alone = page.evaluate("window.app.call('memory_plan', 256, 0)")
     set_field(page, "gpu_memory", f"{(alone['total'] + (64 << 10)) / 2**20:.4f}")    # 64 KiB to spare
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded === false")
+    reload_model(page)
     wait_state(page, "loaded")
     page.set_input_files("#drafter-input", str(drafter))
     page.wait_for_function("document.getElementById('drafter-error').textContent.length > 0")
@@ -125,8 +124,7 @@ def test_a_drafter_the_gpu_memory_setting_has_no_room_for_waits_for_the_next_loa
     page.wait_for_function("document.querySelector('#memory-plan svg rect.drafter') !== null")
     page.locator("#drafter-box").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "drafter-waits-for-the-load.png"))
-    page.click("#reload-model")
-    page.wait_for_function("window.app.state.loaded === false")
+    reload_model(page)
     wait_state(page, "loaded")
     page.wait_for_function("window.app.state.drafter.info && window.app.state.drafter.info.loaded")
     assert "Greedy replies draft with" in page.inner_text("#drafter-info")

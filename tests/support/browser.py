@@ -147,21 +147,36 @@ def as_sent(msgs: list[dict]) -> list[dict]:
     return [{k: m[k] for k in ("role", "content", "ids", "vocab") if k in m} for m in msgs]
 
 
+def click_and_wait_reply(page, selector: str, timeout=None) -> None:
+    """Click what starts a reply (Send, Regenerate) and wait until that reply has ended, by the page's count
+    of ended replies: watching `streaming` go non-null can miss a short reply whole on a busy machine."""
+    before = page.evaluate("window.app.state.repliesEnded")
+    page.click(selector)
+    page.wait_for_function(f"window.app.state.repliesEnded > {before}", timeout=timeout)
+
+
 def send(page, text: str) -> dict:
     page.fill("#prompt", text)
-    page.click("#send")
-    page.wait_for_function("window.app.state.streaming !== null || document.body.dataset.state === 'loaded'")
+    click_and_wait_reply(page, "#send")
     wait_state(page, "loaded")
     return messages(page)[-1]
 
 
 def regenerate(page) -> dict:
     """Regenerate the last reply and wait for it: the new reply (the conversation's error line stays empty)."""
-    page.click("#regen")
-    page.wait_for_function("window.app.state.streaming !== null")
+    click_and_wait_reply(page, "#regen")
     wait_state(page, "loaded")
     assert page.inner_text("#chat-error") == ""
     return messages(page)[-1]
+
+
+def reload_model(page) -> None:
+    """Press Reload and wait until that load has ended (its outcome is the caller's to check). Not by
+    watching `loaded` go false: on a busy machine this process can miss the whole load of a small model
+    between two of its polls, so the load's own number (state.loadId) says that it ran."""
+    before = page.evaluate("window.app.state.loadId")
+    page.click("#reload-model")
+    page.wait_for_function(f"window.app.state.loadId > {before} && !window.app.state.busy")
 
 
 def wait_loaded_file(page, name: str) -> None:
