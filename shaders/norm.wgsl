@@ -12,6 +12,9 @@
 //   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
 //               optionally times layer_output_scale (saves two dispatches);
 //               HAS_NEXT: also Y = norm(A) * W2, the next pre-norm (saves one more)
+//   add_normed_q8: add_normed with HAS_NEXT whose Y rows are also rounded to int8 for the int8
+//               matmuls that read them (XQ, XS as quantize_q8.wgsl writes them: its dispatch
+//               saved), Y written only where KEEP (a reader takes the f32 rows: a LoRA delta)
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.pos0 + t.
@@ -29,6 +32,7 @@ override NROT: u32 = 0u;
 override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
 override SCALE: f32 = 1.0;
+override KEEP: bool = true;
 override WG: u32 = 256u;
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
@@ -40,9 +44,13 @@ override WG: u32 = 256u;
 @group(0) @binding(6) var<storage, read> FF: array<f32>;
 @group(0) @binding(8) var<storage, read> W2: array<f32>;
 @group(0) @binding(9) var<storage, read> LB: array<f32>;
+@group(0) @binding(10) var<storage, read_write> XQ: array<u32>;
+@group(0) @binding(11) var<storage, read_write> XS: array<vec2<f32>>;
 
 //!include workgroup_sum
 //!include sincos
+//!include q8_block
+//!include q8_gather
 
 // 1 / rms of row `base`, shared by every thread of the workgroup.
 fn inv_rms(base: u32, lid: u32) -> f32 {
@@ -82,12 +90,9 @@ fn norm_pair(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
-@compute @workgroup_size(WG)
-fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= S.n_tokens * RPT) { return; }
-    let base = row * D;
+// add_normed's residual add for row `base` (A += norm(X) * Wt, times SC[0] where HAS_SC): the sum of
+// squares of this thread's updated elements (i = lid, lid + WG, ...).
+fn add_post_norm(base: u32, lid: u32) -> f32 {
     let inv = inv_rms(base, lid);
     var sc = 1.0;
     if (HAS_SC) { sc = SC[0]; }
@@ -97,9 +102,54 @@ fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         A[base + i] = a;
         ss += a * a;
     }
+    return ss;
+}
+
+@compute @workgroup_size(WG)
+fn add_normed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.n_tokens * RPT) { return; }
+    let base = row * D;
+    let ss = add_post_norm(base, lid);
     if (HAS_NEXT) {                     // uniform: barriers stay legal
         let inv2 = inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS);
         for (var i = lid; i < D; i += WG) { Y[base + i] = A[base + i] * inv2 * W2[i]; }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn add_normed_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.n_tokens * RPT) { return; }
+    let base = row * D;
+    let inv2 = inverseSqrt(workgroup_sum(lid, add_post_norm(base, lid)) / f32(D) + EPS);
+    next_rounded(row, base, inv2, lid);
+}
+
+// add_normed's next pre-norm, norm(A) * W2 for row `row` (1 / rms = inv), rounded to int8 per block of 32
+// (q8_block.wgsl's rule, quantize_q8.wgsl's layout: XQ [row, D / 4] words, XS [row, D / 32] (d, sum)):
+// four values a thread, 8 threads a block, as quantize_q8.wgsl; Y too where KEEP. Uniform control flow.
+fn next_rounded(row: u32, base: u32, inv: f32, lid: u32) {
+    storageBarrier();                        // A's values came from other threads of this workgroup
+    for (var w0 = 0u; w0 < D / 4u; w0 += WG) {
+        let w = w0 + lid;
+        let here = w < D / 4u;
+        var v = vec4<f32>(0.0);
+        if (here) {
+            let i = base + 4u * w;
+            let a = vec4<f32>(A[i], A[i + 1u], A[i + 2u], A[i + 3u]);
+            v = a * inv * vec4<f32>(W2[4u * w], W2[4u * w + 1u], W2[4u * w + 2u], W2[4u * w + 3u]);
+            if (KEEP) { Y[i] = v.x; Y[i + 1u] = v.y; Y[i + 2u] = v.z; Y[i + 3u] = v.w; }
+        }
+        let m = q8_gather(lid, v);
+        if (here) {
+            let s = q8_scale(m.x);
+            XQ[row * (D / 4u) + w] = q8_word(v, s.y);
+            if (lid % 8u == 0u) { XS[row * (D / 32u) + w / 8u] = vec2<f32>(s.x, m.y); }
+        }
+        workgroupBarrier();                  // every thread has its block's figures before q8_parts is reused
     }
 }
 

@@ -7,10 +7,10 @@ ops). A rule looks only at the ops' kinds, the buffers they read and write, and 
 projection's x and y.
 
 A rule that leaves a value unwritten (moe_tails: the experts' sum; epilogues: the [gate | up] outputs;
-residual_inputs: the pre-norm output) applies only when no later op of the plan reads it; a tape
-(training's forward kept for its backward, which reads every value) skips moe_tails, the only such rule
-that runs on a chunk. Rules that move ops (route_tails) move them only within one Plan (not across a
-streamed experts' round) and only past ops they are independent of.
+residual_inputs: the pre-norm output; quantized_geglu, unread_norm_outputs: f32 rows rounded to int8)
+applies only when no later op of the plan reads it; a tape (training's forward kept for its backward,
+which reads every value) skips each of those that run on a chunk. Rules that move ops (route_tails) move
+them only within one Plan (not across a streamed experts' round) and only past ops they are independent of.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = rounded_inputs(ops, rules.reads_rounded)
     if not (rules.one_token or rules.few or rules.tape) and rules.quantized_inputs is not None:
         ops = quantized_geglu(ops, rules.quantized_inputs)
+        ops = quantized_norms(ops, rules.quantized_inputs)
         ops = shared_quantized_inputs(ops, rules.quantized_inputs)
+        ops = unread_norm_outputs(ops)
     return ops
 
 
@@ -313,21 +315,72 @@ def quantized_geglu(ops: list, quantized_inputs) -> list:
     return ops
 
 
+def takes_int8(op, quantized_inputs) -> bool:
+    """A chunk's projection that would round its own x to int8 (state.xq) before its int8 matmul."""
+    return (isinstance(op, Linear) and op.input is None and op.epilogue is None
+            and quantized_inputs(op.w.qtype, op.w.shape[0]))
+
+
+def rounds_into_xq(op) -> bool:
+    """Whether op may write state.xq (a projection rounding its x, the experts', a GeGLU or a residual add
+    that rounds): where one x's codes stop being there for a later reader."""
+    return (isinstance(op, (Linear, Experts, GegluHalves) + BARRIERS)
+            or isinstance(op, AddNorm) and op.quantizes)
+
+
+def quantized_norms(ops: list, quantized_inputs) -> list:
+    """A chunk's residual add whose next pre-norm (next_out) is first read by a projection that takes it
+    as int8 (quantized_inputs): the add's kernel rounds those rows into state.xq too (norm.wgsl's
+    add_normed_q8) and the projection reads them (QuantizedInput) instead of rounding them again; the
+    projections after it of the same x share them (shared_quantized_inputs), and unread_norm_outputs
+    drops the f32 rows where no other op reads them."""
+    for i, op in enumerate(ops):
+        if not (isinstance(op, AddNorm) and op.next_out is not None and not op.built):
+            continue
+        out = id(buffer_of(op.next_out))
+        for reader in ops[i + 1:]:
+            if out in reads(reader):
+                if takes_int8(reader, quantized_inputs) and reader.x is op.next_out:
+                    op.quantizes = True
+                    reader.input = QuantizedInput()
+                break
+            if rounds_into_xq(reader) or out in writes(reader):
+                break
+    return ops
+
+
+def unread_norm_outputs(ops: list) -> list:
+    """A residual add that rounds its next pre-norm into state.xq writes the f32 rows only where an op reads
+    them other than as those codes (a LoRA delta on a projection; a projection that rounds its own), up to
+    the next op that writes them."""
+    for i, op in enumerate(ops):
+        if not (isinstance(op, AddNorm) and op.quantizes):
+            continue
+        out = id(buffer_of(op.next_out))
+        op.keep = False
+        for later in ops[i + 1:]:
+            if out in reads(later) and not (isinstance(later, Linear) and isinstance(later.input, QuantizedInput)
+                                            and later.x is op.next_out):
+                op.keep = True
+                break
+            if out in writes(later):
+                break
+    return ops
+
+
 def shared_quantized_inputs(ops: list, quantized_inputs) -> list:
     """Chunk matmuls reading one x (a layer's q, k and v projections of the normed x): the first rounds x to
-    int8 into state.xq, the later ones read it there (QuantizedInput), as long as no op between writes x or
-    state.xq (another projection, the experts, a GeGLU that rounds; a norm of q or a LoRA delta does not)."""
-    def takes_int8(op) -> bool:
-        return (isinstance(op, Linear) and op.input is None and op.epilogue is None
-                and quantized_inputs(op.w.qtype, op.w.shape[0]))
+    int8 into state.xq (or an earlier op did: quantized_norms), the later ones read it there (QuantizedInput),
+    as long as no op between writes x or state.xq (rounds_into_xq; a norm of q or a LoRA delta does not)."""
     for i, first in enumerate(ops):
-        if not (takes_int8(first) or isinstance(first, Linear) and isinstance(first.input, QuantizedInput)):
+        if not (takes_int8(first, quantized_inputs)
+                or isinstance(first, Linear) and isinstance(first.input, QuantizedInput)):
             continue
         for op in ops[i + 1:]:
-            if id(buffer_of(first.x)) in writes(op) or isinstance(op, BARRIERS):
+            if id(buffer_of(first.x)) in writes(op):
                 break
-            if takes_int8(op) and op.x is first.x and op.w.shape[0] == first.w.shape[0]:
+            if takes_int8(op, quantized_inputs) and op.x is first.x and op.w.shape[0] == first.w.shape[0]:
                 op.input = QuantizedInput()
-            elif isinstance(op, (Linear, Experts, GegluHalves)):
+            elif rounds_into_xq(op):
                 break
     return ops

@@ -149,7 +149,8 @@ class RoundedInput:
 @dataclass(eq=False)
 class QuantizedInput:
     """A chunk's matmul x already rounded to int8 in state.xq by an earlier op (the GeGLU before the down
-    projection, the first of the projections reading one x): no quantize_q8 of its own."""
+    projection, the residual add whose next pre-norm is x, the first of the projections reading one x): no
+    quantize_q8 of its own."""
 
 
 @dataclass(eq=False)
@@ -341,7 +342,9 @@ class RmsNormPair(Op):
 @dataclass(eq=False)
 class AddNorm(Op):
     """into = (into + rms_norm(y) * weight) [* scale]; given next_weight, next_out = rms_norm(into) *
-    next_weight (norm.wgsl add_normed: both in one dispatch). built: its consumers build it (one token)."""
+    next_weight (norm.wgsl add_normed: both in one dispatch). built: its consumers build it (one token).
+    quantizes: next_out also rounded to int8 into state.xq for the chunk's matmul after it (its
+    QuantizedInput), next_out written only where keep (another op reads it)."""
     y: Buffer
     weight: GpuTensor
     into: Buffer
@@ -351,6 +354,8 @@ class AddNorm(Op):
     built: bool = False
     resid_in: Buffer | None = None       # built: where the stream is read from, and written to
     resid_out: Buffer | None = None
+    quantizes: bool = False
+    keep: bool = True
 
     def reads(self) -> tuple:
         return (self.y, self.into)
@@ -364,7 +369,8 @@ class AddNorm(Op):
             L.stream = self.resid_out
             return
         K.add_normed(L.dev, L.cfg.hidden, self.y, L.now(self.into), self.weight.buffer, L.step, L.T, eps=L.eps,
-                     scale=_buf(self.scale), next_out=self.next_out, next_weight=_buf(self.next_weight), plan=L.plan)
+                     scale=_buf(self.scale), next_out=self.next_out, next_weight=_buf(self.next_weight), plan=L.plan,
+                     rounded=(L.s.xq, L.s.xq_scales) if self.quantizes else None, keep=self.keep)
 
 
 @dataclass(eq=False)

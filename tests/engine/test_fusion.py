@@ -216,3 +216,47 @@ def test_chunk_projections_of_one_x_share_its_rounding():
     assert k.input is None
     fuse([q, k], rules(one_token=False))
     assert k.input is None
+
+
+def test_a_chunk_residual_add_rounds_its_next_pre_norm():
+    """A chunk's residual add whose next pre-norm is first read by a projection that takes int8 rounds those
+    rows into state.xq itself (AddNorm.quantizes): that projection and the later ones of the same x read the
+    codes; the f32 rows are written only for a reader of them (a LoRA delta). A reader of the f32 rows first,
+    an op between that rounds into state.xq, a type without int8, a tape or no rule: the add does not round."""
+    def layer_start(*between, lora=False):
+        add = AddNorm(Y, W, X, next_weight=W2, next_out=XN)
+        q, k, v = (Linear(tensor(n), XN, buf(n + " out")) for n in ("q", "k", "v"))
+        return add, q, k, v, [add, *between, q] + ([Lora([], XN, q.y, D)] if lora else []) + [k, v]
+    int8 = lambda qtype, k: qtype != "f16"          # noqa: E731
+    chunk = dict(one_token=False, quantized_inputs=int8)
+    for lora in (False, True):
+        add, q, k, v, ops = layer_start(lora=lora)
+        fuse(ops, rules(**chunk))
+        assert add.quantizes and add.keep == lora
+        assert all(isinstance(p.input, QuantizedInput) for p in (q, k, v))
+    add, q, k, v, ops = layer_start(RmsNorm(XN, buf("normed"), W))          # the f32 rows read first
+    fuse(ops, rules(**chunk))
+    assert not add.quantizes and q.input is None and isinstance(k.input, QuantizedInput)
+    other = Linear(tensor("other"), buf("other x"), buf("other out"))      # rounds its own x into state.xq
+    add, q, k, v, ops = layer_start(other)
+    fuse(ops, rules(**chunk))
+    assert not add.quantizes and q.input is None and other.input is None
+    add, q, k, v, ops = layer_start()
+    q.w.qtype = "f16"
+    fuse(ops, rules(**chunk))
+    assert not add.quantizes and q.input is None and isinstance(v.input, QuantizedInput)   # k rounds, v shares
+    for plain in (rules(**chunk, tape=True), rules(one_token=False), rules(quantized_inputs=int8)):
+        add, q, k, v, ops = layer_start()
+        fuse(ops, plain)
+        assert not add.quantizes and q.input is None
+
+
+def test_a_quantizing_add_ends_the_sharing_of_another_x():
+    """Projections of one x share its codes only until an op writes state.xq: a residual add that rounds
+    another x there is such an op, so a projection of the first x after it rounds its own again."""
+    xa = buf("first x")
+    a1, a2 = (Linear(tensor(n), xa, buf(n + " out")) for n in ("a1", "a2"))
+    add = AddNorm(Y, W, X, next_weight=W2, next_out=XN)
+    q = Linear(tensor("q"), XN, buf("q out"))
+    fuse([a1, add, q, a2], rules(one_token=False, quantized_inputs=lambda qtype, k: True))
+    assert add.quantizes and isinstance(q.input, QuantizedInput) and a1.input is None and a2.input is None

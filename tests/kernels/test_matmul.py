@@ -11,7 +11,8 @@ import pytest
 from pyapp import ggml
 from pyapp.gpu import kernels as K
 
-from support.gpu import assert_close_dot, dequantize, f32, random_tensor, read_f32, step_buffer, weight_buffer
+from support.gpu import (assert_close_dot, assert_rounded_q8, dequantize, f32, q8_sentinels, random_tensor, read_f32,
+                         read_q8, step_buffer, weight_buffer)
 
 pytestmark = pytest.mark.gpu
 
@@ -174,24 +175,16 @@ def test_quantize_q8_fuses_the_geglu(dev, rpt, keep):
     the codes and (d, sum) of gelu_tanh(gate) * up by quantize_activations_q8's rule, the f32 values too
     where kept (a LoRA on the down projection reads them); rows past the step's tokens untouched."""
     from pyapp.reference.forward import gelu_tanh
-    from pyapp.reference.quants import quantize_activations_q8
     rng = np.random.default_rng(33)
     t, plan_t, k = 11, 13, 32 * 5
     rows, plan_rows = t * rpt, plan_t * rpt
     gate_up = (rng.standard_normal((plan_rows, 2 * k)) * rng.uniform(0.2, 4, (plan_rows, 1))).astype(np.float32)
     want = (gelu_tanh(gate_up[:rows, :k].astype(np.float64)) * gate_up[:rows, k:]).astype(np.float32)
-    xq_bytes, xs_bytes = K.q8_bytes(plan_rows, k)
-    xq, xs = f32(dev, np.full(xq_bytes // 4, 7.0)), f32(dev, np.full(xs_bytes // 4, 7.0))
+    xq, xs = q8_sentinels(dev, plan_rows, k)
     out = f32(dev, np.full((plan_rows, k), 7.0)) if keep else None
     dev.submit(K.quantize_q8(dev, k, f32(dev, gate_up), xq, xs, step_buffer(dev, t), n_tokens=plan_t,
                              rows_per_token=rpt, geglu=True, out=out))
-    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(plan_rows, k)
-    ds = read_f32(dev, xs, xs_bytes // 4).reshape(plan_rows, k // 32, 2)
-    want_q, want_d, want_sum = quantize_activations_q8(want)
-    np.testing.assert_allclose(ds[:rows, :, 0], want_d, rtol=1e-5)
-    np.testing.assert_allclose(ds[:rows, :, 1], want_sum, rtol=1e-4, atol=1e-4)
-    assert np.abs(q[:rows].astype(int) - want_q).max() <= 1 and (q[:rows] != want_q).mean() < 1e-2
-    assert (ds[rows:] == 7.0).all()
+    assert_rounded_q8(*read_q8(dev, xq, xs, plan_rows, k), want)
     if keep:
         got = read_f32(dev, out, plan_rows * k).reshape(plan_rows, k)
         np.testing.assert_allclose(got[:rows], want, rtol=1e-5, atol=1e-5)     # tanh near -1: ~1e-6 absolute

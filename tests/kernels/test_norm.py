@@ -1,5 +1,6 @@
-"""Parity of the norm and RoPE kernels (pyapp.gpu.kernels' rms_norm, rms_norm_pair, add_normed, norm_rope, rope,
-ple_combine, layer_norm: shaders/norm.wgsl, rope.wgsl, sincos.wgsl, ple.wgsl) against numpy on odd sizes."""
+"""Parity of the norm and RoPE kernels (pyapp.gpu.kernels' rms_norm, rms_norm_pair, add_normed and its int8
+rounding, norm_rope, rope, ple_combine, layer_norm: shaders/norm.wgsl, rope.wgsl, sincos.wgsl, ple.wgsl) against
+numpy on odd sizes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from pyapp.gpu import kernels as K
 from pyapp.reference.forward import rms_norm, rope_neox
 
-from support.gpu import f32, read_f32, step_buffer
+from support.gpu import assert_rounded_q8, f32, q8_sentinels, read_f32, read_q8, step_buffer
 
 pytestmark = pytest.mark.gpu
 
@@ -127,6 +128,37 @@ def test_add_normed_with_scale(dev, fused_next):
     np.testing.assert_allclose(read_f32(dev, ab, t * d).reshape(t, d), want, atol=1e-5)
     if fused_next:
         np.testing.assert_allclose(read_f32(dev, nxt, t * d).reshape(t, d), rms_norm(want, w2, 1e-6), atol=1e-5)
+
+
+@pytest.mark.parametrize("d,keep,scaled", [(32 * 13, True, True), (32 * 35, False, False)],
+                         ids=["104-words-kept", "280-words-codes-only"])
+def test_add_normed_rounds_the_next_pre_norm(dev, d, keep, scaled):
+    """add_normed_q8: the residual add as add_normed, and the next pre-norm's rows rounded to int8 by
+    quantize_activations_q8's rule (the codes and (d, sum) of each block of 32), the f32 rows too where
+    kept; rows under 256 words and over (a workgroup's threads loop); rows past the step's tokens untouched."""
+    rng = np.random.default_rng(29)
+    t, plan_t = 6, 9
+    x = (rng.standard_normal((plan_t, d)) * rng.uniform(0.3, 3, (plan_t, 1))).astype(np.float32)
+    a = (rng.standard_normal((plan_t, d)) * rng.uniform(0.3, 3, (plan_t, 1))).astype(np.float32)
+    a[2, 64:96] = 0.0
+    w, w2 = (rng.standard_normal((2, d)) * rng.uniform(0.2, 2, (2, d))).astype(np.float32)
+    w2[96:128] = 0.0                                     # a block of zeros in every row: codes 0, d 0
+    sc = np.float32(0.7)
+    ab, nxt = f32(dev, a), f32(dev, np.full((plan_t, d), 7.0))
+    xq, xs = q8_sentinels(dev, plan_t, d)
+    dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), step_buffer(dev, t), plan_t,
+                            scale=f32(dev, [sc]) if scaled else None, next_out=nxt, next_weight=f32(dev, w2),
+                            rounded=(xq, xs), keep=keep))
+    added = (a[:t] + rms_norm(x[:t], w, 1e-6)) * (sc if scaled else 1)
+    np.testing.assert_allclose(read_f32(dev, ab, plan_t * d).reshape(plan_t, d)[:t], added, atol=1e-5)
+    normed = rms_norm(added, w2, 1e-6)
+    got_next = read_f32(dev, nxt, plan_t * d).reshape(plan_t, d)
+    if keep:
+        np.testing.assert_allclose(got_next[:t], normed, atol=1e-5)
+    assert (got_next[t:] == 7.0).all() and (keep or (got_next == 7.0).all())
+    q, ds = read_q8(dev, xq, xs, plan_t, d)
+    assert_rounded_q8(q, ds, normed)
+    assert (q[:t, 96:128] == 0).all() and (ds[:t, 3] == 0).all()
 
 
 @pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])

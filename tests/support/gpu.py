@@ -35,6 +35,35 @@ def step_buffer(dev, n_tokens, pos0=0):
     return b
 
 
+def q8_sentinels(dev, rows: int, k: int):
+    """quantize_q8's outputs for rows of k (int8 codes, (d, sum) a block), every word 7.0: rows a kernel
+    must not touch keep it."""
+    from pyapp.gpu import kernels as K
+    xq_bytes, xs_bytes = K.q8_bytes(rows, k)
+    return f32(dev, np.full(xq_bytes // 4, 7.0)), f32(dev, np.full(xs_bytes // 4, 7.0))
+
+
+def read_q8(dev, xq, xs, rows: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The codes [rows, k] and the (d, sum) pairs [rows, k / 32, 2] of quantize_q8's outputs."""
+    from pyapp.gpu import kernels as K
+    xq_bytes, xs_bytes = K.q8_bytes(rows, k)
+    return (np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(rows, k),
+            read_f32(dev, xs, xs_bytes // 4).reshape(rows, k // 32, 2))
+
+
+def assert_rounded_q8(q: np.ndarray, ds: np.ndarray, want: np.ndarray) -> None:
+    """The first len(want) rows of codes q and (d, sum) pairs ds are want's rows rounded to int8 by
+    pyapp.reference.quants' rule (a code 1 apart where x / d lies within float rounding of .5); the rows
+    after them untouched (q8_sentinels)."""
+    from pyapp.reference.quants import quantize_activations_q8
+    rows = len(want)
+    want_q, want_d, want_sum = quantize_activations_q8(want)
+    np.testing.assert_allclose(ds[:rows, :, 0], want_d, rtol=1e-5)
+    np.testing.assert_allclose(ds[:rows, :, 1], want_sum, rtol=1e-4, atol=1e-4)
+    assert np.abs(q[:rows].astype(int) - want_q).max() <= 1 and (q[:rows] != want_q).mean() < 1e-2
+    assert (ds[rows:] == 7.0).all()
+
+
 # ---- random GGUF blocks --------------------------------------------------------
 
 # byte offsets of the f16 scale fields in each block type (the rest is random bits)

@@ -37,17 +37,23 @@ def rms_norm_pair(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | No
 
 def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step: Buffer, max_tokens: int,
                eps: float = 1e-6, scale: Buffer | None = None, next_out: Buffer | None = None,
-               next_weight: Buffer | None = None, plan: Plan | None = None) -> Plan:
+               next_weight: Buffer | None = None, plan: Plan | None = None, rounded: tuple | None = None,
+               keep: bool = True) -> Plan:
     """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale);
-    with next_out: also next_out = rms_norm(acc) * next_weight (the following pre-norm)."""
+    with next_out: also next_out = rms_norm(acc) * next_weight (the following pre-norm). rounded = (xq, xs):
+    that pre-norm's rows also rounded to int8 as quantize_q8 rounds them (for the int8 matmuls after it),
+    next_out written only where keep."""
     nxt = next_out is not None
-    p = pipeline(dev, "norm", entry="add_normed", constants={"D": d, "EPS": eps, "HAS_SC": scale is not None,
-                                                            "HAS_NEXT": nxt})
+    constants = {"D": d, "EPS": eps, "HAS_SC": scale is not None}
     res = {"X": x, "Wt": weight, "S": step, "A": acc, "SC": scale if scale is not None else dev.dummy}
-    if nxt:
-        res.update({"Y": next_out, "W2": next_weight})
+    if rounded is not None:
+        if not nxt or d % 32:
+            raise ValueError("add_normed rounds only a next pre-norm, of rows of a multiple of 32")
+        p = pipeline(dev, "norm", entry="add_normed_q8", constants={**constants, "KEEP": keep})
+        res.update({"Y": next_out if keep else dev.dummy_out, "W2": next_weight, "XQ": rounded[0], "XS": rounded[1]})
     else:
-        res.update({"Y": dev.dummy_out, "W2": dev.dummy})
+        p = pipeline(dev, "norm", entry="add_normed", constants={**constants, "HAS_NEXT": nxt})
+        res.update({"Y": next_out, "W2": next_weight} if nxt else {"Y": dev.dummy_out, "W2": dev.dummy})
     return (plan or dev.plan()).dispatch(p, dev.bind_group(p, res), *groups(max_tokens))
 
 
