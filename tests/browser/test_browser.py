@@ -359,7 +359,7 @@ def test_every_control_is_reachable_labelled_and_shows_focus(page):
 
 def test_controls_disabled_while_generating_look_disabled(page):
     ensure_model(page)
-    set_field(page, "max_tokens", 200)
+    greedy(page, 200)                                 # the demo model's greedy reply runs on (no early stop)
     page.fill("#prompt", "Write a long story.")
     page.click("#send")
     page.wait_for_function("window.app.state.streaming && window.app.state.streamedTokens >= 1")
@@ -892,13 +892,13 @@ def test_prompt_step_setting(page):
     assert page.is_visible("#reload-model")                    # the loaded model keeps its steps until reloaded
     assert page.evaluate("window.app.call('memory_plan', 4096, 2048, '2048')")["state"] > state_bytes
     assert page.evaluate("JSON.parse(localStorage.getItem('gemma4.prompt_step.v1'))[window.app.state.adapter]") == "2048"
-    page.click("#reload-model")
+    reload_model(page)
     wait_loaded_file(page, DEMO.name)
     assert "prompt steps of 2048" in page.inner_text("#model-info")
     after = np.array(page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")["rows"])
     assert np.abs(after - before).max() < 1e-3
     assert "error" in page.evaluate("window.app.call('memory_plan', 4096, 2048, '99999')")   # refused, in a sentence
     page.select_option("#prompt_step", "")
-    page.click("#reload-model")
+    reload_model(page)
     wait_loaded_file(page, DEMO.name)
     assert "prompt steps" not in page.inner_text("#model-info")
