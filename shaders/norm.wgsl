@@ -15,6 +15,8 @@
 //   add_normed_q8: add_normed with HAS_NEXT whose Y rows are also rounded to int8 for the int8
 //               matmuls that read them (XQ, XS as quantize_q8.wgsl writes them: its dispatch
 //               saved), Y written only where KEEP (a reader takes the f32 rows: a LoRA delta)
+//   add_q8:     add_normed without a next pre-norm whose sum A is rounded so (the stream read
+//               next by an int8 matmul: Gemma 4's per-layer-input gate)
 //   norm_rope:  Y = rope(norm(X) * Wt) per head row: the q/k norm then NeoX RoPE
 //               (as rope.wgsl: pairs (i, i + NROT/2), theta = pos * BASE^(-2i/NROT)
 //               / FF[i]); token t = row / RPT sits at position S.pos0 + t.
@@ -125,13 +127,24 @@ fn add_normed_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (row >= S.n_tokens * RPT) { return; }
     let base = row * D;
     let inv2 = inverseSqrt(workgroup_sum(lid, add_post_norm(base, lid)) / f32(D) + EPS);
-    next_rounded(row, base, inv2, lid);
+    rounded_rows(row, base, inv2, true, lid);
 }
 
-// add_normed's next pre-norm, norm(A) * W2 for row `row` (1 / rms = inv), rounded to int8 per block of 32
-// (q8_block.wgsl's rule, quantize_q8.wgsl's layout: XQ [row, D / 4] words, XS [row, D / 32] (d, sum)):
-// four values a thread, 8 threads a block, as quantize_q8.wgsl; Y too where KEEP. Uniform control flow.
-fn next_rounded(row: u32, base: u32, inv: f32, lid: u32) {
+@compute @workgroup_size(WG)
+fn add_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= S.n_tokens * RPT) { return; }
+    let base = row * D;
+    add_post_norm(base, lid);
+    rounded_rows(row, base, 1.0, false, lid);
+}
+
+// Row `row` of A rounded to int8 per block of 32 (q8_block.wgsl's rule, quantize_q8.wgsl's layout: XQ [row,
+// D / 4] words, XS [row, D / 32] (d, sum)), or where `normed` the next pre-norm norm(A) * W2 (1 / rms = inv),
+// also written to Y where KEEP: four values a thread, 8 threads a block, as quantize_q8.wgsl. Uniform
+// control flow.
+fn rounded_rows(row: u32, base: u32, inv: f32, normed: bool, lid: u32) {
     storageBarrier();                        // A's values came from other threads of this workgroup
     for (var w0 = 0u; w0 < D / 4u; w0 += WG) {
         let w = w0 + lid;
@@ -139,9 +152,11 @@ fn next_rounded(row: u32, base: u32, inv: f32, lid: u32) {
         var v = vec4<f32>(0.0);
         if (here) {
             let i = base + 4u * w;
-            let a = vec4<f32>(A[i], A[i + 1u], A[i + 2u], A[i + 3u]);
-            v = a * inv * vec4<f32>(W2[4u * w], W2[4u * w + 1u], W2[4u * w + 2u], W2[4u * w + 3u]);
-            if (KEEP) { Y[i] = v.x; Y[i + 1u] = v.y; Y[i + 2u] = v.z; Y[i + 3u] = v.w; }
+            v = vec4<f32>(A[i], A[i + 1u], A[i + 2u], A[i + 3u]);
+            if (normed) {
+                v = v * inv * vec4<f32>(W2[4u * w], W2[4u * w + 1u], W2[4u * w + 2u], W2[4u * w + 3u]);
+                if (KEEP) { Y[i] = v.x; Y[i + 1u] = v.y; Y[i + 2u] = v.z; Y[i + 3u] = v.w; }
+            }
         }
         let m = q8_gather(lid, v);
         if (here) {

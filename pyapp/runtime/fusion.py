@@ -329,18 +329,20 @@ def rounds_into_xq(op) -> bool:
 
 
 def quantized_norms(ops: list, quantized_inputs) -> list:
-    """A chunk's residual add whose next pre-norm (next_out) is first read by a projection that takes it
-    as int8 (quantized_inputs): the add's kernel rounds those rows into state.xq too (norm.wgsl's
-    add_normed_q8) and the projection reads them (QuantizedInput) instead of rounding them again; the
-    projections after it of the same x share them (shared_quantized_inputs), and unread_norm_outputs
-    drops the f32 rows where no other op reads them."""
+    """A chunk's residual add whose result is first read by a projection that takes it as int8
+    (quantized_inputs) — its next pre-norm (next_out), or without one the sum itself (the stream, which
+    Gemma 4's per-layer-input gate reads) — rounds those rows into state.xq too (norm.wgsl's add_normed_q8,
+    add_q8) and the projection reads them (QuantizedInput) instead of rounding them again; the projections
+    after it of the same x share them (shared_quantized_inputs), and unread_norm_outputs drops a next_out's
+    f32 rows where no other op reads them."""
     for i, op in enumerate(ops):
-        if not (isinstance(op, AddNorm) and op.next_out is not None and not op.built):
+        if not (isinstance(op, AddNorm) and not op.built):
             continue
-        out = id(buffer_of(op.next_out))
+        result = op.next_out if op.next_out is not None else op.into
+        out = id(buffer_of(result))
         for reader in ops[i + 1:]:
             if out in reads(reader):
-                if takes_int8(reader, quantized_inputs) and reader.x is op.next_out:
+                if takes_int8(reader, quantized_inputs) and reader.x is result:
                     op.quantizes = True
                     reader.input = QuantizedInput()
                 break
@@ -354,7 +356,7 @@ def unread_norm_outputs(ops: list) -> list:
     them other than as those codes (a LoRA delta on a projection; a projection that rounds its own), up to
     the next op that writes them."""
     for i, op in enumerate(ops):
-        if not (isinstance(op, AddNorm) and op.quantizes):
+        if not (isinstance(op, AddNorm) and op.quantizes and op.next_out is not None):
             continue
         out = id(buffer_of(op.next_out))
         op.keep = False

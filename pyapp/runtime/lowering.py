@@ -343,8 +343,8 @@ class RmsNormPair(Op):
 class AddNorm(Op):
     """into = (into + rms_norm(y) * weight) [* scale]; given next_weight, next_out = rms_norm(into) *
     next_weight (norm.wgsl add_normed: both in one dispatch). built: its consumers build it (one token).
-    quantizes: next_out also rounded to int8 into state.xq for the chunk's matmul after it (its
-    QuantizedInput), next_out written only where keep (another op reads it)."""
+    quantizes: the rows the chunk's next matmul reads (next_out; without one, the sum `into`) also rounded to
+    int8 into state.xq (the matmul's QuantizedInput), next_out written only where keep (another op reads it)."""
     y: Buffer
     weight: GpuTensor
     into: Buffer

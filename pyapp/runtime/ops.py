@@ -31,6 +31,7 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | `quantize_q8` with `GEGLU` | chunk (int8) | `gelu(gate) * up`, rounded to int8 for the down projection in the same kernel | `quantized_geglu` |
 | one `quantize_q8` for several matmuls | chunk (int8) | the q, k and v projections' rounding of their one normed x | `shared_quantized_inputs` |
 | `add_normed_q8` (norm.wgsl) | chunk (int8) | `add_normed`'s next `rms_norm(h, w2)` rounded to int8 for the projections reading it (gate and up; the next layer's q, k, v) | `quantized_norms`, `unread_norm_outputs` |
+| `add_q8` (norm.wgsl) | chunk (int8) | `h = x + rms_norm(y, w)` rounded to int8 for the per-layer-input gate reading it | `quantized_norms` |
 | `attention_decode` with `K.QueryPrep` | one token | q/k norms, RoPE, v norm, the cache append | shape (`qkv_into_cache`, `q_proj`) |
 | `norm_rope` | chunk, few | `rope(rms_norm(q or k, norm))` | shape (`q_proj`, `qkv`) |
 | `norm_pair` | chunk, few | the router's and the experts' norms of h | one op (`rms_norm_pair`) |

@@ -382,9 +382,9 @@ def _pipelines(engine) -> set[str]:
 def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     """A 90-token prompt runs in the 128-token plan, whose Q4_K / Q6_K matmuls (the dense ones and the
     grouped experts) take int8 activations (K.INT8_MIN_TOKENS), the dense down projections' rounded by the
-    GeGLU's kernel (quantize_q8's geglu), the pre-norms' by the residual adds (add_normed_q8): logits within int8's rounding of the f32
-    reference and the same pick wherever the top two are 0.5 apart; int8=False keeps f32 matmuls,
-    within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
+    GeGLU's kernel (quantize_q8's geglu), the pre-norms' and the stream's by the residual adds
+    (add_normed_q8, add_q8): logits within int8's rounding of the f32 reference and the same pick wherever
+    the top two are 0.5 apart; int8=False keeps f32 matmuls, within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
     module's docstring), so int8's rounding says nothing there."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
@@ -409,10 +409,11 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
         layers = int8.config.n_layers
         assert "elementwise:geglu_halves" not in chunk_kernels(int8) and chunk_kernels(f32).count("elementwise:geglu_halves") == layers
         # q, k and v round their x once (shared_quantized_inputs); the residual adds round the next pre-norm
-        # for gate|up and for the next layer's q, k, v (quantized_norms)
+        # for gate|up and for the next layer's q, k, v, and the stream for the per-layer-input gate
+        # (quantized_norms)
         kernels = chunk_kernels(int8)
-        assert kernels.count("norm:add_normed_q8") == 2 * layers - 1
-        assert kernels.count("quantize_q8:main") <= kernels.count("matmul_q8:main") - layers - (2 * layers - 1)
+        assert kernels.count("norm:add_normed_q8") == 2 * layers - 1 and kernels.count("norm:add_q8") == layers
+        assert kernels.count("quantize_q8:main") <= kernels.count("matmul_q8:main") - layers - (3 * layers - 1)
     np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
     assert_within_rounding(engine_logits(int8, tokens), want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)
 

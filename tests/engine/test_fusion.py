@@ -260,3 +260,21 @@ def test_a_quantizing_add_ends_the_sharing_of_another_x():
     q = Linear(tensor("q"), XN, buf("q out"))
     fuse([a1, add, q, a2], rules(one_token=False, quantized_inputs=lambda qtype, k: True))
     assert add.quantizes and isinstance(q.input, QuantizedInput) and a1.input is None and a2.input is None
+
+
+def test_a_chunk_residual_add_rounds_the_stream_for_the_gate_reading_it():
+    """A residual add without a next pre-norm whose sum (the stream) is first read by a projection taking int8
+    (Gemma 4's per-layer-input gate) rounds the sum into state.xq (AddNorm.quantizes, no f32 rows to drop: the
+    stream stays written); a reader of the stream first, or a type without int8, leaves the projection its own
+    rounding."""
+    int8 = lambda qtype, k: qtype != "f16"          # noqa: E731
+    add, gate = AddNorm(Y, W, X), Linear(tensor("ple gate", 16), X, buf("gate out"))
+    fuse([add, gate, GeluTimes(gate.y, buf("ple"), buf("act"), 16)], rules(one_token=False, quantized_inputs=int8))
+    assert add.quantizes and add.keep and isinstance(gate.input, QuantizedInput)
+    add, gate = AddNorm(Y, W, X), Linear(tensor("ple gate", 16), X, buf("gate out"))
+    fuse([add, Copy(X, 0, buf("other"), 0, 4), gate], rules(one_token=False, quantized_inputs=int8))
+    assert not add.quantizes and gate.input is None
+    add, gate = AddNorm(Y, W, X), Linear(tensor("ple gate", 16), X, buf("gate out"))
+    gate.w.qtype = "f16"
+    fuse([add, gate], rules(one_token=False, quantized_inputs=int8))
+    assert not add.quantizes and gate.input is None

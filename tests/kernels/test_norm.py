@@ -130,34 +130,38 @@ def test_add_normed_with_scale(dev, fused_next):
         np.testing.assert_allclose(read_f32(dev, nxt, t * d).reshape(t, d), rms_norm(want, w2, 1e-6), atol=1e-5)
 
 
-@pytest.mark.parametrize("d,keep,scaled", [(32 * 13, True, True), (32 * 35, False, False)],
-                         ids=["104-words-kept", "280-words-codes-only"])
-def test_add_normed_rounds_the_next_pre_norm(dev, d, keep, scaled):
+@pytest.mark.parametrize("d,nxt,keep,scaled", [(32 * 13, True, True, True), (32 * 35, True, False, False),
+                                               (32 * 35, False, False, True)],
+                         ids=["104-words-kept", "280-words-codes-only", "the-sum-rounded"])
+def test_add_normed_rounds_what_the_next_matmul_reads(dev, d, nxt, keep, scaled):
     """add_normed_q8: the residual add as add_normed, and the next pre-norm's rows rounded to int8 by
     quantize_activations_q8's rule (the codes and (d, sum) of each block of 32), the f32 rows too where
-    kept; rows under 256 words and over (a workgroup's threads loop); rows past the step's tokens untouched."""
+    kept; add_q8 (no next pre-norm): the sum's rows rounded so. Rows under 256 words and over (a
+    workgroup's threads loop); rows past the step's tokens untouched."""
     rng = np.random.default_rng(29)
     t, plan_t = 6, 9
     x = (rng.standard_normal((plan_t, d)) * rng.uniform(0.3, 3, (plan_t, 1))).astype(np.float32)
     a = (rng.standard_normal((plan_t, d)) * rng.uniform(0.3, 3, (plan_t, 1))).astype(np.float32)
-    a[2, 64:96] = 0.0
     w, w2 = (rng.standard_normal((2, d)) * rng.uniform(0.2, 2, (2, d))).astype(np.float32)
-    w2[96:128] = 0.0                                     # a block of zeros in every row: codes 0, d 0
+    w2[96:128] = 0.0                                     # a block of zeros in every normed row: codes 0, d 0
+    a[:, 96:128], x[:, 96:128] = 0.0, 0.0                # and in every sum
     sc = np.float32(0.7)
-    ab, nxt = f32(dev, a), f32(dev, np.full((plan_t, d), 7.0))
+    ab, out = f32(dev, a), f32(dev, np.full((plan_t, d), 7.0))
     xq, xs = q8_sentinels(dev, plan_t, d)
     dev.submit(K.add_normed(dev, d, f32(dev, x), ab, f32(dev, w), step_buffer(dev, t), plan_t,
-                            scale=f32(dev, [sc]) if scaled else None, next_out=nxt, next_weight=f32(dev, w2),
-                            rounded=(xq, xs), keep=keep))
+                            scale=f32(dev, [sc]) if scaled else None, next_out=out if nxt else None,
+                            next_weight=f32(dev, w2) if nxt else None, rounded=(xq, xs), keep=keep))
     added = (a[:t] + rms_norm(x[:t], w, 1e-6)) * (sc if scaled else 1)
-    np.testing.assert_allclose(read_f32(dev, ab, plan_t * d).reshape(plan_t, d)[:t], added, atol=1e-5)
-    normed = rms_norm(added, w2, 1e-6)
-    got_next = read_f32(dev, nxt, plan_t * d).reshape(plan_t, d)
+    got_sum = read_f32(dev, ab, plan_t * d).reshape(plan_t, d)
+    np.testing.assert_allclose(got_sum[:t], added, atol=1e-5)
+    assert (got_sum[t:] == a[t:]).all()
+    rounded = rms_norm(added, w2, 1e-6) if nxt else added
+    got_out = read_f32(dev, out, plan_t * d).reshape(plan_t, d)
     if keep:
-        np.testing.assert_allclose(got_next[:t], normed, atol=1e-5)
-    assert (got_next[t:] == 7.0).all() and (keep or (got_next == 7.0).all())
+        np.testing.assert_allclose(got_out[:t], rounded, atol=1e-5)
+    assert (got_out[t:] == 7.0).all() and (keep or (got_out == 7.0).all())
     q, ds = read_q8(dev, xq, xs, plan_t, d)
-    assert_rounded_q8(q, ds, normed)
+    assert_rounded_q8(q, ds, rounded)
     assert (q[:t, 96:128] == 0).all() and (ds[:t, 3] == 0).all()
 
 

@@ -41,16 +41,21 @@ def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step
                keep: bool = True) -> Plan:
     """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale);
     with next_out: also next_out = rms_norm(acc) * next_weight (the following pre-norm). rounded = (xq, xs):
-    that pre-norm's rows also rounded to int8 as quantize_q8 rounds them (for the int8 matmuls after it),
-    next_out written only where keep."""
+    that pre-norm's rows (without next_out: acc's) also rounded to int8 as quantize_q8 rounds them (for the
+    int8 matmul after it), next_out written only where keep."""
     nxt = next_out is not None
     constants = {"D": d, "EPS": eps, "HAS_SC": scale is not None}
     res = {"X": x, "Wt": weight, "S": step, "A": acc, "SC": scale if scale is not None else dev.dummy}
     if rounded is not None:
-        if not nxt or d % 32:
-            raise ValueError("add_normed rounds only a next pre-norm, of rows of a multiple of 32")
-        p = pipeline(dev, "norm", entry="add_normed_q8", constants={**constants, "KEEP": keep})
-        res.update({"Y": next_out if keep else dev.dummy_out, "W2": next_weight, "XQ": rounded[0], "XS": rounded[1]})
+        if d % 32:
+            raise ValueError(f"int8 activations need rows of a multiple of 32, not {d}")
+        res.update({"XQ": rounded[0], "XS": rounded[1]})
+        if nxt:
+            p = pipeline(dev, "norm", entry="add_normed_q8", constants={**constants, "KEEP": keep})
+            res.update({"Y": next_out if keep else dev.dummy_out, "W2": next_weight})
+        else:
+            p = pipeline(dev, "norm", entry="add_q8", constants=constants)
+            res.update({"Y": dev.dummy_out, "W2": dev.dummy})
     else:
         p = pipeline(dev, "norm", entry="add_normed", constants={**constants, "HAS_NEXT": nxt})
         res.update({"Y": next_out, "W2": next_weight} if nxt else {"Y": dev.dummy_out, "W2": dev.dummy})
