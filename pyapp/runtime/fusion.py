@@ -299,15 +299,19 @@ def rounded_inputs(ops: list, reads_rounded) -> list:
 
 
 def quantized_geglu(ops: list, quantized_inputs) -> list:
-    """A chunk's GeGLU whose output the next op (the down projection) takes as int8 (quantized_inputs):
-    the GeGLU rounds its rows into state.xq in the same kernel (quantize_q8's geglu) and the matmul reads
-    them (QuantizedInput) instead of rounding them again. The f32 output is written only where a later op
-    reads it too (a LoRA delta on the down projection)."""
+    """A chunk's GeGLU whose output the next op (the down projection: a token's row, or the chosen experts'
+    rows of each token) takes as int8 (quantized_inputs): the GeGLU rounds its rows into state.xq in the same
+    kernel (quantize_q8's geglu) and the matmul reads them (QuantizedInput) instead of rounding them again. The
+    f32 output is written only where a later op reads it too (a LoRA delta on the down projection)."""
+    def reads_its_rows(reader, geglu) -> bool:
+        if isinstance(reader, Linear):
+            return geglu.rows_per_token == 1 and reader.epilogue is None
+        return (isinstance(reader, Experts) and reader.per_slot_input and geglu.rows_per_token > 1
+                and reader.epilogue is None)
     for i, op in enumerate(ops[:-1]):
         reader = ops[i + 1]
-        if not (isinstance(op, GegluHalves) and op.rows_per_token == 1 and isinstance(reader, Linear)
-                and reader.x is op.out and reader.input is None and reader.epilogue is None
-                and quantized_inputs(reader.w.qtype, op.ff)):
+        if not (isinstance(op, GegluHalves) and reads_its_rows(reader, op) and reader.x is op.out
+                and reader.input is None and quantized_inputs(reader.w.qtype, op.ff)):
             continue
         op.quantizes = True
         op.keep = any(id(buffer_of(op.out)) in reads(o) for o in ops[i + 2:])

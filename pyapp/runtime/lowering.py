@@ -619,6 +619,7 @@ class Experts(Op):
     ids: Buffer
     per_slot_input: bool = False
     epilogue: GegluHalves | None = None
+    input: QuantizedInput | None = None      # a chunk's rows already rounded to int8 in state.xq (the GeGLU's)
 
     def reads(self) -> tuple:
         return (self.x, self.ids)
@@ -635,7 +636,10 @@ class Experts(Op):
                 K.moe_group(dev, E, KS, ids, s.expert_groups, L.step, plan=L.plan)
                 L.grouped_ids = ids
             int8 = L.int8 and K.int8_matmul(w.qtype, k, L.T)
-            if int8:        # the input rows (a token's, or each slot's) once, for every buffer of W
+            quantized = isinstance(self.input, QuantizedInput)
+            if quantized and not int8:
+                raise AssertionError("the experts' rows were rounded to int8 for a matmul that does not take it")
+            if int8 and not quantized:     # the input rows (a token's, or each slot's) once, for every buffer of W
                 K.quantize_q8(dev, k, x, s.xq, s.xq_scales, L.step, L.T, plan=L.plan,
                               rows_per_token=KS if self.per_slot_input else 1)
             for p in w.parts:

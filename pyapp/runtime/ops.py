@@ -28,7 +28,7 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | matvec with `K.RouteTail` (matvec_tail_route.wgsl) | one token | softmax, top-k, renormalize of the router's logits (on the dense MLP's down projection) | `route_tails` |
 | matvec with `K.ResidualInput` (matvec_input_residual.wgsl) | one token, 9 storage buffers a shader | `x = x + rms_norm(y, w)` [`* scale`] and the next `rms_norm(x, w2)`: built by every matvec that reads them | `residual_inputs` |
 | GeGLU matvec writing its rows rounded to int8 (matvec_out_q8.wgsl), down on the codes (x8_stored.wgsl) | one token | `gelu(gate) * up` rounded once for the down projection, not in each of its workgroups | `rounded_inputs` |
-| `quantize_q8` with `GEGLU` | chunk (int8) | `gelu(gate) * up`, rounded to int8 for the down projection in the same kernel | `quantized_geglu` |
+| `quantize_q8` with `GEGLU` | chunk (int8) | `gelu(gate) * up`, rounded to int8 for the down projection in the same kernel (the dense MLP's, and the chosen experts' rows) | `quantized_geglu` |
 | one `quantize_q8` for several matmuls | chunk (int8) | the q, k and v projections' rounding of their one normed x | `shared_quantized_inputs` |
 | `add_normed_q8` (norm.wgsl) | chunk (int8) | `add_normed`'s next `rms_norm(h, w2)` rounded to int8 for the projections reading it (gate and up; the next layer's q, k, v) | `quantized_norms`, `unread_norm_outputs` |
 | `add_q8` (norm.wgsl) | chunk (int8) | `h = x + rms_norm(y, w)` rounded to int8 for the per-layer-input gate reading it | `quantized_norms` |

@@ -400,14 +400,17 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     int8 = Engine.open(g, device=dev, context_length=128, chunk=128)
     f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
     assert kernels <= _pipelines(int8) and not {k for k in _pipelines(f32) if "q8" in k}
-    if model.startswith("fixture-dense"):     # the GeGLU rounds the down projection's input (quantized_geglu)
-        from pyapp.gpu import Plan
+    from pyapp.gpu import Plan
 
-        def chunk_kernels(engine):
-            return [op[1].label for plan in engine.runner._plans[("layers", 128, False, False)]
-                    if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"]
-        layers = int8.config.n_layers
-        assert "elementwise:geglu_halves" not in chunk_kernels(int8) and chunk_kernels(f32).count("elementwise:geglu_halves") == layers
+    def chunk_kernels(engine):
+        return [op[1].label for plan in engine.runner._plans[("layers", 128, False, False)]
+                if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"]
+    # the GeGLUs round the down projections' input (quantized_geglu): the dense MLP's, and the experts'
+    layers = int8.config.n_layers
+    geglus = layers * (2 if model.startswith("toy-moe") else 1)
+    assert "elementwise:geglu_halves" not in chunk_kernels(int8)
+    assert chunk_kernels(f32).count("elementwise:geglu_halves") == geglus
+    if model.startswith("fixture-dense"):
         # q, k and v round their x once (shared_quantized_inputs); the residual adds round the next pre-norm
         # for gate|up and for the next layer's q, k, v, and the stream for the per-layer-input gate
         # (quantized_norms)

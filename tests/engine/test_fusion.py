@@ -278,3 +278,25 @@ def test_a_chunk_residual_add_rounds_the_stream_for_the_gate_reading_it():
     gate.w.qtype = "f16"
     fuse([add, gate], rules(one_token=False, quantized_inputs=int8))
     assert not add.quantizes and gate.input is None
+
+
+def test_a_chunk_experts_geglu_rounds_the_experts_down_input():
+    """The experts' GeGLU (a row for each chosen expert of a token) before the experts' down projection, which
+    reads those rows (per_slot_input) as int8: the GeGLU rounds them into state.xq and the down reads the codes;
+    an experts' projection of the tokens' rows (not per slot), or a type without int8, rounds its own."""
+    int8 = lambda qtype, k: qtype != "f16"          # noqa: E731
+    ids, act = buf("ids"), buf("act")
+
+    def experts_mlp(per_slot=True):
+        gate_up = Experts(tensor("experts gate_up", 2 * D), XN, buf("gate_up out"), ids)
+        geglu = GegluHalves(gate_up.y, act, D, 4)
+        down = Experts(tensor("experts down"), act, buf("experts out"), ids, per_slot_input=per_slot)
+        return [gate_up, geglu, down]
+    _, geglu, down = fuse(experts_mlp(), rules(one_token=False, quantized_inputs=int8))
+    assert geglu.quantizes and not geglu.keep and isinstance(down.input, QuantizedInput)
+    _, geglu, down = fuse(experts_mlp(per_slot=False), rules(one_token=False, quantized_inputs=int8))
+    assert not geglu.quantizes and down.input is None
+    ops = experts_mlp()
+    ops[2].w.qtype = "f16"
+    _, geglu, down = fuse(ops, rules(one_token=False, quantized_inputs=int8))
+    assert not geglu.quantizes and down.input is None
