@@ -350,8 +350,8 @@ def quantized_norms(ops: list, quantized_inputs) -> list:
                     op.quantizes = True
                     reader.input = QuantizedInput()
                 break
-            if rounds_into_xq(reader) or out in writes(reader):
-                break
+            if rounds_into_xq(reader) or isinstance(reader, AddNorm) or out in writes(reader):
+                break           # another add may yet be made to round into state.xq: codes do not pass one
     return ops
 
 
