@@ -148,9 +148,9 @@ class RoundedInput:
 
 @dataclass(eq=False)
 class QuantizedInput:
-    """A chunk's matmul x already rounded to int8 in state.xq by an earlier op (the GeGLU before the down
-    projection, the residual add whose next pre-norm is x, the first of the projections reading one x): no
-    quantize_q8 of its own."""
+    """A chunk's matmul x already rounded to int8 in state.xq by an earlier op (the GeGLU before a down
+    projection, the dense one or the experts'; the residual add whose next pre-norm, or whose sum, is x; the
+    first of the projections reading one x): no quantize_q8 of its own."""
 
 
 @dataclass(eq=False)
