@@ -43,8 +43,7 @@ def reply(session: Session, messages: list[dict], settings: dict | None = None, 
     soft = soft_runs(ids, pictures, image_token(eng.tokenizer)) if pictures else []
     soft += clip_runs(ids, clips, audio_token(eng.tokenizer)) if clips else []
     if len(ids) + 1 >= eng.context_length:
-        raise Refused(f"the conversation ({len(ids)} tokens) fills the context of {eng.context_length}; "
-                      "start a new chat or shorten it")
+        raise no_room(eng, len(ids), "fills the context")
     session.stop_requested = False
     session.clear_gpu_error()
     new = len(ids) - eng.reusable(cache_keys(ids, soft))
@@ -99,6 +98,16 @@ def with_encoded(messages: list[dict], kind: str, encoded: dict) -> tuple[list[d
     return out, found
 
 
+def no_room(eng, tokens: int, what: str, need: str = "") -> Refused:
+    """A conversation too long for the loaded context, in words: what to do about it, Context among the ways
+    where the model takes a longer one than it was loaded with."""
+    most = eng.config.context_length
+    longer = (f", or raise Context (this model takes up to {most:,} tokens) and reload the model"
+              if most > eng.context_length else "")
+    return Refused(f"the conversation ({tokens:,} tokens) {what} of {eng.context_length:,}{need}; start a new chat "
+                   f"or shorten it{longer}")
+
+
 def token_events(events: Events, prompt_tokens: int, context_length: int):
     """on_token for a reply: each piece of text goes out with the figures so far (tokens, decode tokens/s,
     context used), so they move while the reply streams."""
@@ -121,8 +130,7 @@ def _denoised_reply(session: Session, eng, messages, settings, params, thinking:
     ids = render_ids(eng.tokenizer, messages, add_generation_prompt=True, thinking=thinking, style=session.model.style)
     room = eng.context_length - len(ids)
     if room < eng.canvas_length:
-        raise Refused(f"the conversation ({len(ids)} tokens) leaves no room in the context of {eng.context_length} "
-                      f"for a block of {eng.canvas_length}; start a new chat or shorten it")
+        raise no_room(eng, len(ids), "leaves no room in the context", f" for a block of {eng.canvas_length}")
     if params is None:
         params = denoise_params_from_settings(eng.config, settings or {}, room)
     reused = eng.reusable(ids)            # what the denoiser keeps of the cache (a chat's earlier turns)

@@ -187,3 +187,30 @@ def test_prompt_step_reaches_the_engine():
         logits[step] = np.asarray(s.engine.forward(prompt))
         s.unload()
     np.testing.assert_allclose(logits[24], logits[None], atol=1e-4)
+
+
+def test_a_conversation_longer_than_the_loaded_context_is_refused_in_words():
+    """A chat turn that the context loaded cannot hold is refused with what to do: a new chat, a shorter one, or
+    (the model taking more than it was loaded with) a larger Context and a reload; at the model's own most, only
+    the first two."""
+    from pyapp.app import model
+    from pyapp.app.reply import reply
+    from pyapp.app.session import Refused, Session
+    from pyapp.gguf import read_gguf
+    from pyapp.steps import run
+    s = Session()
+    g = read_gguf(FIX / "gemma4-dense-f32.gguf")
+    model.choose(s, g)
+    run(model.load(s, context_length=32))
+    most = s.engine.config.context_length
+    long_chat = [{"role": "user", "content": "one two three four five six seven eight nine ten " * 4}]
+    with pytest.raises(Refused, match=rf"the conversation \(\d+ tokens\) fills the context of 32; start a new chat or "
+                                      rf"shorten it, or raise Context \(this model takes up to {most:,} tokens\) and "
+                                      r"reload the model"):
+        run(reply(s, long_chat, {"temperature": 0, "max_tokens": 4}))
+    s.unload()
+    run(model.load(s, context_length=most))
+    longest = [{"role": "user", "content": "one two three " * most}]
+    with pytest.raises(Refused, match=r"fills the context of [\d,]+; start a new chat or shorten it$"):
+        run(reply(s, longest, {"temperature": 0, "max_tokens": 4}))
+    s.unload()
