@@ -1017,7 +1017,10 @@ function updateMeter(r) {
   const used = r ? r.context_used : 0;
   const total = r ? r.context_length : Number(state.settings.context_length) || DEFAULTS.context_length;
   $("ctx-meter").value = total ? used / total : 0;
-  $("ctx-text").textContent = `${used} / ${total} tokens`;
+  // a kept conversation can outgrow a context loaded smaller since: said here, before Send refuses it
+  const over = total > 0 && used >= total;
+  $("ctx-text").textContent = `${used} / ${total} tokens${over ? ": more than the context holds" : ""}`;
+  $("ctx-text").classList.toggle("over", over);
 }
 
 let pendingRender = false;

@@ -15,8 +15,9 @@ import json
 
 import pytest
 
-from support.browser import (ARTIFACTS, CHROMIUM, FIXTURES, ensure_model, ensure_reply, messages, ollama_folder,
-                             open_app, send, set_field, type_field, wait_loaded_file, wait_state, write_opfs_folder)
+from support.browser import (ARTIFACTS, CHROMIUM, FIXTURES, click_and_wait_reply, ensure_model, ensure_reply, greedy,
+                             messages, ollama_folder, open_app, reload_model, send, set_field, type_field,
+                             wait_loaded_file, wait_state, write_opfs_folder)
 
 pytestmark = pytest.mark.browser
 
@@ -230,6 +231,32 @@ def test_smaller_things(page):
     assert page.is_hidden("#ft-target-list label:has(input[value='router'])")
     assert page.is_visible("#ft-target-list label:has(input[value='q'])")
     page.click("#tab-chat")
+
+
+def test_a_conversation_longer_than_the_context_says_so(page):
+    """A conversation kept while the model is loaded again with a smaller context: the meter says the
+    conversation is more than the context holds (in the error colour), and Send's refusal names the ways out,
+    Context among them (the model takes more); the context back, the meter reads plainly again."""
+    ensure_model(page, defaults=True)
+    page.click("#new-chat")
+    greedy(page, 2)
+    send(page, "one two three four five six seven eight nine ten " * 4)
+    set_field(page, "context_length", 32)
+    reload_model(page)
+    wait_state(page, "loaded")
+    page.wait_for_function("document.getElementById('ctx-text').textContent.includes('more than the context holds')")
+    assert page.evaluate("document.getElementById('ctx-text').classList.contains('over')")
+    page.fill("#prompt", "And now?")
+    click_and_wait_reply(page, "#send")
+    error = page.inner_text("#chat-error")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "context-over.png"))
+    assert "fills the context of 32" in error and "raise Context (this model takes up to 4,096 tokens)" in error, error
+    set_field(page, "context_length", 4096)
+    reload_model(page)
+    wait_state(page, "loaded")
+    page.wait_for_function("!document.getElementById('ctx-text').classList.contains('over')")
+    assert "more than" not in page.inner_text("#ctx-text")
 
 
 # ------------------------------------------------------------------ screenshots, looked at by people
