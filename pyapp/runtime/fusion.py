@@ -314,9 +314,22 @@ def quantized_geglu(ops: list, quantized_inputs) -> list:
                 and reader.input is None and quantized_inputs(reader.w.qtype, op.ff)):
             continue
         op.quantizes = True
-        op.keep = any(id(buffer_of(op.out)) in reads(o) for o in ops[i + 2:])
         reader.input = QuantizedInput()
+        op.keep = reads_f32_rows(ops[i + 1:], op.out)
     return ops
+
+
+def reads_f32_rows(later: list, out: Buffer) -> bool:
+    """Whether an op of `later` reads the f32 rows of `out` (that an op rounded into state.xq) other than as
+    those codes (a matmul's QuantizedInput of x = out): a LoRA delta, a projection rounding its own; up to the
+    next op that writes out."""
+    for op in later:
+        if (id(buffer_of(out)) in reads(op)
+                and not (isinstance(getattr(op, "input", None), QuantizedInput) and op.x is out)):
+            return True
+        if id(buffer_of(out)) in writes(op):
+            return False
+    return False
 
 
 def takes_int8(op, quantized_inputs) -> bool:
@@ -357,20 +370,10 @@ def quantized_norms(ops: list, quantized_inputs) -> list:
 
 def unread_norm_outputs(ops: list) -> list:
     """A residual add that rounds its next pre-norm into state.xq writes the f32 rows only where an op reads
-    them other than as those codes (a LoRA delta on a projection; a projection that rounds its own), up to
-    the next op that writes them."""
+    them other than as those codes (reads_f32_rows)."""
     for i, op in enumerate(ops):
-        if not (isinstance(op, AddNorm) and op.quantizes and op.next_out is not None):
-            continue
-        out = id(buffer_of(op.next_out))
-        op.keep = False
-        for later in ops[i + 1:]:
-            if out in reads(later) and not (isinstance(later, Linear) and isinstance(later.input, QuantizedInput)
-                                            and later.x is op.next_out):
-                op.keep = True
-                break
-            if out in writes(later):
-                break
+        if isinstance(op, AddNorm) and op.quantizes and op.next_out is not None:
+            op.keep = reads_f32_rows(ops[i + 1:], op.next_out)
     return ops
 
 

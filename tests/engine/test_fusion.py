@@ -300,3 +300,22 @@ def test_a_chunk_experts_geglu_rounds_the_experts_down_input():
     ops[2].w.qtype = "f16"
     _, geglu, down = fuse(ops, rules(one_token=False, quantized_inputs=int8))
     assert not geglu.quantizes and down.input is None
+
+
+def test_a_chunk_geglu_keeps_its_rows_only_for_a_reader_before_the_next_geglu():
+    """Two layers' MLPs sharing the GeGLU's output buffer: each GeGLU writes its f32 rows only for a reader of
+    them before the next layer's GeGLU writes that buffer again (a LoRA delta on its own down projection), not
+    for the next layer's down projection, which reads the next GeGLU's codes."""
+    def layers(lora_on_second: bool):
+        act, gu = buf("act"), buf("gate_up out")
+        ops = []
+        for layer in range(2):
+            down = Linear(tensor(f"down {layer}"), act, buf(f"ffn out {layer}"))
+            ops += [Linear(tensor(f"gate_up {layer}", 2 * D), XN, gu), GegluHalves(gu, act, D), down]
+            if layer == 1 and lora_on_second:
+                ops.append(Lora([], act, down.y, D))
+        return ops
+    for lora in (False, True):
+        ops = fuse(layers(lora), rules(one_token=False, quantized_inputs=lambda qtype, k: True))
+        first, second = (op for op in ops if isinstance(op, GegluHalves))
+        assert first.quantizes and second.quantizes and not first.keep and second.keep == lora
