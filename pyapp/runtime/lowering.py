@@ -87,17 +87,25 @@ class Lowering:
             else:
                 K.matvec_tokens(dev, qtype, k, n, w, x, y, self.step, plan=self.plan, ldy=ldy)
 
+    def int8_input(self, qtype, k: int, x: Buffer, quantized: bool, rows_per_token: int = 1) -> bool:
+        """Whether a chunk's matmul of qtype (dense or the experts') takes its k-long rows of x as int8 (where
+        K.int8_matmul says so); if it does, they are rounded into state.xq here, once for every block of W,
+        unless their producer did (quantized: the op's QuantizedInput)."""
+        int8 = self.int8 and K.int8_matmul(qtype, k, self.T)
+        if quantized and not int8:
+            raise AssertionError("x was rounded to int8 for a matmul that does not take it")
+        if int8 and not quantized:
+            K.quantize_q8(self.dev, k, x, self.s.xq, self.s.xq_scales, self.step, self.T, plan=self.plan,
+                          rows_per_token=rows_per_token)
+        return int8
+
     def matmul(self, qtype, k: int, x: Buffer, blocks: list, quantized: bool = False) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
         blocks, each writing its columns of y; ldy 0: y is n wide): quantized weights on int8 activations
         (x quantized here, once for every block, unless its producer did: quantized) where K.int8_matmul
         says so, else the tile (in f16 where self.f16 and the device has shader-f16)."""
         dev, s, T = self.dev, self.s, self.T
-        int8 = self.int8 and K.int8_matmul(qtype, k, T)
-        if quantized and not int8:
-            raise AssertionError("x was rounded to int8 for a matmul that does not take it")
-        if int8 and not quantized:
-            K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, T, plan=self.plan)
+        int8 = self.int8_input(qtype, k, x, quantized)
         for w, n, y, ldy in blocks:
             if int8:
                 K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=self.plan, ldy=ldy)
@@ -181,16 +189,17 @@ class Linear(Op):
         w, T, dev, plan = self.w, L.T, L.dev, L.plan
         k, n = w.shape[0], w.shape[1]
         x = L.now(self.x)
+        quantized = isinstance(self.input, QuantizedInput)
         if len(w.parts) == 1 and T == 1:
             self._matvec(L, k, n, x)
         elif len(w.parts) == 1 and L.few:
             L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)])
         elif len(w.parts) == 1:
-            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=isinstance(self.input, QuantizedInput))
+            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=quantized)
         elif T > 1 and not L.few:
             y = self.y
             L.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts],
-                     quantized=isinstance(self.input, QuantizedInput))
+                     quantized=quantized)
         elif T == 1:
             y = self.y
             for p in w.parts:
@@ -635,13 +644,8 @@ class Experts(Op):
             if L.grouped_ids is not ids:
                 K.moe_group(dev, E, KS, ids, s.expert_groups, L.step, plan=L.plan)
                 L.grouped_ids = ids
-            int8 = L.int8 and K.int8_matmul(w.qtype, k, L.T)
-            quantized = isinstance(self.input, QuantizedInput)
-            if quantized and not int8:
-                raise AssertionError("the experts' rows were rounded to int8 for a matmul that does not take it")
-            if int8 and not quantized:     # the input rows (a token's, or each slot's) once, for every buffer of W
-                K.quantize_q8(dev, k, x, s.xq, s.xq_scales, L.step, L.T, plan=L.plan,
-                              rows_per_token=KS if self.per_slot_input else 1)
+            int8 = L.int8_input(w.qtype, k, x, isinstance(self.input, QuantizedInput),   # a token's rows or each slot's
+                                rows_per_token=KS if self.per_slot_input else 1)
             for p in w.parts:
                 where = dict(plan=L.plan, first_expert=p.row0 // n, experts_here=p.rows // n)
                 if int8:

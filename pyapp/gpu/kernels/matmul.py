@@ -212,13 +212,18 @@ def q8_bytes(max_tokens: int, k: int) -> tuple[int, int]:
     return max_tokens * k, max_tokens * (k // Q8_BLOCK) * 8
 
 
+def check_q8_rows(k: int) -> None:
+    """Rows of k activations can be rounded to int8 (quantize_q8's layout: whole blocks of Q8_BLOCK)."""
+    if k % Q8_BLOCK:
+        raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
+
+
 def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: Buffer, n_tokens: int,
                 plan: Plan | None = None, rows_per_token: int = 1, geglu: bool = False, out=None) -> Plan:
     """XQ, XS = x's rows (f32 [t * rows_per_token, k], t = params' n_tokens) as int8 per 32 with
     (scale, sum) per block. geglu: x holds [gate | up] rows (f32 [rows, 2 k]) and the rows rounded are
     gelu(gate) * up (the GeGLU fused into the down projection's rounding), also written to out where given."""
-    if k % Q8_BLOCK:
-        raise ValueError(f"int8 activations need rows of a multiple of {Q8_BLOCK}, not {k}")
+    check_q8_rows(k)
     p = pipeline(dev, "quantize_q8", constants={"K": k, "RPT": rows_per_token, "GEGLU": geglu,
                                                 "KEEP": out is not None})
     bg = dev.bind_group(p, {"X": x, "XQ": xq, "XS": xs, "S": params, "O": out if out is not None else dev.dummy_out})

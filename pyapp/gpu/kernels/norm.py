@@ -4,6 +4,7 @@ per-layer embeddings' combine (shaders/norm.wgsl, rope.wgsl, ple.wgsl)."""
 from __future__ import annotations
 
 from .. import Buffer, Device, Plan
+from .matmul import check_q8_rows
 from .shared import groups, pipeline, thread_groups
 
 
@@ -47,8 +48,7 @@ def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step
     constants = {"D": d, "EPS": eps, "HAS_SC": scale is not None}
     res = {"X": x, "Wt": weight, "S": step, "A": acc, "SC": scale if scale is not None else dev.dummy}
     if rounded is not None:
-        if d % 32:
-            raise ValueError(f"int8 activations need rows of a multiple of 32, not {d}")
+        check_q8_rows(d)
         res.update({"XQ": rounded[0], "XS": rounded[1]})
         if nxt:
             p = pipeline(dev, "norm", entry="add_normed_q8", constants={**constants, "KEEP": keep})
