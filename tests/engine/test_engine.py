@@ -456,21 +456,27 @@ def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     assert_within_rounding(got, want, mean=(1e-3, 0.06), median_max=0.3, gap=0.5, clear_rows=5)
 
 
-@pytest.mark.parametrize("model", ["fixture-dense", "toy-moe-1-layer"])
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q8_0", "toy-moe-1-layer"])
 def test_decode_down_projection_reads_the_geglu_output_rounded_once(dev, tmp_path, model, monkeypatch):
     """A one-token step's gate|up matvec writes the GeGLU output rounded to int8 as well
-    (shaders/matvec_out_q8.wgsl) and the Q4_K down projection reads those codes (x8_stored.wgsl)
-    instead of rounding it in each workgroup: one rounding a layer, in every layer with a Q4_K dense
-    MLP down; the same codes, so the logits of the plan where down rounds x itself (its sums in another order:
-    float rounding, which a later rounding to int8 can carry a code further) and within int8's rounding
-    of the f32 reference (test_int8_decode_within_its_rounding's bounds)."""
+    (shaders/matvec_out_q8.wgsl) and the down projection reads those codes (x8_stored.wgsl) instead of
+    rounding it in each workgroup: one rounding a layer, in every layer whose dense MLP down takes them
+    (Q4_K; Q8_0 with the browser's int8 units, as the Q8_0 fixture runs here); the same codes, so the logits
+    of the plan where down rounds x itself (its sums in another order: float rounding, which a later
+    rounding to int8 can carry a code further) and within int8's rounding of the f32 reference
+    (test_int8_decode_within_its_rounding's bounds)."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.gpu import kernels as K
     from pyapp.reference.forward import ReferenceModel
     import importlib
     monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matvec"), "ROUND_OUT_MIN_ROWS", 0)  # toy widths
-    path = FIXTURES / "gemma4-dense-q4_k.gguf" if model == "fixture-dense" else one_layer_toy(tmp_path, "tiny-moe", "Q4_K")
+    if model == "fixture-dense-q8_0":
+        monkeypatch.setattr(dev, "int8_block_units", True)
+        monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q8_0, 0)
+        path = FIXTURES / "gemma4-dense-q8_0.gguf"
+    else:
+        path = FIXTURES / "gemma4-dense-q4_k.gguf" if model == "fixture-dense" else one_layer_toy(tmp_path, "tiny-moe", "Q4_K")
     g = read_gguf(path)
     tokens = [2] + np.random.default_rng(4).integers(3, 250, 39).tolist()
 
@@ -479,10 +485,13 @@ def test_decode_down_projection_reads_the_geglu_output_rounded_once(dev, tmp_pat
         keys = [op[1].key for op in eng.runner.layers_plan(1).ops if op[0] == "d"]
         return engine_logits(eng, tokens), keys, eng.config
     rounded, keys, cfg = decode()
-    q4k_downs = sum(t.type == K.ggml.Q4_K for name, t in g.tensors.items() if name.endswith("ffn_down.weight"))
-    assert q4k_downs >= 1              # (the fixture's first two layers' are Q8_0: natively f32 x)
-    assert sum("matvec_out_q8" in key[2] for key in keys) == q4k_downs
-    assert sum("x8_stored" in key[2] for key in keys) == q4k_downs
+    downs = [t.type for name, t in g.tensors.items() if name.endswith("ffn_down.weight")]
+    rounded_downs = sum(K.int8_rounded_matvec(dev, t) for t in downs)
+    assert rounded_downs >= 1          # (the Q4_K fixture's first two layers' are Q8_0: natively f32 x)
+    if model == "fixture-dense-q8_0":
+        assert rounded_downs == len(downs) and all(t == K.ggml.Q8_0 for t in downs)
+    assert sum("matvec_out_q8" in key[2] for key in keys) == rounded_downs
+    assert sum("x8_stored" in key[2] for key in keys) == rounded_downs
     monkeypatch.setattr(K, "int8_rounded_matvec", lambda dev, qtype: False)
     itself, plain_keys, _ = decode()
     assert not any("matvec_out_q8" in key[2] or "x8_stored" in key[2] for key in plain_keys)

@@ -159,7 +159,9 @@ def test_int8_matvec_where_it_exists(dev):
     assert K.int8_matvec(dev, "q4_k") and not K.int8_matvec(dev, "q6_k")
     # the dense 32-weight blocks' units: where the backend's compiler runs them faster (the browser path)
     assert K.int8_matvec(dev, "q4_0") == dev.int8_block_units == (dev.backend == "browser")
-    assert not K.int8_matvec(dev, "q5_0") and not K.int8_matvec(dev, "q8_0")     # units exist, not measured faster
+    assert not K.int8_matvec(dev, "q5_0", rows=262144)      # units exist, not measured faster
+    # Q8_0's from 2048 rows (its 1536-row o projection measured slower on them)
+    assert K.int8_matvec(dev, "q8_0", rows=2048) == dev.int8_block_units and not K.int8_matvec(dev, "q8_0", rows=1536)
     assert K.int8_matvec(dev, "q6_k", rows=262144) and not K.int8_matvec(dev, "q6_k", experts=True, rows=262144)
     assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_0", experts=True, geglu=True)
 
@@ -193,7 +195,8 @@ def read_rounded(dev, r: K.RoundedX, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("qtype,k,opts", [("q4_k", 512, dict(chunks=True)), ("q4_k", 768, dict(chunks=True, int8=True)),
                                           ("q4_k", 256, dict(chunks=True, tpr=32, wg=64)),
-                                          ("q4_0", 352, dict(int8=True)), ("q8_0", 512, {}), ("f16", 96, dict(tpr=64))])
+                                          ("q4_0", 352, dict(int8=True)), ("q8_0", 512, {}),
+                                          ("q8_0", 448, dict(int8=True)), ("f16", 96, dict(tpr=64))])
 @pytest.mark.parametrize("residual", [False, True], ids=["x", "residual-input"])
 @pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
 def test_matvec_round_out(dev, qtype, k, opts, residual, subgroups):
@@ -230,13 +233,13 @@ def test_matvec_round_out(dev, qtype, k, opts, residual, subgroups):
 
 def test_matvec_round_out_where_it_fits(dev, monkeypatch):
     """Rows rounded to int8 come in whole blocks of 32 (other row counts are refused beforehand), with storage
-    buffers enough beside a residual input; the types that read them: Q4_K, Q6_K, Q4_0 where the backend's
-    int8 units are the faster (the browser's), none else."""
+    buffers enough beside a residual input; the types that read them: Q4_K, Q6_K, Q4_0 and Q8_0 where the
+    backend's int8 units are the faster (the browser's), none else."""
     assert K.can_round_output(dev, 64) and not K.can_round_output(dev, 48)
     assert K.rounds_output(dev, 4096) and not K.rounds_output(dev, 2112)     # a decode step: rows to fill the GPU
     assert K.int8_rounded_matvec(dev, "q4_k") and K.int8_rounded_matvec(dev, "q6_k")
-    assert K.int8_rounded_matvec(dev, "q4_0") == dev.int8_block_units
-    assert not any(K.int8_rounded_matvec(dev, q) for q in ("q5_0", "q8_0", "f16", "f32", "q5_k"))
+    assert K.int8_rounded_matvec(dev, "q4_0") == K.int8_rounded_matvec(dev, "q8_0") == dev.int8_block_units
+    assert not any(K.int8_rounded_matvec(dev, q) for q in ("q5_0", "f16", "f32", "q5_k"))
     monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 10)
     assert not K.can_round_output(dev, 64) and not K.rounds_output(dev, 4096)
     monkeypatch.undo()

@@ -256,11 +256,13 @@ Q4K_THREADS = 65536
 # matrices the rounding of x per workgroup costs more than the integer dots save (2048 x 2816: 14.1 us
 # against 11.0; 1536 x 6144: 19.2 against 15.1; with a residual input 21.5 against 21.1).
 INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
-# The matrices (by rows) where the int8 units beat f32 x, per type: Q4_0 every dense one on the browser
-# path (E2B's QAT-form decode 219 -> 323 tok/s on the H100, bench/RESULTS.md, eleventh session; natively
-# none: Device.int8_block_units). Q5_0 and Q8_0 have units too (tests, bench/matvec_sweep.py --int8),
-# not used until a decode measures them faster.
-INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0}
+# The matrices (by rows) where the int8 units beat f32 x, per type, on the browser path (natively none:
+# Device.int8_block_units): Q4_0 every dense one (E2B's QAT-form decode 219 -> 323 tok/s on the H100,
+# bench/RESULTS.md, eleventh session); Q8_0 from 2048 rows (E2B Q8_0's step, GPU timestamps, H100,
+# 2026-11-28: gate|up 1536 x 24576 54.2 -> 30.4 us, the head 262144 rows 279 -> 192, q|k|v 2048-2560 rows
+# 17.7 -> 16.2; its 1536-row o projection lost, 13.4 -> 14.7). Q5_0 has units too (tests,
+# bench/matvec_sweep.py --int8), not used until a decode measures them faster.
+INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0, ggml.Q8_0: 2048}
 
 
 def int8_unit_threads_per_row(k: int, n: int) -> int:
@@ -300,7 +302,9 @@ def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, 
 # looked cheaper than it is in a step), by threads: units best at
 # 64 a row in 256 or within 4% (Q6_K 2560 x 10240 15.6 us, 1536 x 12288 43.8; Q4_0 37.4 / 30.6), Q4_K
 # chunks at 32 in 64 (21.7 / 29.6); natively Q6_K 22.8 against f32's 35.9, Q4_K 12.1 against 121 (naga
-# runs Q4_K's own rounding slowly).
+# runs Q4_K's own rounding slowly). E2B Q8_0's downs (2026-11-28, the same profile): 1536 x 12288 29.7 ->
+# 17.9 us, 1536 x 6144 20.8 -> 14.1, against the units rounding x in each workgroup (their gate|up
+# writing the codes: 22.0 -> 24.6 us); the step 3.03 -> 2.79 ms.
 ROUNDED_UNIT_THREADS = (64, 256)
 ROUNDED_Q4K_THREADS = (32, 64)
 
@@ -308,10 +312,10 @@ ROUNDED_Q4K_THREADS = (32, 64)
 def int8_rounded_matvec(dev: Device, qtype) -> bool:
     """Whether a decode matvec of qtype whose x its producer can store rounded to int8
     (RoundedX) reads it so, where that measured faster (the figures above): the Q4_K chunks, Q6_K's units,
-    and Q4_0's where the backend runs int8 units faster (dev.int8_block_units: Dawn's, not naga's). Q5_0
-    and Q8_0 have the units but no measurement yet."""
+    and Q4_0's and Q8_0's where the backend runs int8 units faster (dev.int8_block_units: Dawn's, not
+    naga's). Q5_0 has the units but no measurement yet."""
     t = quant_type(qtype)
-    if t == ggml.Q4_0:
+    if t in (ggml.Q4_0, ggml.Q8_0):
         return dev.int8_block_units
     return t in (ggml.Q4_K, ggml.Q6_K)
 
