@@ -530,6 +530,47 @@ def test_f16_tiles_within_their_rounding(dev, tmp_path, model):
     assert_within_rounding(engine_logits(f16, tokens), want, mean=(1e-5, 0.02), median_max=0.1, gap=0.2, clear_rows=10)
 
 
+@pytest.mark.parametrize("form,qtype", [("ollama-dense-published", "Q4_K"), ("ollama-dense-published", "Q4_0"),
+                                        ("llamacpp-dense-fused-qkv", None)])
+def test_int8_paths_on_the_files_people_have(dev, tmp_path, form, qtype, monkeypatch):
+    """The int8 paths on the forms users' files come in, not only our generator's: Ollama's published
+    blob form quantized as its library ships it (tools/make_fixtures.requantize: Q4_K with Q8_0 where a row
+    is not whole 256-blocks, as llama.cpp's quantizer falls back; Q4_0, the QAT tags' form) and llama.cpp's
+    converter's fused q|k|v in Q8_0. A 90-token prompt in the 128-token plan (int8 matmuls, the residual adds'
+    and the GeGLU's roundings) and one-token steps on int8 x (the browser path's rule for 32-weight blocks,
+    every matrix, the GeGLU's rows rounded for the down projection): logits within int8's rounding of the f32
+    reference (test_int8_prefill_within_its_rounding's and test_int8_decode_within_its_rounding's bounds) and
+    visibly off it (int8 ran); the f32 engine within float rounding."""
+    import importlib
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.gpu import kernels as K
+    from pyapp.reference.forward import ReferenceModel
+    path = FIXTURES / "forms" / f"{form}.gguf"
+    if qtype is not None:
+        load_tool("make_fixtures").requantize(path, qtype, tmp_path / f"{form}-{qtype}.gguf")
+        path = tmp_path / f"{form}-{qtype}.gguf"
+    g = read_gguf(path)
+    types = {t.type for t in g.tensors.values() if len(t.shape) == 2}
+    assert types >= ({K.ggml.Q4_K, K.ggml.Q8_0} if qtype == "Q4_K" else {K.ggml.Q4_0} if qtype else {K.ggml.Q8_0})
+    tokens = [2] + np.random.default_rng(3).integers(3, 250, 89).tolist()
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    f32 = Engine.open(g, device=dev, context_length=128, chunk=128, int8=False)
+    np.testing.assert_allclose(engine_logits(f32, tokens), want, atol=1e-4)
+    prefill = Engine.open(g, device=dev, context_length=128, chunk=128)
+    assert "matmul_q8:main" in _pipelines(prefill) and "norm:add_normed_q8" in _pipelines(prefill)
+    assert_within_rounding(engine_logits(prefill, tokens), want, mean=(1e-3, 0.06), median_max=0.3, gap=0.5,
+                           clear_rows=10)
+    monkeypatch.setattr(dev, "int8_block_units", True)
+    monkeypatch.setitem(K.INT8_UNIT_MIN_ROWS, K.ggml.Q8_0, 0)
+    monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matvec"), "ROUND_OUT_MIN_ROWS", 0)  # toy widths
+    decode = Engine.open(g, device=dev, context_length=128, chunk=1)
+    keys = [op[1].key for op in decode.runner.layers_plan(1).ops if op[0] == "d"]
+    assert any("x8_stored" in key[2] for key in keys) and any("x8_round" in key[2] for key in keys)
+    assert_within_rounding(engine_logits(decode, tokens), want, mean=(1e-3, 0.06), median_max=0.3, gap=0.5,
+                           clear_rows=5)
+
+
 def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     """Row blocks of a tensor over the binding limit share one quantization of their input and write their
     columns of the output: the same logits as the unsplit tensors on the int8 path."""
