@@ -181,7 +181,7 @@ def denoise_settings(page: dict) -> dict:
 def check_temperature_range(t_min: float, t_max: float) -> None:
     """The schedule goes from t_max down to t_min: a ParamError in plain words when they are the wrong way round."""
     if t_min > t_max:
-        raise ParamError(f"the lowest temperature ({t_min:g}) must not be above the highest ({t_max:g})")
+        raise ParamError(f"The lowest temperature ({t_min:g}) must not be above the highest ({t_max:g})")
 
 
 def page_rules() -> dict:

@@ -289,7 +289,7 @@ async def load(context_length: int = DEFAULT_CONTEXT, load_id: int = 0, gpu_memo
     f16: the prompt matmuls int8 does not take in f16 tiles where the device has shader-f16; prompt_step: the
     most prompt tokens a step reads (None: the model's default)."""
     if SESSION.model is None:
-        return {"error": "choose a model first"}
+        return {"error": "Choose a model first"}
     SESSION.unload()
     if SESSION.device is None or SESSION.device_lost:
         try:   # after a device loss (driver reset, GPU process crash) a fresh device usually works

@@ -84,7 +84,7 @@ def diffusion_engine(session: Session):
     """The session's engine if it is a DiffusionGemma one (Refused otherwise)."""
     eng = session.engine
     if eng is None or not eng.config.is_diffusion:
-        raise Refused("no DiffusionGemma model loaded")
+        raise Refused("No DiffusionGemma model loaded")
     return eng
 
 

@@ -104,7 +104,7 @@ def no_room(eng, tokens: int, what: str, need: str = "") -> Refused:
     most = eng.config.context_length
     longer = (f", or raise Context (this model takes up to {most:,} tokens) and reload the model"
               if most > eng.context_length else "")
-    return Refused(f"the conversation ({tokens:,} tokens) {what} of {eng.context_length:,}{need}; start a new chat "
+    return Refused(f"The conversation ({tokens:,} tokens) {what} of {eng.context_length:,}{need}; start a new chat "
                    f"or shorten it{longer}")
 
 

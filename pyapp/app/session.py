@@ -54,7 +54,7 @@ class Session:
 
     def chosen(self) -> ChosenModel:
         if self.model is None:
-            raise Refused("choose a model first")
+            raise Refused("Choose a model first")
         return self.model
 
     def loaded(self, what: str = "no model loaded"):

@@ -81,7 +81,7 @@ def test_loads_with_its_own_sampler_settings(page, gguf_path):
     page.click("#send")
     page.wait_for_function("document.getElementById('chat-error').textContent.length > 0")
     wait_state(page, "loaded")
-    assert page.inner_text("#chat-error") == "the lowest temperature (0.95) must not be above the highest (0.9)"
+    assert page.inner_text("#chat-error") == "The lowest temperature (0.95) must not be above the highest (0.9)"
     assert messages(page)[-1] == {"role": "user", "content": "Hello"}     # kept, unanswered
     page.click("#reset-settings")                            # Model defaults: the GGUF's again
     assert page.input_value("#denoise_t_min") == "0.3" and page.input_value("#denoise_steps") == "12"

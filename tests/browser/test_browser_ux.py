@@ -235,7 +235,8 @@ def test_smaller_things(page):
 
 def test_a_conversation_longer_than_the_context_says_so(page):
     """A conversation kept while the model is loaded again with a smaller context: the meter says the
-    conversation is more than the context holds (in the error colour), and Send's refusal names the ways out,
+    conversation is more than the context holds (its text in the error colour, its bar in the meter's worst
+    band: 75% full is its warning band, 95% its worst), and Send's refusal names the ways out,
     Context among them (the model takes more); the context back, the meter reads plainly again."""
     ensure_model(page, defaults=True)
     page.click("#new-chat")
@@ -246,6 +247,8 @@ def test_a_conversation_longer_than_the_context_says_so(page):
     wait_state(page, "loaded")
     page.wait_for_function("document.getElementById('ctx-text').textContent.includes('more than the context holds')")
     assert page.evaluate("document.getElementById('ctx-text').classList.contains('over')")
+    # the bar in its worst band (the browser draws it red), not a calm full bar
+    assert page.evaluate("(m => m.value === 1 && m.value > m.high && m.optimum < m.low)(document.getElementById('ctx-meter'))")
     page.fill("#prompt", "And now?")
     click_and_wait_reply(page, "#send")
     error = page.inner_text("#chat-error")
@@ -257,6 +260,7 @@ def test_a_conversation_longer_than_the_context_says_so(page):
     wait_state(page, "loaded")
     page.wait_for_function("!document.getElementById('ctx-text').classList.contains('over')")
     assert "more than" not in page.inner_text("#ctx-text")
+    assert page.evaluate("(m => m.value < m.low)(document.getElementById('ctx-meter'))")
 
 
 # ------------------------------------------------------------------ screenshots, looked at by people

@@ -204,7 +204,7 @@ def test_a_conversation_longer_than_the_loaded_context_is_refused_in_words():
     run(model.load(s, context_length=32))
     most = s.engine.config.context_length
     long_chat = [{"role": "user", "content": "one two three four five six seven eight nine ten " * 4}]
-    with pytest.raises(Refused, match=rf"the conversation \(\d+ tokens\) fills the context of 32; start a new chat or "
+    with pytest.raises(Refused, match=rf"The conversation \(\d+ tokens\) fills the context of 32; start a new chat or "
                                       rf"shorten it, or raise Context \(this model takes up to {most:,} tokens\) and "
                                       r"reload the model"):
         run(reply(s, long_chat, {"temperature": 0, "max_tokens": 4}))

@@ -135,7 +135,7 @@ def test_denoise_settings_are_checked_in_the_pages_words():
         with pytest.raises(ParamError, match="^" + re.escape(message)):
             denoise_settings({name: value})
     check_temperature_range(0.4, 0.4)
-    with pytest.raises(ParamError, match=r"^the lowest temperature \(0.9\) must not be above the highest \(0.3\)$"):
+    with pytest.raises(ParamError, match=r"^The lowest temperature \(0.9\) must not be above the highest \(0.3\)$"):
         check_temperature_range(0.9, 0.3)
 
 
