@@ -69,9 +69,9 @@ class Lowering:
         """Where a one-token matvec's outputs rounded to int8 live for the next matvec (Linear.rounds_out)."""
         return K.RoundedX(self.s.act_q8, self.s.act_q8_scales)
 
-    def matvec_int8(self, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
+    def matvec_int8(self, qtype, experts: bool = False, rows: int = 0) -> bool:
         """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8."""
-        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, geglu, rows)
+        return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, rows)
 
     def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list) -> None:
         """y[t, n] = x[t, k] @ W^T for a step of a few tokens, for each (W buffer, n, y, ldy) of blocks (as
@@ -660,7 +660,7 @@ class Experts(Op):
         for p in w.parts:
             K.moe_experts(dev, w.qtype, k, n // 2 if geglu else n, E, KS, p.buffer, x, y, ids, L.step, L.T,
                           per_slot_input=self.per_slot_input, plan=L.plan, first_expert=p.row0 // n,
-                          experts_here=p.rows // n, geglu=geglu, int8=L.matvec_int8(w.qtype, experts=True, geglu=geglu))
+                          experts_here=p.rows // n, geglu=geglu, int8=L.matvec_int8(w.qtype, experts=True))
 
 
 @dataclass(eq=False)

@@ -422,7 +422,7 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
 
 
 @pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "fixture-dense-q8_0", "toy-dense-q4_0",
-                                   "toy-moe-1-layer"])
+                                   "toy-moe-1-layer", "toy-moe-q4_0"])
 def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     """One-token steps (chunk 1) multiply Q4_K weights by x rounded to int8 per 32 (matvec_q4k_x8.wgsl;
     the expert matvec too where the device has subgroups; Q6_K's units on a head's rows, here every
@@ -445,9 +445,15 @@ def test_int8_decode_within_its_rounding(dev, tmp_path, model, monkeypatch):
     elif model == "toy-dense-q4_0":                 # Q4_0's (QAT files)
         monkeypatch.setattr(dev, "int8_block_units", True)
         path = one_layer_toy(tmp_path, "tiny", "Q4_0")
+    elif model == "toy-moe-q4_0":                   # the experts' gate|up GeGLU and down on moe_x8.wgsl
+        path = one_layer_toy(tmp_path, "tiny-moe", "Q4_0")
     else:
         path = one_layer_toy(tmp_path, "tiny-moe", "Q4_K")
     g = read_gguf(path)
+    if model == "toy-moe-q4_0":
+        eng = Engine.open(g, device=dev, context_length=64, chunk=1)
+        experts = [op[1].key for op in eng.runner.layers_plan(1).ops if op[0] == "d" and "moe_x8" in op[1].label]
+        assert sorted(dict(key[3])["GEGLU"] for key in experts) == [False, True]      # gate|up, then down
     tokens = [2] + np.random.default_rng(4).integers(3, 250, 39).tolist()
     want = np.asarray(ReferenceModel(g).forward(tokens))
     f32 = engine_logits(Engine.open(g, device=dev, context_length=64, chunk=1, int8=False), tokens)

@@ -146,16 +146,16 @@ def test_matvec_int8_units(dev, qtype, blocks, tpr, subgroups):
 
 
 def test_int8_matvec_where_it_exists(dev):
-    """int8 x exists for the Q4_K chunk kernels and the expert matvec of 32-weight blocks without GeGLU:
-    asking it of another kernel fails loudly, and K.int8_matvec says so beforehand."""
+    """int8 x exists for the Q4_K chunk kernels and the expert matvec of 32-weight blocks (with or without
+    GeGLU): asking it of another kernel fails loudly, and K.int8_matvec says so beforehand."""
     raw = random_tensor("q5_k", 4, 256, np.random.default_rng(0))
     with pytest.raises(ValueError, match="int8"):
         K.matvec(dev, "q5_k", 256, 4, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(16), int8=True)
     assert not K.int8_matvec(dev, "q5_k") and not K.int8_matvec(dev, "f16")
-    raw = random_tensor("q5_0", 8, 64, np.random.default_rng(0))
+    raw = random_tensor("q5_k", 8, 256, np.random.default_rng(0))
     with pytest.raises(ValueError, match="int8"):
-        K.moe_experts(dev, "q5_0", 64, 2, 2, 1, weight_buffer(dev, raw), f32(dev, np.ones(64)), dev.buffer(16),
-                      f32(dev, [0.0]), step_buffer(dev, 1), 1, geglu=True, int8=True)
+        K.moe_experts(dev, "q5_k", 256, 2, 2, 1, weight_buffer(dev, raw), f32(dev, np.ones(256)), dev.buffer(16),
+                      f32(dev, [0.0]), step_buffer(dev, 1), 1, geglu=True, chunks=False, int8=True)
     assert K.int8_matvec(dev, "q4_k") and not K.int8_matvec(dev, "q6_k")
     # the dense 32-weight blocks' units: where the backend's compiler runs them faster (the browser path)
     assert K.int8_matvec(dev, "q4_0") == dev.int8_block_units == (dev.backend == "browser")
@@ -163,7 +163,7 @@ def test_int8_matvec_where_it_exists(dev):
     # Q8_0's from 2048 rows (its 1536-row o projection measured slower on them)
     assert K.int8_matvec(dev, "q8_0", rows=2048) == dev.int8_block_units and not K.int8_matvec(dev, "q8_0", rows=1536)
     assert K.int8_matvec(dev, "q6_k", rows=262144) and not K.int8_matvec(dev, "q6_k", experts=True, rows=262144)
-    assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_0", experts=True, geglu=True)
+    assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_k", experts=True)
 
 
 @pytest.mark.parametrize("tpr", [4, 32, 256])

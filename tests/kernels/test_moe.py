@@ -192,16 +192,21 @@ def test_moe_experts_int8_blocks(dev, qtype, k, n, tpr, per_slot):
 
 @pytest.mark.parametrize("qtype,chunks,hidden,int8", [("f32", False, 256, False), ("q8_0", False, 256, False),
                                                       ("q4_k", False, 256, False), ("q4_k", True, 256, False),
-                                                      ("q4_k", True, 2816, False), ("q4_k", True, 2816, True)])
+                                                      ("q4_k", True, 2816, False), ("q4_k", True, 2816, True),
+                                                      ("q4_0", False, 2816, True), ("q5_0", False, 352, True),
+                                                      ("q8_0", False, 2816, True)])
 def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden, int8):
     """The decode expert matvec with the GeGLU fused (gate rows then up rows per expert), W split
     into two buffers of experts: gelu(gate x) * (up x) per slot; Q4_K also in 16-byte chunks
-    (moe_q4k.wgsl, the default where the device has subgroups), there also with x rounded to int8
-    (against the reference's integer sums)."""
+    (moe_q4k.wgsl, the default where the device has subgroups), there also with x rounded to int8, and the
+    32-weight blocks on int8 x (moe_x8.wgsl: 2816-long rows at 8 threads a row, 352-long at 2; 37 rows an
+    expert), against the reference's integer sums."""
     if chunks and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
+    assert K.expert_x8_threads_per_row(2816) == 8 and K.expert_x8_threads_per_row(704) == 2 \
+        and K.expert_x8_threads_per_row(352) == 2
     rng = np.random.default_rng(33)
-    t, e, ksel, ff = 2, 5, 3, 64 if qtype != "q4_k" else 256
+    t, e, ksel, ff = 2, 5, 3, 256 if qtype == "q4_k" else 37 if int8 else 64
     raw = random_tensor(qtype, e * 2 * ff, hidden, rng)
     w = dequantize(qtype, raw, e * 2 * ff, hidden).reshape(e, 2 * ff, hidden)
     ids = rng.integers(0, e, (t, ksel)).astype(np.uint32)
@@ -220,7 +225,7 @@ def test_moe_experts_geglu_fused(dev, qtype, chunks, hidden, int8):
     got = read_f32(dev, act, t * ksel * ff).reshape(t * ksel, ff)
     for s, ex in enumerate(ids.reshape(-1)):
         xs = x[s // ksel]
-        ref = int8_reference(raw[ex * 2 * ff * rb:(ex + 1) * 2 * ff * rb], 2 * ff, xs) if int8 else w[ex] @ xs
+        ref = int8_reference(raw[ex * 2 * ff * rb:(ex + 1) * 2 * ff * rb], 2 * ff, xs, qtype) if int8 else w[ex] @ xs
         want = gelu_tanh(ref[:ff]) * ref[ff:]
         np.testing.assert_allclose(got[s], want, atol=2e-3 * max(1.0, np.abs(want).max()), err_msg=f"slot {s}")
 

@@ -278,16 +278,16 @@ def int8_unit_threads_per_row(k: int, n: int) -> int:
 INT8_UNIT_THREADS = 131072     # e2b's 24576-row gate|up (1536 x 12288 x 2): 25.3 us at 8 a row, 31.4 at 4
 
 
-def int8_matvec(dev: Device, qtype, experts: bool = False, geglu: bool = False, rows: int = 0) -> bool:
+def int8_matvec(dev: Device, qtype, experts: bool = False, rows: int = 0) -> bool:
     """Whether the decode matvec (experts: moe_experts) of `rows` rows of qtype takes x rounded to int8
     where it is faster: the Q4_K chunk kernels (the expert one needs subgroups), the expert matvec for
-    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0; without GeGLU), Q6_K's units on a head's rows, and
-    the dense 32-weight blocks' units where the backend runs them faster (dev.int8_block_units)."""
+    32-weight blocks (moe_x8.wgsl: Q4_0, Q5_0, Q8_0, the gate|up's GeGLU too), Q6_K's units on a head's rows,
+    and the dense 32-weight blocks' units where the backend runs them faster (dev.int8_block_units)."""
     t = quant_type(qtype)
     if t == ggml.Q4_K:
         return dev.has_subgroups or not experts
     if experts:
-        return not geglu and t in B32_TYPES
+        return t in B32_TYPES
     if t in B32_TYPES and not dev.int8_block_units:
         return False
     return t in INT8_UNIT_MIN_ROWS and rows >= INT8_UNIT_MIN_ROWS[t]

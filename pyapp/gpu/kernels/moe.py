@@ -24,8 +24,20 @@ def expert_threads_per_row(k: int) -> int:
 
 # moe_x8.wgsl's threads per row and workgroup: 26B-A4B's 704-long down rows (22 blocks) took 49.7 us a
 # dispatch (8 slots) at 2 x 128 against 59.6 at 4 x 256 and 69.7 at 8 x 256 (Q5_0; the f32 kernel at
-# its best 101.7; Q8_0 53.8 against 58.6): bench/matvec_sweep.py --experts --int8, H100, 2026-11-26
-EXPERT_X8_TPR, EXPERT_X8_WG = 2, 128
+# its best 101.7; Q8_0 53.8 against 58.6): bench/matvec_sweep.py --experts --int8, H100, 2026-11-26.
+# Longer rows keep about as many blocks a thread (11 there): the gate|up's 2816-long rows (88 blocks)
+# take 8 threads, as the Q4_K experts' gate|up measured best (8 x 128, same sweep); not yet timed for
+# these types.
+EXPERT_X8_WG = 2 * 64
+
+
+def expert_x8_threads_per_row(k: int) -> int:
+    """Threads per row of moe_x8.wgsl: 2, or more (a power of two up to 16) while each keeps 8 blocks of 32
+    or more."""
+    tpr = 2
+    while tpr < 16 and k // 32 // (2 * tpr) >= 8:
+        tpr *= 2
+    return tpr
 
 
 def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int, w: Buffer, x: Buffer,
@@ -52,12 +64,13 @@ def moe_experts(dev: Device, qtype, k: int, n: int, n_experts: int, k_used: int,
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "B": dev.dummy, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     if int8:
-        if geglu or quant_type(qtype) not in B32_TYPES:
-            raise ValueError("int8 x is for the Q4_K chunk expert matvec and Q4_0 / Q5_0 / Q8_0 without GeGLU")
-        tpr, wg = tpr or EXPERT_X8_TPR, wg or EXPERT_X8_WG
+        if quant_type(qtype) not in B32_TYPES:
+            raise ValueError("int8 x is for the Q4_K chunk expert matvec and Q4_0 / Q5_0 / Q8_0")
+        tpr, wg = tpr or expert_x8_threads_per_row(k), wg or EXPERT_X8_WG
         p = pipeline(dev, "moe_x8", prelude=q8_b32_prelude(qtype),
                      constants={"KSEL": k_used, "K": k, "N": n, "TPR": tpr, "WG": wg, **x_arrays(k, True),
-                                "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne})
+                                "XPER": k_used if per_slot_input else 1, "E0": first_expert, "NE": ne,
+                                "GEGLU": geglu})
         bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": step, "IDS": ids})
         return (plan or dev.plan()).dispatch(p, bg, -(-n // (wg // tpr)), max_tokens * k_used)
     tpr, wg = tpr or expert_threads_per_row(k), wg or 256
