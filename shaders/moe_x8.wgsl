@@ -72,12 +72,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     red[lid] = acc.x;
-    red2[lid] = acc.y;
+    if (GEGLU) { red2[lid] = acc.y; }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (r.t < s) {
             red[lid] += red[lid + s];
-            red2[lid] += red2[lid + s];
+            if (GEGLU) { red2[lid] += red2[lid + s]; }
         }
         workgroupBarrier();
     }

@@ -26,9 +26,9 @@ def expert_threads_per_row(k: int) -> int:
 # dispatch (8 slots) at 2 x 128 against 59.6 at 4 x 256 and 69.7 at 8 x 256 (Q5_0; the f32 kernel at
 # its best 101.7; Q8_0 53.8 against 58.6): bench/matvec_sweep.py --experts --int8, H100, 2026-11-26.
 # Longer rows keep about as many blocks a thread (11 there): the gate|up's 2816-long rows (88 blocks)
-# take 8 threads, as the Q4_K experts' gate|up measured best (8 x 128, same sweep); not yet timed for
-# these types.
-EXPERT_X8_WG = 2 * 64
+# take 8 threads, as the Q4_K experts' gate|up on int8 x measured best (8 x 128: bench/matvec_sweep.py
+# --int8 --gpu-time, 2026-11-26); not yet timed for these types.
+EXPERT_X8_WG = 128
 
 
 def expert_x8_threads_per_row(k: int) -> int:
