@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer
 from .lowering import (AddNorm, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd, GegluHalves,
-                       GeluTimes, Linear, MoeTail, Op, QuantizedInput, RmsNorm, RmsNormPair, RoundedInput, Route,
-                       Scale, buffer_of)
+                       GeluTimes, Linear, MoeTail, Op, QuantizedInput, RmsNorm, RmsNormPair, RoundedAsOneToken,
+                       RoundedInput, Route, Scale, buffer_of)
 
 BARRIERS = (ExpertRoundsBegin, ExpertRoundsEnd)      # a plan boundary: nothing moves or merges across it
 
@@ -36,7 +36,8 @@ class Rules:
     route_tails: bool = False      # the routing may ride on a matvec (the runner's decode fusions)
     residual_inputs: bool = False  # the adds into the stream may be built by their readers (needs 9 buffers)
     reads_rounded: object = None   # (qtype, k) -> whether a one-token matvec of qtype takes its k-long x as
-                                   # int8 codes its producer stores (K.RoundedX); None: never
+                                   # int8 codes its producer stores (K.RoundedX); None: never (a few-token plan
+                                   # then rounds those inputs as the one-token plan does)
     quantized_inputs: object = None   # (qtype, k) -> whether a chunk's matmul of qtype takes its k-long x as
                                       # int8 (K.int8_matmul); None: never (a tape, a few tokens, f32 only)
 
@@ -54,6 +55,8 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = residual_inputs(ops, rules)
     if rules.one_token and rules.reads_rounded is not None:
         ops = rounded_inputs(ops, rules.reads_rounded)
+    if rules.few and rules.reads_rounded is not None:
+        ops = rounded_as_one_token(ops, rules.reads_rounded)
     if not (rules.one_token or rules.few or rules.tape) and rules.quantized_inputs is not None:
         ops = quantized_geglu(ops, rules.quantized_inputs)
         ops = quantized_norms(ops, rules.quantized_inputs)
@@ -295,6 +298,22 @@ def rounded_inputs(ops: list, reads_rounded) -> list:
                 and reads_rounded(reader.w.qtype, op.epilogue.ff)):
             op.rounds_out = True
             reader.input = RoundedInput()
+    return ops
+
+
+def rounded_as_one_token(ops: list, reads_rounded) -> list:
+    """A few-token step's MLP whose one-token plan has the down projection read the GeGLU's rows as int8 codes
+    (rounded_inputs: a one-dispatch [gate | up] matvec, then a one-dispatch down of a type that reads them):
+    the down rounds those rows too (RoundedAsOneToken; quantize_q8's rule is the GeGLU's), so that a speculative
+    step's check and plain decoding round the same values."""
+    for i, op in enumerate(ops):
+        if not (isinstance(op, GegluHalves) and op.rows_per_token == 1 and i > 0 and matvec(ops[i - 1])
+                and ops[i - 1].y is op.src and not read_later(ops, i, op.src)):
+            continue
+        reader = next((o for o in ops[i + 1:] if id(buffer_of(op.out)) in reads(o)), None)
+        if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is op.out
+                and reads_rounded(reader.w.qtype, op.ff)):
+            reader.input = RoundedAsOneToken()
     return ops
 
 

@@ -73,12 +73,13 @@ class Lowering:
         """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8."""
         return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, rows)
 
-    def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list) -> None:
+    def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list, int8: bool = False) -> None:
         """y[t, n] = x[t, k] @ W^T for a step of a few tokens, for each (W buffer, n, y, ldy) of blocks (as
         matmul's): on x rounded to int8 (quantized here, once for every block) where K.int8_few_tokens says
-        so (where the one-token matvec rounds it too), else on f32 x."""
+        so (where the one-token matvec rounds it too) or int8 (where the one-token matvec reads it rounded by
+        its producer: RoundedAsOneToken), else on f32 x."""
         dev, s = self.dev, self.s
-        int8 = self.int8_x and K.int8_few_tokens(dev, qtype, k, sum(n for _, n, _, _ in blocks))
+        int8 = self.int8_x and (int8 or K.int8_few_tokens(dev, qtype, k, sum(n for _, n, _, _ in blocks)))
         if int8:
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
         for w, n, y, ldy in blocks:
@@ -155,6 +156,13 @@ class RoundedInput:
 
 
 @dataclass(eq=False)
+class RoundedAsOneToken:
+    """A few-token matvec's x rounded to int8 (quantize_q8, the rule the one-token GeGLU rounds by) because the
+    one-token step's matvec of these rows reads it so (RoundedInput): a speculative step checks its drafts
+    with the roundings plain decoding makes."""
+
+
+@dataclass(eq=False)
 class QuantizedInput:
     """A chunk's matmul x already rounded to int8 in state.xq by an earlier op (the GeGLU before a down
     projection, the dense one or the experts'; the residual add whose next pre-norm, or whose sum, is x; the
@@ -169,7 +177,8 @@ class Linear(Op):
     x: Buffer
     y: object
     input: object = None                 # FromAdd | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8;
-                                         # QuantizedInput: a chunk's x already in state.xq
+                                         # QuantizedInput: a chunk's x already in state.xq; RoundedAsOneToken: a
+                                         # few tokens' x rounded to int8 where one token's is
     route: "Route | None" = None
     epilogue: object = None              # GegluHalves | GeluTimes: written instead of y
     rounds_out: bool = False             # also writes its outputs rounded to int8 (L.rounded())
@@ -193,7 +202,7 @@ class Linear(Op):
         if len(w.parts) == 1 and T == 1:
             self._matvec(L, k, n, x)
         elif len(w.parts) == 1 and L.few:
-            L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)])
+            L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)], int8=isinstance(self.input, RoundedAsOneToken))
         elif len(w.parts) == 1:
             L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=quantized)
         elif T > 1 and not L.few:

@@ -28,6 +28,7 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | matvec with `K.RouteTail` (matvec_tail_route.wgsl) | one token | softmax, top-k, renormalize of the router's logits (on the dense MLP's down projection) | `route_tails` |
 | matvec with `K.ResidualInput` (matvec_input_residual.wgsl) | one token, 9 storage buffers a shader | `x = x + rms_norm(y, w)` [`* scale`] and the next `rms_norm(x, w2)`: built by every matvec that reads them | `residual_inputs` |
 | GeGLU matvec writing its rows rounded to int8 (matvec_out_q8.wgsl), down on the codes (x8_stored.wgsl) | one token | `gelu(gate) * up` rounded once for the down projection, not in each of its workgroups | `rounded_inputs` |
+| `quantize_q8` + `matvec_tokens_x8` for the down projection | a few | its x rounded to int8 wherever the one-token plan's down reads the GeGLU's codes (a speculative check rounds as plain decoding does) | `rounded_as_one_token` |
 | `quantize_q8` with `GEGLU` | chunk (int8) | `gelu(gate) * up`, rounded to int8 for the down projection in the same kernel (the dense MLP's, and the chosen experts' rows) | `quantized_geglu` |
 | one `quantize_q8` for several matmuls | chunk (int8) | the q, k and v projections' rounding of their one normed x | `shared_quantized_inputs` |
 | `add_normed_q8` (norm.wgsl) | chunk (int8) | `add_normed`'s next `rms_norm(h, w2)` rounded to int8 for the projections reading it (gate and up; the next layer's q, k, v) | `quantized_norms`, `unread_norm_outputs` |
@@ -83,7 +84,7 @@ class Ops:
                            route_tails=fuse_residual and one,
                            residual_inputs=(fuse_residual and one and K.fuses_residual_input(dev)
                                             and self._fits(cfg.hidden)),
-                           reads_rounded=self._reads_rounded if fuse_residual and one and int8 else None,
+                           reads_rounded=self._reads_rounded if fuse_residual and (one or self.few) and int8 else None,
                            quantized_inputs=self._quantized if self._lowering.int8 else None)
 
     def _quantized(self, qtype, k: int) -> bool:

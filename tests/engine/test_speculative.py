@@ -121,6 +121,32 @@ def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypat
 
 
 @pytest.mark.gpu
+def test_few_token_downs_round_where_one_token_downs_read_rounded_codes(dev, monkeypatch):
+    """Under the browser path's rules for Q8_0 (int8 units; downs reading the GeGLU's rounded codes, here at the
+    fixture's widths), a speculative step rounds the down projections' x too (RoundedAsOneToken: the one-token
+    plan's codes by the same rule) and nothing else below Q8_0's row threshold: the greedy tokens of plain
+    decoding, drafts accepted."""
+    import importlib
+    from pyapp.gpu import kernels
+    monkeypatch.setattr(dev, "int8_block_units", True)
+    monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matvec"), "ROUND_OUT_MIN_ROWS", 0)
+    lowered = []
+    x8 = kernels.matvec_tokens_x8
+
+    def counted(*args, **kwargs):
+        lowered.append(args[1:4])
+        return x8(*args, **kwargs)
+    monkeypatch.setattr(kernels, "matvec_tokens_x8", counted)
+    eng = _open(dev, FIXTURES / "gemma4-dense-q8_0.gguf")
+    ff = [t.shape[0] for name, t in eng.gguf.tensors.items() if name.endswith("ffn_down.weight")]
+    plain, plain_cached, _, spec, spec_cached, _ = _pair(eng, REPEATING, 6, max_tokens=48)
+    downs = [(q, k, n) for q, k, n in lowered if k in ff and n == eng.config.hidden]
+    assert downs and len(downs) == len(lowered)      # the downs only: the other projections' rows stay on f32 x
+    _assert_same(plain, spec)
+    assert spec.accepted > 10 and spec_cached == plain_cached
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["gemma4-dense-q4_k", "gemma4-moe-q8_0"])
 def test_steps_of_few_tokens_give_the_prefill_logits(dev, name):
     """The plan a token and its drafts run in (matvec_tokens, per-slot experts) against the prefill plan
