@@ -603,7 +603,7 @@ async def chat(messages_json: str, params_json: str) -> dict:
     stream as events. The page keeps the reply's ids + vocab and sends them back with the conversation: the
     next prompt then extends the cache."""
     if SESSION.engine is None:
-        return {"error": "no model loaded"}
+        return {"error": "No model loaded"}
     messages, p = json.loads(messages_json), json.loads(params_json)
     thinking = bool(p.pop("thinking", False))
     try:
@@ -621,7 +621,7 @@ def count_tokens(messages_json: str) -> dict:
 async def logits(tokens_json: str) -> dict:
     """Logits for a token sequence (tests compare them with golden files)."""
     if SESSION.engine is None:
-        return {"error": "no model loaded"}
+        return {"error": "No model loaded"}
     try:
         rows = await run_async(_logits(SESSION, json.loads(tokens_json)))
     except EXPECTED as e:
@@ -633,7 +633,7 @@ async def logits(tokens_json: str) -> dict:
 async def generate_tokens(tokens_json: str, params_json: str = "{}") -> dict:
     """Token ids generated after a raw token sequence, from an empty cache (tests: golden outputs)."""
     if SESSION.engine is None:
-        return {"error": "no model loaded"}
+        return {"error": "No model loaded"}
     p = json.loads(params_json)
     try:
         params = settings.sampling_params(p)

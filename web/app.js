@@ -429,7 +429,7 @@ $("demo").onclick = async () => {
   if (state.busy) return;
   setState("opening");
   const res = await fetch("models/demo.gguf");
-  if (!res.ok) { showError("model-error", "this build has no demo model"); setState("ready"); return; }
+  if (!res.ok) { showError("model-error", "This build has no demo model"); setState("ready"); return; }
   await openFile(new File([await res.blob()], "demo.gguf"), { kind: "demo" });
 };
 

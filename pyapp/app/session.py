@@ -57,7 +57,7 @@ class Session:
             raise Refused("Choose a model first")
         return self.model
 
-    def loaded(self, what: str = "no model loaded"):
+    def loaded(self, what: str = "No model loaded"):
         if self.engine is None:
             raise Refused(what)
         return self.engine

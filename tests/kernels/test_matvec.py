@@ -145,7 +145,7 @@ def test_matvec_int8_units(dev, qtype, blocks, tpr, subgroups):
         assert_close_dot(read_f32(dev, y, 2 * n), w, r, w @ rounded(r), tol=1e-4)
 
 
-def test_int8_matvec_where_it_exists(dev):
+def test_int8_matvec_where_it_exists(dev, monkeypatch):
     """int8 x exists for the Q4_K chunk kernels and the expert matvec of 32-weight blocks (with or without
     GeGLU): asking it of another kernel fails loudly, and K.int8_matvec says so beforehand."""
     raw = random_tensor("q5_k", 4, 256, np.random.default_rng(0))
@@ -164,6 +164,10 @@ def test_int8_matvec_where_it_exists(dev):
     assert K.int8_matvec(dev, "q8_0", rows=2048) == dev.int8_block_units and not K.int8_matvec(dev, "q8_0", rows=1536)
     assert K.int8_matvec(dev, "q6_k", rows=262144) and not K.int8_matvec(dev, "q6_k", experts=True, rows=262144)
     assert K.int8_matvec(dev, "q5_0", experts=True) and not K.int8_matvec(dev, "q5_k", experts=True)
+    monkeypatch.setattr(dev, "int8_block_units", True)               # the browser path's rules, on any backend
+    assert K.int8_matvec(dev, "q4_0", rows=256) and K.int8_matvec(dev, "q8_0", rows=2048)
+    assert not K.int8_matvec(dev, "q8_0", rows=1536) and not K.int8_matvec(dev, "q5_0", rows=262144)
+    assert K.int8_rounded_matvec(dev, "q8_0") and K.int8_rounded_matvec(dev, "q4_0")
 
 
 @pytest.mark.parametrize("tpr", [4, 32, 256])
