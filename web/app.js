@@ -1678,8 +1678,33 @@ if (localStorage.getItem(CHATS_KEY) === null) saveChats();   // a migrated conve
 images = setupImages({ call, state, showError, updateButtons, modelCardChanged });
 audio = setupAudio({ call, state, showError, updateButtons });
 drafter = setupDrafter({ call, state, showError, updateButtons });
-// why a model takes no images or audio: one line each on a phone (style.css), the whole on a tap
-for (const id of ["attach-why", "audio-why"]) $(id).addEventListener("click", () => $(id).classList.toggle("open"));
+// why a model takes no images or audio: one line each on a phone (style.css), the whole on a tap, or on Enter
+// or Space (there they are buttons: a keyboard reaches them; on a wide screen they are plain text, whole)
+const phone = matchMedia("(max-width: 760px)");
+for (const id of ["attach-why", "audio-why"]) {
+  const why = $(id);
+  const toggle = () => {
+    why.classList.toggle("open");
+    if (phone.matches) why.setAttribute("aria-expanded", String(why.classList.contains("open")));
+  };
+  const asButton = () => {
+    if (phone.matches) {
+      why.tabIndex = 0;
+      why.setAttribute("role", "button");
+      why.setAttribute("aria-expanded", String(why.classList.contains("open")));
+    } else {
+      for (const a of ["tabindex", "role", "aria-expanded"]) why.removeAttribute(a);
+    }
+  };
+  why.addEventListener("click", toggle);
+  why.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" && e.key !== " ") return;
+    e.preventDefault();
+    toggle();
+  });
+  phone.addEventListener("change", asButton);
+  asButton();
+}
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
                            removeAdapter, setState, updateButtons });
 showSettings();

@@ -371,7 +371,8 @@ def test_on_a_phone_the_conversation_owns_the_screen(page):
     """At 390x844 the conversation gets most of the screen and nothing covers it; the conversations and the model
     picker are a menu (the model button opens it), which lists an Ollama folder's models without overflowing
     (a long digest in a reason, a damaged manifest in plain words) and marks the one loaded, shown by its
-    name:tag in the header; the settings open as a panel and close again. (The module's page, its GPU programs
+    name:tag in the header; why the model takes no images is one line that Enter and Space open and close (a
+    button there, plain text on a wide screen); the settings open as a panel and close again. (The module's page, its GPU programs
     compiled by a reply first: SwiftShader's drawing waits on them after a resize.)"""
     ensure_reply(page)
     page.evaluate("""(long) => { const s = window.app.state; const now = Date.now();
@@ -402,6 +403,15 @@ def test_on_a_phone_the_conversation_owns_the_screen(page):
         assert page.get_attribute("#model-list li:has-text('gemma4:tiny') button", "aria-current") == "true"
         page.keyboard.press("Escape")
         assert page.is_hidden("#sidebar")
+        # why this model takes no images: one line, a button a keyboard opens and closes
+        assert page.get_attribute("#attach-why", "role") == "button"
+        assert page.evaluate("document.getElementById('attach-why').tabIndex") == 0
+        one_line = box(page, "#attach-why")["h"]
+        page.focus("#attach-why")
+        page.keyboard.press("Enter")
+        assert page.get_attribute("#attach-why", "aria-expanded") == "true" and box(page, "#attach-why")["h"] > one_line
+        page.keyboard.press(" ")
+        assert page.get_attribute("#attach-why", "aria-expanded") == "false" and box(page, "#attach-why")["h"] == one_line
         # the conversation gets most of the screen; nothing covers the reply
         msgs, status, composer = box(page, "#messages"), box(page, ".chat-status"), box(page, "#composer")
         assert msgs["h"] >= 0.5 * 844, msgs
@@ -416,6 +426,7 @@ def test_on_a_phone_the_conversation_owns_the_screen(page):
         page.set_viewport_size({"width": 1280, "height": 860})
     page.wait_for_selector("#settings", state="visible")       # wide again: all three columns
     assert page.is_visible("#sidebar")
+    assert page.get_attribute("#attach-why", "role") is None and page.get_attribute("#attach-why", "tabindex") is None
     assert not page.errors, page.errors
 
 
