@@ -15,7 +15,9 @@
 #   models   write the bench models (MODELS) into /tmp with tools/make_bench_model.py, in parallel; for a
 #            spec SHAPE:lq-TYPE (e2b:lq-Q4_K_M, a26b:lq-Q4_0: the files people pull) its SHAPE:Q8_0 source
 #   quantize SHAPE:lq-TYPE specs of MODELS: llama.cpp's own llama-quantize SHAPE:Q8_0 -> TYPE (after the build;
-#            Q4_K_M keeps the head, the PLE table and some layers in Q6_K), its log -> quantize.log
+#            Q4_K_M keeps the head, the PLE table and some layers in Q6_K), its log -> quantize.log;
+#            DROP_SOURCES=1 then deletes the Q8_0 sources no spec of MODELS names itself (26B-A4B's is 27 GB of
+#            the machine's 64: its Q4_0 and Q4_K_M beside it and the E2B files leave little room)
 #   wait     wait for the build (until this call's time budget runs short)
 #   llama    llama-bench -p PROMPT -n GEN -ngl 99 -o jsonl, one run per model
 #   ours     bench/bench.py --kernels (native wgpu backend), PROMPT/GEN/CONTEXT/CHUNK
@@ -351,6 +353,16 @@ step_quantize() {
             rc=1; log "quantize: $spec failed (tail of $W/quantize.log:)"; tail -5 "$W/quantize.log"
         fi
     done
+    if [ "${DROP_SOURCES:-0}" = 1 ]; then
+        for spec in $MODELS $TTFT_MODELS; do
+            case ${spec##*:} in lq-*) ;; *) continue ;; esac
+            src=$(generated_spec "$spec")
+            case " $MODELS $TTFT_MODELS " in *" $src "*) continue ;; esac       # wanted for itself
+            path=$(model_path "$src")
+            [ -f "$path" ] && { log "quantize: dropping the source $path"; rm -f "$path" "$path.ok"; }
+        done
+    fi
+    log "quantize: $(df -h --output=avail /tmp | tail -1 | tr -d ' ') left on /tmp"
     return $rc
 }
 
