@@ -284,6 +284,17 @@ def _builds(op: Op, normed: bool, add: AddNorm) -> bool:
     return matvec(op) and op.input is None and op.route is None and op.x is (add.next_out if normed else add.into)
 
 
+def rounded_down(later: list, geglu: GegluHalves, reads_rounded) -> Linear | None:
+    """The first op of `later` that reads the GeGLU's output, where it is a one-dispatch down projection of a
+    type that takes those rows as int8 codes stored by their producer (reads_rounded): the reader that
+    rounded_inputs and rounded_as_one_token mark."""
+    reader = next((o for o in later if id(buffer_of(geglu.out)) in reads(o)), None)
+    if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is geglu.out
+            and reads_rounded(reader.w.qtype, geglu.ff)):
+        return reader
+    return None
+
+
 def rounded_inputs(ops: list, reads_rounded) -> list:
     """The GeGLU's output of a one-token MLP, read first by a matvec (the down projection) that takes x
     rounded to int8 (reads_rounded): the GeGLU's matvec also writes it so rounded (its workgroups hold
@@ -292,10 +303,8 @@ def rounded_inputs(ops: list, reads_rounded) -> list:
     for i, op in enumerate(ops):
         if not (matvec(op) and isinstance(op.epilogue, GegluHalves)):
             continue
-        out = op.epilogue.out
-        reader = next((o for o in ops[i + 1:] if id(buffer_of(out)) in reads(o)), None)
-        if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is out
-                and reads_rounded(reader.w.qtype, op.epilogue.ff)):
+        reader = rounded_down(ops[i + 1:], op.epilogue, reads_rounded)
+        if reader is not None:
             op.rounds_out = True
             reader.input = RoundedInput()
     return ops
@@ -310,9 +319,8 @@ def rounded_as_one_token(ops: list, reads_rounded) -> list:
         if not (isinstance(op, GegluHalves) and op.rows_per_token == 1 and i > 0 and matvec(ops[i - 1])
                 and ops[i - 1].y is op.src and not read_later(ops, i, op.src)):
             continue
-        reader = next((o for o in ops[i + 1:] if id(buffer_of(op.out)) in reads(o)), None)
-        if (matvec(reader) and reader.input is None and reader.epilogue is None and reader.x is op.out
-                and reads_rounded(reader.w.qtype, op.ff)):
+        reader = rounded_down(ops[i + 1:], op, reads_rounded)
+        if reader is not None:
             reader.input = RoundedAsOneToken()
     return ops
 

@@ -73,13 +73,13 @@ class Lowering:
         """Whether a one-token matvec of `rows` rows (experts: the expert matvec) takes x rounded to int8."""
         return self.int8_x and self.T == 1 and K.int8_matvec(self.dev, qtype, experts, rows)
 
-    def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list, int8: bool = False) -> None:
+    def matvec_tokens(self, qtype, k: int, x: Buffer, blocks: list, as_one_token: bool = False) -> None:
         """y[t, n] = x[t, k] @ W^T for a step of a few tokens, for each (W buffer, n, y, ldy) of blocks (as
         matmul's): on x rounded to int8 (quantized here, once for every block) where K.int8_few_tokens says
-        so (where the one-token matvec rounds it too) or int8 (where the one-token matvec reads it rounded by
-        its producer: RoundedAsOneToken), else on f32 x."""
+        so (where the one-token matvec rounds it too) or as_one_token (where the one-token matvec reads it
+        rounded by its producer: RoundedAsOneToken), else on f32 x."""
         dev, s = self.dev, self.s
-        int8 = self.int8_x and (int8 or K.int8_few_tokens(dev, qtype, k, sum(n for _, n, _, _ in blocks)))
+        int8 = self.int8_x and (as_one_token or K.int8_few_tokens(dev, qtype, k, sum(n for _, n, _, _ in blocks)))
         if int8:
             K.quantize_q8(dev, k, x, s.xq, s.xq_scales, self.step, self.T, plan=self.plan)
         for w, n, y, ldy in blocks:
@@ -202,7 +202,8 @@ class Linear(Op):
         if len(w.parts) == 1 and T == 1:
             self._matvec(L, k, n, x)
         elif len(w.parts) == 1 and L.few:
-            L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)], int8=isinstance(self.input, RoundedAsOneToken))
+            L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)],
+                            as_one_token=isinstance(self.input, RoundedAsOneToken))
         elif len(w.parts) == 1:
             L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=quantized)
         elif T > 1 and not L.few:

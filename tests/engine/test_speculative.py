@@ -99,13 +99,9 @@ def test_fixtures_repetitive_prompt_drafts_accepted_same_tokens(dev, name):
     assert spec_end >= len(spec_cached)
 
 
-@pytest.mark.gpu
-def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypatch):
-    """The Q4_K projections of a speculative step on x rounded to int8 (quantize_q8 + matvec_tokens_q4k_x8,
-    as E2B's from 512 rows; here every row count): the greedy tokens of plain decoding, drafts accepted."""
+def int8_few_token_matvecs(monkeypatch) -> list:
+    """The (qtype, k, n) of every few-token matvec recorded on int8 x (kernels.matvec_tokens_x8) from now on."""
     from pyapp.gpu import kernels
-    from pyapp.gpu.kernels import few_tokens
-    monkeypatch.setattr(few_tokens, "FEW_INT8_ROWS", 1)
     lowered = []
     x8 = kernels.matvec_tokens_x8
 
@@ -113,6 +109,16 @@ def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypat
         lowered.append(args[1:4])
         return x8(*args, **kwargs)
     monkeypatch.setattr(kernels, "matvec_tokens_x8", counted)
+    return lowered
+
+
+@pytest.mark.gpu
+def test_few_token_steps_on_int8_activations_give_the_same_tokens(dev, monkeypatch):
+    """The Q4_K projections of a speculative step on x rounded to int8 (quantize_q8 + matvec_tokens_q4k_x8,
+    as E2B's from 512 rows; here every row count): the greedy tokens of plain decoding, drafts accepted."""
+    from pyapp.gpu.kernels import few_tokens
+    monkeypatch.setattr(few_tokens, "FEW_INT8_ROWS", 1)
+    lowered = int8_few_token_matvecs(monkeypatch)
     eng = _open(dev, FIXTURES / "gemma4-dense-q4_k.gguf")
     plain, plain_cached, _, spec, spec_cached, _ = _pair(eng, REPEATING, 6, max_tokens=48)
     assert lowered                                   # the few-token plan's Q4_K projections took the int8 kernel
@@ -127,16 +133,9 @@ def test_few_token_downs_round_where_one_token_downs_read_rounded_codes(dev, mon
     plan's codes by the same rule) and nothing else below Q8_0's row threshold: the greedy tokens of plain
     decoding, drafts accepted."""
     import importlib
-    from pyapp.gpu import kernels
     monkeypatch.setattr(dev, "int8_block_units", True)
     monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matvec"), "ROUND_OUT_MIN_ROWS", 0)
-    lowered = []
-    x8 = kernels.matvec_tokens_x8
-
-    def counted(*args, **kwargs):
-        lowered.append(args[1:4])
-        return x8(*args, **kwargs)
-    monkeypatch.setattr(kernels, "matvec_tokens_x8", counted)
+    lowered = int8_few_token_matvecs(monkeypatch)
     eng = _open(dev, FIXTURES / "gemma4-dense-q8_0.gguf")
     ff = [t.shape[0] for name, t in eng.gguf.tensors.items() if name.endswith("ffn_down.weight")]
     plain, plain_cached, _, spec, spec_cached, _ = _pair(eng, REPEATING, 6, max_tokens=48)
