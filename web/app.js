@@ -1680,15 +1680,10 @@ audio = setupAudio({ call, state, showError, updateButtons });
 drafter = setupDrafter({ call, state, showError, updateButtons });
 // why a model takes no images or audio: one line each on a phone (style.css), the whole on a tap, or on Enter
 // or Space (there they are buttons: a keyboard reaches them; on a wide screen they are plain text, whole)
-const phone = matchMedia("(max-width: 760px)");
 for (const id of ["attach-why", "audio-why"]) {
   const why = $(id);
-  const toggle = () => {
-    why.classList.toggle("open");
-    if (phone.matches) why.setAttribute("aria-expanded", String(why.classList.contains("open")));
-  };
   const asButton = () => {
-    if (phone.matches) {
+    if (NARROW.matches) {
       why.tabIndex = 0;
       why.setAttribute("role", "button");
       why.setAttribute("aria-expanded", String(why.classList.contains("open")));
@@ -1696,13 +1691,17 @@ for (const id of ["attach-why", "audio-why"]) {
       for (const a of ["tabindex", "role", "aria-expanded"]) why.removeAttribute(a);
     }
   };
+  const toggle = () => {
+    why.classList.toggle("open");
+    asButton();
+  };
   why.addEventListener("click", toggle);
   why.addEventListener("keydown", (e) => {
     if (e.key !== "Enter" && e.key !== " ") return;
     e.preventDefault();
     toggle();
   });
-  phone.addEventListener("change", asButton);
+  NARROW.addEventListener("change", asButton);
   asButton();
 }
 finetune = setupFinetune({ call, state, showError, addSettingChecks, checkSetting, settingProblem, openAdapter,
