@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # (rows, row length): E2B q, o, gate, down; a26b q, 2112 x 2816, dense down (rows of 2112: Q5_0 in the
 # bench files, llama.cpp's fallback for Q4_K, and so here)
 SHAPES = [(2048, 1536), (1536, 2048), (6144, 1536), (1536, 6144), (4096, 2816), (2112, 2816), (2816, 2112)]
+# the long-K ones the int8 tile splits over K (E2B's wide layers' down, E4B's down): SWEEP_SHAPES="1536x12288 2560x10240"
 
 
 # a26b's grouped experts for a 512-token chunk: (rows, row length) of gate|up and down; 128 experts, 8 a token
@@ -168,11 +169,22 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=t)) for t in tile_list]
             if K.int8_matmul(q, k, n_tokens):
                 xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
+                partials = dev.buffer(4 * K.Q8_SPLIT_MAX * n_tokens * n)
                 for t in Q8_TILES:
                     def int8(plan, t=t):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
                         K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
                     variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
+                # the large tile over slices of K (matmul_q8's SPLIT, their sum included)
+                for split in range(2, K.Q8_SPLIT_MAX + 1):
+                    if k % (64 * split):
+                        continue
+                    def sliced(plan, split=split):
+                        K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
+                        K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=K.Q8_MATMUL,
+                                    partials=partials, split=split)
+                    t = K.Q8_MATMUL
+                    variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows} k/{split}", t.threads, sliced))
             for name, threads, record in variants:
                 plan = dev.plan()
                 for _ in range(per_submit):

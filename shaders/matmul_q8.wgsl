@@ -2,11 +2,15 @@
 // quantize_q8.wgsl (the tile: matmul_q8_tile.wgsl; W, declared by the weight format's include,
 // Q4_K, Q4_0, Q5_0 or Q8_0). Mirrors ggml_mul_mat with src0 = W (GGUF [N, K]) and src1 = X as
 // llama.cpp's MMQ computes it; Y is f32 [T, N], token-major.
-// Dispatch: (ceil(N / BM), ceil(T / BN)); T = S.n_tokens.
+// Split over K (SPLIT > 1; as MMQ's stream-k, for matrices of few rows and long ones, whose tiles alone
+// leave the GPU's SMs idle): workgroup z takes the weights z K / SPLIT .. (z + 1) K / SPLIT - 1 and
+// writes its partial sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them.
+// Dispatch: (ceil(N / BM), ceil(T / BN), SPLIT); T = S.n_tokens.
 
 override K: u32;
 override N: u32;
 override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W writes its columns of a wider Y
+override SPLIT: u32 = 1u;  // slices of K (K / SPLIT a multiple of 64; LDY 0 where it is above 1)
 
 // binding 0: W, declared by the weight format's include (the prelude names it)
 @group(0) @binding(1) var<storage, read> XQ: array<vec4<u32>>;
@@ -30,8 +34,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     r0 = wid.x * BM;
     t0 = wid.y * BN;
     t_last = T - 1u;
-    let acc = q8_tile_product(lid);
+    let k_slice = K / SPLIT;
+    let acc = q8_tile_product(lid, wid.z * k_slice, (wid.z + 1u) * k_slice);
     let ldy = select(LDY, N, LDY == 0u);
+    let y0 = wid.z * T * N;              // this slice's partial sums (0 unsplit)
     for (var g = 0u; g < TM / 4u; g++) {
         var a = acc.lo;
         if (g == 1u) { a = acc.hi; }
@@ -40,7 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (t < T) {
                 for (var i = 0u; i < 4u; i++) {
                     let r = r0 + q8_tile_row(lid, g, i);
-                    if (r < N) { Y[t * ldy + r] = a[i][j]; }
+                    if (r < N) { Y[y0 + t * ldy + r] = a[i][j]; }
                 }
             }
         }

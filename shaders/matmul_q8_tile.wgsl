@@ -23,7 +23,8 @@
 // XS (array<vec4<f32>> [rows, K / 64]: (d, sum) of two blocks) and
 //   fn q8_w_row(i: u32) -> u32   W row for tile row i (any valid row past the end)
 //   fn q8_x_row(i: u32) -> u32   X row for tile token i (any valid row past the end)
-// and calls q8_tile_product from uniform control flow (it has barriers). Result lo[i][j] (and
+// and calls q8_tile_product(lid, k_lo, k_hi) from uniform control flow (it has barriers) for the weights
+// k_lo .. k_hi - 1 of each row (multiples of 64: all of K, or a slice of it). Result lo[i][j] (and
 // hi[i][j] for TM = 8): tile row q8_tile_row(lid, 0 (1), i), tile token q8_tile_token(lid, j).
 
 const BM: u32 = MQ_BM;
@@ -63,7 +64,7 @@ struct WJob {
     ab: vec2<f32>,
 }
 
-fn q8_tile_product(lid: u32) -> Q8Acc {
+fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
     let tx = lid % TX;
     let ty = lid / TX;
     // W jobs: row jr, half jh of its step (q8_w_fetch)
@@ -80,14 +81,14 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
     var wj = WJob(vec4<u32>(0u), vec4<u32>(0u), vec2<f32>(0.0));
     var xq = vec4<u32>(0u);
     var xsc = vec4<f32>(0.0);            // (d, sum) of the chunk's two activation blocks
-    if (has_w) { wj = q8_w_fetch(wrow, jh, 0u); }
+    if (has_w) { wj = q8_w_fetch(wrow, jh, k_lo); }
     if (has_x) {
-        xq = XQ[xrow * (K / 16u) + xc];
-        xsc = XS[xrow * (K / 64u)];
+        xq = XQ[xrow * (K / 16u) + k_lo / 16u + xc];
+        xsc = XS[xrow * (K / 64u) + k_lo / 64u];
     }
     var acc = mat4x4<f32>();             // acc[i][j]: row 4 tx + i, token 4 ty + j
     var acc2 = mat4x4<f32>();            // row 4 (tx + TX) + i (TM = 8)
-    for (var k0 = 0u; k0 < K; k0 += 64u) {
+    for (var k0 = k_lo; k0 < k_hi; k0 += 64u) {
         if (has_w) { q8_w_store(wj, jr, jh, k0); }
         if (has_x) {
             for (var m = 0u; m < 4u; m++) {
@@ -102,7 +103,7 @@ fn q8_tile_product(lid: u32) -> Q8Acc {
         }
         workgroupBarrier();
         let k1 = k0 + 64u;               // the next step's loads, in flight during this one's products
-        if (k1 < K) {
+        if (k1 < k_hi) {
             if (has_w) { wj = q8_w_fetch(wrow, jh, k1); }
             if (has_x) {
                 xq = XQ[xrow * (K / 16u) + k1 / 16u + xc];

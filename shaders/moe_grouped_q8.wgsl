@@ -33,7 +33,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     if (e >= E || e < E0 || e >= E0 + NE) { return; }
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
-    let acc = q8_tile_product(lid);
+    let acc = q8_tile_product(lid, 0u, K);
     for (var g = 0u; g < TM / 4u; g++) {
         var a = acc.lo;
         if (g == 1u) { a = acc.hi; }

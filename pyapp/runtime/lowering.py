@@ -109,7 +109,8 @@ class Lowering:
         int8 = self.int8_input(qtype, k, x, quantized)
         for w, n, y, ldy in blocks:
             if int8:
-                K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=self.plan, ldy=ldy)
+                K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=self.plan, ldy=ldy,
+                            partials=s.q8_partials)
             else:
                 K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=self.plan, ldy=ldy, f16=self.f16)
 

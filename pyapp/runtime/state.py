@@ -86,6 +86,10 @@ class State:
             xq_bytes, xs_bytes = K.q8_bytes(1, rows_k)
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
+        # partial sums of a chunk's int8 matmuls over slices of K (K.q8_split_for: the long-K projections into
+        # the residual stream, d rows)
+        self.q8_partials = (f32(K.Q8_SPLIT_MAX * T * d, "q8 partials")      # [slices, T, d]
+                            if T > K.INT8_MIN_TOKENS else None)
         # dense MLP
         q8_codes, q8_scales = K.q8_bytes(1, ff)        # a decode step's GeGLU output rounded to int8 per 32
         self.act_q8 = dev.buffer(q8_codes, label="act q8")                   # i8 [ff] (K.RoundedX)

@@ -584,6 +584,31 @@ def test_int8_paths_on_the_files_people_have(dev, tmp_path, form, qtype, monkeyp
                            clear_rows=5)
 
 
+def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
+    """A chunk's int8 matmuls over slices of K (K.q8_split_for; here every one the fixture's 256-wide rows
+    allow, the minimum slice lowered from E2B's sizes to the fixture's): the matmuls add their slices
+    (sum_slices), the logits those of the unsplit plan up to float rounding (the slices' sums in another
+    order; a later rounding to int8 can carry a code further) and within int8's rounding of the reference."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.gpu import kernels as K
+    from pyapp.reference.forward import ReferenceModel
+    g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
+    tokens = [2] + np.random.default_rng(5).integers(3, 250, 89).tolist()
+    whole = Engine.open(g, device=dev, context_length=128, chunk=128)
+    assert "sum_slices:main" not in _pipelines(whole)
+    import importlib
+    monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matmul"), "Q8_SLICE_MIN_K", 64)
+    sliced = Engine.open(g, device=dev, context_length=128, chunk=128)
+    got = engine_logits(sliced, tokens)
+    labels = [op[1].label for plan in sliced.runner._plans[("layers", 128, False, False)]
+              if hasattr(plan, "ops") for op in plan.ops if op[0] == "d"]
+    assert labels.count("sum_slices:main") >= 2 * sliced.config.n_layers        # the o and down projections
+    want = np.asarray(ReferenceModel(g).forward(tokens))
+    assert_within_rounding(got, want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)
+    assert np.median(np.abs(got - engine_logits(whole, tokens)).max(-1)) < 0.05
+
+
 def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     """Row blocks of a tensor over the binding limit share one quantization of their input and write their
     columns of the output: the same logits as the unsplit tensors on the int8 path."""

@@ -237,3 +237,63 @@ def test_matmul_q8(dev, qtype, rows, t, tile):
                         step, n_tokens=t, plan=plan, ldy=rows, tile=tile)
         dev.submit(plan)
         np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
+
+
+@pytest.mark.parametrize("qtype,k,split", [("q4_k", 768, 3), ("q6_k", 512, 2), ("q4_0", 64 * 12, 4),
+                                           ("q5_0", 64 * 6, 3), ("q8_0", 64 * 10, 2)])
+def test_matmul_q8_slices_of_k(dev, qtype, k, split):
+    """The int8 matmul over slices of K (matmul_q8.wgsl SPLIT, sum_slices.wgsl): the sum of the slices'
+    partial sums is the whole product up to float rounding (the same integer sums, added in another
+    order), for a step shorter than its plan (70 of 100 tokens: the partials laid out by the step's
+    tokens), rows past the tile, two row blocks writing their columns of a wider Y; refused where the
+    slices are not whole 64-weight steps or the partial sums do not fit."""
+    from pyapp.reference.quants import matmul_int8
+    rng = np.random.default_rng(5 + split)
+    rows, t, plan_t = 150, 70, 100
+    raw = random_tensor(qtype, rows, k, rng)
+    x = rng.standard_normal((plan_t, k)).astype(np.float32)
+    xq_bytes, xs_bytes = K.q8_bytes(plan_t, k)
+    xq, xs, step = dev.buffer(xq_bytes), dev.buffer(xs_bytes), step_buffer(dev, t)
+    partials = f32(dev, np.full(split * plan_t * rows, 5.0))
+    whole, sliced = f32(dev, np.full((plan_t, rows), 7.0)), f32(dev, np.full((plan_t, rows), 7.0))
+    plan = K.quantize_q8(dev, k, f32(dev, x), xq, xs, step, n_tokens=plan_t)
+    w = weight_buffer(dev, raw)
+    K.matmul_q8(dev, qtype, k, rows, w, xq, xs, whole, step, n_tokens=plan_t, plan=plan, tile=K.Q8_MATMUL)
+    K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, plan=plan, partials=partials,
+                split=split)
+    assert plan.ops[-1][1].key[0] == "sum_slices" and plan.ops[-2][5] == split      # z: the slices
+    dev.submit(plan)
+    want = read_f32(dev, whole, plan_t * rows).reshape(plan_t, rows)
+    got = read_f32(dev, sliced, plan_t * rows).reshape(plan_t, rows)
+    assert (got[t:] == 7.0).all() and (want[t:] == 7.0).all()            # past the step's tokens: untouched
+    np.testing.assert_allclose(got[:t], want[:t], rtol=1e-5, atol=1e-5 * np.abs(want[:t]).max())
+    q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(plan_t, k)[:t]
+    ds = read_f32(dev, xs, xs_bytes // 4).reshape(plan_t, k // 32, 2)[:t]
+    exact = matmul_int8(raw, qtype, rows, q, ds[..., 0], ds[..., 1])
+    np.testing.assert_allclose(got[:t], exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
+    # two row blocks (64 | 86 rows) over slices, each its columns of the wider Y
+    rb = len(raw) // rows
+    y2 = f32(dev, np.full((plan_t, rows), 7.0))
+    plan = dev.plan()
+    for a, b in ((0, 64), (64, rows)):
+        K.matmul_q8(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
+                    step, n_tokens=plan_t, plan=plan, ldy=rows, partials=partials, split=split)
+    dev.submit(plan)
+    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got[:t])
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, partials=partials, split=split + 1)
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, split=split)     # no room
+
+
+def test_q8_split_rule():
+    """Slices of K where the large tile alone leaves the GPU idle and the rows are long: E2B's downs at 512
+    tokens (96 workgroups of 128 x 64: 3 slices of 4,096 / 2,048), E4B's (160: 2 of 5,120); not its
+    gate|up (enough workgroups), its o projection (2,048-long rows: slices under Q8_SLICE_MIN_K), rows the
+    large tile does not divide, or where the caller's partial sums have no room."""
+    room = K.Q8_SPLIT_MAX * 512 * 2560
+    assert K.q8_split_for(1536, 12288, 512, room) == 3 and K.q8_split_for(1536, 6144, 512, room) == 3
+    assert K.q8_split_for(2560, 10240, 512, room) == 2
+    assert K.q8_split_for(24576, 1536, 512, room) == 1 and K.q8_split_for(1536, 2048, 512, room) == 1
+    assert K.q8_split_for(1500, 12288, 512, room) == 1 and K.q8_split_for(1536, 12288, 512, 0) == 1
+    assert K.q8_split_for(1536, 12288, 512, 2 * 512 * 1536) == 1          # 3 slices do not fit in 2's room

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from ... import ggml
 from .. import Buffer, Device, Plan
 from .quants import q8_b32_prelude, quant_prelude, quant_type, row_bytes
-from .shared import groups, pipeline
+from .shared import groups, pipeline, thread_groups
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,34 @@ def q8_tile_for(rows: int, n_tokens: int) -> Q8Tile:
     return big if rows % big.rows == 0 and workgroups >= Q8_MATMUL_MIN_WORKGROUPS else Q8_SMALL
 
 
+# Few rows and long ones (the down projections, E2B's 1536 x 12288): rather than the small tile, the large
+# one over slices of K (matmul_q8.wgsl SPLIT, as MMQ's stream-k), enough slices for Q8_MATMUL_MIN_WORKGROUPS,
+# each at least Q8_SLICE_MIN_K weights long, their partial sums added by sum_slices.wgsl. (The 512-token
+# chunk of E2B's Q4_K file, GPU timestamps, H100, tenth session: its downs 1536 x 12288 577 us and 1536 x
+# 6144 294, 33 and 33 TOPS, where the 24576-row gate|up ran at 47.)
+Q8_SLICE_MIN_K = 2048
+Q8_SPLIT_MAX = 4
+
+
+def q8_split_for(rows: int, k: int, n_tokens: int, room: int) -> int:
+    """Slices of K for the int8 matmul of rows x k at n_tokens (1: none), within room floats of partial sums
+    (the caller's buffer; 0: none): where the large tile alone makes fewer than Q8_MATMUL_MIN_WORKGROUPS, the
+    fewest slices that reach it, or the most there can be."""
+    big = Q8_MATMUL
+    workgroups = rows // big.rows * -(-n_tokens // big.tokens)
+    if rows % big.rows or workgroups >= Q8_MATMUL_MIN_WORKGROUPS:
+        return 1
+    best = 1
+    for split in range(2, Q8_SPLIT_MAX + 1):
+        if k // split < Q8_SLICE_MIN_K or split * n_tokens * rows > room:
+            break
+        if k % (64 * split) == 0:
+            best = split
+            if workgroups * split >= Q8_MATMUL_MIN_WORKGROUPS:
+                break
+    return best
+
+
 def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
     limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
                 dev.limits.get("max_compute_workgroup_size_x", 256))
@@ -232,10 +260,24 @@ def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: 
 
 
 def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
-              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None) -> Plan:
-    """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs)."""
-    tile = tile or fit_q8_tile(dev, q8_tile_for(n, n_tokens))
-    p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k), constants={"K": k, "N": n, "LDY": ldy})
-    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": y, "S": params})
+              n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None,
+              partials: Buffer | None = None, split: int | None = None) -> Plan:
+    """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs).
+    partials: f32 room for slices of K' partial sums (q8_split_for; split forces a count), added into y
+    by a second dispatch."""
+    room = partials.size // 4 if partials is not None else 0
+    if split is None:
+        split = q8_split_for(n, k, n_tokens, room) if tile is None else 1
+    if split > 1 and (k % (64 * split) or split * n_tokens * n > room):
+        raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
+    tile = tile or fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens))
+    p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k),
+                 constants={"K": k, "N": n, "LDY": 0 if split > 1 else ldy, "SPLIT": split})
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": partials if split > 1 else y, "S": params})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
+    plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
+    if split > 1:
+        p = pipeline(dev, "sum_slices", constants={"N": n, "SPLIT": split, "LDY": ldy})
+        plan.dispatch(p, dev.bind_group(p, {"P": partials, "Y": y, "S": params}),
+                      *thread_groups(n_tokens * n))
+    return plan
