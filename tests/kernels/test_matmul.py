@@ -287,13 +287,14 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
 
 
 def test_q8_split_rule():
-    """Slices of K where the large tile alone leaves the GPU idle and the rows are long: E2B's downs at 512
-    tokens (96 workgroups of 128 x 64: 3 slices of 4,096 / 2,048), E4B's (160: 2 of 5,120); not its
-    gate|up (enough workgroups), its o projection (2,048-long rows: slices under Q8_SLICE_MIN_K), rows the
-    large tile does not divide, or where the caller's partial sums have no room."""
+    """Slices of K where the large tile alone leaves the GPU idle: the most of them (up to 4) whole in 64-weight
+    steps and 512 weights or more: E2B's downs and o projection at 512 tokens (96 workgroups of 128 x 64) in
+    4, its 2048-row q in 3 (1536 / 4 is under the minimum), E4B's down in 4; not E2B's gate|up (enough
+    workgroups), rows the large tile does not divide, or beyond the caller's room for partial sums."""
     room = K.Q8_SPLIT_MAX * 512 * 2560
-    assert K.q8_split_for(1536, 12288, 512, room) == 3 and K.q8_split_for(1536, 6144, 512, room) == 3
-    assert K.q8_split_for(2560, 10240, 512, room) == 2
-    assert K.q8_split_for(24576, 1536, 512, room) == 1 and K.q8_split_for(1536, 2048, 512, room) == 1
-    assert K.q8_split_for(1500, 12288, 512, room) == 1 and K.q8_split_for(1536, 12288, 512, 0) == 1
-    assert K.q8_split_for(1536, 12288, 512, 2 * 512 * 1536) == 1          # 3 slices do not fit in 2's room
+    assert K.q8_split_for(1536, 12288, 512, room) == 4 and K.q8_split_for(1536, 6144, 512, room) == 4
+    assert K.q8_split_for(2560, 10240, 512, room) == 4 and K.q8_split_for(1536, 2048, 512, room) == 4
+    assert K.q8_split_for(2048, 1536, 512, room) == 3
+    assert K.q8_split_for(24576, 1536, 512, room) == 1 and K.q8_split_for(1500, 12288, 512, room) == 1
+    assert K.q8_split_for(1536, 12288, 512, 0) == 1
+    assert K.q8_split_for(1536, 12288, 512, 2 * 512 * 1536) == 2          # room for 2 slices only

@@ -178,19 +178,21 @@ def q8_tile_for(rows: int, n_tokens: int) -> Q8Tile:
     return big if rows % big.rows == 0 and workgroups >= Q8_MATMUL_MIN_WORKGROUPS else Q8_SMALL
 
 
-# Few rows and long ones (the down projections, E2B's 1536 x 12288): rather than the small tile, the large
-# one over slices of K (matmul_q8.wgsl SPLIT, as MMQ's stream-k), enough slices for Q8_MATMUL_MIN_WORKGROUPS,
-# each at least Q8_SLICE_MIN_K weights long, their partial sums added by sum_slices.wgsl. (The 512-token
-# chunk of E2B's Q4_K file, GPU timestamps, H100, tenth session: its downs 1536 x 12288 577 us and 1536 x
-# 6144 294, 33 and 33 TOPS, where the 24576-row gate|up ran at 47.)
-Q8_SLICE_MIN_K = 2048
+# Few rows (the projections into the residual stream: E2B's 1536-row o and down): rather than the small
+# tile, the large one over slices of K (matmul_q8.wgsl SPLIT, as MMQ's stream-k), as many as Q8_SPLIT_MAX
+# of at least Q8_SLICE_MIN_K weights each, their partial sums added by sum_slices.wgsl. On an H100's browser
+# path (bench/matmul_sweep.py, 512 tokens, the sum included, tenth session): 1536 x 12288 (Q4_K) 584.7 us on
+# the small tile, 466.3 in 4 slices (2: 611.2, 3: 809.2); 1536 x 6144 835.6 -> 308.6; 2560 x 10240 732.9 ->
+# 633.0; 1536 x 2048 108.0 -> 102.2. In the engine's 512-token chunk (GPU timestamps): E2B Q4_K 64.2 -> 59.9
+# ms, E2B Q8_0 76.6 -> 67.0, E4B Q4_K 118.9 -> 111.1 (the sums 2.0-3.0 ms of it).
+Q8_SLICE_MIN_K = 512
 Q8_SPLIT_MAX = 4
 
 
 def q8_split_for(rows: int, k: int, n_tokens: int, room: int) -> int:
     """Slices of K for the int8 matmul of rows x k at n_tokens (1: none), within room floats of partial sums
     (the caller's buffer; 0: none): where the large tile alone makes fewer than Q8_MATMUL_MIN_WORKGROUPS, the
-    fewest slices that reach it, or the most there can be."""
+    most slices (up to Q8_SPLIT_MAX) whole in 64-weight steps and at least Q8_SLICE_MIN_K long."""
     big = Q8_MATMUL
     workgroups = rows // big.rows * -(-n_tokens // big.tokens)
     if rows % big.rows or workgroups >= Q8_MATMUL_MIN_WORKGROUPS:
@@ -201,8 +203,6 @@ def q8_split_for(rows: int, k: int, n_tokens: int, room: int) -> int:
             break
         if k % (64 * split) == 0:
             best = split
-            if workgroups * split >= Q8_MATMUL_MIN_WORKGROUPS:
-                break
     return best
 
 
