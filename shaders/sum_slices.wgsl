@@ -1,12 +1,13 @@
 // The int8 matmul's slices of K added (matmul_q8.wgsl with SPLIT > 1): Y[t, r] = sum_z P[z, t, r] for the
-// step's T = S.n_tokens tokens, P f32 [SPLIT, T, N], Y f32 [T, LDY] (LDY 0: N). One thread an output float.
-// Dispatch: ceil(T_max * N / 64) workgroups (split above 65535).
+// step's T = S.n_tokens tokens, P f32 [SPLIT, T, N], Y f32 [T, LDY] (LDY 0: N). One thread four output
+// floats (N a multiple of 4: the split matmuls' rows are whole 128-row tiles).
+// Dispatch: ceil(T_max * N / 4 / 64) workgroups (split above 65535).
 
 override N: u32;
 override SPLIT: u32;
 override LDY: u32 = 0u;
 
-@group(0) @binding(0) var<storage, read> P: array<f32>;
+@group(0) @binding(0) var<storage, read> P: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(2) var<uniform> S: Step;
 
@@ -15,11 +16,15 @@ override LDY: u32 = 0u;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
-    let tn = S.n_tokens * N;
+    let tn = S.n_tokens * N / 4u;
     if (i >= tn) { return; }
     var y = P[i];
     for (var z = 1u; z < SPLIT; z++) {
         y += P[z * tn + i];
     }
-    Y[i / N * select(LDY, N, LDY == 0u) + i % N] = y;
+    let o = 4u * i / N * select(LDY, N, LDY == 0u) + 4u * i % N;
+    Y[o] = y.x;
+    Y[o + 1u] = y.y;
+    Y[o + 2u] = y.z;
+    Y[o + 3u] = y.w;
 }

@@ -246,10 +246,11 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
     partial sums is the whole product up to float rounding (the same integer sums, added in another
     order), for a step shorter than its plan (70 of 100 tokens: the partials laid out by the step's
     tokens), rows past the tile, two row blocks writing their columns of a wider Y; refused where the
-    slices are not whole 64-weight steps or the partial sums do not fit."""
+    slices are not whole 64-weight steps, the rows not a multiple of 4 (sum_slices adds four floats a
+    thread) or the partial sums do not fit."""
     from pyapp.reference.quants import matmul_int8
     rng = np.random.default_rng(5 + split)
-    rows, t, plan_t = 150, 70, 100
+    rows, t, plan_t = 152, 70, 100
     raw = random_tensor(qtype, rows, k, rng)
     x = rng.standard_normal((plan_t, k)).astype(np.float32)
     xq_bytes, xs_bytes = K.q8_bytes(plan_t, k)
@@ -271,7 +272,7 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
     ds = read_f32(dev, xs, xs_bytes // 4).reshape(plan_t, k // 32, 2)[:t]
     exact = matmul_int8(raw, qtype, rows, q, ds[..., 0], ds[..., 1])
     np.testing.assert_allclose(got[:t], exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
-    # two row blocks (64 | 86 rows) over slices, each its columns of the wider Y
+    # two row blocks (64 | 88 rows) over slices, each its columns of the wider Y
     rb = len(raw) // rows
     y2 = f32(dev, np.full((plan_t, rows), 7.0))
     plan = dev.plan()
@@ -284,6 +285,8 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
         K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, partials=partials, split=split + 1)
     with pytest.raises(ValueError, match="slices"):
         K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, split=split)     # no room
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul_q8(dev, qtype, k, rows - 2, w, xq, xs, sliced, step, n_tokens=plan_t, partials=partials, split=split)
 
 
 def test_q8_split_rule():

@@ -268,7 +268,7 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
     room = partials.size // 4 if partials is not None else 0
     if split is None:
         split = q8_split_for(n, k, n_tokens, room) if tile is None else 1
-    if split > 1 and (k % (64 * split) or split * n_tokens * n > room):
+    if split > 1 and (k % (64 * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
     tile = tile or fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens))
     p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k),
@@ -279,5 +279,5 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
     if split > 1:
         p = pipeline(dev, "sum_slices", constants={"N": n, "SPLIT": split, "LDY": ldy})
         plan.dispatch(p, dev.bind_group(p, {"P": partials, "Y": y, "S": params}),
-                      *thread_groups(n_tokens * n))
+                      *thread_groups(n_tokens * n // 4))
     return plan
