@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..gpu import Buffer, Device, GPUError
 from ..gpu import kernels as K
+from ..model.weights import names
 from .upload import WEIGHT_PAD, FileTensor, GpuTensor, Part
 
 SUPPRESSED = -1e30       # a suppressed token's logit bias: finite (no inf - inf), never drawn after softcap
@@ -37,6 +38,24 @@ def f32_allocator(dev: Device):
     def f32(n: int, label: str) -> Buffer:
         return dev.buffer(4 * max(n, 4), label=label)
     return f32
+
+
+def q8_partial_floats(cfg, layout, T: int) -> int:
+    """Floats of partial sums that a step of T tokens' int8 matmuls over slices of K need (K.q8_split_for):
+    the most that any row block of the layers' projections asks for; 0 where none is split."""
+    blocks = []                 # (type, row length, rows) of each row block a matmul multiplies
+    for _, owner, field_name in names(cfg, layout):
+        t = getattr(owner, field_name)
+        if isinstance(t, GpuTensor) and len(t.shape) == 2:
+            blocks += [(t.qtype, t.shape[0], p.rows) for p in t.parts]
+    for lw in layout.layers:
+        fused = [lw.ffn_gate_up] + ([lw.qkv.v_apart] if lw.qkv is not None else [])
+        blocks += [(t.qtype, t.shape[0], p.rows) for t in fused if t is not None for p in t.parts]
+        if lw.qkv is not None:
+            blocks.append((lw.qkv.qtype, lw.qkv.k, lw.qkv.rows))
+    splits = [(K.q8_split_for(rows, k, T, room=1 << 62), rows) for qtype, k, rows in blocks
+              if K.int8_matmul(qtype, k, T)]
+    return max((split * T * rows for split, rows in splits if split > 1), default=0)
 
 
 class State:
@@ -86,10 +105,9 @@ class State:
             xq_bytes, xs_bytes = K.q8_bytes(1, rows_k)
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
-        # partial sums of a chunk's int8 matmuls over slices of K (K.q8_split_for: the long-K projections into
-        # the residual stream, d rows)
-        self.q8_partials = (f32(K.Q8_SPLIT_MAX * T * d, "q8 partials")      # [slices, T, d]
-                            if T > K.INT8_MIN_TOKENS else None)
+        # partial sums of a chunk's int8 matmuls over slices of K (K.q8_split_for: projections of few rows)
+        partial_floats = q8_partial_floats(cfg, layout, T)
+        self.q8_partials = f32(partial_floats, "q8 partials") if partial_floats else None   # [slices, T, rows]
         # dense MLP
         q8_codes, q8_scales = K.q8_bytes(1, ff)        # a decode step's GeGLU output rounded to int8 per 32
         self.act_q8 = dev.buffer(q8_codes, label="act q8")                   # i8 [ff] (K.RoundedX)

@@ -591,7 +591,6 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     order; a later rounding to int8 can carry a code further) and within int8's rounding of the reference."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
-    from pyapp.gpu import kernels as K
     from pyapp.reference.forward import ReferenceModel
     g = read_gguf(FIXTURES / "gemma4-dense-q4_k.gguf")
     tokens = [2] + np.random.default_rng(5).integers(3, 250, 89).tolist()
@@ -601,9 +600,13 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.matmul"), "Q8_SLICE_MIN_K", 64)
     sliced = Engine.open(g, device=dev, context_length=128, chunk=128)
     got = engine_logits(sliced, tokens)
-    labels = [op[1].label for plan in sliced.runner._plans[("layers", 128, False, False)]
-              if hasattr(plan, "ops") for op in plan.ops if op[0] == "d"]
-    assert labels.count("sum_slices:main") >= 2 * sliced.config.n_layers        # the o and down projections
+    ops = [op for plan in sliced.runner._plans[("layers", 128, False, False)] if hasattr(plan, "ops")
+           for op in plan.ops if op[0] == "d"]
+    assert [op[1].label for op in ops].count("sum_slices:main") >= sliced.config.n_layers   # the downs at least
+    # the state holds the partial sums of the largest split matmul, and no more (none where none splits)
+    split_floats = [op[5] * 128 * dict(op[1].key[3])["N"] for op in ops
+                    if op[1].label == "matmul_q8:main" and op[5] > 1]
+    assert sliced.runner.state.q8_partials.size == 4 * max(split_floats) and whole.runner.state.q8_partials is None
     want = np.asarray(ReferenceModel(g).forward(tokens))
     assert_within_rounding(got, want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)
     assert np.median(np.abs(got - engine_logits(whole, tokens)).max(-1)) < 0.05
