@@ -177,7 +177,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                     variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
                 # the large tile over slices of K (matmul_q8's SPLIT, their sum included)
                 for split in range(2, K.Q8_SPLIT_MAX + 1):
-                    if k % (64 * split):
+                    if k % (64 * split) or n % 4:
                         continue
                     def sliced(plan, split=split):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)

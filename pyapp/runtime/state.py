@@ -42,17 +42,16 @@ def f32_allocator(dev: Device):
 
 def q8_partial_floats(cfg, layout, T: int) -> int:
     """Floats of partial sums that a step of T tokens' int8 matmuls over slices of K need (K.q8_split_for):
-    the most that any row block of the layers' projections asks for; 0 where none is split."""
+    the most that any row block of the layers' projections asks for; 0 where none is split. (A chunk
+    multiplies q, k and v apart, ops.qkv: the fused q|k|v is one token's matvec; gate|up it multiplies fused.)"""
     blocks = []                 # (type, row length, rows) of each row block a matmul multiplies
     for _, owner, field_name in names(cfg, layout):
         t = getattr(owner, field_name)
         if isinstance(t, GpuTensor) and len(t.shape) == 2:
             blocks += [(t.qtype, t.shape[0], p.rows) for p in t.parts]
     for lw in layout.layers:
-        fused = [lw.ffn_gate_up] + ([lw.qkv.v_apart] if lw.qkv is not None else [])
-        blocks += [(t.qtype, t.shape[0], p.rows) for t in fused if t is not None for p in t.parts]
-        if lw.qkv is not None:
-            blocks.append((lw.qkv.qtype, lw.qkv.k, lw.qkv.rows))
+        if lw.ffn_gate_up is not None:
+            blocks += [(lw.ffn_gate_up.qtype, lw.ffn_gate_up.shape[0], p.rows) for p in lw.ffn_gate_up.parts]
     splits = [(K.q8_split_for(rows, k, T, room=1 << 62), rows) for qtype, k, rows in blocks
               if K.int8_matmul(qtype, k, T)]
     return max((split * T * rows for split, rows in splits if split > 1), default=0)

@@ -281,8 +281,10 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
                     step, n_tokens=plan_t, plan=plan, ldy=rows, partials=partials, split=split)
     dev.submit(plan)
     np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got[:t])
+    uneven = next(s for s in range(split + 1, 16) if k % (64 * s))         # slices not whole 64-weight steps
+    roomy = dev.buffer(4 * uneven * plan_t * rows)
     with pytest.raises(ValueError, match="slices"):
-        K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, partials=partials, split=split + 1)
+        K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, partials=roomy, split=uneven)
     with pytest.raises(ValueError, match="slices"):
         K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, split=split)     # no room
     with pytest.raises(ValueError, match="slices"):

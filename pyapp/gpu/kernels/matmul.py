@@ -263,8 +263,8 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None,
               partials: Buffer | None = None, split: int | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs).
-    partials: f32 room for slices of K' partial sums (q8_split_for; split forces a count), added into y
-    by a second dispatch."""
+    partials: f32 room for the partial sums of slices of K (q8_split_for; split forces a count), which a
+    second dispatch adds into y."""
     room = partials.size // 4 if partials is not None else 0
     if split is None:
         split = q8_split_for(n, k, n_tokens, room) if tile is None else 1
