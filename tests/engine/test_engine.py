@@ -609,6 +609,35 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     assert np.median(np.abs(got - engine_logits(whole, tokens)).max(-1)) < 0.05
 
 
+def test_long_context_wide_attention_over_slices_of_the_keys(dev, tmp_path, monkeypatch):
+    """In a long context (K.WIDE_SPLIT_MIN_CONTEXT) a chunk's full-attention layers with wide heads run their
+    tiles over slices of the keys (K.wide_key_split) and merge them (`combine`), the state holding their
+    partial rows; a 200-token prompt in two chunks (the second's 256 keys: two of the four slices see none)
+    gives the logits of the unsplit tiles within float rounding. Toy E2B structure with full-attention heads
+    of 512, as E2B's."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    from pyapp.gpu import kernels as K
+    tool = load_tool("make_bench_model")
+    monkeypatch.setitem(tool.SHAPES, "tiny-wide", dict(tool.SHAPES["tiny"], global_head_dim=512))
+    path = tmp_path / "tiny-wide.gguf"
+    tool.write("tiny-wide", tool.T["Q8_0"], str(path), seed=1, layers=3)
+    g = read_gguf(path)
+    tokens = [2] + np.random.default_rng(6).integers(3, 990, 199).tolist()
+    sliced = Engine.open(g, device=dev, context_length=4096, chunk=128, int8=False)
+    if not K.wide_tile_fits(dev, 4, 512):
+        pytest.skip("this device's workgroup storage takes no wide tile")
+    got = engine_logits(sliced, tokens)
+    labels = _pipelines(sliced)
+    assert "attention_prefill_wide:combine" in labels and sliced.runner.state.key_partials is not None
+    import importlib
+    monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.attention"), "WIDE_SPLIT_MIN_CONTEXT", 1 << 30)
+    whole = Engine.open(g, device=dev, context_length=4096, chunk=128, int8=False)
+    assert "attention_prefill_wide:combine" not in _pipelines(whole) and whole.runner.state.key_partials is None
+    assert "attention_prefill_wide:main" in _pipelines(whole)
+    np.testing.assert_allclose(got, engine_logits(whole, tokens), atol=1e-4)
+
+
 def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     """Row blocks of a tensor over the binding limit share one quantization of their input and write their
     columns of the output: the same logits as the unsplit tensors on the int8 path."""

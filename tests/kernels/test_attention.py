@@ -73,6 +73,49 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
 
 
+@pytest.mark.parametrize("hd,h,hkv,window,split", [(512, 8, 1, 0, 4), (384, 16, 2, 0, 3), (128, 4, 2, 90, 2),
+                                                    (256, 8, 1, 0, 4)])
+def test_wide_tiles_over_slices_of_the_keys(dev, hd, h, hkv, window, split):
+    """The wide tiles over slices of the keys (KSPLIT, `combine`): a second chunk (70 tokens in a plan of
+    100, at position 300: 3 key tiles, so with 4 slices the last sees none) against numpy and against the
+    unsplit tiles; a window; refused without room for the slices; the rule: slices only for a long context
+    whose tiles make few workgroups (E2B's full layers: 128)."""
+    if not K.wide_tile_fits(dev, h // hkv, hd):
+        pytest.skip("no wide tile for this shape")
+    rng = np.random.default_rng(hd + split)
+    ctx, t1, t2, plan_t = 700, 300, 70, 100
+    n = t1 + t2
+    ks = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    vs = rng.standard_normal((n, hkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, h, hd)).astype(np.float32) * 0.3
+    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
+    partials = f32(dev, np.full(K.wide_partial_floats(h, hd, plan_t, split), 9.0))
+    whole, sliced = dev.buffer(4 * plan_t * h * hd), dev.buffer(4 * plan_t * h * hd)
+    plan = dev.plan()
+    for a, b in ((0, t1), (t1, n)):
+        K.kv_store(dev, f32(dev, ks[a:b]), f32(dev, vs[a:b]), kc, vc, step_buffer(dev, b - a, a), hkv, hd, ctx,
+                   max_tokens=b - a, plan=plan)
+    step = step_buffer(dev, t2, t1)
+    qb = f32(dev, np.concatenate([q[t1:], np.zeros((plan_t - t2, h, hd), np.float32)]))
+    K.attention(dev, qb, kc, vc, whole, step, h, hkv, hd, ctx, max_tokens=plan_t, window=window, plan=plan,
+                wide=True, key_split=1)
+    K.attention(dev, qb, kc, vc, sliced, step, h, hkv, hd, ctx, max_tokens=plan_t, window=window, plan=plan,
+                wide=True, partials=partials, key_split=split)
+    assert plan.ops[-1][1].key[1] == "combine" and plan.ops[-2][5] == split
+    dev.submit(plan)
+    ref = attention_ref(q[t1:], ks.transpose(1, 0, 2), vs.transpose(1, 0, 2), np.arange(t1, n), window)
+    got = read_f32(dev, sliced, t2 * h * hd).reshape(t2, h, hd)
+    atol = 2e-5 * max(1.0, (hd / 128) ** 0.5)
+    np.testing.assert_allclose(got, ref, atol=atol)
+    np.testing.assert_allclose(got, read_f32(dev, whole, t2 * h * hd).reshape(t2, h, hd), atol=atol)
+    with pytest.raises(ValueError, match="room"):
+        K.attention(dev, qb, kc, vc, sliced, step, h, hkv, hd, ctx, max_tokens=plan_t, wide=True,
+                    partials=partials, key_split=split + 1)
+    # the rule: E2B's full layers (8 heads of 512 over one KV head) at 512 tokens, by context
+    assert K.wide_key_split(1, 8, 512, 16384) == 4 and K.wide_key_split(1, 8, 512, 2048) == 1
+    assert K.wide_key_split(4, 8, 1120, 16384) == 1          # 31B-like: enough workgroups
+
+
 @pytest.mark.parametrize("tiled", [False, True], ids=["per-token", "tiled"])
 @pytest.mark.parametrize("hd,h", [(64, 8), (136, 4)])
 def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):

@@ -28,7 +28,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
               plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
               tile_rows: int | None = None, all_keys: bool = False, keys_ahead: Buffer | None = None,
-              wide: bool | None = None) -> Plan:
+              wide: bool | None = None, partials: Buffer | None = None, key_split: int | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t;
     all_keys: every key of the step, not causal (an image encoder's patches attend both ways);
     keys_ahead: u32 [T], query t also sees that many keys after its own (an image's soft tokens see the
@@ -38,7 +38,8 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head.
     wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
-    register-blocked tiles of 32 rows instead."""
+    register-blocked tiles of 32 rows instead, over key_split slices of the keys (default wide_key_split)
+    where partials has room for them (wide_partial_floats), merged by a second dispatch."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
         c["ALL_KEYS"] = True
@@ -52,9 +53,24 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     if wide:
         if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
-        p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
-        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
-        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)))
+        room = partials.size // 4 if partials is not None else 0
+        if key_split is None:
+            key_split = wide_key_split(kv_heads, group, max_tokens, ctx)
+            if wide_partial_floats(heads, head_dim, max_tokens, key_split) > room:
+                key_split = 1
+        elif key_split > 1 and wide_partial_floats(heads, head_dim, max_tokens, key_split) > room:
+            raise ValueError(f"no room for {key_split} slices of the keys in {room} floats")
+        plan = plan or dev.plan()
+        p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group, "KSPLIT": key_split})
+        slices = partials if key_split > 1 else dev.dummy_out
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl, "P": slices})
+        plan.dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)), key_split)
+        if key_split > 1:
+            p = pipeline(dev, "attention_prefill_wide", entry="combine", constants={**c, "GH": group,
+                                                                                   "KSPLIT": key_split})
+            plan.dispatch(p, dev.bind_group(p, {"P": partials, "O": out, "S": step}),
+                          *thread_groups(max_tokens * heads * head_dim // 4))
+        return plan
     rows = tile_rows or attention_tile_rows(dev, group, head_dim)
     if tiled is None:
         tiled = rows > 0
@@ -87,6 +103,27 @@ def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
 # memory 4 vec4 at a time; its workgroup storage in bytes (within the 32 KiB most devices offer)
 WIDE_ROWS = 32
 WIDE_STORAGE = 4 * (4 * WIDE_ROWS * 4 + 4 * 129 * 4 + 128 * WIDE_ROWS + 32 * WIDE_ROWS + WIDE_ROWS)
+
+
+# A long prompt's late chunks: E2B's full-attention layers make 128 workgroups of the wide tiles (one KV
+# head, 512 tokens four at a time) for an H100's 132 SMs, each walking up to the whole context's keys alone
+# (a chunk at position 15,872: 9.9 ms a layer, bench/RESULTS.md 2026-11-27). Where the tiles make fewer than
+# WIDE_SPLIT_MIN_WORKGROUPS and the context is long, each takes one of WIDE_KEY_SPLIT runs of whole key tiles;
+# the slices merge by their running max and sum (`combine`). Untimed on a GPU (tenth session).
+WIDE_KEY_SPLIT = 4
+WIDE_SPLIT_MIN_WORKGROUPS = 256
+WIDE_SPLIT_MIN_CONTEXT = 4096
+
+
+def wide_key_split(kv_heads: int, group: int, max_tokens: int, ctx: int) -> int:
+    """Slices of the keys for the wide tiles of a step of max_tokens over a cache of ctx positions (1: none)."""
+    workgroups = kv_heads * -(-max_tokens // (WIDE_ROWS // group))
+    return WIDE_KEY_SPLIT if ctx >= WIDE_SPLIT_MIN_CONTEXT and workgroups < WIDE_SPLIT_MIN_WORKGROUPS else 1
+
+
+def wide_partial_floats(heads: int, head_dim: int, max_tokens: int, key_split: int) -> int:
+    """Floats the slices of the keys write (attention_prefill_wide.wgsl's P): 0 unsplit."""
+    return key_split * max_tokens * heads * (head_dim + 4) if key_split > 1 else 0
 
 
 def wide_tile_fits(dev: Device, group: int, head_dim: int) -> bool:
