@@ -87,13 +87,18 @@ fn v_read(kvh: u32, j: u32, db: u32) -> array<vec4<f32>, 4> {
     return v;
 }
 
+// Where slice z's output row `row` (t * H + head) starts in P; its (max, sum) are at vec4 HD / 4.
+fn p_row(z: u32, row: u32) -> u32 {
+    return (z * S.n_tokens * H + row) * (HD / 4u + 1u);
+}
+
 // Row r of the tile's rows: output vec4 d = acc / the row's sum, or (slices) acc as it is into slice z of P.
 fn write_row(r: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32, z: u32) {
     let t = t0 + r / GH;
     if (t >= S.n_tokens) { return; }
     let row = t * H + kvh * GH + r % GH;
     if (KSPLIT > 1u) {
-        P[(z * S.n_tokens * H + row) * (HD / 4u + 1u) + d] = acc;
+        P[p_row(z, row) + d] = acc;
     } else {
         O[row * (HD / 4u) + d] = acc / row_a[r];
     }
@@ -219,8 +224,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let r = rb + 8u * i;
                 let t = t0 + r / GH;
                 if (t < S.n_tokens) {
-                    P[(wid.z * S.n_tokens * H + t * H + kvh * GH + r % GH) * (HD / 4u + 1u) + HD / 4u] =
-                        vec4<f32>(m[i], l[i], 0.0, 0.0);
+                    P[p_row(wid.z, t * H + kvh * GH + r % GH) + HD / 4u] = vec4<f32>(m[i], l[i], 0.0, 0.0);
                 }
             }
         }
@@ -247,15 +251,14 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     if (i >= S.n_tokens * H * hd4) { return; }
     let row = i / hd4;
     let d = i % hd4;
-    let rows = S.n_tokens * H;
     var mx = NEG;
-    for (var z = 0u; z < KSPLIT; z++) { mx = max(mx, P[(z * rows + row) * (hd4 + 1u) + hd4].x); }
+    for (var z = 0u; z < KSPLIT; z++) { mx = max(mx, P[p_row(z, row) + hd4].x); }
     var acc = vec4<f32>(0.0);
     var l = 0.0;
     for (var z = 0u; z < KSPLIT; z++) {
-        let ml = P[(z * rows + row) * (hd4 + 1u) + hd4];
+        let ml = P[p_row(z, row) + hd4];
         let a = exp(ml.x - mx);
-        acc += a * P[(z * rows + row) * (hd4 + 1u) + d];
+        acc += a * P[p_row(z, row) + d];
         l += a * ml.y;
     }
     O[i] = acc / l;

@@ -37,7 +37,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head.
-    wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
+    wide (default: wide_by_default): tiled, by attention_prefill_wide.wgsl's
     register-blocked tiles of 32 rows instead, over key_split slices of the keys (default wide_key_split)
     where partials has room for them (wide_partial_floats), merged by a second dispatch."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
@@ -49,7 +49,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     group = heads // kv_heads
     fits = wide_tile_fits(dev, group, head_dim)
     if wide is None:
-        wide = tiled is not False and tile_rows is None and head_dim > 256 and fits
+        wide = tiled is not False and tile_rows is None and wide_by_default(dev, group, head_dim)
     if wide:
         if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
@@ -113,6 +113,12 @@ WIDE_STORAGE = 4 * (4 * WIDE_ROWS * 4 + 4 * 129 * 4 + 128 * WIDE_ROWS + 32 * WID
 WIDE_KEY_SPLIT = 4
 WIDE_SPLIT_MIN_WORKGROUPS = 256
 WIDE_SPLIT_MIN_CONTEXT = 4096
+
+
+def wide_by_default(dev: Device, group: int, head_dim: int) -> bool:
+    """Whether a prompt's attention takes the wide tiles unless told otherwise: heads wider than 256 (Gemma 4's
+    full-attention layers) where they fit."""
+    return head_dim > 256 and wide_tile_fits(dev, group, head_dim)
 
 
 def wide_key_split(kv_heads: int, group: int, max_tokens: int, ctx: int) -> int:
