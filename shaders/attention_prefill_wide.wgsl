@@ -15,23 +15,19 @@
 //   P V      thread lid owns rows 4q .. 4q + 3 (q = lid / 32) and dims 16 db .. 16 db + 15 (db = lid % 32):
 //            16 vec4 accumulators; a warp reads one value row whole (2 KB, coalesced), two keys in flight.
 // Over slices of the keys (KSPLIT > 1: a long prompt's late chunks, whose few workgroups would each walk
-// thousands of keys alone): workgroup z takes the z-th of KSPLIT runs of whole key tiles and writes its rows
-// unnormalized with their running max and sum to P; `combine` merges the slices into O.
+// thousands of keys alone): attention_key_slices.wgsl, merged by attention_combine.wgsl.
 // Needs HD % 128 == 0 and HD <= 512 (HD / 32 dims a thread, at most 4 vec4), RT % GH == 0
-// (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH)), KSPLIT); combine: ceil(T H HD
-// / 4 / 64) workgroups (over (x, y) above 65535).
+// (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH)), KSPLIT).
 
 //!include attention_shape
 //!include attention_rows
+//!include attention_key_slices
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
-// KSPLIT > 1: [slice][t * H + head] rows of HD / 4 + 1 vec4: the unnormalized output, then (max, sum, 0, 0)
-@group(0) @binding(6) var<storage, read_write> P: array<vec4<f32>>;
-
-override KSPLIT: u32 = 1u;
+@group(0) @binding(6) var<storage, read_write> P: array<vec4<f32>>;   // KSPLIT > 1: the slices' rows
 
 const NT: u32 = 256u;
 const RT: u32 = 32u;           // query rows a workgroup
@@ -87,18 +83,13 @@ fn v_read(kvh: u32, j: u32, db: u32) -> array<vec4<f32>, 4> {
     return v;
 }
 
-// Where slice z's output row `row` (t * H + head) starts in P; its (max, sum) are at vec4 HD / 4.
-fn p_row(z: u32, row: u32) -> u32 {
-    return (z * S.n_tokens * H + row) * (HD / 4u + 1u);
-}
-
 // Row r of the tile's rows: output vec4 d = acc / the row's sum, or (slices) acc as it is into slice z of P.
 fn write_row(r: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32, z: u32) {
     let t = t0 + r / GH;
     if (t >= S.n_tokens) { return; }
     let row = t * H + kvh * GH + r % GH;
-    if (KSPLIT > 1u) {
-        P[p_row(z, row) + d] = acc;
+    if (slices_now() > 1u) {
+        P[slice_row(z, row) + d] = acc;
     } else {
         O[row * (HD / 4u) + d] = acc / row_a[r];
     }
@@ -110,13 +101,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let v4 = HD / 128u;
     let kvh = wid.x;
     let t0 = wid.y * (RT / GH);
-    if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
+    if (t0 >= S.n_tokens || wid.z >= slices_now()) { return; }   // the plan is sized for its longest step
     let keys = key_range(t0, RT);
     let hi = keys.y;                                // the last key any row sees
-    // this slice's whole tiles of them (all of them unsplit): keys lo .. min(hi, end)
-    let per = (((hi - keys.x) / BK + 1u) + KSPLIT - 1u) / KSPLIT;   // tiles a slice
-    let lo = keys.x + wid.z * per * BK;
-    let end = lo + per * BK - 1u;
+    let mine = slice_keys(keys, BK, wid.z);         // this slice's tiles of them (all of them unsplit)
 
     let rb = lid / 32u;                             // scores: rows rb + 8i, keys kb + 32j
     let kb = lid % 32u;
@@ -131,7 +119,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         l[i] = 0.0;
     }
     var acc: array<vec4<f32>, 16>;                  // indexed by constants only (registers)
-    for (var k0 = lo; k0 <= min(hi, end); k0 += BK) {
+    for (var k0 = mine.x; k0 <= mine.y; k0 += BK) {
         // scores: s[4i + j] of row rb + 8i against key kb + 32j
         var s: array<f32, 16>;
         s = array<f32, 16>();                       // zeroed by a statement: a declaration's zero may be hoisted out of the loop
@@ -220,11 +208,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (kb == 0u) {
         for (var i = 0u; i < 4u; i++) {
             row_a[rb + 8u * i] = l[i];
-            if (KSPLIT > 1u) {                      // the row's max and sum beside its slice's output
+            if (slices_now() > 1u) {                      // the row's max and sum beside its slice's output
                 let r = rb + 8u * i;
                 let t = t0 + r / GH;
                 if (t < S.n_tokens) {
-                    P[p_row(wid.z, t * H + kvh * GH + r % GH) + HD / 4u] = vec4<f32>(m[i], l[i], 0.0, 0.0);
+                    P[slice_row(wid.z, t * H + kvh * GH + r % GH) + HD / 4u] = vec4<f32>(m[i], l[i], 0.0, 0.0);
                 }
             }
         }
@@ -238,28 +226,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             write_row(4u * q + 3u, db * v4 + i, acc[12u + i], t0, kvh, wid.z);
         }
     }
-}
-
-//!include thread_index
-
-// The slices merged: O[row] = sum_z e^(m_z - M) acc_z / sum_z e^(m_z - M) l_z (M: the largest m_z), one
-// thread an output vec4. A slice that saw no key of the row (m = NEG, l = 0) weighs nothing.
-@compute @workgroup_size(64)
-fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = index(gid, nwg);
-    let hd4 = HD / 4u;
-    if (i >= S.n_tokens * H * hd4) { return; }
-    let row = i / hd4;
-    let d = i % hd4;
-    var mx = NEG;
-    for (var z = 0u; z < KSPLIT; z++) { mx = max(mx, P[p_row(z, row) + hd4].x); }
-    var acc = vec4<f32>(0.0);
-    var l = 0.0;
-    for (var z = 0u; z < KSPLIT; z++) {
-        let ml = P[p_row(z, row) + hd4];
-        let a = exp(ml.x - mx);
-        acc += a * P[p_row(z, row) + d];
-        l += a * ml.y;
-    }
-    O[i] = acc / l;
 }
