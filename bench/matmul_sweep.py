@@ -206,8 +206,7 @@ LONG_ATTENTION_SHAPES = [(8, 1, 256, 512), (8, 1, 512, 0), (8, 2, 512, 0), (16, 
 async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repeat=20, per_submit=10, pos0=0):
     """Prefill attention of a chunk of n_tokens at position pos0 (causal, over pos0 + n_tokens keys): tiled
     with 32 or 16 query rows a workgroup, the per-token kernel (first chunks only: it is slow at length),
-    and the register-blocked tiles of wide heads; the tiles whole and over K.KEY_SPLIT slices of the keys
-    (k/1, k/4: the slices with their merge)."""
+    and the register-blocked tiles of wide heads."""
     from pyapp.gpu import kernels as K
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
@@ -217,16 +216,12 @@ async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repe
         ctx = pos0 + n_tokens
         q, kc, vc = (_filled(dev, n, pattern) for n in (n_tokens * h * hd, hkv * ctx * hd, hkv * ctx * hd))
         o = dev.buffer(4 * n_tokens * h * hd)
-        partials = dev.buffer(4 * K.key_partial_floats(h, hd, n_tokens, K.KEY_SPLIT))
         variants = [("per-token", dict(tiled=False))] if pos0 == 0 else []
         for rows in (32, 16):
             if (rows == 16 or hd <= 256) and rows % (h // hkv) == 0 and K.attention_tile_rows(dev, h // hkv, hd):
-                for split in (1, K.KEY_SPLIT):
-                    variants.append((f"tiled {rows} rows k/{split}", dict(tiled=True, tile_rows=rows, wide=False,
-                                                                          key_split=split, partials=partials)))
+                variants.append((f"tiled {rows} rows", dict(tiled=True, tile_rows=rows, wide=False)))
         if K.wide_tile_fits(dev, h // hkv, hd):
-            for split in (1, K.KEY_SPLIT):
-                variants.append((f"wide k/{split}", dict(wide=True, key_split=split, partials=partials)))
+            variants.append(("wide", dict(wide=True)))
         for name, kw in variants:
             plan = dev.plan()
             for _ in range(per_submit):

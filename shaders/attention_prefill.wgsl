@@ -13,20 +13,16 @@
 // straight from the cache (coalesced, 4 keys' reads in flight together) and the probabilities as
 // vec4 of 4 rows (a broadcast). The next K chunk's read is issued before the current one computes.
 // R = 32 rows for HD <= 256, 16 for HD <= 512 (the queries, R * HD floats, stay in shared memory);
-// R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Over slices of the keys (KSPLIT > 1: steps
-// whose tiles make few workgroups, E2B's 128 on its one KV head): attention_key_slices.wgsl, merged by
-// attention_combine.wgsl. Dispatch (HKV, ceil(T / (R / GH)), KSPLIT).
+// R % GH == 0, HD % 4 == 0 (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (R / GH))).
 
 //!include attention_shape
 //!include attention_rows
-//!include attention_key_slices
 override R: u32 = 32u;         // query rows per workgroup: 32 or 16
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> VC: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(6) var<storage, read_write> P: array<f32>;   // KSPLIT > 1: the slices' rows
 
 const NT: u32 = 256u;
 const BKV: u32 = 32u;          // keys per tile
@@ -66,20 +62,13 @@ fn pv_key(acc: ptr<function, array<vec4<f32>, 8>>, pq: u32, half: u32, v: vec2<f
     (*acc)[7] = fma(pt[pq + half + 3u], b, (*acc)[7]);
 }
 
-// Output slot q (4 rows, one dim) to O, or (slices) as it is to slice z of P.
-fn write_rows(q: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32, z: u32) {
+// Output slot q (4 rows, one dim) to O.
+fn write_rows(q: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
     if (d >= HD) { return; }
     for (var c = 0u; c < 4u; c++) {
         let r = 4u * q + c;
         let t = t0 + r / GH;
-        let row = t * H + kvh * GH + r % GH;
-        if (t < S.n_tokens) {
-            if (slices_now() > 1u) {
-                P[4u * slice_row(z, row) + d] = acc[c];
-            } else {
-                O[row * HD + d] = acc[c] / row_l[r];
-            }
-        }
+        if (t < S.n_tokens) { O[(t * H + kvh * GH + r % GH) * HD + d] = acc[c] / row_l[r]; }
     }
 }
 
@@ -88,10 +77,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hd4 = HD / 4u;
     let kvh = wid.x;
     let t0 = wid.y * (R / GH);
-    if (t0 >= S.n_tokens || wid.z >= slices_now()) { return; }   // the plan is sized for its longest step
+    if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
     let keys = key_range(t0, R);
-    let hi = keys.y;                                // the last key any row sees
-    let mine = slice_keys(keys, BKV, wid.z);        // this slice's tiles of them (all of them unsplit)
+    let lo = keys.x;                                // the first key any row sees
+    let hi = keys.y;                                // the last
     for (var i = lid; i < R * hd4; i += NT) {
         let r = i / hd4;
         let t = min(t0 + r / GH, S.n_tokens - 1u);
@@ -107,7 +96,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let half = select(4u, 0u, R == 16u);            // slots 4..7: row quads 4..7 (R = 32) or 0..3 at dim + 256
     var acc: array<vec4<f32>, 8>;                   // slots: indexed by constants only (registers)
     workgroupBarrier();
-    for (var k0 = mine.x; k0 <= mine.y; k0 += BKV) {
+    for (var k0 = lo; k0 <= hi; k0 += BKV) {
         // scores of this thread's key against its rows, K through shared memory a chunk at a time
         var s0 = 0.0;
         var s1 = 0.0;
@@ -183,21 +172,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();                         // before the next tile's scores overwrite st, pt
     }
-    if (slices_now() > 1u && lid < R) {                   // each row's max and sum beside its slice's output
-        let t = t0 + lid / GH;
-        if (t < S.n_tokens) {
-            let at = 4u * slice_row(wid.z, t * H + kvh * GH + lid % GH) + HD;
-            P[at] = row_m[lid];
-            P[at + 1u] = row_l[lid];
-        }
-    }
     let d2 = select(lid, lid + NT, R == 16u);       // slots 4..7's dim
-    write_rows(0u, lid, acc[0], t0, kvh, wid.z);
-    write_rows(1u, lid, acc[1], t0, kvh, wid.z);
-    write_rows(2u, lid, acc[2], t0, kvh, wid.z);
-    write_rows(3u, lid, acc[3], t0, kvh, wid.z);
-    write_rows(half, d2, acc[4], t0, kvh, wid.z);
-    write_rows(half + 1u, d2, acc[5], t0, kvh, wid.z);
-    write_rows(half + 2u, d2, acc[6], t0, kvh, wid.z);
-    write_rows(half + 3u, d2, acc[7], t0, kvh, wid.z);
+    write_rows(0u, lid, acc[0], t0, kvh);
+    write_rows(1u, lid, acc[1], t0, kvh);
+    write_rows(2u, lid, acc[2], t0, kvh);
+    write_rows(3u, lid, acc[3], t0, kvh);
+    write_rows(half, d2, acc[4], t0, kvh);
+    write_rows(half + 1u, d2, acc[5], t0, kvh);
+    write_rows(half + 2u, d2, acc[6], t0, kvh);
+    write_rows(half + 3u, d2, acc[7], t0, kvh);
 }

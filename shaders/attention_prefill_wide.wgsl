@@ -14,20 +14,16 @@
 //            [key][4 rows].
 //   P V      thread lid owns rows 4q .. 4q + 3 (q = lid / 32) and dims 16 db .. 16 db + 15 (db = lid % 32):
 //            16 vec4 accumulators; a warp reads one value row whole (2 KB, coalesced), two keys in flight.
-// Over slices of the keys (KSPLIT > 1: a long prompt's late chunks, whose few workgroups would each walk
-// thousands of keys alone): attention_key_slices.wgsl, merged by attention_combine.wgsl.
 // Needs HD % 128 == 0 and HD <= 512 (HD / 32 dims a thread, at most 4 vec4), RT % GH == 0
-// (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH)), KSPLIT).
+// (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH))).
 
 //!include attention_shape
 //!include attention_rows
-//!include attention_key_slices
 
 @group(0) @binding(0) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> P: array<vec4<f32>>;   // KSPLIT > 1: the slices' rows
 
 const NT: u32 = 256u;
 const RT: u32 = 32u;           // query rows a workgroup
@@ -83,16 +79,10 @@ fn v_read(kvh: u32, j: u32, db: u32) -> array<vec4<f32>, 4> {
     return v;
 }
 
-// Row r of the tile's rows: output vec4 d = acc / the row's sum, or (slices) acc as it is into slice z of P.
-fn write_row(r: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32, z: u32) {
+// Row r of the tile's rows: output vec4 d = acc / the row's sum.
+fn write_row(r: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
     let t = t0 + r / GH;
-    if (t >= S.n_tokens) { return; }
-    let row = t * H + kvh * GH + r % GH;
-    if (slices_now() > 1u) {
-        P[slice_row(z, row) + d] = acc;
-    } else {
-        O[row * (HD / 4u) + d] = acc / row_a[r];
-    }
+    if (t < S.n_tokens) { O[(t * H + kvh * GH + r % GH) * (HD / 4u) + d] = acc / row_a[r]; }
 }
 
 @compute @workgroup_size(NT)
@@ -101,10 +91,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let v4 = HD / 128u;
     let kvh = wid.x;
     let t0 = wid.y * (RT / GH);
-    if (t0 >= S.n_tokens || wid.z >= slices_now()) { return; }   // the plan is sized for its longest step
+    if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
     let keys = key_range(t0, RT);
-    let hi = keys.y;                                // the last key any row sees
-    let mine = slice_keys(keys, BK, wid.z);         // this slice's tiles of them (all of them unsplit)
+    let lo = keys.x;                                // the first key any row sees
+    let hi = keys.y;                                // the last
 
     let rb = lid / 32u;                             // scores: rows rb + 8i, keys kb + 32j
     let kb = lid % 32u;
@@ -119,7 +109,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         l[i] = 0.0;
     }
     var acc: array<vec4<f32>, 16>;                  // indexed by constants only (registers)
-    for (var k0 = mine.x; k0 <= mine.y; k0 += BK) {
+    for (var k0 = lo; k0 <= hi; k0 += BK) {
         // scores: s[4i + j] of row rb + 8i against key kb + 32j
         var s: array<f32, 16>;
         s = array<f32, 16>();                       // zeroed by a statement: a declaration's zero may be hoisted out of the loop
@@ -206,24 +196,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();                             // every thread done reading row_a's rescales
     if (kb == 0u) {
-        for (var i = 0u; i < 4u; i++) {
-            row_a[rb + 8u * i] = l[i];
-            if (slices_now() > 1u) {                      // the row's max and sum beside its slice's output
-                let r = rb + 8u * i;
-                let t = t0 + r / GH;
-                if (t < S.n_tokens) {
-                    P[slice_row(wid.z, t * H + kvh * GH + r % GH) + HD / 4u] = vec4<f32>(m[i], l[i], 0.0, 0.0);
-                }
-            }
-        }
+        for (var i = 0u; i < 4u; i++) { row_a[rb + 8u * i] = l[i]; }
     }
     workgroupBarrier();
     for (var i = 0u; i < 4u; i++) {
         if (i < v4) {
-            write_row(4u * q, db * v4 + i, acc[i], t0, kvh, wid.z);
-            write_row(4u * q + 1u, db * v4 + i, acc[4u + i], t0, kvh, wid.z);
-            write_row(4u * q + 2u, db * v4 + i, acc[8u + i], t0, kvh, wid.z);
-            write_row(4u * q + 3u, db * v4 + i, acc[12u + i], t0, kvh, wid.z);
+            write_row(4u * q, db * v4 + i, acc[i], t0, kvh);
+            write_row(4u * q + 1u, db * v4 + i, acc[4u + i], t0, kvh);
+            write_row(4u * q + 2u, db * v4 + i, acc[8u + i], t0, kvh);
+            write_row(4u * q + 3u, db * v4 + i, acc[12u + i], t0, kvh);
         }
     }
 }

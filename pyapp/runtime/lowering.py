@@ -574,7 +574,7 @@ class Attend(Op):
                                s.max_keys(lc), window=window, plan=L.plan, max_tokens=L.T)
         else:
             K.attention(L.dev, self.q, c.k, c.v, self.out, L.step, H, kvh, hd, c.slots, L.T, window=window,
-                        plan=L.plan, keys_ahead=s.keys_ahead if lc.sliding else None, partials=s.key_partials)
+                        plan=L.plan, keys_ahead=s.keys_ahead if lc.sliding else None)
 
 
 @dataclass(eq=False)

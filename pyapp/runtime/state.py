@@ -172,10 +172,6 @@ class State:
         self.greedy_ids = dev.buffer(4 * (1 + K.HEAD_ROWS), label="greedy ids")   # u32: the ids of a step
         # the greedy ids, then (greedy_plan's step_ids) the step's own ids: a drafter's drafts, in one readback
         self.greedy_readback = dev.buffer(2 * self.greedy_ids.size, "readback", "greedy ids readback")
-        # a prompt's first chunk: its attention tiles over slices of the keys (K.default_key_split: few workgroups)
-        key_floats = max((K.key_partial_floats(H, lc.head_dim, T, K.default_key_split(dev, H, lc.n_kv_heads,
-                          lc.head_dim, T)) for lc in cfg.layers if T > 1), default=0)
-        self.key_partials = f32(key_floats, "key partials") if key_floats else None  # [slices, T, H, hd + 4]
         # KV cache: global layers hold the whole context; sliding layers a ring big
         # enough for the window plus one chunk of new tokens. Shared layers read their source's.
         self.kv = {lc.index: KVCache(f32(lc.n_kv_heads * self.kv_slots(lc) * lc.head_dim, f"k cache {lc.index}"),

@@ -609,46 +609,6 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     assert np.median(np.abs(got - engine_logits(whole, tokens)).max(-1)) < 0.05
 
 
-def test_attention_over_slices_of_the_keys(dev, tmp_path, monkeypatch):
-    """A chunk's attention tiles over slices of the keys where they make few workgroups (K.key_split_for): the
-    sliding layers' tiles in any context, the wide tiles of full-attention layers with heads of 512 (as E2B's)
-    in a long one (K.WIDE_SPLIT_MIN_CONTEXT), merged by attention_combine.wgsl, the state holding their partial
-    rows; a 200-token prompt in two chunks (the second's 256 keys: two of the wide tiles' four slices see
-    none) gives the logits of the unsplit tiles within float rounding."""
-    from pyapp.engine import Engine
-    from pyapp.gguf import read_gguf
-    from pyapp.gpu import kernels as K
-    tool = load_tool("make_bench_model")
-    monkeypatch.setitem(tool.SHAPES, "tiny-wide", dict(tool.SHAPES["tiny"], global_head_dim=512))
-    path = tmp_path / "tiny-wide.gguf"
-    tool.write("tiny-wide", tool.T["Q8_0"], str(path), seed=1, layers=3)
-    g = read_gguf(path)
-    tokens = [2] + np.random.default_rng(6).integers(3, 990, 199).tolist()
-    if not K.wide_tile_fits(dev, 4, 512):
-        pytest.skip("this device's workgroup storage takes no wide tile")
-
-    def splits(engine):
-        return {(op[1].label, op[5]) for plan in engine.runner._plans[("layers", 128, False, False)]
-                if hasattr(plan, "ops") for op in plan.ops if op[0] == "d" and op[1].label.startswith("attention_")}
-
-    sliced = Engine.open(g, device=dev, context_length=4096, chunk=128, int8=False)
-    got = engine_logits(sliced, tokens)
-    assert {("attention_prefill:main", K.KEY_SPLIT), ("attention_prefill_wide:main", K.KEY_SPLIT),
-            ("attention_combine:main", 1)} <= splits(sliced)
-    assert sliced.runner.state.key_partials is not None
-    short = Engine.open(g, device=dev, context_length=1024, chunk=128, int8=False)
-    engine_logits(short, tokens)
-    assert {("attention_prefill:main", K.KEY_SPLIT), ("attention_prefill_wide:main", 1)} <= splits(short)
-    import importlib
-    monkeypatch.setattr(importlib.import_module("pyapp.gpu.kernels.attention"), "KEY_SPLIT_MIN_WORKGROUPS", 0)
-    whole = Engine.open(g, device=dev, context_length=4096, chunk=128, int8=False)
-    want = engine_logits(whole, tokens)
-    assert "attention_combine:main" not in _pipelines(whole) and whole.runner.state.key_partials is None
-    assert {"attention_prefill_wide:main", "attention_prefill:main"} <= _pipelines(whole)
-    np.testing.assert_allclose(got, want, atol=1e-4)
-    np.testing.assert_allclose(engine_logits(short, tokens), want, atol=1e-4)
-
-
 def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     """Row blocks of a tensor over the binding limit share one quantization of their input and write their
     columns of the output: the same logits as the unsplit tensors on the int8 path."""

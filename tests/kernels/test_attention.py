@@ -73,66 +73,6 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
 
 
-@pytest.mark.parametrize("tile,hd,h,hkv,window,split", [
-    ("wide", 512, 8, 1, 0, 4), ("wide", 384, 16, 2, 0, 3), ("wide", 128, 4, 2, 90, 2), ("wide", 256, 8, 1, 0, 4),
-    (32, 256, 8, 1, 0, 4), (32, 256, 8, 1, 40, 4), (32, 136, 4, 2, 90, 3), (32, 36, 16, 4, 0, 2),
-    (16, 512, 8, 1, 0, 4), (16, 300, 8, 2, 13, 3)])
-def test_tiles_over_slices_of_the_keys(dev, tile, hd, h, hkv, window, split):
-    """Both prefill tiles over slices of the keys (attention_key_slices.wgsl, merged by attention_combine.wgsl):
-    a prompt's first step (300 tokens in a plan of 320: the slices' step) and a second one (70 tokens at
-    position 300, which the same plan runs unsplit: the merge leaves it alone) against numpy and against the
-    unsplit tiles; windows (of 40: fewer key tiles than slices, so some slices see none); refused without room
-    for the slices."""
-    group = h // hkv
-    if tile == "wide" and not K.wide_tile_fits(dev, group, hd):
-        pytest.skip("no wide tile for this shape")
-    if tile != "wide" and (K.attention_tile_rows(dev, group, hd) == 0 or tile == 32 and hd > 256):
-        pytest.skip("no tile for this shape on this device")
-    kind = dict(wide=True) if tile == "wide" else dict(wide=False, tiled=True, tile_rows=tile)
-    rng = np.random.default_rng(hd + split)
-    ctx, t1, t2, plan_t = 700, 300, 70, 320
-    n = t1 + t2
-    ks = rng.standard_normal((n, hkv, hd)).astype(np.float32)
-    vs = rng.standard_normal((n, hkv, hd)).astype(np.float32)
-    q = rng.standard_normal((n, h, hd)).astype(np.float32) * 0.3
-    kc, vc = dev.buffer(4 * hkv * ctx * hd), dev.buffer(4 * hkv * ctx * hd)
-    partials = f32(dev, np.full(K.key_partial_floats(h, hd, plan_t, split), 9.0))
-    atol = 2e-5 * max(1.0, (hd / 128) ** 0.5)
-    for a, b in ((0, t1), (t1, n)):
-        whole, sliced = dev.buffer(4 * plan_t * h * hd), dev.buffer(4 * plan_t * h * hd)
-        step = step_buffer(dev, b - a, a)
-        plan = K.kv_store(dev, f32(dev, ks[a:b]), f32(dev, vs[a:b]), kc, vc, step, hkv, hd, ctx, max_tokens=b - a)
-        qb = f32(dev, np.concatenate([q[a:b], np.zeros((plan_t - (b - a), h, hd), np.float32)]))
-        K.attention(dev, qb, kc, vc, whole, step, h, hkv, hd, ctx, max_tokens=plan_t, window=window, plan=plan,
-                    key_split=1, **kind)
-        K.attention(dev, qb, kc, vc, sliced, step, h, hkv, hd, ctx, max_tokens=plan_t, window=window, plan=plan,
-                    partials=partials, key_split=split, **kind)
-        assert plan.ops[-1][1].label == "attention_combine:main" and plan.ops[-2][5] == split
-        dev.submit(plan)
-        ref = attention_ref(q[a:b], ks[:b].transpose(1, 0, 2), vs[:b].transpose(1, 0, 2), np.arange(a, b), window)
-        got = read_f32(dev, sliced, (b - a) * h * hd).reshape(b - a, h, hd)
-        np.testing.assert_allclose(got, ref, atol=atol)
-        np.testing.assert_allclose(got, read_f32(dev, whole, (b - a) * h * hd).reshape(b - a, h, hd), atol=atol)
-    with pytest.raises(ValueError, match="room"):
-        K.attention(dev, qb, kc, vc, sliced, step, h, hkv, hd, ctx, max_tokens=plan_t, partials=partials,
-                    key_split=split + 1, **kind)
-
-
-def test_key_split_rule(dev):
-    """Slices of the keys where a step's tiles make few workgroups: E2B's layers (8 heads over one KV head) at
-    512 tokens make 128 (the slices then run in a prompt's first step only); none for 26B-A4B's or 31B's,
-    nor for the per-token kernel."""
-    assert K.key_split_for(1, 8, 32, 512) == K.KEY_SPLIT                 # E2B's sliding and full layers
-    assert K.key_split_for(2, 4, 32, 512) == K.KEY_SPLIT                 # E4B's: 8 heads over 2
-    assert K.key_split_for(8, 2, 32, 512) == 1                           # 26B-A4B's sliding layers: 256
-    assert K.key_split_for(4, 8, 32, 1120) == 1                          # 31B-like: enough workgroups
-    if K.attention_tile_rows(dev, 8, 256) == 32:
-        assert K.default_key_split(dev, 8, 1, 256, 512) == K.KEY_SPLIT
-    with pytest.raises(ValueError, match="per-token"):
-        K.attention(dev, dev.dummy, dev.dummy, dev.dummy, dev.dummy, dev.dummy, 8, 1, 64, 64, 8, tiled=False,
-                    key_split=2)
-
-
 @pytest.mark.parametrize("tiled", [False, True], ids=["per-token", "tiled"])
 @pytest.mark.parametrize("hd,h", [(64, 8), (136, 4)])
 def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):

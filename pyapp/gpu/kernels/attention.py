@@ -28,7 +28,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
               kv_heads: int, head_dim: int, ctx: int, max_tokens: int, window: int = 0, scale: float = 1.0,
               plan: Plan | None = None, heads_per_group: int | None = None, tiled: bool | None = None,
               tile_rows: int | None = None, all_keys: bool = False, keys_ahead: Buffer | None = None,
-              wide: bool | None = None, partials: Buffer | None = None, key_split: int | None = None) -> Plan:
+              wide: bool | None = None) -> Plan:
     """out[t, h] = softmax(scale q k^T, causal [+ window]) v for queries at positions step.pos0 + t;
     all_keys: every key of the step, not causal (an image encoder's patches attend both ways);
     keys_ahead: u32 [T], query t also sees that many keys after its own (an image's soft tokens see the
@@ -37,9 +37,8 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head.
-    wide (default: wide_by_default): tiled, by attention_prefill_wide.wgsl's register-blocked tiles of 32 rows.
-    Either tile runs over key_split slices of the keys (default default_key_split) where partials has room
-    for them (key_partial_floats), merged by attention_combine.wgsl."""
+    wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
+    register-blocked tiles of 32 rows instead."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
         c["ALL_KEYS"] = True
@@ -47,44 +46,28 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
         c["BLOCKS"] = True
     kl = keys_ahead if keys_ahead is not None else dev.dummy
     group = heads // kv_heads
+    fits = wide_tile_fits(dev, group, head_dim)
     if wide is None:
-        wide = tiled is not False and tile_rows is None and wide_by_default(dev, group, head_dim)
+        wide = tiled is not False and tile_rows is None and head_dim > 256 and fits
     if wide:
-        if not wide_tile_fits(dev, group, head_dim):
+        if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
-        shader, rows, c = "attention_prefill_wide", WIDE_ROWS, {**c, "GH": group}
-    else:
-        rows = tile_rows or attention_tile_rows(dev, group, head_dim)
-        if tiled is None:
-            tiled = rows > 0
-        if not tiled:
-            if key_split not in (None, 1):
-                raise ValueError("the per-token attention takes no slices of the keys")
-            gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
-            p = pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
-            bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
-            return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
+        p = pipeline(dev, "attention_prefill_wide", constants={**c, "GH": group})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (WIDE_ROWS // group)))
+    rows = tile_rows or attention_tile_rows(dev, group, head_dim)
+    if tiled is None:
+        tiled = rows > 0
+    if tiled:
         if not rows:
             raise ValueError(f"tiled attention: no tile for {group} heads a KV head of head_dim {head_dim}")
-        shader, c = "attention_prefill", {**c, "GH": group, "R": rows}
-    room = partials.size // 4 if partials is not None else 0
-    if key_split is None:
-        key_split = key_split_for(kv_heads, group, rows, max_tokens)
-        if key_partial_floats(heads, head_dim, max_tokens, key_split) > room:
-            key_split = 1
-    elif key_split > 1 and key_partial_floats(heads, head_dim, max_tokens, key_split) > room:
-        raise ValueError(f"no room for {key_split} slices of the keys in {room} floats")
-    plan = plan or dev.plan()
-    p = pipeline(dev, shader, constants={**c, "KSPLIT": key_split})
-    slices = partials if key_split > 1 else dev.dummy_out
-    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl, "P": slices})
-    plan.dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)), key_split)
-    if key_split > 1:
-        p = pipeline(dev, "attention_combine", constants={"H": heads, "HKV": kv_heads, "HD": head_dim, "CTX": ctx,
-                                                          "KSPLIT": key_split})
-        plan.dispatch(p, dev.bind_group(p, {"P": partials, "O": out, "S": step}),
-                      *thread_groups(max_tokens * heads * head_dim // 4))
-    return plan
+        p = pipeline(dev, "attention_prefill", constants={**c, "GH": group, "R": rows})
+        bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+        return (plan or dev.plan()).dispatch(p, bg, kv_heads, -(-max_tokens // (rows // group)))
+    gh = heads_per_group or attention_heads_per_group(dev, group, head_dim)
+    p = pipeline(dev, "attention", entry="attend", constants={**c, "GH": gh})
+    bg = dev.bind_group(p, {"Q": q, "KC": kc, "VC": vc, "O": out, "S": step, "KL": kl})
+    return (plan or dev.plan()).dispatch(p, bg, heads // gh, max_tokens)
 
 
 def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
@@ -104,41 +87,6 @@ def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
 # memory 4 vec4 at a time; its workgroup storage in bytes (within the 32 KiB most devices offer)
 WIDE_ROWS = 32
 WIDE_STORAGE = 4 * (4 * WIDE_ROWS * 4 + 4 * 129 * 4 + 128 * WIDE_ROWS + 32 * WIDE_ROWS + WIDE_ROWS)
-
-
-# Slices of the keys: E2B's layers have one KV head, so a 512-token step makes 128 workgroups of either tile
-# (four tokens' eight heads each) for an H100's 132 SMs, and in a prompt's first step the causal blocks are
-# uneven (the last walks all 512 keys, the first one tile). Where a step's tiles make fewer than
-# KEY_SPLIT_MIN_WORKGROUPS, each takes one of KEY_SPLIT runs of whole key tiles in such a step (the shaders
-# check its position: later steps run unsplit, where the slices measured slower), merged by their running
-# max and sum (attention_combine.wgsl). bench/RESULTS.md, 2026-11-28.
-KEY_SPLIT = 4
-KEY_SPLIT_MIN_WORKGROUPS = 256
-
-
-def wide_by_default(dev: Device, group: int, head_dim: int) -> bool:
-    """Whether a prompt's attention takes the wide tiles unless told otherwise: heads wider than 256 (Gemma 4's
-    full-attention layers) where they fit."""
-    return head_dim > 256 and wide_tile_fits(dev, group, head_dim)
-
-
-def key_split_for(kv_heads: int, group: int, rows: int, max_tokens: int) -> int:
-    """Slices of the keys for tiles of `rows` query rows of a step of max_tokens (1: none)."""
-    workgroups = kv_heads * -(-max_tokens // (rows // group))
-    return KEY_SPLIT if workgroups < KEY_SPLIT_MIN_WORKGROUPS else 1
-
-
-def default_key_split(dev: Device, heads: int, kv_heads: int, head_dim: int, max_tokens: int) -> int:
-    """Slices of the keys attention() takes by default for a step of max_tokens (1: none, or the per-token
-    kernel)."""
-    group = heads // kv_heads
-    rows = WIDE_ROWS if wide_by_default(dev, group, head_dim) else attention_tile_rows(dev, group, head_dim)
-    return key_split_for(kv_heads, group, rows, max_tokens) if rows else 1
-
-
-def key_partial_floats(heads: int, head_dim: int, max_tokens: int, key_split: int) -> int:
-    """Floats the slices of the keys write (attention_key_slices.wgsl's P): 0 unsplit."""
-    return key_split * max_tokens * heads * (head_dim + 4) if key_split > 1 else 0
 
 
 def wide_tile_fits(dev: Device, group: int, head_dim: int) -> bool:
