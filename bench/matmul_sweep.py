@@ -165,26 +165,35 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                 continue
             w = dev.buffer(nbytes + 4)
             dev.write(w, os.urandom(nbytes))   # speed only
+            partials = dev.buffer(4 * max(K.Q8_SPLIT_MAX, K.MATMUL_SPLIT_MAX) * n_tokens * n)
             variants = [(tile_name(t), t.threads, lambda plan, t=t: K.matmul(
-                dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=t)) for t in tile_list]
+                dev, q, k, n, w, x, y, step, n_tokens=n_tokens, plan=plan, tile=t, split=1)) for t in tile_list]
+            # the engine's f32 tile for this shape over slices of K (matmul.wgsl's SPLIT, their sum included)
+            engine_tile = K.matmul_tile_for(n, n_tokens)
+            for split in range(1, K.MATMUL_SPLIT_MAX + 1):
+                if k % (engine_tile.k * split) or n % 4 or split == 1 and engine_tile in tile_list:
+                    continue
+                variants.append((f"{tile_name(engine_tile)} k/{split}", engine_tile.threads,
+                                 lambda plan, split=split: K.matmul(dev, q, k, n, w, x, y, step, n_tokens=n_tokens,
+                                                                    plan=plan, tile=engine_tile, partials=partials,
+                                                                    split=split)))
             if K.int8_matmul(q, k, n_tokens):
                 xq, xs = (dev.buffer(b) for b in K.q8_bytes(n_tokens, k))
-                partials = dev.buffer(4 * K.Q8_SPLIT_MAX * n_tokens * n)
                 for t in Q8_TILES:
                     def int8(plan, t=t):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
                         K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
                     variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
-                # the large tile over slices of K (matmul_q8's SPLIT, their sum included)
-                for split in range(2, K.Q8_SPLIT_MAX + 1):
-                    if k % (64 * split) or n % 4:
-                        continue
-                    def sliced(plan, split=split):
-                        K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
-                        K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=K.Q8_MATMUL,
-                                    partials=partials, split=split)
-                    t = K.Q8_MATMUL
-                    variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows} k/{split}", t.threads, sliced))
+                # both tiles over slices of K (matmul_q8's SPLIT, their sum included)
+                for t in (K.Q8_MATMUL, K.Q8_SMALL):
+                    for split in range(2, K.Q8_SPLIT_MAX + 1):
+                        if k % (64 * split) or n % 4:
+                            continue
+                        def sliced(plan, split=split, t=t):
+                            K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
+                            K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t,
+                                        partials=partials, split=split)
+                        variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows} k/{split}", t.threads, sliced))
             for name, threads, record in variants:
                 plan = dev.plan()
                 for _ in range(per_submit):

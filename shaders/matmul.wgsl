@@ -8,12 +8,16 @@
 // shape comes from the prelude pyapp.gpu.kernels generates, and the dispatch uses the same values).
 // CLAMP: a clippable linear of the image and audio encoders, Y = clamp(clamp(X, CB[0], CB[1]) W^T,
 // CB[2], CB[3]) (CB: its in_min, in_max, out_min, out_max), in this dispatch rather than two more.
-// Dispatch: (ceil(N / BM), ceil(T / BN)).
+// Split over K (SPLIT > 1: matrices of few rows, whose tiles alone leave the GPU's SMs idle, as
+// matmul_q8.wgsl): workgroup z takes the weights z K / SPLIT .. (z + 1) K / SPLIT - 1 and writes its partial
+// sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them (and clamps none: no CLAMP then).
+// Dispatch: (ceil(N / BM), ceil(T / BN), SPLIT).
 
 override K: u32;
 override N: u32;
 override LDY: u32 = 0u;    // row stride of Y (0: N); a row block of a split W writes its columns of a wider Y
 override CLAMP: bool = false;
+override SPLIT: u32 = 1u;  // slices of K (K / SPLIT a multiple of BK; LDY 0 where it is above 1)
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
@@ -46,8 +50,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     r0 = wid.x * BM;
     t0 = wid.y * BN;
     t_last = T - 1u;
-    let acc = tile_product(lid);
+    let q_slice = K / 4u / SPLIT;       // vec4 groups of K a slice
+    let acc = tile_product(lid, wid.z * q_slice, (wid.z + 1u) * q_slice);
     let ldy = select(LDY, N, LDY == 0u);
+    let y0 = wid.z * T * N;              // this slice's partial sums (0 unsplit)
     for (var j = 0u; j < TN; j++) {
         let t = t0 + tile_token(lid, j);
         var a = acc.lo;
@@ -55,7 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (t < T) {
             for (var i = 0u; i < 4u; i++) {
                 let r = r0 + tile_row(lid, i);
-                if (r < N) { Y[t * ldy + r] = tile_y(a[i][j % 4u]); }
+                if (r < N) { Y[y0 + t * ldy + r] = tile_y(a[i][j % 4u]); }
             }
         }
     }

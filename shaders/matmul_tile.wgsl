@@ -19,7 +19,8 @@
 //   fn tile_w_base(i: u32) -> u32   byte offset of the W row for tile row i (any valid row past N)
 //   fn tile_x_row(i: u32) -> u32    X row (in vec4 rows of K) for tile token i (any valid row past the end)
 //   fn tile_x(v: vec4<f32>) -> vec4<f32>   what the product takes of 4 values of X (v, or v clamped)
-// and calls tile_product from uniform control flow (it has barriers). Column i of the result's
+// and calls tile_product(lid, q_lo, q_hi) from uniform control flow (it has barriers) for K's vec4 groups
+// q_lo .. q_hi - 1 (whole steps of BK weights: all of K, or a slice of it). Column i of the result's
 // lo (tokens j < 4) and hi (j >= 4, TN = 8) is tile row tile_row(lid, i); component j % 4 is tile
 // token tile_token(lid, j).
 
@@ -114,7 +115,7 @@ fn store_sub_block(r: u32, sub: u32, b: SubBlock) {
     store_nibbles(r, k + 28u, b.hi.w, b);
 }
 
-fn tile_product(lid: u32) -> TileAcc {
+fn tile_product(lid: u32, q_lo: u32, q_hi: u32) -> TileAcc {
     let tx = lid % TXN;
     let ty = lid / TXN;
     let wu = lid;                      // this thread's W unit: rows 4 wg .., K group wkq of each step
@@ -133,14 +134,14 @@ fn tile_product(lid: u32) -> TileAcc {
     let jr = lid % BM;
     let js = (lid / BM) % SUBS;
     let jbase = tile_w_base(jr);
-    var jn = load_sub_block(has_job, jbase, 32u * js);
-    var wn = load_w(has_w, wb, wkq);
-    var xn = load_x(has_x, xr, xkq);
+    var jn = load_sub_block(has_job, jbase, 4u * q_lo + 32u * js);
+    var wn = load_w(has_w, wb, q_lo + wkq);
+    var xn = load_x(has_x, xr, q_lo + xkq);
     var acc = mat4x4<f32>();
     var acc2 = mat4x4<f32>();
     var part = mat4x4<MM_M>();         // the sums in MM_M: the whole K's, or (MM_FOLD) this step's
     var part2 = mat4x4<MM_M>();
-    for (var k0 = 0u; k0 < K / 4u; k0 += KQ) {
+    for (var k0 = q_lo; k0 < q_hi; k0 += KQ) {
         if (has_job) { store_sub_block(jr, js, jn); }
         if (has_w) {
             let t = transpose(wn);

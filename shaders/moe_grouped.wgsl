@@ -89,7 +89,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
-    let acc = tile_product(lid);
+    let acc = tile_product(lid, 0u, K / 4u);
     for (var j = 0u; j < TN; j++) {
         let i = tile_token(lid, j);
         var a = acc.lo;

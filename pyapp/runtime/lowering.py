@@ -110,9 +110,10 @@ class Lowering:
         for w, n, y, ldy in blocks:
             if int8:
                 K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=self.plan, ldy=ldy,
-                            partials=s.q8_partials)
+                            partials=s.matmul_partials)
             else:
-                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=self.plan, ldy=ldy, f16=self.f16)
+                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=self.plan, ldy=ldy, f16=self.f16,
+                         partials=s.matmul_partials)
 
     def finish(self) -> list:
         """The stream back in state.x, where the head plans read it; the program."""

@@ -41,7 +41,7 @@ class Runner:
     def __init__(self, dev: Device, cfg, layout, source, context_length: int, chunk: int = 64,
                  expert_slots: int | None = None, int8: bool = True, fuse_residual: bool = True, f16: bool = False):
         self.dev, self.cfg, self.layout, self.source = dev, cfg, layout, source
-        self.state = self.state_class(dev, cfg, layout, context_length, chunk)
+        self.state = self.state_class(dev, cfg, layout, context_length, chunk, int8=int8)
         self.ctx, self.chunk = context_length, self.state.chunk
         self.int8 = int8              # int8 activations: long steps' matmuls (Ops.matmul), one-token matvecs
         self.f16 = f16                # the other chunk matmuls in f16 tiles where the device has shader-f16

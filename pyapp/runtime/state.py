@@ -40,10 +40,13 @@ def f32_allocator(dev: Device):
     return f32
 
 
-def q8_partial_floats(cfg, layout, T: int) -> int:
-    """Floats of partial sums that a step of T tokens' int8 matmuls over slices of K need (K.q8_split_for):
-    the most that any row block of the layers' projections asks for; 0 where none is split. (A chunk
+def split_partial_floats(dev: Device, cfg, layout, T: int, int8: bool = True) -> int:
+    """Floats of partial sums that a step of T tokens' matmuls over slices of K need (K.q8_tile_split for the
+    int8 ones, K.matmul_split_for for the f32 tile's): the most that any row block of the layers' projections
+    asks for; 0 where none is split (int8: whether the runner's chunks take int8 activations). (A chunk
     multiplies q, k and v apart, ops.qkv: the fused q|k|v is one token's matvec; gate|up it multiplies fused.)"""
+    if T == 1:
+        return 0
     blocks = []                 # (type, row length, rows) of each row block a matmul multiplies
     for _, owner, field_name in names(cfg, layout):
         t = getattr(owner, field_name)
@@ -52,13 +55,14 @@ def q8_partial_floats(cfg, layout, T: int) -> int:
     for lw in layout.layers:
         if lw.ffn_gate_up is not None:
             blocks += [(lw.ffn_gate_up.qtype, lw.ffn_gate_up.shape[0], p.rows) for p in lw.ffn_gate_up.parts]
-    splits = [(K.q8_split_for(rows, k, T, room=1 << 62), rows) for qtype, k, rows in blocks
-              if K.int8_matmul(qtype, k, T)]
+    splits = [(K.q8_tile_split(rows, k, T, room=1 << 62)[1] if int8 and K.int8_matmul(qtype, k, T) else
+               K.matmul_split_for(K.fit_tile(dev, K.matmul_tile_for(rows, T)), rows, k, T, room=1 << 62), rows)
+              for qtype, k, rows in blocks]
     return max((split * T * rows for split, rows in splits if split > 1), default=0)
 
 
 class State:
-    def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int):
+    def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int, int8: bool = True):
         self.dev, self.cfg, self.ctx, self.chunk = dev, cfg, context_length, chunk
         T, d, H, V = chunk, cfg.hidden, cfg.n_heads, cfg.vocab_size
         hd, kvh, ff = widest(cfg)
@@ -104,9 +108,9 @@ class State:
             xq_bytes, xs_bytes = K.q8_bytes(1, rows_k)
             self.xq = dev.buffer(xq_bytes, label="xq")              # i8 [T, k]
             self.xq_scales = dev.buffer(xs_bytes, label="xq scales")  # [T, k / 32, 2] f32
-        # partial sums of a chunk's int8 matmuls over slices of K (K.q8_split_for: projections of few rows)
-        partial_floats = q8_partial_floats(cfg, layout, T)
-        self.q8_partials = f32(partial_floats, "q8 partials") if partial_floats else None   # [slices, T, rows]
+        # partial sums of a chunk's matmuls over slices of K (K.q8_tile_split, K.matmul_split_for: few rows)
+        partial_floats = split_partial_floats(dev, cfg, layout, T, int8)
+        self.matmul_partials = f32(partial_floats, "matmul partials") if partial_floats else None  # [slices, T, rows]
         # dense MLP
         q8_codes, q8_scales = K.q8_bytes(1, ff)        # a decode step's GeGLU output rounded to int8 per 32
         self.act_q8 = dev.buffer(q8_codes, label="act q8")                   # i8 [ff] (K.RoundedX)

@@ -239,6 +239,67 @@ def test_matmul_q8(dev, qtype, rows, t, tile):
         np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
 
 
+@pytest.mark.parametrize("qtype,k,split,tile", [("f16", 32 * 12, 4, "few"), ("f32", 32 * 9, 3, "few"),
+                                                ("q4_k", 768, 3, "few"), ("q4_k", 512, 2, "engine"),
+                                                ("q6_k", 512, 2, "few"), ("q8_0", 64 * 5, 2, "short")])
+def test_matmul_slices_of_k(dev, qtype, k, split, tile):
+    """The f32 tile over slices of K (matmul.wgsl SPLIT, sum_slices.wgsl; Q4_K's sub-block jobs and the other
+    formats' 4-weight units, three tile shapes): the sum of the slices' partial sums is the whole product up to
+    float rounding and close to numpy's, for a step shorter than its plan (70 of 100 tokens), rows past the
+    tile, two row blocks writing their columns of a wider Y; refused where the slices are not whole tile steps,
+    without room, or with a clippable linear's bounds (the sums would clamp nothing)."""
+    tile = {"few": K.MATMUL_FEW_ROWS, "engine": K.MATMUL, "short": K.MATMUL_SHORT}[tile]
+    rng = np.random.default_rng(21 + split)
+    rows, t, plan_t = 76, 70, 100
+    raw = random_tensor(qtype, rows, k, rng)
+    w = dequantize(qtype, raw, rows, k)
+    x = rng.standard_normal((plan_t, k)).astype(np.float32)
+    step, xb, wb = step_buffer(dev, t), f32(dev, x), weight_buffer(dev, raw)
+    partials = f32(dev, np.full(split * plan_t * rows, 5.0))
+    whole, sliced = f32(dev, np.full((plan_t, rows), 7.0)), f32(dev, np.full((plan_t, rows), 7.0))
+    plan = K.matmul(dev, qtype, k, rows, wb, xb, whole, step, n_tokens=plan_t, tile=tile, split=1)
+    K.matmul(dev, qtype, k, rows, wb, xb, sliced, step, n_tokens=plan_t, plan=plan, tile=tile, partials=partials,
+             split=split)
+    assert plan.ops[-1][1].key[0] == "sum_slices" and plan.ops[-2][5] == split      # z: the slices
+    dev.submit(plan)
+    want = read_f32(dev, whole, plan_t * rows).reshape(plan_t, rows)
+    got = read_f32(dev, sliced, plan_t * rows).reshape(plan_t, rows)
+    assert (got[t:] == 7.0).all() and (want[t:] == 7.0).all()            # past the step's tokens: untouched
+    np.testing.assert_allclose(got[:t], want[:t], rtol=1e-5, atol=1e-5 * np.abs(want[:t]).max())
+    assert_close_dot(got[:t], x[:t], w, x[:t].astype(np.float64) @ w.T)
+    rb = len(raw) // rows                                                # two row blocks (32 | 44 rows)
+    y2 = f32(dev, np.full((plan_t, rows), 7.0))
+    plan = dev.plan()
+    for a, b in ((0, 32), (32, rows)):
+        K.matmul(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xb, (y2, 4 * a, y2.size - 4 * a),
+                 step, n_tokens=plan_t, plan=plan, ldy=rows, tile=tile, partials=partials, split=split)
+    dev.submit(plan)
+    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got[:t])
+    uneven = next(s for s in range(split + 1, 16) if k % (tile.k * s))       # slices not whole tile steps
+    roomy = dev.buffer(4 * uneven * plan_t * rows)
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul(dev, qtype, k, rows, wb, xb, sliced, step, n_tokens=plan_t, tile=tile, partials=roomy, split=uneven)
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul(dev, qtype, k, rows, wb, xb, sliced, step, n_tokens=plan_t, tile=tile, split=split)   # no room
+    with pytest.raises(ValueError, match="slices"):
+        K.matmul(dev, qtype, k, rows, wb, xb, sliced, step, n_tokens=plan_t, tile=tile, partials=partials,
+                 split=split, clamp=(f32(dev, np.zeros(4)), 0, 16))
+
+
+def test_matmul_split_rule():
+    """Slices of K for the f32 tile where it makes few workgroups: E2B's and E4B's per-layer-input gates (256
+    rows: 128 workgroups of the 32 x 32 tile at 512 tokens) in 4, slices at least MATMUL_SLICE_MIN_K long and
+    whole in the tile's steps; not where the tile makes enough workgroups, nor beyond the caller's room."""
+    few, room = K.MATMUL_FEW_ROWS, 1 << 30
+    assert K.matmul_tile_for(256, 512) == few
+    assert K.matmul_split_for(few, 256, 1536, 512, room) == 4 and K.matmul_split_for(few, 256, 2560, 512, room) == 4
+    assert K.matmul_split_for(few, 256, 768, 512, room) == 3         # 768 / 4 = 192: under the minimum slice
+    assert K.matmul_split_for(few, 256, 1536, 512, 0) == 1
+    assert K.matmul_split_for(few, 2048, 1536, 512, room) == 1       # 1,024 workgroups
+    assert K.matmul_split_for(few, 256, 1536, 512, 2 * 512 * 256) == 2
+    assert K.matmul_split_for(K.MATMUL_SHORT, 256, 1536, 64, room) == 1   # short steps: not measured split
+
+
 @pytest.mark.parametrize("qtype,k,split", [("q4_k", 768, 3), ("q6_k", 512, 2), ("q4_0", 64 * 12, 4),
                                            ("q5_0", 64 * 6, 3), ("q8_0", 64 * 10, 2)])
 def test_matmul_q8_slices_of_k(dev, qtype, k, split):
@@ -295,11 +356,17 @@ def test_q8_split_rule():
     """Slices of K where the large tile alone leaves the GPU idle: the most of them (up to 4) whole in 64-weight
     steps and 512 weights or more: E2B's downs and o projection at 512 tokens (96 workgroups of 128 x 64) in
     4, its 2048-row q in 3 (1536 / 4 is under the minimum), E4B's down in 4; not E2B's gate|up (enough
-    workgroups), rows the large tile does not divide, or beyond the caller's room for partial sums."""
+    workgroups), rows the large tile does not divide, or beyond the caller's room for partial sums. Rows so
+    few that the large tile's slices make under 128 workgroups (the per-layer-input gates' 256) take the small
+    tile over slices."""
     room = K.Q8_SPLIT_MAX * 512 * 2560
-    assert K.q8_split_for(1536, 12288, 512, room) == 4 and K.q8_split_for(1536, 6144, 512, room) == 4
-    assert K.q8_split_for(2560, 10240, 512, room) == 4 and K.q8_split_for(1536, 2048, 512, room) == 4
-    assert K.q8_split_for(2048, 1536, 512, room) == 3
-    assert K.q8_split_for(24576, 1536, 512, room) == 1 and K.q8_split_for(1500, 12288, 512, room) == 1
-    assert K.q8_split_for(1536, 12288, 512, 0) == 1
-    assert K.q8_split_for(1536, 12288, 512, 2 * 512 * 1536) == 2          # room for 2 slices only
+    big, small = K.Q8_MATMUL, K.Q8_SMALL
+    assert K.q8_tile_split(1536, 12288, 512, room) == (big, 4) and K.q8_tile_split(1536, 6144, 512, room) == (big, 4)
+    assert K.q8_tile_split(2560, 10240, 512, room) == (big, 4) and K.q8_tile_split(1536, 2048, 512, room) == (big, 4)
+    assert K.q8_tile_split(2048, 1536, 512, room) == (big, 3)
+    assert K.q8_tile_split(24576, 1536, 512, room) == (big, 1) and K.q8_tile_split(1500, 12288, 512, room) == (small, 1)
+    assert K.q8_tile_split(1536, 12288, 512, 0) == (small, 1)              # no room: the small tile alone
+    assert K.q8_tile_split(1536, 12288, 512, 2 * 512 * 1536) == (big, 2)  # room for 2 slices only
+    assert K.q8_tile_split(256, 1536, 512, room) == (small, 3)             # E2B's gate: 192 workgroups
+    assert K.q8_tile_split(256, 2560, 512, room) == (small, 4)             # E4B's: 256
+    assert K.q8_tile_split(1536, 256, 512, room) == (small, 1)             # the PLE projection: K too short

@@ -34,13 +34,13 @@ class CanvasState(State):
     """Every buffer of the encoder (State's, for steps of at least a canvas: the decoder's activations are
     the chunk's) and the decoder's own over a canvas of C tokens."""
 
-    def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int):
+    def __init__(self, dev: Device, cfg, layout, context_length: int, chunk: int, int8: bool = True):
         C, d, V = cfg.canvas_length, cfg.hidden, cfg.vocab_size
         limit = binding_limit(dev.limits)
         if 4 * C * V > limit:
             raise GPUError(f"the canvas logits ({C} x {V} floats, {4 * C * V / 2**20:,.0f} MiB) exceed this GPU's "
                            f"binding limit ({limit / 2**20:,.0f} MiB)", fault=Fault.DOES_NOT_FIT)
-        super().__init__(dev, cfg, layout, context_length, max(chunk, C))   # the canvas runs as one step
+        super().__init__(dev, cfg, layout, context_length, max(chunk, C), int8=int8)   # the canvas: one step
 
         f32 = f32_allocator(dev)
 

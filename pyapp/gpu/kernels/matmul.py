@@ -111,7 +111,7 @@ def matmul_prelude(qtype, tile: MatmulTile) -> str:
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
            n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None,
-           f16: bool = False, clamp=None) -> Plan:
+           f16: bool = False, clamp=None, partials: Buffer | None = None, split: int | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
@@ -119,14 +119,58 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     f16: the default tile's f16 form where the device has shader-f16.
     clamp: a buffer (range) of a clippable linear's 4 bounds (in_min, in_max, out_min, out_max):
     Y = clamp(clamp(X, in) @ W^T, out), in the same dispatch.
+    partials: f32 room for the partial sums of slices of K (matmul_split_for; split forces a count), which a
+    second dispatch adds into y (not with clamp).
     """
     row_bytes(qtype, k)
     tile = tile or fit_tile(dev, matmul_tile_for(n, n_tokens), f16)
+    room = partials.size // 4 if partials is not None else 0
+    if split is None:
+        split = matmul_split_for(tile, n, k, n_tokens, room) if clamp is None else 1
+    if split > 1 and (clamp is not None or k % (tile.k * split) or n % 4 or split * n_tokens * n > room):
+        raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
     p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
-                 constants={"K": k, "N": n, "LDY": ldy, "CLAMP": clamp is not None})
-    bg = dev.bind_group(p, {"W": w, "X": x, "Y": y, "S": params, "CB": clamp if clamp is not None else dev.dummy})
+                 constants={"K": k, "N": n, "LDY": 0 if split > 1 else ldy, "CLAMP": clamp is not None,
+                            "SPLIT": split})
+    bg = dev.bind_group(p, {"W": w, "X": x, "Y": partials if split > 1 else y, "S": params,
+                            "CB": clamp if clamp is not None else dev.dummy})
     plan = plan if plan is not None else dev.plan()
-    return plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens))
+    plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
+    if split > 1:
+        sum_slices(dev, partials, y, params, n, split, ldy, n_tokens, plan)
+    return plan
+
+
+# The f32 tile over slices of K where it makes few workgroups: the per-layer-input gate's 256 rows (F16 in our
+# generator's files) make 128 of the 32 x 32 tile at 512 tokens, each 64 threads walking K = 1536 alone.
+MATMUL_SPLIT_MIN_WORKGROUPS = 256
+MATMUL_SLICE_MIN_K = 256
+MATMUL_SPLIT_MAX = 4
+
+
+def matmul_split_for(tile: MatmulTile, rows: int, k: int, n_tokens: int, room: int) -> int:
+    """Slices of K for the f32 tile's matmul of rows x k at n_tokens (1: none), within room floats of partial
+    sums: on the few-rows tile (the only one measured split: steps of at most 64 tokens keep theirs whole)
+    where it makes fewer than MATMUL_SPLIT_MIN_WORKGROUPS, the most slices (up to MATMUL_SPLIT_MAX) whole
+    in the tile's steps and at least MATMUL_SLICE_MIN_K long."""
+    workgroups = -(-rows // tile.rows) * -(-n_tokens // tile.tokens)
+    if (tile.rows, tile.tokens) != (MATMUL_FEW_ROWS.rows, MATMUL_FEW_ROWS.tokens) or rows % 4 \
+            or workgroups >= MATMUL_SPLIT_MIN_WORKGROUPS:
+        return 1
+    best = 1
+    for split in range(2, MATMUL_SPLIT_MAX + 1):
+        if k // split < MATMUL_SLICE_MIN_K or split * n_tokens * rows > room:
+            break
+        if k % (tile.k * split) == 0:
+            best = split
+    return best
+
+
+def sum_slices(dev: Device, partials: Buffer, y: Buffer, params: Buffer, n: int, split: int, ldy: int,
+               n_tokens: int, plan: Plan) -> None:
+    """y[t, :n] = the sum of split slices' partial sums (partials f32 [split, t, n]; y rows ldy apart, 0: n)."""
+    p = pipeline(dev, "sum_slices", constants={"N": n, "SPLIT": split, "LDY": ldy})
+    plan.dispatch(p, dev.bind_group(p, {"P": partials, "Y": y, "S": params}), *thread_groups(n_tokens * n // 4))
 
 
 # Steps sized for more tokens than this multiply INT8_TYPES weights by int8 activations (quantize_q8 +
@@ -189,13 +233,12 @@ Q8_SLICE_MIN_K = 512
 Q8_SPLIT_MAX = 4
 
 
-def q8_split_for(rows: int, k: int, n_tokens: int, room: int) -> int:
-    """Slices of K for the int8 matmul of rows x k at n_tokens (1: none), within room floats of partial sums
-    (the caller's buffer; 0: none): where the large tile alone makes fewer than Q8_MATMUL_MIN_WORKGROUPS, the
+def q8_slices(tile: Q8Tile, rows: int, k: int, n_tokens: int, room: int) -> int:
+    """Slices of K for tile's int8 matmul of rows x k at n_tokens (1: none), within room floats of partial
+    sums (the caller's buffer; 0: none): where the tile alone makes fewer than Q8_MATMUL_MIN_WORKGROUPS, the
     most slices (up to Q8_SPLIT_MAX) whole in 64-weight steps and at least Q8_SLICE_MIN_K long."""
-    big = Q8_MATMUL
-    workgroups = rows // big.rows * -(-n_tokens // big.tokens)
-    if rows % big.rows or workgroups >= Q8_MATMUL_MIN_WORKGROUPS:
+    workgroups = rows // tile.rows * -(-n_tokens // tile.tokens)
+    if rows % tile.rows or workgroups >= Q8_MATMUL_MIN_WORKGROUPS:
         return 1
     best = 1
     for split in range(2, Q8_SPLIT_MAX + 1):
@@ -204,6 +247,23 @@ def q8_split_for(rows: int, k: int, n_tokens: int, room: int) -> int:
         if k % (64 * split) == 0:
             best = split
     return best
+
+
+# Fewer rows still (the per-layer-input gate's 256: 16 workgroups of the large tile at 512 tokens, 48 over 3
+# slices): where the large tile's slices make fewer than this, the small tile's (64 of it, 192 over 3).
+Q8_SPLIT_MIN_WORKGROUPS = 128
+
+
+def q8_tile_split(rows: int, k: int, n_tokens: int, room: int) -> tuple[Q8Tile, int]:
+    """The int8 matmul's tile and slices of K for rows x k at n_tokens within room floats of partial sums: the
+    large tile over slices (q8_slices) where they make Q8_SPLIT_MIN_WORKGROUPS or more, else q8_tile_for's
+    tile, the small one over slices too."""
+    big = Q8_MATMUL
+    split = q8_slices(big, rows, k, n_tokens, room)
+    if split > 1 and rows // big.rows * -(-n_tokens // big.tokens) * split >= Q8_SPLIT_MIN_WORKGROUPS:
+        return big, split
+    tile = q8_tile_for(rows, n_tokens)
+    return tile, q8_slices(tile, rows, k, n_tokens, room) if tile == Q8_SMALL else 1
 
 
 def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
@@ -263,21 +323,21 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None,
               partials: Buffer | None = None, split: int | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs).
-    partials: f32 room for the partial sums of slices of K (q8_split_for; split forces a count), which a
+    partials: f32 room for the partial sums of slices of K (q8_tile_split; split forces a count), which a
     second dispatch adds into y."""
     room = partials.size // 4 if partials is not None else 0
-    if split is None:
-        split = q8_split_for(n, k, n_tokens, room) if tile is None else 1
+    if tile is None:
+        tile, chosen = q8_tile_split(n, k, n_tokens, room)
+        tile, split = fit_q8_tile(dev, tile), chosen if split is None else split
+    elif split is None:
+        split = 1
     if split > 1 and (k % (64 * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
-    tile = tile or fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens))
     p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k),
                  constants={"K": k, "N": n, "LDY": 0 if split > 1 else ldy, "SPLIT": split})
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": partials if split > 1 else y, "S": params})
     plan = plan if plan is not None else dev.plan()
     plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
     if split > 1:
-        p = pipeline(dev, "sum_slices", constants={"N": n, "SPLIT": split, "LDY": ldy})
-        plan.dispatch(p, dev.bind_group(p, {"P": partials, "Y": y, "S": params}),
-                      *thread_groups(n_tokens * n // 4))
+        sum_slices(dev, partials, y, params, n, split, ldy, n_tokens, plan)
     return plan
