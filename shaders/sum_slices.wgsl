@@ -1,6 +1,6 @@
-// The int8 matmul's slices of K added (matmul_q8.wgsl with SPLIT > 1): Y[t, r] = sum_z P[z, t, r] for the
-// step's T = S.n_tokens tokens, P f32 [SPLIT, T, N], Y f32 [T, LDY] (LDY 0: N). One thread four output
-// floats (N a multiple of 4: the split matmuls' rows are whole 128-row tiles).
+// A prefill matmul's slices of K added (matmul_q8.wgsl or matmul.wgsl with SPLIT > 1): Y[t, r] = sum_z
+// P[z, t, r] for the step's T = S.n_tokens tokens, P f32 [SPLIT, T, N], Y f32 [T, LDY] (LDY 0: N). One
+// thread four output floats (N a multiple of 4: pyapp.gpu.kernels checks).
 // Dispatch: ceil(T_max * N / 4 / 64) workgroups (over (x, y) above 65535: thread_index.wgsl).
 
 override N: u32;

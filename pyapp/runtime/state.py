@@ -40,6 +40,10 @@ def f32_allocator(dev: Device):
     return f32
 
 
+# tables a step looks rows up in, and the head (one row a step: a matvec): no chunk multiplies them
+NOT_CHUNK_MATMULS = ("token_embd", "output", "ple_token_embd")
+
+
 def split_partial_floats(dev: Device, cfg, layout, T: int, int8: bool = True) -> int:
     """Floats of partial sums that a step of T tokens' matmuls over slices of K need (K.q8_tile_split for the
     int8 ones, K.matmul_split_for for the f32 tile's): the most that any row block of the layers' projections
@@ -50,7 +54,7 @@ def split_partial_floats(dev: Device, cfg, layout, T: int, int8: bool = True) ->
     blocks = []                 # (type, row length, rows) of each row block a matmul multiplies
     for _, owner, field_name in names(cfg, layout):
         t = getattr(owner, field_name)
-        if isinstance(t, GpuTensor) and len(t.shape) == 2:
+        if isinstance(t, GpuTensor) and len(t.shape) == 2 and field_name not in NOT_CHUNK_MATMULS:
             blocks += [(t.qtype, t.shape[0], p.rows) for p in t.parts]
     for lw in layout.layers:
         if lw.ffn_gate_up is not None:

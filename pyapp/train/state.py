@@ -24,7 +24,7 @@ from ..runtime.state import State, f32_allocator, widest
 class TrainState:
     def __init__(self, dev: Device, cfg, layout, seq_len: int, vocab_chunk: int):
         self.dev, self.cfg, self.T = dev, cfg, seq_len
-        self.fwd = State(dev, cfg, layout, context_length=seq_len, chunk=seq_len)
+        self.fwd = State(dev, cfg, layout, context_length=seq_len, chunk=seq_len, int8=False)   # f32 matmuls
         T, d, H, L = seq_len, cfg.hidden, cfg.n_heads, cfg.n_layers
         hd, kvh, ff = widest(cfg)
         f32 = f32_allocator(dev)

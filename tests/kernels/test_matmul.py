@@ -239,6 +239,19 @@ def test_matmul_q8(dev, qtype, rows, t, tile):
         np.testing.assert_array_equal(read_f32(dev, y2, rows * t).reshape(t, rows), got)
 
 
+def sliced_as_whole(dev, plan, whole, sliced, split: int, rows: int, t: int, plan_t: int) -> np.ndarray:
+    """Run a plan whose last two dispatches are a matmul over `split` slices of K into `sliced` and their sum
+    (after the same matmul whole into `whole`, both prefilled with 7.0): the slices' sum is the whole product
+    up to float rounding for the step's t tokens and leaves the plan's later rows alone. Returns it [t, rows]."""
+    assert plan.ops[-1][1].key[0] == "sum_slices" and plan.ops[-2][5] == split      # z: the slices
+    dev.submit(plan)
+    want = read_f32(dev, whole, plan_t * rows).reshape(plan_t, rows)
+    got = read_f32(dev, sliced, plan_t * rows).reshape(plan_t, rows)
+    assert (got[t:] == 7.0).all() and (want[t:] == 7.0).all()            # past the step's tokens: untouched
+    np.testing.assert_allclose(got[:t], want[:t], rtol=1e-5, atol=1e-5 * np.abs(want[:t]).max())
+    return got[:t]
+
+
 @pytest.mark.parametrize("qtype,k,split,tile", [("f16", 32 * 12, 4, "few"), ("f32", 32 * 9, 3, "few"),
                                                 ("q4_k", 768, 3, "few"), ("q4_k", 512, 2, "engine"),
                                                 ("q6_k", 512, 2, "few"), ("q8_0", 64 * 5, 2, "short")])
@@ -260,13 +273,8 @@ def test_matmul_slices_of_k(dev, qtype, k, split, tile):
     plan = K.matmul(dev, qtype, k, rows, wb, xb, whole, step, n_tokens=plan_t, tile=tile, split=1)
     K.matmul(dev, qtype, k, rows, wb, xb, sliced, step, n_tokens=plan_t, plan=plan, tile=tile, partials=partials,
              split=split)
-    assert plan.ops[-1][1].key[0] == "sum_slices" and plan.ops[-2][5] == split      # z: the slices
-    dev.submit(plan)
-    want = read_f32(dev, whole, plan_t * rows).reshape(plan_t, rows)
-    got = read_f32(dev, sliced, plan_t * rows).reshape(plan_t, rows)
-    assert (got[t:] == 7.0).all() and (want[t:] == 7.0).all()            # past the step's tokens: untouched
-    np.testing.assert_allclose(got[:t], want[:t], rtol=1e-5, atol=1e-5 * np.abs(want[:t]).max())
-    assert_close_dot(got[:t], x[:t], w, x[:t].astype(np.float64) @ w.T)
+    got = sliced_as_whole(dev, plan, whole, sliced, split, rows, t, plan_t)
+    assert_close_dot(got, x[:t], w, x[:t].astype(np.float64) @ w.T)
     rb = len(raw) // rows                                                # two row blocks (32 | 44 rows)
     y2 = f32(dev, np.full((plan_t, rows), 7.0))
     plan = dev.plan()
@@ -274,7 +282,7 @@ def test_matmul_slices_of_k(dev, qtype, k, split, tile):
         K.matmul(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xb, (y2, 4 * a, y2.size - 4 * a),
                  step, n_tokens=plan_t, plan=plan, ldy=rows, tile=tile, partials=partials, split=split)
     dev.submit(plan)
-    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got[:t])
+    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got)
     uneven = next(s for s in range(split + 1, 16) if k % (tile.k * s))       # slices not whole tile steps
     roomy = dev.buffer(4 * uneven * plan_t * rows)
     with pytest.raises(ValueError, match="slices"):
@@ -300,15 +308,18 @@ def test_matmul_split_rule():
     assert K.matmul_split_for(K.MATMUL_SHORT, 256, 1536, 64, room) == 1   # short steps: not measured split
 
 
+@pytest.mark.parametrize("tile", ["large", "small"])
 @pytest.mark.parametrize("qtype,k,split", [("q4_k", 768, 3), ("q6_k", 512, 2), ("q4_0", 64 * 12, 4),
                                            ("q5_0", 64 * 6, 3), ("q8_0", 64 * 10, 2)])
-def test_matmul_q8_slices_of_k(dev, qtype, k, split):
+def test_matmul_q8_slices_of_k(dev, qtype, k, split, tile):
     """The int8 matmul over slices of K (matmul_q8.wgsl SPLIT, sum_slices.wgsl): the sum of the slices'
     partial sums is the whole product up to float rounding (the same integer sums, added in another
     order), for a step shorter than its plan (70 of 100 tokens: the partials laid out by the step's
     tokens), rows past the tile, two row blocks writing their columns of a wider Y; refused where the
     slices are not whole 64-weight steps, the rows not a multiple of 4 (sum_slices adds four floats a
-    thread) or the partial sums do not fit."""
+    thread) or the partial sums do not fit. Both tiles: the large one (a forced count's) and the small one
+    (q8_tile_split's for the fewest rows)."""
+    sliced_tile = K.Q8_MATMUL if tile == "large" else K.Q8_SMALL
     from pyapp.reference.quants import matmul_int8
     rng = np.random.default_rng(5 + split)
     rows, t, plan_t = 152, 70, 100
@@ -322,26 +333,22 @@ def test_matmul_q8_slices_of_k(dev, qtype, k, split):
     w = weight_buffer(dev, raw)
     K.matmul_q8(dev, qtype, k, rows, w, xq, xs, whole, step, n_tokens=plan_t, plan=plan, tile=K.Q8_MATMUL)
     K.matmul_q8(dev, qtype, k, rows, w, xq, xs, sliced, step, n_tokens=plan_t, plan=plan, partials=partials,
-                split=split)
-    assert plan.ops[-1][1].key[0] == "sum_slices" and plan.ops[-2][5] == split      # z: the slices
-    dev.submit(plan)
-    want = read_f32(dev, whole, plan_t * rows).reshape(plan_t, rows)
-    got = read_f32(dev, sliced, plan_t * rows).reshape(plan_t, rows)
-    assert (got[t:] == 7.0).all() and (want[t:] == 7.0).all()            # past the step's tokens: untouched
-    np.testing.assert_allclose(got[:t], want[:t], rtol=1e-5, atol=1e-5 * np.abs(want[:t]).max())
+                split=split, tile=None if tile == "large" else sliced_tile)
+    assert plan.ops[-2][1].key[2].endswith(sliced_tile.prelude(qtype, k))          # the tile asked for
+    got = sliced_as_whole(dev, plan, whole, sliced, split, rows, t, plan_t)
     q = np.frombuffer(dev.read(xq, 0, xq_bytes), np.int8).reshape(plan_t, k)[:t]
     ds = read_f32(dev, xs, xs_bytes // 4).reshape(plan_t, k // 32, 2)[:t]
     exact = matmul_int8(raw, qtype, rows, q, ds[..., 0], ds[..., 1])
-    np.testing.assert_allclose(got[:t], exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
     # two row blocks (64 | 88 rows) over slices, each its columns of the wider Y
     rb = len(raw) // rows
     y2 = f32(dev, np.full((plan_t, rows), 7.0))
     plan = dev.plan()
     for a, b in ((0, 64), (64, rows)):
         K.matmul_q8(dev, qtype, k, b - a, weight_buffer(dev, raw[a * rb:b * rb]), xq, xs, (y2, 4 * a, y2.size - 4 * a),
-                    step, n_tokens=plan_t, plan=plan, ldy=rows, partials=partials, split=split)
+                    step, n_tokens=plan_t, plan=plan, ldy=rows, partials=partials, split=split, tile=sliced_tile)
     dev.submit(plan)
-    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got[:t])
+    np.testing.assert_array_equal(read_f32(dev, y2, plan_t * rows).reshape(plan_t, rows)[:t], got)
     uneven = next(s for s in range(split + 1, 16) if k % (64 * s))         # slices not whole 64-weight steps
     roomy = dev.buffer(4 * uneven * plan_t * rows)
     with pytest.raises(ValueError, match="slices"):

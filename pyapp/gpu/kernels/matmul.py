@@ -323,12 +323,14 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None,
               partials: Buffer | None = None, split: int | None = None) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs).
-    partials: f32 room for the partial sums of slices of K (q8_tile_split; split forces a count), which a
-    second dispatch adds into y."""
+    partials: f32 room for the partial sums of slices of K (q8_tile_split; split forces a count, on the large
+    tile unless tile says otherwise), which a second dispatch adds into y."""
     room = partials.size // 4 if partials is not None else 0
-    if tile is None:
-        tile, chosen = q8_tile_split(n, k, n_tokens, room)
-        tile, split = fit_q8_tile(dev, tile), chosen if split is None else split
+    if tile is None and split is None:
+        tile, split = q8_tile_split(n, k, n_tokens, room)
+        tile = fit_q8_tile(dev, tile)
+    elif tile is None:                  # a forced count: the large tile over slices, else the rule's tile
+        tile = fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens))
     elif split is None:
         split = 1
     if split > 1 and (k % (64 * split) or n % 4 or split * n_tokens * n > room):
