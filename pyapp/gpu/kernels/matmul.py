@@ -154,14 +154,21 @@ def matmul_split_for(tile: MatmulTile, rows: int, k: int, n_tokens: int, room: i
     where it makes fewer than MATMUL_SPLIT_MIN_WORKGROUPS, the most slices (up to MATMUL_SPLIT_MAX) whole
     in the tile's steps and at least MATMUL_SLICE_MIN_K long."""
     workgroups = -(-rows // tile.rows) * -(-n_tokens // tile.tokens)
+    # the few-rows tile by its shape: fit_tile may give its f16 form
     if (tile.rows, tile.tokens) != (MATMUL_FEW_ROWS.rows, MATMUL_FEW_ROWS.tokens) or rows % 4 \
             or workgroups >= MATMUL_SPLIT_MIN_WORKGROUPS:
         return 1
+    return most_slices(rows, k, n_tokens, room, tile.k, MATMUL_SPLIT_MAX, MATMUL_SLICE_MIN_K)
+
+
+def most_slices(rows: int, k: int, n_tokens: int, room: int, step: int, most: int, min_k: int) -> int:
+    """The most slices of K (up to `most`, 1: none) whole in `step`-weight steps, each at least min_k long,
+    whose partial sums (slices x n_tokens x rows floats) fit room: both matmuls' rule once they split."""
     best = 1
-    for split in range(2, MATMUL_SPLIT_MAX + 1):
-        if k // split < MATMUL_SLICE_MIN_K or split * n_tokens * rows > room:
+    for split in range(2, most + 1):
+        if k // split < min_k or split * n_tokens * rows > room:
             break
-        if k % (tile.k * split) == 0:
+        if k % (step * split) == 0:
             best = split
     return best
 
@@ -240,13 +247,7 @@ def q8_slices(tile: Q8Tile, rows: int, k: int, n_tokens: int, room: int) -> int:
     workgroups = rows // tile.rows * -(-n_tokens // tile.tokens)
     if rows % tile.rows or workgroups >= Q8_MATMUL_MIN_WORKGROUPS:
         return 1
-    best = 1
-    for split in range(2, Q8_SPLIT_MAX + 1):
-        if k // split < Q8_SLICE_MIN_K or split * n_tokens * rows > room:
-            break
-        if k % (64 * split) == 0:
-            best = split
-    return best
+    return most_slices(rows, k, n_tokens, room, 64, Q8_SPLIT_MAX, Q8_SLICE_MIN_K)
 
 
 # Fewer rows still (the per-layer-input gate's 256: 16 workgroups of the large tile at 512 tokens, 48 over 3
