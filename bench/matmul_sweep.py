@@ -11,7 +11,7 @@ Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per
 clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
 The engine's tile (kernels.MATMUL) comes from these figures (--all-tiles: every f32 tile; default the
 engine's). Shapes of an int8 weight type (kernels.INT8_TYPES) are also timed on the int8 path
-(kernels.quantize_q8 + matmul_q8 by Q8Tile, tile "int8 ROWSxTOKENS tTHREAD_ROWS"; the grouped experts,
+(kernels.quantize_q8 + matmul_q8 by Q8Tile, tile "int8 ROWSxTOKENS tTHREAD_ROWS[xTHREAD_TOKENS]"; the grouped experts,
 "int8"): the activations' quantization included. Standard library only, so
 the same code runs in Pyodide.
 """
@@ -79,10 +79,16 @@ def moe_tiles():
 
 def _q8_tiles():
     from pyapp.gpu.kernels import Q8Tile
-    return [Q8Tile(64, 64), Q8Tile(64, 128), Q8Tile(128, 64, 8), Q8Tile(128, 128, 8), Q8Tile(128, 64), Q8Tile(64, 32)]
+    return [Q8Tile(64, 64), Q8Tile(64, 128), Q8Tile(128, 64, 8), Q8Tile(128, 128, 8), Q8Tile(128, 64), Q8Tile(64, 32),
+            Q8Tile(128, 64, 8, 8), Q8Tile(128, 128, 8, 8), Q8Tile(256, 64, 8, 8)]
 
 
 Q8_TILES = _q8_tiles()
+
+
+def q8_name(t) -> str:
+    """ROWSxTOKENS tTHREAD_ROWS[xTHREAD_TOKENS] (the latter where not 4)."""
+    return f"{t.rows}x{t.tokens} t{t.thread_rows}" + (f"x{t.thread_tokens}" if t.thread_tokens != 4 else "")
 
 
 def f16_tiles(tile, dev):
@@ -183,9 +189,10 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                     def int8(plan, t=t):
                         K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
                         K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
-                    variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows}", t.threads, int8))
+                    variants.append((f"int8 {q8_name(t)}", t.threads, int8))
                 # both tiles over slices of K (matmul_q8's SPLIT, their sum included)
-                for t in (K.Q8_MATMUL, K.Q8_SMALL):
+                eight = next(t for t in Q8_TILES if t.thread_tokens == 8)
+                for t in dict.fromkeys((K.Q8_MATMUL, K.Q8_SMALL, eight)):
                     for split in range(2, K.Q8_SPLIT_MAX + 1):
                         if k % (64 * split) or n % 4:
                             continue
@@ -193,7 +200,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                             K.quantize_q8(dev, k, x, xq, xs, step, n_tokens, plan=plan)
                             K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t,
                                         partials=partials, split=split)
-                        variants.append((f"int8 {t.rows}x{t.tokens} t{t.thread_rows} k/{split}", t.threads, sliced))
+                        variants.append((f"int8 {q8_name(t)} k/{split}", t.threads, sliced))
             for name, threads, record in variants:
                 plan = dev.plan()
                 for _ in range(per_submit):

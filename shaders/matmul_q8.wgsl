@@ -38,15 +38,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let acc = q8_tile_product(lid, wid.z * k_slice, (wid.z + 1u) * k_slice);
     let ldy = select(LDY, N, LDY == 0u);
     let y0 = wid.z * T * N;              // this slice's partial sums (0 unsplit)
-    for (var g = 0u; g < TM / 4u; g++) {
-        var a = acc.lo;
-        if (g == 1u) { a = acc.hi; }
-        for (var j = 0u; j < 4u; j++) {
-            let t = t0 + q8_tile_token(lid, j);
-            if (t < T) {
-                for (var i = 0u; i < 4u; i++) {
-                    let r = r0 + q8_tile_row(lid, g, i);
-                    if (r < N) { Y[y0 + t * ldy + r] = a[i][j]; }
+    for (var h = 0u; h < TN / 4u; h++) {
+        for (var g = 0u; g < TM / 4u; g++) {
+            let a = q8_acc(acc, g, h);
+            for (var j = 0u; j < 4u; j++) {
+                let t = t0 + q8_tile_token(lid, h, j);
+                if (t < T) {
+                    for (var i = 0u; i < 4u; i++) {
+                        let r = r0 + q8_tile_row(lid, g, i);
+                        if (r < N) { Y[y0 + t * ldy + r] = a[i][j]; }
+                    }
                 }
             }
         }

@@ -34,16 +34,17 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     r0 = wid.x * BM;
     expert_row0 = (e - E0) * N;
     let acc = q8_tile_product(lid, 0u, K);
-    for (var g = 0u; g < TM / 4u; g++) {
-        var a = acc.lo;
-        if (g == 1u) { a = acc.hi; }
-        for (var j = 0u; j < 4u; j++) {
-            let i = q8_tile_token(lid, j);
-            if (i < slot_rows) {
-                let s = slot_at[i];
-                for (var c = 0u; c < 4u; c++) {
-                    let r = r0 + q8_tile_row(lid, g, c);
-                    if (r < N) { Y[s * N + r] = a[c][j]; }
+    for (var h = 0u; h < TN / 4u; h++) {
+        for (var g = 0u; g < TM / 4u; g++) {
+            let a = q8_acc(acc, g, h);
+            for (var j = 0u; j < 4u; j++) {
+                let i = q8_tile_token(lid, h, j);
+                if (i < slot_rows) {
+                    let s = slot_at[i];
+                    for (var c = 0u; c < 4u; c++) {
+                        let r = r0 + q8_tile_row(lid, g, c);
+                        if (r < N) { Y[s * N + r] = a[c][j]; }
+                    }
                 }
             }
         }

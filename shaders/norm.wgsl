@@ -10,7 +10,9 @@
 //   norm_pair:  Y = norm(X) [* Wt] * SCALE and A = norm(X) * W2: two norms of one row in one
 //               pass (the MoE router's input and the experts' input)
 //   add_normed: A = (A + norm(X) * Wt) [* SC[0]]   residual add of a post-norm,
-//               optionally times layer_output_scale (saves two dispatches);
+//               optionally times layer_output_scale (saves two dispatches); X may be a prefill
+//               matmul's XSPLIT slices of K left unsummed (f32 [XSPLIT, T, D]), added as read (saves
+//               sum_slices.wgsl's dispatch; also in add_normed_q8 and add_q8);
 //               HAS_NEXT: also Y = norm(A) * W2, the next pre-norm (saves one more)
 //   add_normed_q8: add_normed with HAS_NEXT whose Y rows are also rounded to int8 for the int8
 //               matmuls that read them (XQ, XS as quantize_q8.wgsl writes them: its dispatch
@@ -36,6 +38,7 @@ override HAS_FF: bool = false;
 override SCALE: f32 = 1.0;
 override KEEP: bool = true;
 override WG: u32 = 256u;
+override XSPLIT: u32 = 1u;
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
 @group(0) @binding(1) var<storage, read_write> Y: array<f32>;
@@ -54,11 +57,18 @@ override WG: u32 = 256u;
 //!include q8_block
 //!include q8_gather
 
+// X[j], or the sum of its XSPLIT slices (T * D floats apart).
+fn x_at(j: u32) -> f32 {
+    var v = X[j];
+    for (var z = 1u; z < XSPLIT; z++) { v += X[z * S.n_tokens * D + j]; }
+    return v;
+}
+
 // 1 / rms of row `base`, shared by every thread of the workgroup.
 fn inv_rms(base: u32, lid: u32) -> f32 {
     var ss = 0.0;
     for (var i = lid; i < D; i += WG) {
-        let v = X[base + i];
+        let v = x_at(base + i);
         ss += v * v;
     }
     return inverseSqrt(workgroup_sum(lid, ss) / f32(D) + EPS);
@@ -100,7 +110,7 @@ fn add_post_norm(base: u32, lid: u32) -> f32 {
     if (HAS_SC) { sc = SC[0]; }
     var ss = 0.0;
     for (var i = lid; i < D; i += WG) {
-        let a = (A[base + i] + X[base + i] * inv * weight(i)) * sc;
+        let a = (A[base + i] + x_at(base + i) * inv * weight(i)) * sc;
         A[base + i] = a;
         ss += a * a;
     }

@@ -2,6 +2,9 @@
 // so the page's Content-Security-Policy needs no 'unsafe-eval'. FFI crossings are the cost:
 // a Plan becomes one JS array once, and every submit is a single call here.
 
+// An idle GPU's first submit of a long plan: dispatches encoded before the GPU starts (web/gpu.js submit).
+const FIRST_PIECE = 32;
+
 // A helper per device: it keeps a staging buffer of that device.
 export function createHelper() {
   return {
@@ -65,23 +68,42 @@ export function createHelper() {
         list.push({binding: entries[i], resource: {buffer: entries[i + 1], offset: entries[i + 2], size: entries[i + 3]}});
       return device.createBindGroup({layout: pipeline.getBindGroupLayout(0), entries: list});
     },
+    // Submits in flight (queue.submit through here, not yet done on the GPU): none means the GPU is idle.
+    inflight: 0,
+    send(device, enc) {
+      device.queue.submit([enc.finish()]);
+      this.inflight++;
+      const done = () => { this.inflight--; };
+      device.queue.onSubmittedWorkDone().then(done, done);
+    },
     submit(device, ops) {
-      // ops: [0, pipeline, bindGroup, x, y, z] dispatch | [1, src, srcOff, dst, dstOff, size] copy
-      const enc = device.createCommandEncoder();
-      let pass = null;
+      // ops: [0, pipeline, bindGroup, x, y, z] dispatch | [1, src, srcOff, dst, dstOff, size] copy.
+      // On an idle GPU the plan goes out in pieces of FIRST_PIECE dispatches, then four times as many
+      // each: the GPU starts on the first while the rest are encoded (a prompt's first chunk is 600-900
+      // dispatches, 4-8 ms of encoding on Dawn that the GPU would otherwise wait out). A busy GPU (a later
+      // chunk, a step decoded ahead) has work queued: the plan goes out whole, in one submit.
+      let enc = device.createCommandEncoder();
+      let pass = null, n = 0, size = FIRST_PIECE, end = this.inflight === 0 ? size : Infinity;
       for (const op of ops) {
         if (op[0] === 0) {
           if (!pass) pass = enc.beginComputePass();
           pass.setPipeline(op[1]);
           pass.setBindGroup(0, op[2]);
           pass.dispatchWorkgroups(op[3], op[4], op[5]);
+          if (++n === end) {
+            pass.end(); pass = null;
+            this.send(device, enc);
+            enc = device.createCommandEncoder();
+            size *= 4;
+            end = n + size;
+          }
         } else {
           if (pass) { pass.end(); pass = null; }
           enc.copyBufferToBuffer(op[1], op[2], op[3], op[4], op[5]);
         }
       }
       if (pass) pass.end();
-      device.queue.submit([enc.finish()]);
+      this.send(device, enc);
     },
     async timePlan(device, ops, repeat, perDispatch) {
       // Profiling (bench/gpu_profile.py): encodes the plan as submit() does, `repeat` times, with

@@ -7,8 +7,9 @@ ops). A rule looks only at the ops' kinds, the buffers they read and write, and 
 projection's x and y.
 
 A rule that leaves a value unwritten (moe_tails: the experts' sum; epilogues: the [gate | up] outputs;
-residual_inputs: the pre-norm output; quantized_geglu, unread_norm_outputs: f32 rows rounded to int8)
-applies only when no later op of the plan reads it; a tape (training's forward kept for its backward,
+residual_inputs: the pre-norm output; quantized_geglu, unread_norm_outputs: f32 rows rounded to int8;
+sums_in_norms: a projection's output left in slices of K) applies only when no later op of the plan reads it;
+a tape (training's forward kept for its backward,
 which reads every value) skips each of those that run on a chunk. Rules that move ops (route_tails) move
 them only within one Plan (not across a streamed experts' round) and only past ops they are independent of.
 """
@@ -62,6 +63,8 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = quantized_norms(ops, rules.quantized_inputs)
         ops = shared_quantized_inputs(ops, rules.quantized_inputs)
         ops = unread_norm_outputs(ops)
+    if not (rules.one_token or rules.few or rules.tape):
+        ops = sums_in_norms(ops)
     return ops
 
 
@@ -419,4 +422,17 @@ def shared_quantized_inputs(ops: list, quantized_inputs) -> list:
                 op.input = QuantizedInput()
             elif rounds_into_xq(op):
                 break
+    return ops
+
+
+def sums_in_norms(ops: list) -> list:
+    """A chunk's projection whose only reader is the residual add right after it (the o and down projections
+    into their post-norms) leaves a matmul's slices of K unsummed: the add sums them as it reads (no
+    sum_slices dispatch). Not a tensor of row blocks (each would leave its own slices), nor a projection a
+    LoRA delta adds to (that delta is the op after it), nor y read again later."""
+    for i, op in enumerate(ops[:-1]):
+        add = ops[i + 1]
+        if isinstance(op, Linear) and len(op.w.parts) == 1 and op.epilogue is None \
+                and isinstance(add, AddNorm) and not add.built and add.y is op.y and not read_later(ops, i + 1, op.y):
+            op.sums_left = True
     return ops

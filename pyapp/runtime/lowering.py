@@ -11,6 +11,8 @@ fusion rules (pyapp.runtime.fusion) look at. A rule may fill a record's fusion s
                     (`GeluTimes`) before they are written
   Linear.rounds_out the matvec also writes its outputs rounded to int8 (K.RoundedX in state.act_q8), and
                     the matvec reading them takes those codes as its x (`RoundedInput`)
+  Linear.sums_left  a chunk's matmul over slices of K leaves their partial sums for the AddNorm after it,
+                    which adds them as it reads its y (no sum_slices dispatch)
   Experts.epilogue  the same GeGLU in the expert matvec
   AddNorm.built     (one token, into the residual stream) its consumers build it: no dispatch
 
@@ -57,6 +59,7 @@ class Lowering:
         self.program: list = [plan]          # Plans and ExpertRounds, in order
         self.stream = state.x                # the buffer holding the residual stream now
         self.grouped_ids = None              # the ids state.expert_groups holds the grouping of (chunk experts)
+        self.left_slices = None              # (y, slices): the last matmul's output left in slices of K (sums_left)
 
     def now(self, buf):
         """The buffer holding buf's value now (the residual stream may live in state.x_alt)."""
@@ -100,20 +103,40 @@ class Lowering:
                           rows_per_token=rows_per_token)
         return int8
 
-    def matmul(self, qtype, k: int, x: Buffer, blocks: list, quantized: bool = False) -> None:
+    def matmul(self, qtype, k: int, x: Buffer, blocks: list, quantized: bool = False,
+               sums_left: bool = False) -> None:
         """y[T, n] = x[T, k] @ W^T for a chunk, for each (W buffer, n, y, ldy) of blocks (a tensor's row
         blocks, each writing its columns of y; ldy 0: y is n wide): quantized weights on int8 activations
         (x quantized here, once for every block, unless its producer did: quantized) where K.int8_matmul
-        says so, else the tile (in f16 where self.f16 and the device has shader-f16)."""
+        says so, else the tile (in f16 where self.f16 and the device has shader-f16). sums_left (one block):
+        a matmul over slices of K leaves its partial sums in state.matmul_partials for the next op to add
+        (self.left_slices), y unwritten."""
         dev, s, T = self.dev, self.s, self.T
         int8 = self.int8_input(qtype, k, x, quantized)
+        room = s.matmul_partials.size // 4 if s.matmul_partials is not None else 0
+        if sums_left and len(blocks) != 1:
+            raise AssertionError("only a single matmul leaves its slices unsummed")
         for w, n, y, ldy in blocks:
             if int8:
+                tile, split = K.q8_shape(dev, n, k, T, room)
                 K.matmul_q8(dev, qtype, k, n, w, s.xq, s.xq_scales, y, self.step, T, plan=self.plan, ldy=ldy,
-                            partials=s.matmul_partials)
+                            tile=tile, split=split, partials=s.matmul_partials, summed=not sums_left)
             else:
-                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=self.plan, ldy=ldy, f16=self.f16,
-                         partials=s.matmul_partials)
+                tile, split = K.matmul_shape(dev, n, k, T, room, f16=self.f16)
+                K.matmul(dev, qtype, k, n, w, x, y, self.step, n_tokens=T, plan=self.plan, ldy=ldy, tile=tile,
+                         split=split, partials=s.matmul_partials, summed=not sums_left)
+            if sums_left and split > 1:
+                self.left_slices = (y, split)
+
+    def slices_of(self, y: Buffer) -> tuple:
+        """(buffer, slices) to read y from: state.matmul_partials where the matmul writing y left its slices
+        of K unsummed (matmul's sums_left), else (y, 1)."""
+        left, self.left_slices = self.left_slices, None
+        if left is not None and left[0] is y:
+            return self.s.matmul_partials, left[1]
+        if left is not None:
+            raise AssertionError("a matmul's unsummed slices were not read by the op after it")
+        return y, 1
 
     def finish(self) -> list:
         """The stream back in state.x, where the head plans read it; the program."""
@@ -184,6 +207,7 @@ class Linear(Op):
     route: "Route | None" = None
     epilogue: object = None              # GegluHalves | GeluTimes: written instead of y
     rounds_out: bool = False             # also writes its outputs rounded to int8 (L.rounded())
+    sums_left: bool = False              # a chunk's matmul over slices of K leaves their sums to the AddNorm after it
 
     def reads(self) -> tuple:
         x = (self.input.x,) if isinstance(self.input, RmsNormPair) else (self.x,)
@@ -207,7 +231,7 @@ class Linear(Op):
             L.matvec_tokens(w.qtype, k, x, [(w.bound, n, self.y, 0)],
                             as_one_token=isinstance(self.input, RoundedAsOneToken))
         elif len(w.parts) == 1:
-            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=quantized)
+            L.matmul(w.qtype, k, x, [(w.bound, n, self.y, 0)], quantized=quantized, sums_left=self.sums_left)
         elif T > 1 and not L.few:
             y = self.y
             L.matmul(w.qtype, k, x, [(p.buffer, p.rows, (y, 4 * p.row0, y.size - 4 * p.row0), n) for p in w.parts],
@@ -389,9 +413,10 @@ class AddNorm(Op):
             self.resid_in, self.resid_out = L.stream, L.other_stream()
             L.stream = self.resid_out
             return
-        K.add_normed(L.dev, L.cfg.hidden, self.y, L.now(self.into), self.weight.buffer, L.step, L.T, eps=L.eps,
+        y, slices = L.slices_of(self.y)
+        K.add_normed(L.dev, L.cfg.hidden, y, L.now(self.into), self.weight.buffer, L.step, L.T, eps=L.eps,
                      scale=_buf(self.scale), next_out=self.next_out, next_weight=_buf(self.next_weight), plan=L.plan,
-                     rounded=(L.s.xq, L.s.xq_scales) if self.quantizes else None, keep=self.keep)
+                     rounded=(L.s.xq, L.s.xq_scales) if self.quantizes else None, keep=self.keep, x_slices=slices)
 
 
 @dataclass(eq=False)

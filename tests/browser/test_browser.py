@@ -62,6 +62,51 @@ def test_markdown_never_turns_model_output_into_html(page):
     assert 'href="https://example.org"' in html and 'href="javascript' not in html
 
 
+def test_a_long_plan_starts_the_idle_gpu_early(page):
+    # gpu.js submit(): on an idle GPU a plan goes out in pieces (32 dispatches, then 128, 512, ...) so the GPU
+    # starts while the rest is encoded; on a busy one in one submit. Each dispatch adds 1 to every a[i] (each
+    # depends on the last); a copy after the 101st sets a[last] to 1, so the pieces keep the plan's order.
+    r = page.evaluate("""async () => {
+        const {createHelper} = await import('./gpu.js');
+        const h = createHelper();
+        const {device} = await h.init({features: [], limits: []});
+        const code = `@group(0) @binding(0) var<storage, read_write> a: array<f32>;
+                      @group(0) @binding(1) var<storage, read> one: array<f32>;
+                      @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+                          a[g.x] += one[g.x]; }`;
+        const p = h.pipeline(device, code, "main", {}, "add one");
+        const a = h.buffer(device, 256, "storage", "a"), one = h.buffer(device, 256, "storage", "one");
+        device.queue.writeBuffer(one, 0, new Float32Array(64).fill(1));
+        const bg = h.bindGroup(device, p, [0, a, 0, 256, 1, one, 0, 256]);
+        const ops = [];
+        for (let i = 0; i < 700; i++) {
+            ops.push([0, p, bg, 1, 1, 1]);
+            if (i === 100) ops.push([1, one, 0, a, 252, 4]);
+        }
+        const submits = [];
+        const queueSubmit = device.queue.submit.bind(device.queue);
+        device.queue.submit = (list) => { submits.push(h.inflight); queueSubmit(list); };
+        const idle = async () => { while (h.inflight) await new Promise(r => setTimeout(r, 5)); };
+        const read = async () => Array.from(new Float32Array((await h.read(device, a, 0, 256)).buffer));
+        await idle();
+        h.submit(device, ops);
+        const idleSubmits = submits.splice(0);
+        const first = await read();
+        await idle();
+        submits.length = 0;                               // the read's own submit
+        h.submit(device, ops);
+        h.submit(device, ops);
+        const busySubmits = submits.splice(0).length;
+        const third = await read();
+        await idle();
+        return {idleSubmits, first: [first[0], first[63]], busySubmits, third: [third[0], third[63]]};
+    }""")
+    assert r["idleSubmits"] == [0, 1, 2, 3]              # pieces of 32, 128 and 512 dispatches, then the last 28
+    assert r["first"] == [700, 600]                      # 700 adds; a[63] set to 1 after 101 of them
+    assert r["busySubmits"] == 4 + 1                     # the second plan while the first is in flight: whole
+    assert r["third"] == [2100, 600]
+
+
 def test_demo_model_loads(page):
     wait_idle(page)
     page.click("#demo")

@@ -616,9 +616,11 @@ def test_f32_prefill_over_slices_of_k(dev, monkeypatch):
 
 def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     """A chunk's int8 matmuls over slices of K (K.q8_tile_split; here every one the fixture's 256-wide rows
-    allow, the minimum slice lowered from E2B's sizes to the fixture's): the matmuls add their slices
-    (sum_slices), the logits those of the unsplit plan up to float rounding (the slices' sums in another
-    order; a later rounding to int8 can carry a code further) and within int8's rounding of the reference."""
+    allow, the minimum slice lowered from E2B's sizes to the fixture's): the slices added by sum_slices, or
+    by the residual add right after the projection (the o and down projections: fusion.sums_in_norms), the
+    same logits either way; the logits those of the unsplit plan up to float rounding (the slices' sums in
+    another order; a later rounding to int8 can carry a code further) and within int8's rounding of the
+    reference."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
@@ -632,10 +634,15 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     got = engine_logits(sliced, tokens)
     ops = [op for plan in sliced.runner._plans[("layers", 128, False, False)] if hasattr(plan, "ops")
            for op in plan.ops if op[0] == "d"]
-    assert [op[1].label for op in ops].count("sum_slices:main") >= sliced.config.n_layers   # the downs at least
-    # the state holds the partial sums of the largest split matmul, and no more (none where none splits)
     split_floats = [op[5] * 128 * dict(op[1].key[3])["N"] for op in ops
                     if op[1].label == "matmul_q8:main" and op[5] > 1]
+    summed_in_adds = sum(op[1].label.startswith("norm:add") and dict(op[1].key[3])["XSPLIT"] > 1 for op in ops)
+    assert summed_in_adds >= sliced.config.n_layers                        # the downs at least
+    assert [op[1].label for op in ops].count("sum_slices:main") + summed_in_adds == len(split_floats)
+    monkeypatch.setattr(importlib.import_module("pyapp.runtime.fusion"), "sums_in_norms", lambda ops: ops)
+    by_sums = Engine.open(g, device=dev, context_length=128, chunk=128)
+    np.testing.assert_allclose(got, engine_logits(by_sums, tokens), rtol=0, atol=1e-6)
+    # the state holds the partial sums of the largest split matmul, and no more (none where none splits)
     assert sliced.runner.state.matmul_partials.size == 4 * max(split_floats) and whole.runner.state.matmul_partials is None
     want = np.asarray(ReferenceModel(g).forward(tokens))
     assert_within_rounding(got, want, mean=(0, 0.06), median_max=0.3, gap=0.5, clear_rows=10)

@@ -195,11 +195,16 @@ Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, N
             ("q4_k", 150, 70, K.Q8Tile(64, 32)), ("q4_k", 150, 70, K.Q8Tile(128, 64, 8)),
             ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
             ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8)),
-            ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32))]
+            ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32)),
+            # eight tokens a thread: two load jobs of each kind a thread (128 x 64), of X only (128 x 128)
+            ("q4_k", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q4_k", 64, 130, K.Q8Tile(128, 128, 8, 8)),
+            ("q4_0", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q8_0", 45, 19, K.Q8Tile(64, 64, 4, 8)),
+            ("q6_k", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q5_0", 64, 130, K.Q8Tile(128, 128, 8, 8))]
 
 
 @pytest.mark.parametrize("qtype,rows,t,tile", Q8_CASES,
-                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}" if isinstance(v, K.Q8Tile) else str(v))
+                         ids=lambda v: f"{v.rows}x{v.tokens}t{v.thread_rows}x{v.thread_tokens}" if isinstance(v, K.Q8Tile)
+                         else str(v))
 def test_matmul_q8(dev, qtype, rows, t, tile):
     """The int8 matmul on the codes quantize_q8 made (each weight type whose codes are int8: Q4_K's
     sub-blocks, Q6_K's signed codes with a scale per 16, Q4_0's and Q5_0's offset codes, Q8_0's signed bytes; rows and tokens past a tile, K of

@@ -165,6 +165,35 @@ def test_add_normed_rounds_what_the_next_matmul_reads(dev, d, nxt, keep, scaled)
     assert (q[:t, 96:128] == 0).all() and (ds[:t, 3] == 0).all()
 
 
+@pytest.mark.parametrize("slices,rounded", [(3, False), (4, True)], ids=["3-slices", "4-slices-rounded"])
+def test_add_normed_adds_a_matmuls_slices(dev, slices, rounded):
+    """x as a matmul's slices of K left unsummed (f32 [slices, T, d], T the step's tokens, fewer than the plan's
+    the buffer is sized for): the add and the next pre-norm read their sum (add_normed, add_normed_q8)."""
+    rng = np.random.default_rng(37)
+    t, plan_t, d = 5, 8, 32 * 11
+    parts = (rng.standard_normal((slices, t, d)) * rng.uniform(0.3, 3, (slices, t, 1))).astype(np.float32)
+    a = rng.standard_normal((plan_t, d)).astype(np.float32)
+    w, w2 = (rng.standard_normal((2, d)) * rng.uniform(0.2, 2, (2, d))).astype(np.float32)
+    room = np.zeros(slices * plan_t * d, np.float32)
+    room[:parts.size] = parts.ravel()
+    ab, out = f32(dev, a), f32(dev, np.full((plan_t, d), 7.0))
+    xq, xs = q8_sentinels(dev, plan_t, d)
+    dev.submit(K.add_normed(dev, d, f32(dev, room), ab, f32(dev, w), step_buffer(dev, t), plan_t, next_out=out,
+                            next_weight=f32(dev, w2), rounded=(xq, xs) if rounded else None, x_slices=slices))
+    x = parts[0]
+    for z in range(1, slices):
+        x = x + parts[z]
+    added = a[:t] + rms_norm(x, w, 1e-6)
+    got_sum = read_f32(dev, ab, plan_t * d).reshape(plan_t, d)
+    np.testing.assert_allclose(got_sum[:t], added, atol=1e-5)
+    assert (got_sum[t:] == a[t:]).all()
+    got_out = read_f32(dev, out, plan_t * d).reshape(plan_t, d)
+    np.testing.assert_allclose(got_out[:t], rms_norm(added, w2, 1e-6), atol=1e-5)
+    if rounded:
+        q, ds = read_q8(dev, xq, xs, plan_t, d)
+        assert_rounded_q8(q, ds, rms_norm(added, w2, 1e-6))
+
+
 @pytest.mark.parametrize("hd,nrot,ff", [(64, 64, False), (128, 32, True)])
 def test_norm_rope(dev, hd, nrot, ff):
     rng = np.random.default_rng(24)

@@ -111,7 +111,8 @@ def matmul_prelude(qtype, tile: MatmulTile) -> str:
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
            n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: MatmulTile | None = None,
-           f16: bool = False, clamp=None, partials: Buffer | None = None, split: int | None = None) -> Plan:
+           f16: bool = False, clamp=None, partials: Buffer | None = None, split: int | None = None,
+           summed: bool = True) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T; params: the per-step uniform (pack_step), t = its n_tokens.
 
     n_tokens sizes the dispatch: the most tokens this plan will see. ldy: row
@@ -120,13 +121,12 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     clamp: a buffer (range) of a clippable linear's 4 bounds (in_min, in_max, out_min, out_max):
     Y = clamp(clamp(X, in) @ W^T, out), in the same dispatch.
     partials: f32 room for the partial sums of slices of K (matmul_split_for; split forces a count), which a
-    second dispatch adds into y (not with clamp).
+    second dispatch adds into y (not with clamp); summed False: y is not written, the reader adds them
+    (K.add_normed's x_slices; matmul_shape says how many there are).
     """
     row_bytes(qtype, k)
-    tile = tile or fit_tile(dev, matmul_tile_for(n, n_tokens), f16)
     room = partials.size // 4 if partials is not None else 0
-    if split is None:
-        split = matmul_split_for(tile, n, k, n_tokens, room) if clamp is None else 1
+    tile, split = matmul_shape(dev, n, k, n_tokens, room, tile, f16, clamp is not None, split)
     if split > 1 and (clamp is not None or k % (tile.k * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
     p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
@@ -136,9 +136,19 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
                             "CB": clamp if clamp is not None else dev.dummy})
     plan = plan if plan is not None else dev.plan()
     plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
-    if split > 1:
+    if split > 1 and summed:
         sum_slices(dev, partials, y, params, n, split, ldy, n_tokens, plan)
     return plan
+
+
+def matmul_shape(dev: Device, n: int, k: int, n_tokens: int, room: int, tile: MatmulTile | None = None,
+                 f16: bool = False, clamped: bool = False, split: int | None = None) -> tuple[MatmulTile, int]:
+    """The tile and slices of K that matmul takes for n rows x k at n_tokens (room: floats of partial sums),
+    unless told: the caller can know whether the output is left in slices (matmul's summed)."""
+    tile = tile or fit_tile(dev, matmul_tile_for(n, n_tokens), f16)
+    if split is None:
+        split = matmul_split_for(tile, n, k, n_tokens, room) if not clamped else 1
+    return tile, split
 
 
 # The f32 tile over slices of K where it makes few workgroups: the per-layer-input gate's 256 rows (F16 in our
@@ -189,25 +199,28 @@ Q8_BLOCK = 32             # activations per int8 scale
 @dataclass(frozen=True)
 class Q8Tile:
     """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
-    rows per thread (4 or 8; 4 tokens each). Every thread has at most one load job of each kind: 2 per
-    row of W and 4 per token of X."""
+    rows and tokens per thread (4 or 8 each). A thread has one or two load jobs of each kind (2 per row
+    of W, 4 per token of X)."""
     rows: int = 64
     tokens: int = 64
     thread_rows: int = 4
+    thread_tokens: int = 4
 
     def __post_init__(self):
-        if self.thread_rows not in (4, 8) or self.rows % 64 or self.tokens % 32 \
-                or 2 * self.rows > self.threads or 4 * self.tokens > self.threads:
+        if self.thread_rows not in (4, 8) or self.thread_tokens not in (4, 8) or self.rows % 64 \
+                or self.tokens % 32 \
+                or 2 * self.rows > 2 * self.threads or 4 * self.tokens > 2 * self.threads:
             raise ValueError(f"bad int8 matmul tile {self}")
 
     @property
     def threads(self) -> int:
-        return self.rows // self.thread_rows * self.tokens // 4
+        return self.rows // self.thread_rows * self.tokens // self.thread_tokens
 
     def prelude(self, qtype, k: int) -> str:
         """The tile's shape and the weight format's include for qtype."""
         return "".join(f"const MQ_{n}: u32 = {v}u;\n" for n, v in (
-            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows))) + q8_weights_prelude(qtype, k)
+            ("BM", self.rows), ("BN", self.tokens), ("TM", self.thread_rows), ("TN", self.thread_tokens))) \
+            + q8_weights_prelude(qtype, k)
 
 
 # The tile by the workgroups a matmul makes (bench/matmul_sweep.py on the H100's browser path, 512 tokens,
@@ -322,18 +335,13 @@ def quantize_q8(dev: Device, k: int, x: Buffer, xq: Buffer, xs: Buffer, params: 
 
 def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buffer, y, params: Buffer,
               n_tokens: int, plan: Plan | None = None, ldy: int = 0, tile: Q8Tile | None = None,
-              partials: Buffer | None = None, split: int | None = None) -> Plan:
+              partials: Buffer | None = None, split: int | None = None, summed: bool = True) -> Plan:
     """Y[t, n] = X[t, k] @ W[n, k]^T for W of an INT8_TYPES type, X as quantize_q8 left it (xq, xs).
     partials: f32 room for the partial sums of slices of K (q8_tile_split; split forces a count, on the large
-    tile unless tile says otherwise), which a second dispatch adds into y."""
+    tile unless tile says otherwise), which a second dispatch adds into y; summed False: y is not written,
+    the reader adds them (K.add_normed's x_slices; q8_shape says how many there are)."""
     room = partials.size // 4 if partials is not None else 0
-    if tile is None and split is None:
-        tile, split = q8_tile_split(n, k, n_tokens, room)
-        tile = fit_q8_tile(dev, tile)
-    elif tile is None:                  # a forced count: the large tile over slices, else the rule's tile
-        tile = fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens))
-    elif split is None:
-        split = 1
+    tile, split = q8_shape(dev, n, k, n_tokens, room, tile, split)
     if split > 1 and (k % (64 * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
     p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k),
@@ -341,6 +349,18 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
     bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": partials if split > 1 else y, "S": params})
     plan = plan if plan is not None else dev.plan()
     plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
-    if split > 1:
+    if split > 1 and summed:
         sum_slices(dev, partials, y, params, n, split, ldy, n_tokens, plan)
     return plan
+
+
+def q8_shape(dev: Device, n: int, k: int, n_tokens: int, room: int, tile: Q8Tile | None = None,
+             split: int | None = None) -> tuple[Q8Tile, int]:
+    """The tile and slices of K that matmul_q8 takes for n rows x k at n_tokens (room: floats of partial
+    sums), unless told (a forced count: the large tile over slices, else the rule's tile)."""
+    if tile is None and split is None:
+        tile, split = q8_tile_split(n, k, n_tokens, room)
+        return fit_q8_tile(dev, tile), split
+    if tile is None:
+        return fit_q8_tile(dev, Q8_MATMUL if split > 1 else q8_tile_for(n, n_tokens)), split
+    return tile, 1 if split is None else split

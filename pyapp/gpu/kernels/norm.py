@@ -39,13 +39,14 @@ def rms_norm_pair(dev: Device, d: int, x: Buffer, y: Buffer, weight: Buffer | No
 def add_normed(dev: Device, d: int, x: Buffer, acc: Buffer, weight: Buffer, step: Buffer, max_tokens: int,
                eps: float = 1e-6, scale: Buffer | None = None, next_out: Buffer | None = None,
                next_weight: Buffer | None = None, plan: Plan | None = None, rounded: tuple | None = None,
-               keep: bool = True) -> Plan:
+               keep: bool = True, x_slices: int = 1) -> Plan:
     """acc = (acc + rms_norm(x) * weight) [* scale[0]]: a post-norm's residual add (+ layer output scale);
     with next_out: also next_out = rms_norm(acc) * next_weight (the following pre-norm). rounded = (xq, xs):
     that pre-norm's rows (without next_out: acc's) also rounded to int8 as quantize_q8 rounds them (for the
-    int8 matmul after it), next_out written only where keep."""
+    int8 matmul after it), next_out written only where keep. x_slices > 1: x holds that many partial sums of
+    the rows (f32 [x_slices, T, d]: a matmul's slices of K left unsummed), added here."""
     nxt = next_out is not None
-    constants = {"D": d, "EPS": eps, "HAS_SC": scale is not None}
+    constants = {"D": d, "EPS": eps, "HAS_SC": scale is not None, "XSPLIT": x_slices}
     res = {"X": x, "Wt": weight, "S": step, "A": acc, "SC": scale if scale is not None else dev.dummy}
     if rounded is not None:
         check_q8_rows(d)
