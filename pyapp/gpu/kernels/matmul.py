@@ -230,7 +230,11 @@ class Q8Tile:
 # down 788 against 1047 us (Q6_K 1112 against 1509), 256 x 2560 79 against 152, 1536 x 12288 622 against 699.
 # (2048 rows, 128 workgroups at 128 x 64, one exact wave of the H100's 132 SMs, is the exception: 182 against
 # 235.) The small tile (128 threads) is also what devices allowing fewer threads take.
-Q8_MATMUL = Q8Tile(128, 64, 8)
+# Eight tokens a thread (128 threads, two load jobs each; a third fewer shared-memory reads a DP4A): on an
+# H200's browser path (twelfth session) E2B's 24576 x 1536 Q4_K gate|up 776 -> 751 us, its 1536 x 12288 down
+# over 4 slices 565 -> 418 (Q4_0 687 -> 534); in the engine's 512-token chunk E2B Q4_K 53.7 -> 52.4 ms, E4B
+# Q4_K_M 105.7 -> 102.4.
+Q8_MATMUL = Q8Tile(128, 64, 8, 8)
 Q8_SMALL = Q8Tile(64, 32)          # 128 threads
 Q8_MATMUL_MIN_WORKGROUPS = 256
 
