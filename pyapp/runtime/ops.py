@@ -33,6 +33,7 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | one `quantize_q8` for several matmuls | chunk (int8) | the q, k and v projections' rounding of their one normed x | `shared_quantized_inputs` |
 | `add_normed_q8` (norm.wgsl) | chunk (int8) | `add_normed`'s next `rms_norm(h, w2)` rounded to int8 for the projections reading it (gate and up; the next layer's q, k, v) | `quantized_norms`, `unread_norm_outputs` |
 | `add_q8` (norm.wgsl) | chunk (int8) | `h = x + rms_norm(y, w)` rounded to int8 for the per-layer-input gate reading it | `quantized_norms` |
+| `add_normed*` with `XSPLIT` (norm.wgsl) | chunk | the o or down projection's partial sums over slices of K (sum_slices.wgsl) added as the residual add reads them | `sums_in_norms` |
 | `attention_decode` with `K.QueryPrep` | one token | q/k norms, RoPE, v norm, the cache append | shape (`qkv_into_cache`, `q_proj`) |
 | `norm_rope` | chunk, few | `rope(rms_norm(q or k, norm))` | shape (`q_proj`, `qkv`) |
 | `norm_pair` | chunk, few | the router's and the experts' norms of h | one op (`rms_norm_pair`) |
