@@ -126,7 +126,7 @@ fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
         if (job < 4u * BN) {
             let xrow = q8_x_row(job % BN);
             xq[j] = XQ[xrow * (K / 16u) + k_lo / 16u + job / BN];
-            xsc[j] = XS[xrow * (K / 64u) + k_lo / 64u];
+            if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k_lo / 64u]; }     // quarter 0 stores the scales
         }
     }
     var acc = Q8Acc(mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>());
@@ -163,7 +163,7 @@ fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
                 if (job < 4u * BN) {
                     let xrow = q8_x_row(job % BN);
                     xq[j] = XQ[xrow * (K / 16u) + k1 / 16u + job / BN];
-                    xsc[j] = XS[xrow * (K / 64u) + k1 / 64u];
+                    if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k1 / 64u]; }
                 }
             }
         }

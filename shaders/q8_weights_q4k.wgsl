@@ -25,10 +25,13 @@ fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
     return vec2<f32>(f32((x & 15u) | ((lo >> 6u) << 4u)), f32((x >> 4u) | ((mid >> 6u) << 4u)));
 }
 
-// Row `row`'s weights k .. k + 63, half jh: p = the block's header, q = the chunk's words 4 jh ..
+// Row `row`'s weights k .. k + 63, half jh: p = the block's header (half 0 only: it stores the scales),
+// q = the chunk's words 4 jh ..
 fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
     let blk = (row * (K / 256u) + k / 256u) * 9u;
-    return WJob(W[blk], W[blk + 1u + 2u * ((k % 256u) / 64u) + jh], vec2<f32>(0.0));
+    var p = vec4<u32>(0u);
+    if (jh == 0u) { p = W[blk]; }
+    return WJob(p, W[blk + 1u + 2u * ((k % 256u) / 64u) + jh], vec2<f32>(0.0));
 }
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {

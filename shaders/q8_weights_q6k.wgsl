@@ -20,6 +20,18 @@ fn q6_signed(lo: u32, hi: u32) -> u32 {
     return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
 }
 
+// The eight words from byte b (2-byte aligned, as blocks are): the nine aligned words they span, each loaded
+// once (an unaligned word read costs two loads).
+fn words8(b: u32) -> array<u32, 8> {
+    let a = b >> 2u;
+    let odd = (b & 2u) != 0u;
+    var w: array<u32, 9>;
+    for (var i = 0u; i < 9u; i++) { w[i] = W[a + i]; }
+    var out: array<u32, 8>;
+    for (var m = 0u; m < 8u; m++) { out[m] = select(w[m], (w[m] >> 16u) | (w[m + 1u] << 16u), odd); }
+    return out;
+}
+
 // Row `row`'s 32 weights k + 32 jh .. : p = codes 0..15 (scale ab.x), q = codes 16..31 (scale ab.y)
 fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
     let bb = (row * (K / 256u) + k / 256u) * 210u;
@@ -30,11 +42,11 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
     let qh = bb + 128u + 32u * h;
     let ls = 4u * (g >> 1u);
     let hs = 2u * g;
+    let lw = words8(ql);
+    let hw = words8(qh);
     var c: array<u32, 8>;
     for (var m = 0u; m < 8u; m++) {
-        let lo = (rd32(ql + 4u * m) >> ls) & 0x0f0f0f0fu;
-        let hi = (rd32(qh + 4u * m) >> hs) & 0x03030303u;
-        c[m] = q6_signed(lo, hi);
+        c[m] = q6_signed((lw[m] >> ls) & 0x0f0f0f0fu, (hw[m] >> hs) & 0x03030303u);
     }
     let d = f16at(bb + 208u);
     let sc = bitcast<i32>(rd16(bb + 192u + 8u * h + 2u * g));
