@@ -191,8 +191,8 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
                         K.matmul_q8(dev, q, k, n, w, xq, xs, y, step, n_tokens, plan=plan, tile=t)
                     variants.append((f"int8 {q8_name(t)}", t.threads, int8))
                 # both tiles over slices of K (matmul_q8's SPLIT, their sum included)
-                eight = next(t for t in Q8_TILES if t.thread_tokens == 8)
-                for t in dict.fromkeys((K.Q8_MATMUL, K.Q8_SMALL, eight)):
+                four = K.Q8Tile(128, 64, 8)              # the large tile before it took 8 tokens a thread
+                for t in dict.fromkeys((K.Q8_MATMUL, K.Q8_SMALL, four)):
                     for split in range(2, K.Q8_SPLIT_MAX + 1):
                         if k % (64 * split) or n % 4:
                             continue

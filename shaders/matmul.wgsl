@@ -10,7 +10,8 @@
 // CB[2], CB[3]) (CB: its in_min, in_max, out_min, out_max), in this dispatch rather than two more.
 // Split over K (SPLIT > 1: matrices of few rows, whose tiles alone leave the GPU's SMs idle, as
 // matmul_q8.wgsl): workgroup z takes the weights z K / SPLIT .. (z + 1) K / SPLIT - 1 and writes its partial
-// sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them (and clamps none: no CLAMP then).
+// sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them, or the residual add that reads them
+// (norm.wgsl XSPLIT: K.matmul's summed False); no CLAMP then.
 // Dispatch: (ceil(N / BM), ceil(T / BN), SPLIT).
 
 override K: u32;

@@ -4,7 +4,8 @@
 // llama.cpp's MMQ computes it; Y is f32 [T, N], token-major.
 // Split over K (SPLIT > 1; as MMQ's stream-k, for matrices of few rows and long ones, whose tiles alone
 // leave the GPU's SMs idle): workgroup z takes the weights z K / SPLIT .. (z + 1) K / SPLIT - 1 and
-// writes its partial sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them.
+// writes its partial sums to Y[z, t, r] (Y f32 [SPLIT, T, N]); sum_slices.wgsl adds them, or the residual
+// add that reads them (norm.wgsl XSPLIT: K.matmul_q8's summed False).
 // Dispatch: (ceil(N / BM), ceil(T / BN), SPLIT); T = S.n_tokens.
 
 override K: u32;

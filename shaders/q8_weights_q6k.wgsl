@@ -20,8 +20,9 @@ fn q6_signed(lo: u32, hi: u32) -> u32 {
     return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
 }
 
-// The eight words from byte b (2-byte aligned, as blocks are): the nine aligned words they span, each loaded
-// once (an unaligned word read costs two loads).
+// The eight words from byte b (2-byte aligned, as blocks are): the aligned words they span (nine where b is
+// not 4-byte aligned; the ninth loaded either way, unused then), each loaded once (an unaligned word read
+// costs two loads).
 fn words8(b: u32) -> array<u32, 8> {
     let a = b >> 2u;
     let odd = (b & 2u) != 0u;

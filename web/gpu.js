@@ -82,31 +82,36 @@ export function createHelper() {
       // each: the GPU starts on the first while the rest are encoded (a prompt's first chunk is 600-900
       // dispatches, 4-8 ms of encoding on Dawn that the GPU would otherwise wait out). A busy GPU (a later
       // chunk, a step decoded ahead) has work queued: the plan goes out whole, in one submit.
+      // An exception mid-plan leaves the pieces sent before it to run, where a whole plan ran nothing; it
+      // means a lost device (BrowserDevice._check reports it) or an invalid op (a bug), either way no result.
       let enc = device.createCommandEncoder();
-      let pass = null, n = 0, size = FIRST_PIECE, end = this.inflight === 0 ? size : Infinity;
+      let pass = null, n = 0, size = FIRST_PIECE, end = this.inflight === 0 ? size : Infinity, pending = false;
       for (const op of ops) {
         if (op[0] === 0) {
           if (!pass) pass = enc.beginComputePass();
           pass.setPipeline(op[1]);
           pass.setBindGroup(0, op[2]);
           pass.dispatchWorkgroups(op[3], op[4], op[5]);
+          pending = true;
           if (++n === end) {
             pass.end(); pass = null;
             this.send(device, enc);
             enc = device.createCommandEncoder();
+            pending = false;
             size *= 4;
             end = n + size;
           }
         } else {
           if (pass) { pass.end(); pass = null; }
           enc.copyBufferToBuffer(op[1], op[2], op[3], op[4], op[5]);
+          pending = true;
         }
       }
       if (pass) pass.end();
-      this.send(device, enc);
+      if (pending || ops.length === 0) this.send(device, enc);
     },
     async timePlan(device, ops, repeat, perDispatch) {
-      // Profiling (bench/gpu_profile.py): encodes the plan as submit() does, `repeat` times, with
+      // Profiling (bench/gpu_profile.py): encodes the plan as submit() does (but whole, one submit), `repeat` times, with
       // timestamp queries: perDispatch false: the first pass's start and the last pass's end;
       // true: every dispatch in a pass of its own, its start and end. Returns {cpu: ms of each
       // encode + submit, ns: the stamps in order (ns as numbers)}. Needs "timestamp-query".

@@ -112,6 +112,7 @@ class Lowering:
         a matmul over slices of K leaves its partial sums in state.matmul_partials for the next op to add
         (self.left_slices), y unwritten."""
         dev, s, T = self.dev, self.s, self.T
+        self.check_no_slices_left()
         int8 = self.int8_input(qtype, k, x, quantized)
         room = s.matmul_partials.size // 4 if s.matmul_partials is not None else 0
         if sums_left and len(blocks) != 1:
@@ -138,8 +139,14 @@ class Lowering:
             raise AssertionError("a matmul's unsummed slices were not read by the op after it")
         return y, 1
 
+    def check_no_slices_left(self) -> None:
+        """Slices a matmul left unsummed (matmul's sums_left) are read before another matmul or the plan's end."""
+        if self.left_slices is not None:
+            raise AssertionError("a matmul's unsummed slices were not read by the op after it")
+
     def finish(self) -> list:
         """The stream back in state.x, where the head plans read it; the program."""
+        self.check_no_slices_left()
         if self.stream is not self.s.x:
             self.plan.copy(self.stream, 0, self.s.x, 0, 4 * self.cfg.hidden)
             self.stream = self.s.x

@@ -590,7 +590,8 @@ def test_int8_paths_on_the_files_people_have(dev, tmp_path, form, qtype, monkeyp
 
 def test_f32_prefill_over_slices_of_k(dev, monkeypatch):
     """A chunk's f32 matmuls on the few-rows tile over slices of K (K.matmul_split_for; the minimum slice
-    lowered from E2B's sizes to the fixture's): the slices added (sum_slices), the state's buffer the largest
+    lowered from E2B's sizes to the fixture's): the slices added (sum_slices, or the residual add after the
+    projection: fusion.sums_in_norms), the state's buffer the largest
     split's, the logits those of the unsplit plan up to float rounding and the reference's."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf

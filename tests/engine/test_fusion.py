@@ -319,3 +319,25 @@ def test_a_chunk_geglu_keeps_its_rows_only_for_a_reader_before_the_next_geglu():
         ops = fuse(layers(lora), rules(one_token=False, quantized_inputs=lambda qtype, k: True))
         first, second = (op for op in ops if isinstance(op, GegluHalves))
         assert first.quantizes and second.quantizes and not first.keep and second.keep == lora
+
+
+def test_a_chunk_projection_leaves_its_slices_to_the_add_right_after_it():
+    """sums_in_norms: a chunk's projection whose output the residual add right after it reads (and nothing later)
+    leaves its slices of K unsummed for that add (Linear.sums_left). Not with a LoRA delta between, a tensor
+    of row blocks, its output read again later, a tape, one token or a few."""
+    def o_proj(parts=1, lora=False, read_later=False):
+        lin = Linear(tensor("o", parts=parts), buf("attn"), buf("o out"))
+        add = AddNorm(lin.y, W, X, next_weight=W2, next_out=XN)
+        ops = [lin] + ([Lora([], lin.x, lin.y, D)] if lora else []) + [add]
+        return lin, ops + ([RmsNorm(lin.y, buf("again"), W)] if read_later else [])
+    lin, ops = o_proj()
+    fuse(ops, rules(one_token=False))
+    assert lin.sums_left
+    for kw in (dict(lora=True), dict(parts=2), dict(read_later=True)):
+        lin, ops = o_proj(**kw)
+        fuse(ops, rules(one_token=False))
+        assert not lin.sums_left, kw
+    for plan in (rules(one_token=False, tape=True), rules(), rules(one_token=False, few=True)):
+        lin, ops = o_proj()
+        fuse(ops, plan)
+        assert not lin.sums_left

@@ -209,7 +209,7 @@ class Q8Tile:
     def __post_init__(self):
         if self.thread_rows not in (4, 8) or self.thread_tokens not in (4, 8) or self.rows % 64 \
                 or self.tokens % 32 \
-                or 2 * self.rows > 2 * self.threads or 4 * self.tokens > 2 * self.threads:
+                or 2 * self.rows > 2 * self.threads or 4 * self.tokens > 2 * self.threads:   # <= 2 jobs each
             raise ValueError(f"bad int8 matmul tile {self}")
 
     @property
@@ -229,7 +229,8 @@ class Q8Tile:
 # of them or fewer, the GPU idles in the last wave and 64 x 32 (4x the workgroups) wins: E4B's 2560 x 10240
 # down 788 against 1047 us (Q6_K 1112 against 1509), 256 x 2560 79 against 152, 1536 x 12288 622 against 699.
 # (2048 rows, 128 workgroups at 128 x 64, one exact wave of the H100's 132 SMs, is the exception: 182 against
-# 235.) The small tile (128 threads) is also what devices allowing fewer threads take.
+# 235.) Those figures are the 128 x 64 tile's with 4 tokens a thread (256 threads); the rule's thresholds were
+# not swept again for the tile with eight:
 # Eight tokens a thread (128 threads, two load jobs each; a third fewer shared-memory reads a DP4A): on an
 # H200's browser path (twelfth session) E2B's 24576 x 1536 Q4_K gate|up 776 -> 751 us, its 1536 x 12288 down
 # over 4 slices 565 -> 418 (Q4_0 687 -> 534); in the engine's 512-token chunk E2B Q4_K 53.7 -> 52.4 ms, E4B
