@@ -111,64 +111,62 @@ fn less_offsets(acc: mat4x4<f32>, b: vec4<f32>, m: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(acc[0] - b.x * m, acc[1] - b.y * m, acc[2] - b.z * m, acc[3] - b.w * m);
 }
 
-// One step's loads of a thread, read while the step before computes: its W and X jobs (job lid + j NT).
-struct Q8Loads {
-    w: array<WJob, WJOBS>,               // W jobs: row (job % BM), half (job / BM) of its step
-    xq: array<vec4<u32>, XJOBS>,         // X jobs: token (job % BN), quarter (job / BN) of its 64 codes
-    xs: array<vec4<f32>, XJOBS>,         // (d, sum) of the step's two activation blocks (quarter 0's jobs)
-}
-
-fn q8_tile_fetch(lid: u32, k: u32) -> Q8Loads {
-    var l: Q8Loads;
+fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
+    let tx = lid % TX;
+    let ty = lid / TX;
+    var wj: array<WJob, WJOBS>;          // W jobs: row (job % BM), half (job / BM) of its step
+    var xq: array<vec4<u32>, XJOBS>;     // X jobs: token (job % BN), quarter (job / BN) of its 64 codes
+    var xsc: array<vec4<f32>, XJOBS>;    // (d, sum) of the step's two activation blocks
     for (var j = 0u; j < WJOBS; j++) {
         let job = lid + j * NT;
-        if (job < 2u * BM) { l.w[j] = q8_w_fetch(q8_w_row(job % BM), job / BM, k); }
+        if (job < 2u * BM) { wj[j] = q8_w_fetch(q8_w_row(job % BM), job / BM, k_lo); }
     }
     for (var j = 0u; j < XJOBS; j++) {
         let job = lid + j * NT;
         if (job < 4u * BN) {
             let xrow = q8_x_row(job % BN);
-            l.xq[j] = XQ[xrow * (K / 16u) + k / 16u + job / BN];
-            if (job < BN) { l.xs[j] = XS[xrow * (K / 64u) + k / 64u]; }     // quarter 0 stores the scales
+            xq[j] = XQ[xrow * (K / 16u) + k_lo / 16u + job / BN];
+            if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k_lo / 64u]; }     // quarter 0 stores the scales
         }
     }
-    return l;
-}
-
-// A step's loads into the shared tiles (before the barrier that lets the workgroup read them).
-fn q8_tile_store(lid: u32, l: Q8Loads, k: u32) {
-    for (var j = 0u; j < WJOBS; j++) {
-        let job = lid + j * NT;
-        if (job < 2u * BM) { q8_w_store(l.w[j], job % BM, job / BM, k); }
-    }
-    for (var j = 0u; j < XJOBS; j++) {
-        let job = lid + j * NT;
-        let xt = job % BN;
-        let xc = job / BN;
-        if (job < 4u * BN) {
-            for (var m = 0u; m < 4u; m++) {
-                xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = l.xq[j][m];
-            }
-            if (xc == 0u) {
-                xd[xt / 4u][xt % 4u] = l.xs[j].x;
-                xm[xt / 4u][xt % 4u] = l.xs[j].y;
-                xd[GN + xt / 4u][xt % 4u] = l.xs[j].z;
-                xm[GN + xt / 4u][xt % 4u] = l.xs[j].w;
-            }
-        }
-    }
-}
-
-fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
-    let tx = lid % TX;
-    let ty = lid / TX;
-    var loads = q8_tile_fetch(lid, k_lo);
     var acc = Q8Acc(mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>());
     for (var k0 = k_lo; k0 < k_hi; k0 += 64u) {
-        q8_tile_store(lid, loads, k0);
+        for (var j = 0u; j < WJOBS; j++) {
+            let job = lid + j * NT;
+            if (job < 2u * BM) { q8_w_store(wj[j], job % BM, job / BM, k0); }
+        }
+        for (var j = 0u; j < XJOBS; j++) {
+            let job = lid + j * NT;
+            let xt = job % BN;
+            let xc = job / BN;
+            if (job < 4u * BN) {
+                for (var m = 0u; m < 4u; m++) {
+                    xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[j][m];
+                }
+                if (xc == 0u) {
+                    xd[xt / 4u][xt % 4u] = xsc[j].x;
+                    xm[xt / 4u][xt % 4u] = xsc[j].y;
+                    xd[GN + xt / 4u][xt % 4u] = xsc[j].z;
+                    xm[GN + xt / 4u][xt % 4u] = xsc[j].w;
+                }
+            }
+        }
         workgroupBarrier();
         let k1 = k0 + 64u;               // the next step's loads, in flight during this one's products
-        if (k1 < k_hi) { loads = q8_tile_fetch(lid, k1); }
+        if (k1 < k_hi) {
+            for (var j = 0u; j < WJOBS; j++) {
+                let job = lid + j * NT;
+                if (job < 2u * BM) { wj[j] = q8_w_fetch(q8_w_row(job % BM), job / BM, k1); }
+            }
+            for (var j = 0u; j < XJOBS; j++) {
+                let job = lid + j * NT;
+                if (job < 4u * BN) {
+                    let xrow = q8_x_row(job % BN);
+                    xq[j] = XQ[xrow * (K / 16u) + k1 / 16u + job / BN];
+                    if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k1 / 64u]; }
+                }
+            }
+        }
         for (var u = 0u; u < 2u * Q8_SUBS; u++) {     // the step's sub-blocks: 2 x Q8_SUBS of 32 / Q8_SUBS
             var s00 = sums_start();                   // rows of group tx x tokens of group ty
             var s10 = sums_start();                   // rows tx + TX (TM = 8)
