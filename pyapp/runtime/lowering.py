@@ -132,11 +132,11 @@ class Lowering:
     def slices_of(self, y: Buffer) -> tuple:
         """(buffer, slices) to read y from: state.matmul_partials where the matmul writing y left its slices
         of K unsummed (matmul's sums_left), else (y, 1)."""
-        left, self.left_slices = self.left_slices, None
+        left = self.left_slices
         if left is not None and left[0] is y:
+            self.left_slices = None
             return self.s.matmul_partials, left[1]
-        if left is not None:
-            raise AssertionError("a matmul's unsummed slices were not read by the op after it")
+        self.check_no_slices_left()
         return y, 1
 
     def check_no_slices_left(self) -> None:
