@@ -5,16 +5,23 @@
 // an 8-head GQA group rather than two), so the keys and values are read half as often.
 //
 // A workgroup: RT = 32 query rows (the GH query heads of one KV head for RT / GH consecutive tokens), keys
-// in tiles of BK = 128, 256 threads.
-//   scores   S = Q K^T (32 x 128): thread lid owns rows rb + 8i and keys kb + 32j (i, j < 4; rb = lid / 32,
-//            kb = lid % 32); Q and K pass through shared memory DC vec4 at a time (the next chunk's reads
-//            in flight while this one computes).
+// in tiles of BK = 128, 256 threads. A long prompt's chunk makes about one workgroup an SM, so what bounds
+// the tile is how long its threads wait on memory: each phase keeps as many loads in flight as it can.
+//   scores   S = Q K^T (32 x 128): thread lid owns rows rb + 8i and keys kb + 32j (i, j < 4), a warp 4
+//            rows rb by 8 keys kb, so that each of its shared-memory reads is one 128-byte wavefront (32
+//            rows by 1 key or 1 row by 32 keys take 4 or 1 and 4); Q and K pass through shared memory
+//            DC = 8 vec4 at a time (the next chunk's reads in flight while this one computes: 5 vec4 a
+//            thread).
 //   softmax  each row's max and sum over the tile from its 32 threads' partials (shared memory); the
 //            running max and sum live in those threads' registers; probabilities to shared memory as
-//            [key][4 rows].
-//   P V      thread lid owns rows 4q .. 4q + 3 (q = lid / 32) and dims 16 db .. 16 db + 15 (db = lid % 32):
-//            16 vec4 accumulators; a warp reads one value row whole (2 KB, coalesced), two keys in flight.
-// Needs HD % 128 == 0 and HD <= 512 (HD / 32 dims a thread, at most 4 vec4), RT % GH == 0
+//            [key][4 rows], over the K chunk's storage (the scores are done with it).
+//   P V      thread lid owns rows 16g .. 16g + 15 (g = lid / 128) and dims 4e .. 4e + 3 (e = lid % 128):
+//            16 vec4 accumulators; the values of the next VF = 16 keys in flight (a ring of registers,
+//            each slot reloaded as soon as its key is used), 16 multiply-add vec4 a key.
+// On an H200 at 15,872 keys (E2B's shape) the P V with two keys in flight and 4 rows x 16 dims a thread
+// took 6.1 of the tile's 9.9 ms, waiting on its loads; the ring and the 16 x 4 layout made it 2.1, the
+// 8-vec4 chunks (4 before) took the scores' barriers from 64 a tile to 32 (15th session, bench/RESULTS.md).
+// Needs HD % 128 == 0 and HD <= 512 (at most a vec4 of dims a P V thread), RT % GH == 0
 // (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH))).
 
 //!include attention_shape
@@ -28,12 +35,16 @@
 const NT: u32 = 256u;
 const RT: u32 = 32u;           // query rows a workgroup
 const BK: u32 = 128u;          // keys a tile
-const DC: u32 = 4u;            // vec4 of Q and K a shared chunk (a Q read for half the threads, two K reads a thread)
+const DC: u32 = 8u;            // vec4 of Q and K a shared chunk
+const KROWS: u32 = NT / DC;    // keys a chunk load pass covers: a thread loads keys lr + KROWS p (p < KP)
+const KP: u32 = BK / KROWS;
+const VF: u32 = 16u;           // keys whose values are in flight during P V
 
-var<workgroup> qs: array<vec4<f32>, DC * RT>;          // [vec4 of the chunk][row], times SCALE
-var<workgroup> ks: array<vec4<f32>, DC * (BK + 1u)>;   // [vec4 of the chunk][key]
-var<workgroup> pt: array<vec4<f32>, BK * RT / 4u>;     // [key][4 rows] probabilities
-var<workgroup> red: array<f32, RT * 32u>;              // [row][kb] partial maxima, then partial sums
+var<workgroup> qs: array<vec4<f32>, DC * (RT + 1u)>;   // [vec4 of the chunk][row] (padded), times SCALE
+// the scores' K chunk, [vec4 of the chunk][key] (a key's row padded to BK + 1), then the probabilities
+// [key][4 rows]: one array, as the two are never used at once
+var<workgroup> kp: array<vec4<f32>, max(DC * (BK + 1u), BK * RT / 4u)>;
+var<workgroup> red: array<f32, RT * 33u>;              // [row][kb] (padded) partial maxima, then partial sums
 var<workgroup> row_a: array<f32, RT>;                  // this tile's rescale of each row, then its sum
 
 // Row r's query vec4 d (times SCALE): its token clamped into the step (rows past it are masked).
@@ -47,48 +58,31 @@ fn k_read(kvh: u32, j: u32, hi: u32, d: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), KC[(kvh * CTX + min(j, hi) % CTX) * (HD / 4u) + d], j <= hi);
 }
 
-// acc[4 r + i] += p[r] * v[i]: four rows times this thread's (up to) 16 dims of one key.
-fn pv(acc: ptr<function, array<vec4<f32>, 16>>, p: vec4<f32>, v: array<vec4<f32>, 4>) {
-    (*acc)[0] = fma(vec4<f32>(p.x), v[0], (*acc)[0]);
-    (*acc)[1] = fma(vec4<f32>(p.x), v[1], (*acc)[1]);
-    (*acc)[2] = fma(vec4<f32>(p.x), v[2], (*acc)[2]);
-    (*acc)[3] = fma(vec4<f32>(p.x), v[3], (*acc)[3]);
-    (*acc)[4] = fma(vec4<f32>(p.y), v[0], (*acc)[4]);
-    (*acc)[5] = fma(vec4<f32>(p.y), v[1], (*acc)[5]);
-    (*acc)[6] = fma(vec4<f32>(p.y), v[2], (*acc)[6]);
-    (*acc)[7] = fma(vec4<f32>(p.y), v[3], (*acc)[7]);
-    (*acc)[8] = fma(vec4<f32>(p.z), v[0], (*acc)[8]);
-    (*acc)[9] = fma(vec4<f32>(p.z), v[1], (*acc)[9]);
-    (*acc)[10] = fma(vec4<f32>(p.z), v[2], (*acc)[10]);
-    (*acc)[11] = fma(vec4<f32>(p.z), v[3], (*acc)[11]);
-    (*acc)[12] = fma(vec4<f32>(p.w), v[0], (*acc)[12]);
-    (*acc)[13] = fma(vec4<f32>(p.w), v[1], (*acc)[13]);
-    (*acc)[14] = fma(vec4<f32>(p.w), v[2], (*acc)[14]);
-    (*acc)[15] = fma(vec4<f32>(p.w), v[3], (*acc)[15]);
+// Key j's values, vec4 e (threads past the head read its last vec4 and write nothing).
+fn v_read(kvh: u32, j: u32, e: u32) -> vec4<f32> {
+    return VC[(kvh * CTX + j % CTX) * (HD / 4u) + min(e, HD / 4u - 1u)];
 }
 
-// Key j's values at this thread's dims (vec4 db * V4 ..): V4 = HD / 128 of them, zeros after.
-fn v_read(kvh: u32, j: u32, db: u32) -> array<vec4<f32>, 4> {
-    let v4 = HD / 128u;
-    let base = (kvh * CTX + j % CTX) * (HD / 4u) + db * v4;
-    var v: array<vec4<f32>, 4>;
-    v[0] = VC[base];
-    v[1] = select(vec4<f32>(0.0), VC[base + min(1u, v4 - 1u)], v4 > 1u);
-    v[2] = select(vec4<f32>(0.0), VC[base + min(2u, v4 - 1u)], v4 > 2u);
-    v[3] = select(vec4<f32>(0.0), VC[base + min(3u, v4 - 1u)], v4 > 3u);
-    return v;
+// acc[r] += p[r] v: rows 16g + r times this thread's vec4 of key j's values.
+fn pv(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, g: u32, v: vec4<f32>) {
+    for (var a = 0u; a < 4u; a++) {
+        let p = kp[j * (RT / 4u) + 4u * g + a];
+        (*acc)[4u * a] = fma(vec4<f32>(p.x), v, (*acc)[4u * a]);
+        (*acc)[4u * a + 1u] = fma(vec4<f32>(p.y), v, (*acc)[4u * a + 1u]);
+        (*acc)[4u * a + 2u] = fma(vec4<f32>(p.z), v, (*acc)[4u * a + 2u]);
+        (*acc)[4u * a + 3u] = fma(vec4<f32>(p.w), v, (*acc)[4u * a + 3u]);
+    }
 }
 
-// Row r of the tile's rows: output vec4 d = acc / the row's sum.
-fn write_row(r: u32, d: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
+// Row r of the tile's rows: output vec4 e = acc / the row's sum (threads past the head write nothing).
+fn write_row(r: u32, e: u32, acc: vec4<f32>, t0: u32, kvh: u32) {
     let t = t0 + r / GH;
-    if (t < S.n_tokens) { O[(t * H + kvh * GH + r % GH) * (HD / 4u) + d] = acc / row_a[r]; }
+    if (t < S.n_tokens && e < HD / 4u) { O[(t * H + kvh * GH + r % GH) * (HD / 4u) + e] = acc / row_a[r]; }
 }
 
 @compute @workgroup_size(NT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd4 = HD / 4u;
-    let v4 = HD / 128u;
     let kvh = wid.x;
     let t0 = wid.y * (RT / GH);
     if (t0 >= S.n_tokens) { return; }               // the plan is sized for its longest step
@@ -96,12 +90,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lo = keys.x;                                // the first key any row sees
     let hi = keys.y;                                // the last
 
-    let rb = lid / 32u;                             // scores: rows rb + 8i, keys kb + 32j
-    let kb = lid % 32u;
-    let lr = lid / DC;                              // chunk loads: Q row lr (lr < RT), keys lr and lr + 64, vec4 lc
+    let rb = (lid % 32u) / 8u + 4u * ((lid / 32u) % 2u);    // scores: rows rb + 8i, keys kb + 32j
+    let kb = lid % 8u + 8u * (lid / 64u);
+    let lr = lid / DC;                              // chunk loads: Q row lr, keys lr + KROWS p, vec4 lc
     let lc = lid % DC;
-    let q = lid / 32u;                              // P V: rows 4q .. 4q + 3, dims of vec4 db * V4 ..
-    let db = lid % 32u;
+    let g = lid / 128u;                             // P V: rows 16g .., dims of vec4 e
+    let e = lid % 128u;
     var m: array<f32, 4>;                           // running max and sum of rows rb + 8i
     var l: array<f32, 4>;
     for (var i = 0u; i < 4u; i++) {
@@ -113,23 +107,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // scores: s[4i + j] of row rb + 8i against key kb + 32j
         var s: array<f32, 16>;
         s = array<f32, 16>();                       // zeroed by a statement: a declaration's zero may be hoisted out of the loop
-        var qv = q_read(min(lr, RT - 1u), lc, t0, kvh);
-        var ka = k_read(kvh, k0 + lr, hi, lc);
-        var kz = k_read(kvh, k0 + lr + 64u, hi, lc);
+        var qv = q_read(lr, lc, t0, kvh);
+        var kv: array<vec4<f32>, KP>;
+        for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, k0 + lr + KROWS * p, hi, lc); }
+        workgroupBarrier();                         // the last tile's P V done with the probabilities
         for (var d0 = 0u; d0 < hd4; d0 += DC) {
-            if (lr < RT) { qs[lc * RT + lr] = qv; }
-            ks[lc * (BK + 1u) + lr] = ka;
-            ks[lc * (BK + 1u) + lr + 64u] = kz;
+            qs[lc * (RT + 1u) + lr] = qv;
+            for (var p = 0u; p < KP; p++) { kp[lc * (BK + 1u) + lr + KROWS * p] = kv[p]; }
             workgroupBarrier();
             let dn = min(d0 + DC, hd4 - DC) + lc;   // the next chunk's reads (the last chunk reads itself again)
-            qv = q_read(min(lr, RT - 1u), dn, t0, kvh);
-            ka = k_read(kvh, k0 + lr, hi, dn);
-            kz = k_read(kvh, k0 + lr + 64u, hi, dn);
+            qv = q_read(lr, dn, t0, kvh);
+            for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, k0 + lr + KROWS * p, hi, dn); }
             for (var c = 0u; c < DC; c++) {
                 var qr: array<vec4<f32>, 4>;
                 var kr: array<vec4<f32>, 4>;
-                for (var i = 0u; i < 4u; i++) { qr[i] = qs[c * RT + rb + 8u * i]; }
-                for (var j = 0u; j < 4u; j++) { kr[j] = ks[c * (BK + 1u) + kb + 32u * j]; }
+                for (var i = 0u; i < 4u; i++) { qr[i] = qs[c * (RT + 1u) + rb + 8u * i]; }
+                for (var j = 0u; j < 4u; j++) { kr[j] = kp[c * (BK + 1u) + kb + 32u * j]; }
                 for (var i = 0u; i < 4u; i++) {
                     for (var j = 0u; j < 4u; j++) { s[4u * i + j] += dot(qr[i], kr[j]); }
                 }
@@ -143,28 +136,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 s[4u * i + j] = masked(s[4u * i + j], rb + 8u * i, k0 + kb + 32u * j, t0);
                 mx = max(mx, s[4u * i + j]);
             }
-            red[(rb + 8u * i) * 32u + kb] = mx;
+            red[(rb + 8u * i) * 33u + kb] = mx;
         }
         workgroupBarrier();
         var a: array<f32, 4>;                       // each row's rescale of what it has accumulated
         var n: array<f32, 4>;                       // and its new max
         for (var i = 0u; i < 4u; i++) {
             var mx = m[i];
-            for (var k = 0u; k < 32u; k++) { mx = max(mx, red[(rb + 8u * i) * 32u + k]); }
+            for (var k = 0u; k < 32u; k++) { mx = max(mx, red[(rb + 8u * i) * 33u + k]); }
             n[i] = mx;
         }
         workgroupBarrier();                         // every max read before red takes the sums
         for (var i = 0u; i < 4u; i++) {
             let mx = n[i];
-            // probabilities (0 where masked) into pt[key][row quad], their partial sums
+            // probabilities (0 where masked) into kp[key][row quad], their partial sums
             var sum = 0.0;
             for (var j = 0u; j < 4u; j++) {
-                let e = s[4u * i + j];
-                let pr = select(0.0, exp(e - mx), e > 0.5 * NEG);
-                pt[(kb + 32u * j) * (RT / 4u) + (rb + 8u * i) / 4u][rb % 4u] = pr;
+                let sc = s[4u * i + j];
+                let pr = select(0.0, exp(sc - mx), sc > 0.5 * NEG);
+                kp[(kb + 32u * j) * (RT / 4u) + (rb + 8u * i) / 4u][rb % 4u] = pr;
                 sum += pr;
             }
-            red[(rb + 8u * i) * 32u + kb] = sum;
+            red[(rb + 8u * i) * 33u + kb] = sum;
             a[i] = exp(m[i] - mx);                  // 1 while both are NEG (nothing accumulated yet)
             m[i] = mx;
             if (kb == 0u) { row_a[rb + 8u * i] = a[i]; }
@@ -172,39 +165,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         for (var i = 0u; i < 4u; i++) {
             var sum = 0.0;
-            for (var k = 0u; k < 32u; k++) { sum += red[(rb + 8u * i) * 32u + k]; }
+            for (var k = 0u; k < 32u; k++) { sum += red[(rb + 8u * i) * 33u + k]; }
             l[i] = l[i] * a[i] + sum;
         }
-        // P V: rescale rows 4q .. 4q + 3, then every key of the tile, two keys' values in flight
-        let ra = vec4<f32>(row_a[4u * q], row_a[4u * q + 1u], row_a[4u * q + 2u], row_a[4u * q + 3u]);
-        for (var i = 0u; i < 4u; i++) {
-            acc[i] *= ra.x;
-            acc[4u + i] *= ra.y;
-            acc[8u + i] *= ra.z;
-            acc[12u + i] *= ra.w;
+        // P V: rescale rows 16g .., then every key of the tile: key j + u's values are loaded into slot u
+        // of the ring as key j + u - VF's leave it (keys past the tile's last read that one again: its
+        // probabilities are 0 and its values finite)
+        for (var r = 0u; r < 16u; r++) { acc[r] *= row_a[16u * g + r]; }
+        let kn = min(BK, hi + 1u - k0);             // keys of this tile any row sees
+        var vr: array<vec4<f32>, VF>;
+        for (var u = 0u; u < VF; u++) { vr[u] = v_read(kvh, k0 + min(u, kn - 1u), e); }
+        for (var j = 0u; j < kn; j += VF) {
+            for (var u = 0u; u < VF; u++) {
+                let v = vr[u];
+                vr[u] = v_read(kvh, k0 + min(j + VF + u, kn - 1u), e);
+                pv(&acc, j + u, g, v);
+            }
         }
-        let kn = min(BK, hi + 1u - k0);           // keys of this tile any row sees
-        var j = 0u;
-        for (; j + 1u < kn; j += 2u) {
-            let va = v_read(kvh, k0 + j, db);
-            let vb = v_read(kvh, k0 + j + 1u, db);
-            pv(&acc, pt[j * (RT / 4u) + q], va);
-            pv(&acc, pt[(j + 1u) * (RT / 4u) + q], vb);
-        }
-        if (j < kn) { pv(&acc, pt[j * (RT / 4u) + q], v_read(kvh, k0 + j, db)); }
-        // (the next tile writes red, pt and row_a only after its scores' barriers)
+        // (the next tile writes red and row_a only after its scores' barriers, kp after the barrier before them)
     }
     workgroupBarrier();                             // every thread done reading row_a's rescales
     if (kb == 0u) {
         for (var i = 0u; i < 4u; i++) { row_a[rb + 8u * i] = l[i]; }
     }
     workgroupBarrier();
-    for (var i = 0u; i < 4u; i++) {
-        if (i < v4) {
-            write_row(4u * q, db * v4 + i, acc[i], t0, kvh);
-            write_row(4u * q + 1u, db * v4 + i, acc[4u + i], t0, kvh);
-            write_row(4u * q + 2u, db * v4 + i, acc[8u + i], t0, kvh);
-            write_row(4u * q + 3u, db * v4 + i, acc[12u + i], t0, kvh);
-        }
-    }
+    for (var r = 0u; r < 16u; r++) { write_row(16u * g + r, e, acc[r], t0, kvh); }
 }

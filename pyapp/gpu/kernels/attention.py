@@ -84,14 +84,16 @@ def attention_tile_rows(dev: Device, group: int, head_dim: int) -> int:
 
 
 # attention_prefill_wide.wgsl: 32 query rows a workgroup, keys in tiles of 128, Q and K through shared
-# memory 4 vec4 at a time; its workgroup storage in bytes (within the 32 KiB most devices offer)
+# memory 8 vec4 at a time (the K chunk's storage then holds the probabilities); its workgroup storage in
+# bytes (within the 32 KiB most devices offer)
 WIDE_ROWS = 32
-WIDE_STORAGE = 4 * (4 * WIDE_ROWS * 4 + 4 * 129 * 4 + 128 * WIDE_ROWS + 32 * WIDE_ROWS + WIDE_ROWS)
+WIDE_STORAGE = 4 * (8 * (WIDE_ROWS + 1) * 4 + max(8 * 129 * 4, 128 * WIDE_ROWS) + 33 * WIDE_ROWS + WIDE_ROWS)
 
 
 def wide_tile_fits(dev: Device, group: int, head_dim: int) -> bool:
-    """Whether attention_prefill_wide.wgsl takes this shape: heads of 128-512 dims in 128s (HD / 32 dims a
-    thread), a GQA group dividing its 32 rows, and its ~30 KB of workgroup storage on the device."""
+    """Whether attention_prefill_wide.wgsl takes this shape: heads of 128-512 dims in 128s (at most a vec4
+    a thread of its 128 across the dims), a GQA group dividing its 32 rows, and its ~24 KB of workgroup
+    storage on the device."""
     return (head_dim % 128 == 0 and head_dim <= 512 and WIDE_ROWS % group == 0
             and WIDE_STORAGE <= dev.limits.get("max_compute_workgroup_storage_size", 16384))
 
