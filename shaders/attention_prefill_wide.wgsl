@@ -15,9 +15,10 @@
 //   softmax  each row's max and sum over the tile from its 32 threads' partials (shared memory); the
 //            running max and sum live in those threads' registers; probabilities to shared memory as
 //            [key][4 rows], over the K chunk's storage (the scores are done with it).
-//   P V      thread lid owns rows 16g .. 16g + 15 (g = lid / 128) and dims 4e .. 4e + 3 (e = lid % 128):
-//            16 vec4 accumulators; the values of the next VF = 16 keys in flight (a ring of registers,
-//            each slot reloaded as soon as its key is used), 16 multiply-add vec4 a key.
+//   P V      thread lid owns PR rows PR g .. (g = lid / PT) and dims 4e .. 4e + 3 (e = lid % PT): PR = 16
+//            rows over PT = 128 threads for heads wider than 256, else as many threads as the head has vec4
+//            (8 rows for 256, 4 for 128); PR vec4 accumulators; the values of the next VF = 16 keys in
+//            flight (a ring of registers, each slot reloaded as soon as its key is used).
 // On an H200 at 15,872 keys (E2B's shape) the P V with two keys in flight and 4 rows x 16 dims a thread
 // took 6.1 of the tile's 9.9 ms, waiting on its loads; the ring and the 16 x 4 layout made it 2.1, the
 // 8-vec4 chunks (4 before) took the scores' barriers from 64 a tile to 32 (15th session, bench/RESULTS.md).
@@ -39,6 +40,8 @@ const DC: u32 = 8u;            // vec4 of Q and K a shared chunk
 const KROWS: u32 = NT / DC;    // keys a chunk load pass covers: a thread loads keys lr + KROWS p (p < KP)
 const KP: u32 = BK / KROWS;
 const VF: u32 = 16u;           // keys whose values are in flight during P V
+override PR: u32 = select(RT * HD / (4u * NT), 16u, HD > 256u);   // P V rows a thread
+override PT: u32 = NT * PR / RT;                                  // P V threads across the dims
 
 var<workgroup> qs: array<vec4<f32>, DC * (RT + 1u)>;   // [vec4 of the chunk][row] (padded), times SCALE
 // the scores' K chunk, [vec4 of the chunk][key] (a key's row padded to BK + 1), then the probabilities
@@ -63,10 +66,10 @@ fn v_read(kvh: u32, j: u32, e: u32) -> vec4<f32> {
     return VC[(kvh * CTX + j % CTX) * (HD / 4u) + min(e, HD / 4u - 1u)];
 }
 
-// acc[r] += p[r] v: rows 16g + r times this thread's vec4 of key j's values.
+// acc[r] += p[r] v: rows PR g + r times this thread's vec4 of key j's values.
 fn pv(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, g: u32, v: vec4<f32>) {
-    for (var a = 0u; a < 4u; a++) {
-        let p = kp[j * (RT / 4u) + 4u * g + a];
+    for (var a = 0u; a < PR / 4u; a++) {
+        let p = kp[j * (RT / 4u) + (PR / 4u) * g + a];
         (*acc)[4u * a] = fma(vec4<f32>(p.x), v, (*acc)[4u * a]);
         (*acc)[4u * a + 1u] = fma(vec4<f32>(p.y), v, (*acc)[4u * a + 1u]);
         (*acc)[4u * a + 2u] = fma(vec4<f32>(p.z), v, (*acc)[4u * a + 2u]);
@@ -94,8 +97,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kb = lid % 8u + 8u * (lid / 64u);
     let lr = lid / DC;                              // chunk loads: Q row lr, keys lr + KROWS p, vec4 lc
     let lc = lid % DC;
-    let g = lid / 128u;                             // P V: rows 16g .., dims of vec4 e
-    let e = lid % 128u;
+    let g = lid / PT;                               // P V: rows PR g .., dims of vec4 e
+    let e = lid % PT;
     var m: array<f32, 4>;                           // running max and sum of rows rb + 8i
     var l: array<f32, 4>;
     for (var i = 0u; i < 4u; i++) {
@@ -168,10 +171,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var k = 0u; k < 32u; k++) { sum += red[(rb + 8u * i) * 33u + k]; }
             l[i] = l[i] * a[i] + sum;
         }
-        // P V: rescale rows 16g .., then every key of the tile: key j + u's values are loaded into slot u
+        // P V: rescale rows PR g .., then every key of the tile: key j + u's values are loaded into slot u
         // of the ring as key j + u - VF's leave it (keys past the tile's last read that one again: its
         // probabilities are 0 and its values finite)
-        for (var r = 0u; r < 16u; r++) { acc[r] *= row_a[16u * g + r]; }
+        for (var r = 0u; r < PR; r++) { acc[r] *= row_a[PR * g + r]; }
         let kn = min(BK, hi + 1u - k0);             // keys of this tile any row sees
         var vr: array<vec4<f32>, VF>;
         for (var u = 0u; u < VF; u++) { vr[u] = v_read(kvh, k0 + min(u, kn - 1u), e); }
@@ -189,5 +192,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < 4u; i++) { row_a[rb + 8u * i] = l[i]; }
     }
     workgroupBarrier();
-    for (var r = 0u; r < 16u; r++) { write_row(16u * g + r, e, acc[r], t0, kvh); }
+    for (var r = 0u; r < PR; r++) { write_row(PR * g + r, e, acc[r], t0, kvh); }
 }
