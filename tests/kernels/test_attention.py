@@ -100,11 +100,12 @@ def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
 
 
 @pytest.mark.parametrize("hd,h,kernel", [(512, 8, "attention_prefill_wide"), (384, 16, "attention_prefill_wide"),
-                                          (256, 8, "attention_prefill"), (512, 128, "attention")])
+                                          (256, 8, "attention_prefill_wide"), (128, 8, "attention_prefill"),
+                                          (512, 128, "attention")])
 def test_wide_heads_take_the_wide_tiles(dev, hd, h, kernel):
-    """A prompt's attention picks the wide tiles for heads wider than 256 (Gemma 4's full layers) where they
-    fit (32 rows take a GQA group of up to 32); narrower heads keep the 32-row tiles, and a group of 64 query
-    heads a KV head fits no tile (one token a workgroup)."""
+    """A prompt's attention picks the wide tiles for heads of 256 and wider (all of Gemma 4's layers) where
+    they fit (32 rows take a GQA group of up to 32); narrower heads keep the 32-row tiles, and a group of 64
+    query heads a KV head fits no tile (one token a workgroup)."""
     if not K.wide_tile_fits(dev, 8, 512):
         pytest.skip("this device's workgroup storage takes no wide tile")
     hkv, ctx, t = 2, 64, 40

@@ -37,7 +37,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     tiled (default: where it fits): shaders/attention_prefill.wgsl, tile_rows (default attention_tile_rows)
     query rows a workgroup walking the keys in tiles; else attention.wgsl `attend`, one token a workgroup with heads_per_group (default
     attention_heads_per_group) query heads of one KV head.
-    wide (default: heads wider than 256 where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
+    wide (default: heads of 256 and wider where wide_tile_fits): tiled, by attention_prefill_wide.wgsl's
     register-blocked tiles of 32 rows instead."""
     c = attention_constants(heads, kv_heads, head_dim, ctx, window, scale)
     if all_keys:
@@ -48,7 +48,7 @@ def attention(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, step:
     group = heads // kv_heads
     fits = wide_tile_fits(dev, group, head_dim)
     if wide is None:
-        wide = tiled is not False and tile_rows is None and head_dim > 256 and fits
+        wide = tiled is not False and tile_rows is None and head_dim >= 256 and fits
     if wide:
         if not fits:
             raise ValueError(f"wide attention tiles: no tile for {group} heads a KV head of head_dim {head_dim}")
