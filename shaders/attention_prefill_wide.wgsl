@@ -50,20 +50,32 @@ var<workgroup> kp: array<vec4<f32>, max(DC * (BK + 1u), BK * RT / 4u)>;
 var<workgroup> red: array<f32, RT * 33u>;              // [row][kb] (padded) partial maxima, then partial sums
 var<workgroup> row_a: array<f32, RT>;                  // this tile's rescale of each row, then its sum
 
+// s + a . b as a chain of multiply-adds (dot() then + would round once more and issue an add more)
+fn dot4_add(a: vec4<f32>, b: vec4<f32>, s: f32) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
+}
+
 // Row r's query vec4 d (times SCALE): its token clamped into the step (rows past it are masked).
 fn q_read(r: u32, d: u32, t0: u32, kvh: u32) -> vec4<f32> {
     let t = min(t0 + r / GH, S.n_tokens - 1u);
     return Q[(t * H + kvh * GH + r % GH) * (HD / 4u) + d] * SCALE;
 }
 
-// Key j's vec4 d, zeros past the last key any row sees.
-fn k_read(kvh: u32, j: u32, hi: u32, d: u32) -> vec4<f32> {
-    return select(vec4<f32>(0.0), KC[(kvh * CTX + min(j, hi) % CTX) * (HD / 4u) + d], j <= hi);
+// The cache slot of key k0 + jj, from s0 = k0 % CTX: keys a tile reads lie within CTX of its first, so
+// one subtraction wraps them (no integer division a load).
+fn slot(s0: u32, jj: u32) -> u32 {
+    let t = s0 + jj;
+    return select(t, t - CTX, t >= CTX);
 }
 
-// Key j's values, vec4 e (threads past the head read its last vec4 and write nothing).
-fn v_read(kvh: u32, j: u32, e: u32) -> vec4<f32> {
-    return VC[(kvh * CTX + j % CTX) * (HD / 4u) + min(e, HD / 4u - 1u)];
+// Key k0 + jj's vec4 d, zeros past the last key any row sees (jn = hi - k0).
+fn k_read(kvh: u32, s0: u32, jj: u32, jn: u32, d: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), KC[(kvh * CTX + slot(s0, min(jj, jn))) * (HD / 4u) + d], jj <= jn);
+}
+
+// Key k0 + jj's values, vec4 e (threads past the head read its last vec4 and write nothing).
+fn v_read(kvh: u32, s0: u32, jj: u32, e: u32) -> vec4<f32> {
+    return VC[(kvh * CTX + slot(s0, jj)) * (HD / 4u) + min(e, HD / 4u - 1u)];
 }
 
 // acc[r] += p[r] v: rows PR g + r times this thread's vec4 of key j's values.
@@ -107,12 +119,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var acc: array<vec4<f32>, 16>;                  // indexed by constants only (registers)
     for (var k0 = lo; k0 <= hi; k0 += BK) {
+        let s0 = k0 % CTX;                          // the tile's first cache slot
+        let jn = hi - k0;                           // its last key any row sees
         // scores: s[4i + j] of row rb + 8i against key kb + 32j
         var s: array<f32, 16>;
         s = array<f32, 16>();                       // zeroed by a statement: a declaration's zero may be hoisted out of the loop
         var qv = q_read(lr, lc, t0, kvh);
         var kv: array<vec4<f32>, KP>;
-        for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, k0 + lr + KROWS * p, hi, lc); }
+        for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, s0, lr + KROWS * p, jn, lc); }
         workgroupBarrier();                         // the last tile's P V done with the probabilities
         for (var d0 = 0u; d0 < hd4; d0 += DC) {
             qs[lc * (RT + 1u) + lr] = qv;
@@ -120,14 +134,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             workgroupBarrier();
             let dn = min(d0 + DC, hd4 - DC) + lc;   // the next chunk's reads (the last chunk reads itself again)
             qv = q_read(lr, dn, t0, kvh);
-            for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, k0 + lr + KROWS * p, hi, dn); }
+            for (var p = 0u; p < KP; p++) { kv[p] = k_read(kvh, s0, lr + KROWS * p, jn, dn); }
             for (var c = 0u; c < DC; c++) {
                 var qr: array<vec4<f32>, 4>;
                 var kr: array<vec4<f32>, 4>;
                 for (var i = 0u; i < 4u; i++) { qr[i] = qs[c * (RT + 1u) + rb + 8u * i]; }
                 for (var j = 0u; j < 4u; j++) { kr[j] = kp[c * (BK + 1u) + kb + 32u * j]; }
                 for (var i = 0u; i < 4u; i++) {
-                    for (var j = 0u; j < 4u; j++) { s[4u * i + j] += dot(qr[i], kr[j]); }
+                    for (var j = 0u; j < 4u; j++) { s[4u * i + j] = dot4_add(qr[i], kr[j], s[4u * i + j]); }
                 }
             }
             workgroupBarrier();
@@ -177,11 +191,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var r = 0u; r < PR; r++) { acc[r] *= row_a[PR * g + r]; }
         let kn = min(BK, hi + 1u - k0);             // keys of this tile any row sees
         var vr: array<vec4<f32>, VF>;
-        for (var u = 0u; u < VF; u++) { vr[u] = v_read(kvh, k0 + min(u, kn - 1u), e); }
+        for (var u = 0u; u < VF; u++) { vr[u] = v_read(kvh, s0, min(u, kn - 1u), e); }
         for (var j = 0u; j < kn; j += VF) {
             for (var u = 0u; u < VF; u++) {
                 let v = vr[u];
-                vr[u] = v_read(kvh, k0 + min(j + VF + u, kn - 1u), e);
+                vr[u] = v_read(kvh, s0, min(j + VF + u, kn - 1u), e);
                 pv(&acc, j + u, g, v);
             }
         }

@@ -73,11 +73,14 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(1, h, hd), ref, atol=atol)
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["per-token", "tiled"])
-@pytest.mark.parametrize("hd,h", [(64, 8), (136, 4)])
+@pytest.mark.parametrize("tiled", [False, True, "wide"], ids=["per-token", "tiled", "wide"])
+@pytest.mark.parametrize("hd,h", [(64, 8), (136, 4), (256, 8)])
 def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
     """A prefill chunk after an earlier one (pos0 > 0) on a sliding layer whose cache is a ring of
-    window + chunk - 1 slots: the chunk's own stores overwrite the oldest keys, none a query still sees."""
+    window + chunk - 1 slots: the chunk's own stores overwrite the oldest keys, none a query still sees
+    (the wide tiles: a tile's keys wrap around the ring's end)."""
+    if tiled == "wide" and not K.wide_tile_fits(dev, h // 2, hd):
+        pytest.skip("no wide tile for this shape")
     rng = np.random.default_rng(12)
     hkv, window, t1, t2 = 2, 40, 70, 80
     ctx = window + t2 - 1
@@ -93,7 +96,7 @@ def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
         K.kv_store(dev, f32(dev, ks[a:b]), f32(dev, vs[a:b]), kc, vc, step, hkv, hd, ctx, max_tokens=b - a, plan=plan)
         if a:
             K.attention(dev, f32(dev, q[a:b]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=b - a, window=window,
-                        plan=plan, tiled=tiled)
+                        plan=plan, tiled=bool(tiled), wide=tiled == "wide")
     dev.submit(plan)
     ref = attention_ref(q[t1:], ks.transpose(1, 0, 2), vs.transpose(1, 0, 2), np.arange(t1, n), window)
     np.testing.assert_allclose(read_f32(dev, out, t2 * h * hd).reshape(t2, h, hd), ref, atol=3e-5)
