@@ -145,4 +145,5 @@ def test_attention_sees_an_image_block_both_ways(dev, tiled, hd):
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     want = np.einsum("htj,hjd->thd", p, v)
-    np.testing.assert_allclose(read_f32(dev, out, q.size).reshape(q.shape), want, rtol=1e-4, atol=1e-5)
+    atol = 1e-5 * (hd / 16) ** 0.5                    # f32 rounding grows with the dot products' length
+    np.testing.assert_allclose(read_f32(dev, out, q.size).reshape(q.shape), want, rtol=1e-4, atol=atol)
