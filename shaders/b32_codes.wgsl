@@ -4,22 +4,12 @@
 //   0 Q4_0 { f16 d; u8 qs[16] }           w = d (q - 8),  q = nibble (element j < 16: low of qs[j])
 //   1 Q5_0 { f16 d; u32 qh; u8 qs[16] }   w = d (q - 16), q = nibble | bit j of qh << 4
 //   2 Q8_0 { f16 d; i8 qs[32] }           w = d q
-// each code signed (q - 8, q - 16: three bit operations a word), so a block is w = a c with a = d and the
-// kernels' offset term b = 0: the activations' rounding then meets the weights themselves (llama.cpp's MMQ
-// subtracts 8 d times the exact sum of x from unsigned codes; this is as close to the f32 product or closer,
-// and a tile skips a multiply-add a row and token a block).
+// so a block is w = a q - b with a = d and b = 8 d, 16 d or 0.
 
 struct B32 {
     lo: vec4<u32>,        // codes of elements 0..15
     hi: vec4<u32>,        // codes of elements 16..31
-    ab: vec2<f32>,        // (a, b): b = 0 (the codes are signed)
-}
-
-// Codes q (a byte each, below 128) as signed bytes q - o: with bit 7 set first, the per-byte subtraction
-// never borrows from the next byte.
-fn signed_codes(q: vec4<u32>, o: u32) -> vec4<u32> {
-    let top = vec4<u32>(0x80808080u);
-    return ((q | top) - vec4<u32>(o * 0x01010101u)) ^ top;
+    ab: vec2<f32>,        // (a, b)
 }
 
 // the 4 bits of h, each to bit 0 of its own byte
@@ -59,7 +49,7 @@ fn b32_codes(bb: u32) -> B32 {
         lo |= vec4<u32>(spread4(qh), spread4(qh >> 4u), spread4(qh >> 8u), spread4(qh >> 12u)) << vec4<u32>(4u);
         hi |= vec4<u32>(spread4(qh >> 16u), spread4(qh >> 20u), spread4(qh >> 24u), spread4(qh >> 28u))
               << vec4<u32>(4u);
-        return B32(signed_codes(lo, 16u), signed_codes(hi, 16u), vec2<f32>(d, 0.0));
+        return B32(lo, hi, vec2<f32>(d, 16.0 * d));
     }
-    return B32(signed_codes(lo, 8u), signed_codes(hi, 8u), vec2<f32>(d, 0.0));
+    return B32(lo, hi, vec2<f32>(d, 8.0 * d));
 }

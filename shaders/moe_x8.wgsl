@@ -5,8 +5,7 @@
 // gate rows then its up rows, Y[s, n] = gelu(gate_n . x) * (up_n . x)). Each workgroup rounds its slot's
 // x into workgroup memory (x8_round.wgsl),
 // then thread t of a row takes blocks t, t + TPR, ...: a block's 32 codes meet x's in 8 dot4I8Packed,
-// w . x = a d_x sum(q_w q_x) (b32_codes' codes are signed: its b, weighed by the block's exact sum of
-// x, is 0). The 26B-A4B's expert down
+// w . x = a d_x sum(q_w q_x) - b sum(x) with the block's exact sum of x. The 26B-A4B's expert down
 // projection (704-long rows: Q5_0 or Q8_0 in llama.cpp's Q4_K_M files) and, in its Q4_0 / Q8_0 files,
 // the experts' gate|up too. Dispatch (ceil(N / (WG / TPR)), T * KSEL).
 
@@ -47,7 +46,7 @@ fn block_dot(rb: u32, b: u32) -> f32 {
     let xh = x8q(2u * b + 1u);
     let s = dot16_i8(c.lo, xl) + dot16_i8(c.hi, xh);
     let x = x8d(b);
-    return c.ab.x * x.x * f32(s);
+    return c.ab.x * x.x * f32(s) - c.ab.y * x.y;
 }
 
 @compute @workgroup_size(WG)

@@ -6,7 +6,7 @@
 
 const Q8_W_ALIGN: u32 = 64u;      // K is a multiple of this
 const Q8_SUBS: u32 = 1u;          // one scale per 32 weights
-const Q8_MIN_TERM: bool = false;  // b = 0: b32_codes' codes are signed
+const Q8_MIN_TERM: bool = B32_TYPE != 2u;    // b = 8 d, 16 d; Q8_0: 0
 
 //!include b32_codes
 
@@ -22,4 +22,5 @@ fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
         ws[(8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
     }
     wa[jh * GM + r / 4u][r % 4u] = j.ab.x;
+    if (Q8_MIN_TERM) { wb[jh * GM + r / 4u][r % 4u] = j.ab.y; }
 }

@@ -1,5 +1,5 @@
 // unit8 for the 32-weight block types (Q4_0, Q5_0, Q8_0; B32_TYPE from the prelude): a unit is a block,
-// its codes b32_codes.wgsl's (signed, w = d q: offset 0).
+// its codes b32_codes.wgsl's (unsigned, w = d q - b), so the offset b meets the block's exact sum of x.
 
 //!include b32_codes
 

@@ -322,8 +322,8 @@ def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A weight tensor [n, k] as the int8 matmul reads it, per sub-block of g weights w = a q - b:
     (codes int64 [n, k / g, g], a, b [n, k / g]), g = 32 but for Q6_K's 16. Q4_K: a = d sc, b = dmin m;
-    Q6_K: a = d sc, b = 0 with signed codes q - 32; Q4_0 / Q5_0: a = d, b = 0 with signed codes q - 8 /
-    q - 16 (shaders/b32_codes.wgsl); Q8_0: a = d, b = 0 with the signed bytes as codes."""
+    Q6_K: a = d sc, b = 0 with signed codes q - 32; Q4_0 / Q5_0: a = d, b = 8 d / 16 d with 4- / 5-bit
+    codes; Q8_0: a = d, b = 0 with the signed bytes as codes."""
     t = ggml.lookup(qtype).id
     if t == ggml.Q4_K:
         blocks = np.frombuffer(raw, np.uint8).reshape(n * k // 256, 144)
@@ -347,9 +347,9 @@ def int8_blocks(raw: bytes, qtype, n: int, k: int) -> tuple[np.ndarray, np.ndarr
     if t == ggml.Q8_0:
         codes, b = blocks[:, 2:].view(np.int8).astype(np.int64), 0.0 * d
     elif t == ggml.Q4_0:
-        codes, b = _nibbles(blocks[:, 2:]).astype(np.int64) - 8, 0.0 * d
+        codes, b = _nibbles(blocks[:, 2:]).astype(np.int64), 8.0 * d
     else:
-        codes, b = (_nibbles(blocks[:, 6:]) + _high_bits(blocks[:, 2:6])).astype(np.int64) - 16, 0.0 * d
+        codes, b = (_nibbles(blocks[:, 6:]) + _high_bits(blocks[:, 2:6])).astype(np.int64), 16.0 * d
     return codes.reshape(n, k // 32, 32), d.reshape(n, k // 32), b.reshape(n, k // 32)
 
 
