@@ -1,5 +1,5 @@
-// Prefill attention for wide heads (HD 384-512: Gemma 4's full-attention layers), register-blocked: the
-// same contract, inputs and masks as attention_prefill.wgsl (whose 16-row tiles this replaces there), but
+// Prefill attention for wide heads (HD 256-512: all of Gemma 4's layers), register-blocked: the same
+// contract, inputs and masks as attention_prefill.wgsl (whose 32- and 16-row tiles this replaces there), but
 // both products of a key tile run as small matrix products with 16 outputs a thread, so that each value
 // read from shared memory feeds several multiply-adds, and a workgroup takes 32 query rows (four tokens of
 // an 8-head GQA group rather than two), so the keys and values are read half as often.
@@ -19,9 +19,10 @@
 //            rows over PT = 128 threads for heads wider than 256, else as many threads as the head has vec4
 //            (8 rows for 256, 4 for 128); PR vec4 accumulators; the values of the next VF = 16 keys in
 //            flight (a ring of registers, each slot reloaded as soon as its key is used).
-// On an H200 at 15,872 keys (E2B's shape) the P V with two keys in flight and 4 rows x 16 dims a thread
-// took 6.1 of the tile's 9.9 ms, waiting on its loads; the ring and the 16 x 4 layout made it 2.1, the
-// 8-vec4 chunks (4 before) took the scores' barriers from 64 a tile to 32 (15th session, bench/RESULTS.md).
+// On an H200 at 15,872 keys (E2B's full layer) the P V with two keys in flight and 4 rows x 16 dims a
+// thread took 6.1 of the tile's 9.9 ms, waiting on its loads; the ring and the 16 x 4 layout made the tile
+// 6.0 ms, the 8-vec4 chunks (4 before: 64 barriers a tile, now 32) 5.4, the multiply-add chains and the
+// slots by one wrap 5.0 (bench/RESULTS.md, 2026-11-28, thirteenth session).
 // Needs HD % 128 == 0 and HD <= 512 (at most a vec4 of dims a P V thread), RT % GH == 0
 // (pyapp.gpu.kernels.attention checks). Dispatch (HKV, ceil(T / (RT / GH))).
 
