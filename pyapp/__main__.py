@@ -133,7 +133,8 @@ def _memory_plan(g, args):
     from .engine import Engine
     limits = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}
     return Engine.plan(g, limits, args.context, args.gpu_memory, args.expert_cache,
-                       True if args.ple_in_file else None, chunk=args.prompt_step)
+                       True if args.ple_in_file else None, chunk=args.prompt_step,
+                       int8=not getattr(args, "no_int8", False))
 
 
 def cmd_tokenize(args) -> int:

@@ -55,10 +55,10 @@ class Engine(LoadedModel):
     @staticmethod
     def plan(gguf, limits: dict, context_length: int | None = None, gpu_memory_mib: float | None = None,
              expert_cache_mib: float | None = None, ple_in_file: bool | None = None, chunk: int | None = None,
-             beside: int = 0):
+             beside: int = 0, int8: bool = True):
         """The MemoryPlan loading would follow (see pyapp.engine.loading.load's options), without a GPU."""
         return loading.plan(gguf, limits, context_length, chunk, gpu_memory_mib, expert_cache_mib, ple_in_file,
-                            beside)[3]
+                            beside, int8)[3]
 
     # -- generation -------------------------------------------------------------------
     def generation(self, prompt: list[int], params: SamplingParams | None = None, on_token=None, should_stop=None,

@@ -73,7 +73,7 @@ def _check_context_fits(limits: dict, cfg, ctx: int) -> None:
 
 def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | None = None,
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None,
-         beside: int = 0):
+         beside: int = 0, int8: bool = True):
     """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU.
     chunk: the most tokens a prefill step takes (None: default_chunk)."""
     family = family_for(gguf)
@@ -84,7 +84,7 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
         mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
-                          ple_in_file, state_class=family.runner.state_class, beside=beside)
+                          ple_in_file, state_class=family.runner.state_class, beside=beside, int8=int8)
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
         raise EngineError(str(e)) from e
     return family, cfg, bound, mem
@@ -111,7 +111,7 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     the budget (MemoryPlan.beside); loading them stays the caller's. next_token_engine: the engine class of the families that declare none
     (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
-                                   ple_in_file, beside)
+                                   ple_in_file, beside, int8)
     chunk = chunk or default_chunk(cfg)
     try:
         adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]

@@ -136,18 +136,19 @@ class MemoryPlan:
 
 def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_memory: int | None = None,
                 expert_cache: int | None = None, ple_in_file: bool | None = None, state_class=State,
-                beside: int = 0) -> MemoryPlan:
+                beside: int = 0, int8: bool = True) -> MemoryPlan:
     """The plan for this model and context under a budget (bytes; None: no budget).
     expert_cache (bytes): the experts' cache size, overriding what the budget leaves them.
     ple_in_file: force the per-layer embedding table's place (None: resident if it fits).
     state_class: the buffers the runner allocates (its state_class: a family's may hold more).
-    beside (bytes): loaded beside the model within the same budget (an assistant drafter: its gpu_bytes)."""
+    beside (bytes): loaded beside the model within the same budget (an assistant drafter: its gpu_bytes).
+    int8: whether the runner's steps take int8 activations (their codes and slices' partial sums counted)."""
     experts = [t for lc in cfg.layers if lc.has_moe for t in layer_experts(bound, lc)]
     streamable = bool(experts)
     counter = MemoryCounter(limits)
     layout, _ = plan_uploads(counter, cfg, bound, ple_in_file=True, expert_slots=0 if streamable else None)
     weights = counter.total
-    state_class(counter, cfg, layout, context_length, chunk)
+    state_class(counter, cfg, layout, context_length, chunk, int8=int8)
     state = counter.total - weights
     # the PLE table's rows buffer (PLE in the file) is counted in state: a few KiB
     ple_table = bound.ple_token_embd.nbytes if bound.ple_token_embd is not None else 0

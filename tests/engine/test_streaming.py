@@ -40,6 +40,33 @@ def test_plan_without_a_budget_keeps_everything_resident():
     assert plan.total == plan.weights + plan.state + experts
 
 
+def test_plan_counts_the_buffers_of_the_runner_it_plans_for(monkeypatch):
+    """--no-int8: the plan counts the state a runner without int8 activations allocates (the slices' partial
+    sums follow the f32 tiles' split then), from Engine.plan (the CLI's `info`) down to the state class."""
+    from pyapp.engine import Engine, loading
+    from pyapp.gguf import read_gguf
+    from pyapp.runtime.memory import plan_memory
+    from pyapp.runtime.state import State
+    path = ROOT / "tests" / "fixtures" / "gemma4-dense-q8_0.gguf"
+    _, cfg, bound = _bound(path)
+    seen = []
+
+    class Spy(State):
+        def __init__(self, *args, int8=True, **kw):
+            seen.append(int8)
+            super().__init__(*args, int8=int8, **kw)
+
+    plan_memory(LIMITS, cfg, bound, 256, 128, state_class=Spy, int8=False)
+    plan_memory(LIMITS, cfg, bound, 256, 128, state_class=Spy)
+    assert seen == [False, True]
+    asked = []
+    real = loading.plan_memory
+    monkeypatch.setattr(loading, "plan_memory", lambda *a, **kw: asked.append(kw["int8"]) or real(*a, **kw))
+    Engine.plan(read_gguf(path), LIMITS, 256, chunk=128, int8=False)
+    Engine.plan(read_gguf(path), LIMITS, 256, chunk=128)
+    assert asked == [False, True]
+
+
 def test_plan_streams_experts_within_a_budget():
     from pyapp.runtime.memory import plan_memory
     _, cfg, bound = _bound(MOE[1])
