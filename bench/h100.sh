@@ -19,6 +19,9 @@
 #            DROP_SOURCES=1 then deletes the Q8_0 sources no spec of MODELS names itself (26B-A4B's is 27 GB of
 #            the machine's 64: its Q4_0 and Q4_K_M beside it and the E2B files leave little room)
 #   wait     wait for the build (until this call's time budget runs short)
+#   ready    wait for the files a `models` step started in the background (setsid) is writing: each spec of
+#            MODELS (an lq- spec's Q8_0 source) is done when FILE.ok exists (until the budget runs short;
+#            never wait on `pgrep -f`: it matches the waiting command's own line)
 #   llama    llama-bench -p PROMPT -n GEN -ngl 99 -o jsonl, one run per model
 #   ours     bench/bench.py --kernels (native wgpu backend), PROMPT/GEN/CONTEXT/CHUNK
 #   browser  bench/node_bench.mjs (Pyodide + Dawn in Node), one Node process per model
@@ -311,6 +314,18 @@ step_wait() {
     log "wait: build $s"
     [ "$s" = failed ] && tail -40 "$W/build.log"
     [ "$s" = ok ]
+}
+
+step_ready() {
+    local spec path
+    for spec in $MODELS $TTFT_MODELS; do
+        path=$(model_path "$(generated_spec "$spec")")
+        while [ ! -f "$path.ok" ]; do
+            if [ "$(left)" -lt 60 ]; then log "ready: $path not written yet (budget)"; return 1; fi
+            sleep 5
+        done
+    done
+    log "ready: every file of MODELS written"
 }
 
 # a spec's source for make_bench_model.py: SHAPE:lq-TYPE files are llama-quantize's, from SHAPE:Q8_0
@@ -945,7 +960,7 @@ for s in "$@"; do
 done
 for s in "$@"; do
     case $s in
-        setup|build|models|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|drafter|train|vision|audio|table|status) ;;
+        setup|build|models|ready|quantize|wait|llama|ours|browser|ttft|stream|skew|sweep|mmsweep|overlap|profile|gpuprof|diffusion|speculate|drafter|train|vision|audio|table|status) ;;
         *) echo "unknown step: $s (see the head of $0)"; exit 2 ;;
     esac
 done
