@@ -1,4 +1,4 @@
-// Prefill attention for wide heads (HD 256-512: all of Gemma 4's layers), register-blocked: the same
+// Prefill attention for wide heads (HD 128-512 in 128s; Gemma 4's are 256 and 512), register-blocked: the same
 // contract, inputs and masks as attention_prefill.wgsl (whose 32- and 16-row tiles this replaces there), but
 // both products of a key tile run as small matrix products with 16 outputs a thread, so that each value
 // read from shared memory feeds several multiply-adds, and a workgroup takes 32 query rows (four tokens of
@@ -14,11 +14,14 @@
 //            thread).
 //   softmax  each row's max and sum over the tile from its 32 threads' partials (shared memory); the
 //            running max and sum live in those threads' registers; probabilities to shared memory as
-//            [key][4 rows], over the K chunk's storage (the scores are done with it).
-//   P V      thread lid owns PR rows PR g .. (g = lid / PT) and dims 4e .. 4e + 3 (e = lid % PT): PR = 16
-//            rows over PT = 128 threads for heads wider than 256, else as many threads as the head has vec4
-//            (8 rows for 256, 4 for 128); PR vec4 accumulators; the values of the next VF = 16 keys in
-//            flight (a ring of registers, each slot reloaded as soon as its key is used).
+//            [key][quad q: rows q, q + 8, q + 16, q + 24], over the K chunk's storage (the scores are done
+//            with it): each thread writes whole vec4 (WGSL makes two invocations writing components of one
+//            vector a data race, and Metal's and D3D's compilers may store the whole vector).
+//   P V      thread lid owns quads QG g .. QG g + QG - 1 (QG = PR / 4 of them: PR rows; g = lid / PT) and
+//            dims 4e .. 4e + 3 (e = lid % PT): PR = 16 rows over PT = 128 threads for heads wider than 256,
+//            else as many threads as the head has vec4 (8 rows for 256, 4 for 128); PR vec4 accumulators;
+//            the values of the next VF = 16 keys in flight (a ring of registers, each slot reloaded as soon
+//            as its key is used).
 // On an H200 at 15,872 keys (E2B's full layer) the P V with two keys in flight and 4 rows x 16 dims a
 // thread took 6.1 of the tile's 9.9 ms, waiting on its loads; the ring and the 16 x 4 layout made the tile
 // 6.0 ms, the 8-vec4 chunks (4 before: 64 barriers a tile, now 32) 5.4, the multiply-add chains and the
@@ -43,6 +46,7 @@ const KP: u32 = BK / KROWS;
 const VF: u32 = 16u;           // keys whose values are in flight during P V
 override PR: u32 = select(RT * HD / (4u * NT), 16u, HD > 256u);   // P V rows a thread
 override PT: u32 = NT * PR / RT;                                  // P V threads across the dims
+override QG: u32 = PR / 4u;                                       // P V quads of rows a thread
 
 var<workgroup> qs: array<vec4<f32>, DC * (RT + 1u)>;   // [vec4 of the chunk][row] (padded), times SCALE
 // the scores' K chunk, [vec4 of the chunk][key] (a key's row padded to BK + 1), then the probabilities
@@ -51,7 +55,8 @@ var<workgroup> kp: array<vec4<f32>, max(DC * (BK + 1u), BK * RT / 4u)>;
 var<workgroup> red: array<f32, RT * 33u>;              // [row][kb] (padded) partial maxima, then partial sums
 var<workgroup> row_a: array<f32, RT>;                  // this tile's rescale of each row, then its sum
 
-// s + a . b as a chain of multiply-adds (dot() then + would round once more and issue an add more)
+// s + a . b as a chain of multiply-adds: an instruction less than dot() then +, for about twice its rounding
+// of the running sum (f32's still; the tests' tolerances grow with the head)
 fn dot4_add(a: vec4<f32>, b: vec4<f32>, s: f32) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
 }
@@ -79,10 +84,13 @@ fn v_read(kvh: u32, s0: u32, jj: u32, e: u32) -> vec4<f32> {
     return VC[(kvh * CTX + slot(s0, jj)) * (HD / 4u) + min(e, HD / 4u - 1u)];
 }
 
-// acc[r] += p[r] v: rows PR g + r times this thread's vec4 of key j's values.
+// The tile row of P V accumulator 4a + i: row i of quad QG g + a.
+fn pv_row(g: u32, a: u32, i: u32) -> u32 { return QG * g + a + 8u * i; }
+
+// acc[4a + i] += p[pv_row(g, a, i)] v: this thread's rows times its vec4 of key j's values.
 fn pv(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, g: u32, v: vec4<f32>) {
-    for (var a = 0u; a < PR / 4u; a++) {
-        let p = kp[j * (RT / 4u) + (PR / 4u) * g + a];
+    for (var a = 0u; a < QG; a++) {
+        let p = kp[j * (RT / 4u) + QG * g + a];
         (*acc)[4u * a] = fma(vec4<f32>(p.x), v, (*acc)[4u * a]);
         (*acc)[4u * a + 1u] = fma(vec4<f32>(p.y), v, (*acc)[4u * a + 1u]);
         (*acc)[4u * a + 2u] = fma(vec4<f32>(p.z), v, (*acc)[4u * a + 2u]);
@@ -110,7 +118,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kb = lid % 8u + 8u * (lid / 64u);
     let lr = lid / DC;                              // chunk loads: Q row lr, keys lr + KROWS p, vec4 lc
     let lc = lid % DC;
-    let g = lid / PT;                               // P V: rows PR g .., dims of vec4 e
+    let g = lid / PT;                               // P V: quads QG g .., dims of vec4 e
     let e = lid % PT;
     var m: array<f32, 4>;                           // running max and sum of rows rb + 8i
     var l: array<f32, 4>;
@@ -167,18 +175,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();                         // every max read before red takes the sums
         for (var i = 0u; i < 4u; i++) {
             let mx = n[i];
-            // probabilities (0 where masked) into kp[key][row quad], their partial sums
+            // probabilities (0 where masked), in place of the scores, and their partial sums
             var sum = 0.0;
             for (var j = 0u; j < 4u; j++) {
                 let sc = s[4u * i + j];
-                let pr = select(0.0, exp(sc - mx), sc > 0.5 * NEG);
-                kp[(kb + 32u * j) * (RT / 4u) + (rb + 8u * i) / 4u][rb % 4u] = pr;
-                sum += pr;
+                s[4u * i + j] = select(0.0, exp(sc - mx), sc > 0.5 * NEG);
+                sum += s[4u * i + j];
             }
             red[(rb + 8u * i) * 33u + kb] = sum;
             a[i] = exp(m[i] - mx);                  // 1 while both are NEG (nothing accumulated yet)
             m[i] = mx;
             if (kb == 0u) { row_a[rb + 8u * i] = a[i]; }
+        }
+        for (var j = 0u; j < 4u; j++) {               // key kb + 32j's quad rb: rows rb + 8i
+            kp[(kb + 32u * j) * (RT / 4u) + rb] = vec4<f32>(s[j], s[4u + j], s[8u + j], s[12u + j]);
         }
         workgroupBarrier();
         for (var i = 0u; i < 4u; i++) {
@@ -186,10 +196,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var k = 0u; k < 32u; k++) { sum += red[(rb + 8u * i) * 33u + k]; }
             l[i] = l[i] * a[i] + sum;
         }
-        // P V: rescale rows PR g .., then every key of the tile: key j + u's values are loaded into slot u
+        // P V: rescale this thread's rows, then every key of the tile: key j + u's values are loaded into slot u
         // of the ring as key j + u - VF's leave it (keys past the tile's last read that one again: its
         // probabilities are 0 and its values finite)
-        for (var r = 0u; r < PR; r++) { acc[r] *= row_a[PR * g + r]; }
+        for (var a = 0u; a < QG; a++) {
+            for (var i = 0u; i < 4u; i++) { acc[4u * a + i] *= row_a[pv_row(g, a, i)]; }
+        }
         let kn = min(BK, hi + 1u - k0);             // keys of this tile any row sees
         var vr: array<vec4<f32>, VF>;
         for (var u = 0u; u < VF; u++) { vr[u] = v_read(kvh, s0, min(u, kn - 1u), e); }
@@ -207,5 +219,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < 4u; i++) { row_a[rb + 8u * i] = l[i]; }
     }
     workgroupBarrier();
-    for (var r = 0u; r < PR; r++) { write_row(PR * g + r, e, acc[r], t0, kvh); }
+    for (var a = 0u; a < QG; a++) {
+        for (var i = 0u; i < 4u; i++) { write_row(pv_row(g, a, i), e, acc[4u * a + i], t0, kvh); }
+    }
 }

@@ -34,11 +34,12 @@ def attention_ref(q, keys, values, positions, window):
 @pytest.mark.parametrize("tiled", [False, True, 16, "wide"], ids=["per-token", "tiled", "tiled-16-rows", "wide"])
 @pytest.mark.parametrize("window,hd,h,gh", [(0, 36, 4, None), (13, 136, 4, None), (0, 36, 16, 8), (13, 20, 16, 4),
                                              (0, 512, 8, 4), (5, 72, 16, 1), (40, 256, 16, None), (0, 300, 4, None),
-                                             (7, 384, 16, None), (0, 128, 2, None), (70, 512, 16, None)])
+                                             (7, 384, 16, None), (0, 128, 2, None), (70, 512, 16, None),
+                                             (0, 256, 16, None)])
 def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     """Prefill attention: per token with 1-8 query heads of a KV head per workgroup (GQA groups of 2
     and 8), tiled (32 or 16 query rows a workgroup, several tokens each, keys in tiles of 32), and in wide
-    tiles (32 rows, keys in tiles of 128, several outputs a thread: heads of 128-512 in 128s, groups 1-16)."""
+    tiles (32 rows, keys in tiles of 128, several outputs a thread: heads of 128-512 in 128s, groups 1-8)."""
     rows = K.attention_tile_rows(dev, h // 2, hd)
     if tiled == "wide" and not K.wide_tile_fits(dev, h // 2, hd):
         pytest.skip("no wide tile for this shape")
@@ -57,7 +58,7 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
     plan = K.kv_store(dev, f32(dev, ks[:t]), f32(dev, vs[:t]), kc, vc, step, hkv, hd, ctx, max_tokens=t)
     K.attention(dev, f32(dev, q[:t]), kc, vc, out, step, h, hkv, hd, ctx, max_tokens=t, window=window, plan=plan,
                 heads_per_group=gh, tiled=bool(tiled), tile_rows=16 if tiled == 16 else None,
-                wide=tiled == "wide" or None if tiled else False)
+                wide=tiled == "wide")
     dev.submit(plan)
     keys, values = ks.transpose(1, 0, 2), vs.transpose(1, 0, 2)
     ref = attention_ref(q[:t], keys[:, :t], values[:, :t], np.arange(t), window)
@@ -74,15 +75,16 @@ def test_attention_prefill_then_decode(dev, window, hd, h, gh, tiled):
 
 
 @pytest.mark.parametrize("tiled", [False, True, "wide"], ids=["per-token", "tiled", "wide"])
-@pytest.mark.parametrize("hd,h", [(64, 8), (136, 4), (256, 8)])
-def test_attention_second_chunk_over_a_ring(dev, hd, h, tiled):
+@pytest.mark.parametrize("hd,h,window,t1,t2", [(64, 8, 40, 70, 80), (136, 4, 40, 70, 80), (256, 8, 40, 70, 80),
+                                               (256, 8, 200, 300, 90)])
+def test_attention_second_chunk_over_a_ring(dev, hd, h, window, t1, t2, tiled):
     """A prefill chunk after an earlier one (pos0 > 0) on a sliding layer whose cache is a ring of
     window + chunk - 1 slots: the chunk's own stores overwrite the oldest keys, none a query still sees
-    (the wide tiles: a tile's keys wrap around the ring's end)."""
+    (the wide tiles: a tile's keys wrap around the ring's end; with a window of 200, in a later key tile)."""
     if tiled == "wide" and not K.wide_tile_fits(dev, h // 2, hd):
         pytest.skip("no wide tile for this shape")
     rng = np.random.default_rng(12)
-    hkv, window, t1, t2 = 2, 40, 70, 80
+    hkv = 2
     ctx = window + t2 - 1
     n = t1 + t2
     ks = rng.standard_normal((n, hkv, hd)).astype(np.float32)
