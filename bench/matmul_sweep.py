@@ -64,7 +64,7 @@ async def _seconds_per_dispatch(dev, plan, probe, repeat: int, per_submit: int) 
 def tiles():
     from pyapp.gpu.kernels import MATMUL, MatmulTile
     shapes = [(64, 128, 32), (64, 128, 32, 8), (64, 64, 32), (128, 64, 32, 8), (128, 128, 32, 8)]
-    out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in shapes for sb in (True, False)]
+    out = [MatmulTile(*s) for s in shapes]
     out += [MatmulTile(64, 128, 16)]
     out += [MatmulTile(*s) for s in ((64, 32, 32), (32, 64, 32), (32, 32, 32))]    # more workgroups for few rows
     return [MATMUL] + [t for t in out if t != MATMUL]
@@ -72,7 +72,7 @@ def tiles():
 
 def moe_tiles():
     from pyapp.gpu.kernels import MOE_MATMUL, MatmulTile
-    out = [MatmulTile(*s, q4k_sub_blocks=sb) for s in ((128, 32, 32), (64, 32, 32), (64, 64, 32, 8)) for sb in (True, False)]
+    out = [MatmulTile(*s) for s in ((128, 32, 32), (64, 32, 32), (64, 64, 32, 8))]
     out += [MatmulTile(128, 32, 16, 8), MatmulTile(64, 32, 16)]
     return [MOE_MATMUL] + [t for t in out if t != MOE_MATMUL]
 
@@ -99,7 +99,7 @@ def f16_tiles(tile, dev):
 
 def tile_name(t) -> str:
     f16 = " f16 math" if t.f16_math else " f16" if t.f16 else ""
-    return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{'' if t.q4k_sub_blocks else ' nosub'}{f16}"
+    return f"{t.rows}x{t.tokens} k{t.k} t{t.thread_tokens}{f16}"
 
 
 async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE_SHAPES, repeat=20, per_submit=10,

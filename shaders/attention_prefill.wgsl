@@ -132,7 +132,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             st[(sr + 24u) * (BKV + 1u) + sj] = masked(s3, sr + 24u, j, t0);
         }
         workgroupBarrier();
-        // online softmax: row lid's new max, its rescale, probabilities and sum
+        // online softmax: row lid's new max, its rescale, probabilities (over its scores) and sum
         if (lid < R) {
             let m_old = row_m[lid];
             var m = m_old;
@@ -141,13 +141,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var c = 0u; c < BKV; c++) {
                 let s = st[lid * (BKV + 1u) + c];
                 let p = select(0.0, exp(s - m), s > 0.5 * NEG);
-                pt[c * rq + lid / 4u][lid % 4u] = p;
+                st[lid * (BKV + 1u) + c] = p;
                 sum += p;
             }
             let a = exp(m_old - m);                 // 1 while both are NEG (nothing accumulated yet)
             row_a[lid] = a;
             row_l[lid] = row_l[lid] * a + sum;
             row_m[lid] = m;
+        }
+        workgroupBarrier();
+        // the probabilities as vec4 of 4 rows a key, each written whole by one thread (writes of a shared
+        // vec4's components by several invocations are a data race in WGSL: gpuweb#2112)
+        if (lid < BKV * rq) {
+            let c = lid / rq;
+            let r = 4u * (lid % rq);
+            pt[lid] = vec4<f32>(st[r * (BKV + 1u) + c], st[(r + 1u) * (BKV + 1u) + c],
+                                st[(r + 2u) * (BKV + 1u) + c], st[(r + 3u) * (BKV + 1u) + c]);
         }
         workgroupBarrier();
         // P V: this thread's output dim(s) for every row

@@ -12,12 +12,15 @@
 // 1, or 2 for Q6_K's scale per 16, whose b must be 0: the activations' sums are per 32), Q8_MIN_TERM
 // (false where b is always 0: Q6_K, Q8_0, which then skip its fix-up and need not store b) and
 //   fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob     load job jh (0, 1) of a row's step at k
-//   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and (a, b) into ws, wa, wb
-// Each thread owns TM rows (4 or 8: row groups tx and tx + TX of 4) x TN tokens (4 or 8: token groups ty
-// and ty + TY of 4): eight tokens halve the shared-memory reads a DP4A needs. Shared tiles are word-major
-// ([word][rows / tokens] as vec4); the next step's loads are read into registers while the current one
-// computes. Load jobs, WJOBS and XJOBS a thread (job lid + j NT): W row jr, half jh (2 BM of them); X row
-// xt, quarter xc (words 4 xc .. 4 xc + 3 of its step; 4 BN of them).
+//   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and scales: put_codes, put_scales
+// Each thread owns TM rows (4 or 8: tx + TX i) x TN tokens (4 or 8: token groups ty and ty + TY of 4):
+// eight tokens halve the shared-memory reads a DP4A needs. W's shared tile is row-major ([row][16 words
+// of the step], a vec4 a read: 4 words of one row), X's word-major ([word][tokens 4h .. 4h + 3]): every
+// vec4 in shared memory is written whole by one invocation (stores by component from neighbouring
+// invocations are a data race in WGSL, and Metal's and D3D's compilers may write the whole vector:
+// gpuweb#2112). The next step's loads are read into registers while the current one computes. Load jobs
+// (job lid + j NT): W row jr, half jh (2 BM of them, WJOBS a thread); X tokens 4 h .. 4 h + 3, quarter xc
+// (their words 4 xc .. 4 xc + 3 of the step: BN of them, XJOBS a thread).
 //
 // Tile shape MQ_BM, MQ_BN, MQ_TM, MQ_TN comes from the prelude (pyapp.gpu.kernels.Q8Tile checks it).
 // The includer declares K (a multiple of the format's Q8_W_ALIGN), XQ (array<vec4<u32>> [rows, K / 16]),
@@ -32,22 +35,22 @@ const BM: u32 = MQ_BM;
 const BN: u32 = MQ_BN;
 const TM: u32 = MQ_TM;
 const TN: u32 = MQ_TN;
-const GM: u32 = BM / 4u;                 // vec4 groups of rows in a shared word
 const TX: u32 = BM / TM;                 // threads along the rows
 const GN: u32 = BN / 4u;                 // vec4 groups of tokens in a shared word
 const TY: u32 = BN / TN;                 // threads along the tokens
 const NT: u32 = TX * TY;                 // threads per workgroup
 const WJOBS: u32 = (2u * BM + NT - 1u) / NT;
-const XJOBS: u32 = (4u * BN + NT - 1u) / NT;
+const XJOBS: u32 = (BN + NT - 1u) / NT;
+const WRS: u32 = 5u;                     // vec4 a row of ws: 4 (16 words), and one against bank conflicts
 
 struct Q8Acc {
-    lo: mat4x4<f32>,     // rows of group tx, tokens of group ty
-    hi: mat4x4<f32>,     // rows of group tx + TX (TM = 8)
+    lo: mat4x4<f32>,     // rows tx + TX i (i < 4), tokens of group ty
+    hi: mat4x4<f32>,     // rows tx + TX (4 + i) (TM = 8)
     lo2: mat4x4<f32>,    // tokens of group ty + TY (TN = 8)
     hi2: mat4x4<f32>,    // both
 }
 
-fn q8_tile_row(lid: u32, g: u32, i: u32) -> u32 { return 4u * (lid % TX + g * TX) + i; }
+fn q8_tile_row(lid: u32, g: u32, i: u32) -> u32 { return lid % TX + TX * (4u * g + i); }
 fn q8_tile_token(lid: u32, h: u32, j: u32) -> u32 { return 4u * (lid / TX + h * TY) + j; }
 fn q8_acc(a: Q8Acc, g: u32, h: u32) -> mat4x4<f32> {
     if (h == 0u) {
@@ -65,18 +68,54 @@ const SUM_BIAS: i32 = 0x4b400000;
 const SUM_BIAS_F: f32 = 12582912.0;
 fn q8_sum(i: vec4<i32>) -> vec4<f32> { return bitcast<vec4<f32>>(i) - SUM_BIAS_F; }
 
-var<workgroup> ws: array<vec4<u32>, 16u * GM>;    // [word 0..15][rows 4g .. 4g + 3]: codes, 4 to a word
-var<workgroup> wa: array<vec4<f32>, 2u * Q8_SUBS * GM>;   // [sub-block][rows]: a = d sc
-var<workgroup> wb: array<vec4<f32>, 2u * Q8_SUBS * GM>;   //                    b = dmin m
-var<workgroup> xs: array<vec4<u32>, 16u * GN>;    // [word][tokens 4h .. 4h + 3]
-var<workgroup> xd: array<vec4<f32>, 2u * GN>;     // [sub-block][tokens]: activation scale
-var<workgroup> xm: array<vec4<f32>, 2u * GN>;     //                      sum of the block's x
+var<workgroup> ws: array<vec4<u32>, WRS * BM>;   // [row][words 4q .. 4q + 3 of the step]: codes, 4 to a word
+var<workgroup> wsc: array<vec2<f32>, 2u * BM>;   // [job half][row]: (a, b) of its 32 weights (Q6_K: a, a')
+var<workgroup> xs: array<vec4<u32>, 16u * GN>;   // [word][tokens 4h .. 4h + 3]
+var<workgroup> xsc: array<vec4<f32>, 4u * GN>;   // [d of block 0, its sum of x, d of block 1, its sum][tokens]
+
+// The format's stores (q8_w_store) for tile row r: words 4q .. 4q + 3 of its step; job half h's scales
+fn put_codes(r: u32, q: u32, v: vec4<u32>) { ws[r * WRS + q] = v; }
+fn put_scales(h: u32, r: u32, v: vec2<f32>) { wsc[h * BM + r] = v; }
 
 // A W load job's registers: what q8_w_fetch read for one row's half step, for q8_w_store.
 struct WJob {
     p: vec4<u32>,
     q: vec4<u32>,
     ab: vec2<f32>,
+}
+
+// An X load job's registers: words 4 xc .. 4 xc + 3 of 4 tokens, and component xc of their XS (d0, m0, d1, m1)
+struct XJob {
+    t0: vec4<u32>,
+    t1: vec4<u32>,
+    t2: vec4<u32>,
+    t3: vec4<u32>,
+    sc: vec4<f32>,
+}
+
+fn x_fetch(job: u32, k: u32) -> XJob {
+    let h = job % GN;
+    let xc = job / GN;
+    let r0 = q8_x_row(4u * h);
+    let r1 = q8_x_row(4u * h + 1u);
+    let r2 = q8_x_row(4u * h + 2u);
+    let r3 = q8_x_row(4u * h + 3u);
+    let q = k / 16u + xc;
+    let s = k / 64u;
+    return XJob(XQ[r0 * (K / 16u) + q], XQ[r1 * (K / 16u) + q], XQ[r2 * (K / 16u) + q], XQ[r3 * (K / 16u) + q],
+                vec4<f32>(XS[r0 * (K / 64u) + s][xc], XS[r1 * (K / 64u) + s][xc], XS[r2 * (K / 64u) + s][xc],
+                          XS[r3 * (K / 64u) + s][xc]));
+}
+
+// the job's 4 x 4 words transposed: word 4 xc + m of the 4 tokens in one vec4
+fn x_store(j: XJob, job: u32) {
+    let h = job % GN;
+    let xc = job / GN;
+    xs[(4u * xc) * GN + h] = vec4<u32>(j.t0.x, j.t1.x, j.t2.x, j.t3.x);
+    xs[(4u * xc + 1u) * GN + h] = vec4<u32>(j.t0.y, j.t1.y, j.t2.y, j.t3.y);
+    xs[(4u * xc + 2u) * GN + h] = vec4<u32>(j.t0.z, j.t1.z, j.t2.z, j.t3.z);
+    xs[(4u * xc + 3u) * GN + h] = vec4<u32>(j.t0.w, j.t1.w, j.t2.w, j.t3.w);
+    xsc[xc * GN + h] = j.sc;
 }
 
 // Integer sums of 4 rows x 4 tokens (row i's sums over tokens in r[i]), biased by SUM_BIAS.
@@ -91,13 +130,56 @@ fn sums_start() -> Sums4 {
     return Sums4(vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS));
 }
 
-fn dots(w: u32, x: vec4<u32>) -> vec4<i32> {
-    return vec4<i32>(dot4I8Packed(w, x.x), dot4I8Packed(w, x.y), dot4I8Packed(w, x.z), dot4I8Packed(w, x.w));
+// s plus one row's 4 words of codes (w) times 4 words of 4 tokens (x0 .. x3: word c of each token in xc)
+fn row_dots(s: vec4<i32>, w: vec4<u32>, x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>) -> vec4<i32> {
+    var r = s;
+    r += vec4<i32>(dot4I8Packed(w.x, x0.x), dot4I8Packed(w.x, x0.y), dot4I8Packed(w.x, x0.z), dot4I8Packed(w.x, x0.w));
+    r += vec4<i32>(dot4I8Packed(w.y, x1.x), dot4I8Packed(w.y, x1.y), dot4I8Packed(w.y, x1.z), dot4I8Packed(w.y, x1.w));
+    r += vec4<i32>(dot4I8Packed(w.z, x2.x), dot4I8Packed(w.z, x2.y), dot4I8Packed(w.z, x2.z), dot4I8Packed(w.z, x2.w));
+    r += vec4<i32>(dot4I8Packed(w.w, x3.x), dot4I8Packed(w.w, x3.y), dot4I8Packed(w.w, x3.z), dot4I8Packed(w.w, x3.w));
+    return r;
 }
 
-// s plus a word of codes of 4 rows (w) times a word of 4 tokens (x)
-fn add_dots(s: Sums4, w: vec4<u32>, x: vec4<u32>) -> Sums4 {
-    return Sums4(s.r0 + dots(w.x, x), s.r1 + dots(w.y, x), s.r2 + dots(w.z, x), s.r3 + dots(w.w, x));
+// 4 words of the tokens of group h: word 4q + c in x[c]
+struct X4 {
+    x0: vec4<u32>,
+    x1: vec4<u32>,
+    x2: vec4<u32>,
+    x3: vec4<u32>,
+}
+
+fn x_words(q: u32, h: u32) -> X4 {
+    return X4(xs[(4u * q) * GN + h], xs[(4u * q + 1u) * GN + h], xs[(4u * q + 2u) * GN + h],
+              xs[(4u * q + 3u) * GN + h]);
+}
+
+// s plus rows tx + TX (4 g + i) (i < 4) times x over words 4q .. 4q + 3
+fn add_dots(s: Sums4, tx: u32, g: u32, q: u32, x: X4) -> Sums4 {
+    let r = tx + 4u * g * TX;
+    return Sums4(row_dots(s.r0, ws[r * WRS + q], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r1, ws[(r + TX) * WRS + q], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r2, ws[(r + 2u * TX) * WRS + q], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r3, ws[(r + 3u * TX) * WRS + q], x.x0, x.x1, x.x2, x.x3));
+}
+
+// (a, b) of sub-block u for rows tx + TX (4 g + i): a in .x of each, b in .y (b = 0 where Q8_SUBS = 2)
+struct Scales4 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn scales(tx: u32, g: u32, u: u32) -> Scales4 {
+    let r = tx + 4u * g * TX;
+    let h = u / Q8_SUBS;
+    let s0 = wsc[h * BM + r];
+    let s1 = wsc[h * BM + r + TX];
+    let s2 = wsc[h * BM + r + 2u * TX];
+    let s3 = wsc[h * BM + r + 3u * TX];
+    if (Q8_SUBS == 2u) {
+        if (u % 2u == 0u) { return Scales4(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(0.0)); }
+        return Scales4(vec4<f32>(s0.y, s1.y, s2.y, s3.y), vec4<f32>(0.0));
+    }
+    return Scales4(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(s0.y, s1.y, s2.y, s3.y));
 }
 
 // acc plus a sub-block's sums scaled: row i's a[i] times each token's d
@@ -117,19 +199,14 @@ fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
     // The first step's loads here and the next step's in the loop are the same code, written twice: as one
     // function returning the loads in a struct the chunk took 1.3% longer (E2B on an H200, twelfth session).
     var wj: array<WJob, WJOBS>;          // W jobs: row (job % BM), half (job / BM) of its step
-    var xq: array<vec4<u32>, XJOBS>;     // X jobs: token (job % BN), quarter (job / BN) of its 64 codes
-    var xsc: array<vec4<f32>, XJOBS>;    // (d, sum) of the step's two activation blocks
+    var xj: array<XJob, XJOBS>;          // X jobs: tokens 4 (job % GN) .., quarter (job / GN)
     for (var j = 0u; j < WJOBS; j++) {
         let job = lid + j * NT;
         if (job < 2u * BM) { wj[j] = q8_w_fetch(q8_w_row(job % BM), job / BM, k_lo); }
     }
     for (var j = 0u; j < XJOBS; j++) {
         let job = lid + j * NT;
-        if (job < 4u * BN) {
-            let xrow = q8_x_row(job % BN);
-            xq[j] = XQ[xrow * (K / 16u) + k_lo / 16u + job / BN];
-            if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k_lo / 64u]; }     // quarter 0 stores the scales
-        }
+        if (job < BN) { xj[j] = x_fetch(job, k_lo); }
     }
     var acc = Q8Acc(mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>(), mat4x4<f32>());
     for (var k0 = k_lo; k0 < k_hi; k0 += 64u) {
@@ -139,19 +216,7 @@ fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
         }
         for (var j = 0u; j < XJOBS; j++) {
             let job = lid + j * NT;
-            let xt = job % BN;
-            let xc = job / BN;
-            if (job < 4u * BN) {
-                for (var m = 0u; m < 4u; m++) {
-                    xs[(4u * xc + m) * GN + xt / 4u][xt % 4u] = xq[j][m];
-                }
-                if (xc == 0u) {
-                    xd[xt / 4u][xt % 4u] = xsc[j].x;
-                    xm[xt / 4u][xt % 4u] = xsc[j].y;
-                    xd[GN + xt / 4u][xt % 4u] = xsc[j].z;
-                    xm[GN + xt / 4u][xt % 4u] = xsc[j].w;
-                }
-            }
+            if (job < BN) { x_store(xj[j], job); }
         }
         workgroupBarrier();
         let k1 = k0 + 64u;               // the next step's loads, in flight during this one's products
@@ -162,61 +227,47 @@ fn q8_tile_product(lid: u32, k_lo: u32, k_hi: u32) -> Q8Acc {
             }
             for (var j = 0u; j < XJOBS; j++) {
                 let job = lid + j * NT;
-                if (job < 4u * BN) {
-                    let xrow = q8_x_row(job % BN);
-                    xq[j] = XQ[xrow * (K / 16u) + k1 / 16u + job / BN];
-                    if (job < BN) { xsc[j] = XS[xrow * (K / 64u) + k1 / 64u]; }
-                }
+                if (job < BN) { xj[j] = x_fetch(job, k1); }
             }
         }
         for (var u = 0u; u < 2u * Q8_SUBS; u++) {     // the step's sub-blocks: 2 x Q8_SUBS of 32 / Q8_SUBS
-            var s00 = sums_start();                   // rows of group tx x tokens of group ty
-            var s10 = sums_start();                   // rows tx + TX (TM = 8)
+            var s00 = sums_start();                   // rows tx + TX i x tokens of group ty
+            var s10 = sums_start();                   // rows tx + TX (4 + i) (TM = 8)
             var s01 = sums_start();                   // tokens ty + TY (TN = 8)
             var s11 = sums_start();
-            for (var kk = u * (8u / Q8_SUBS); kk < (u + 1u) * (8u / Q8_SUBS); kk++) {
-                let w = ws[kk * GM + tx];
-                let x = xs[kk * GN + ty];
-                s00 = add_dots(s00, w, x);
-                var v = vec4<u32>(0u);
-                if (TM == 8u) {
-                    v = ws[kk * GM + tx + TX];
-                    s10 = add_dots(s10, v, x);
-                }
+            for (var q = u * (2u / Q8_SUBS); q < (u + 1u) * (2u / Q8_SUBS); q++) {   // 4 words at a time
+                let x = x_words(q, ty);
+                s00 = add_dots(s00, tx, 0u, q, x);
+                if (TM == 8u) { s10 = add_dots(s10, tx, 1u, q, x); }
                 if (TN == 8u) {
-                    let x2 = xs[kk * GN + ty + TY];
-                    s01 = add_dots(s01, w, x2);
-                    if (TM == 8u) { s11 = add_dots(s11, v, x2); }
+                    let x2 = x_words(q, ty + TY);
+                    s01 = add_dots(s01, tx, 0u, q, x2);
+                    if (TM == 8u) { s11 = add_dots(s11, tx, 1u, q, x2); }
                 }
             }
             let s = u / Q8_SUBS;                      // the activations' 32-block
-            let a = wa[u * GM + tx];
-            let d = xd[s * GN + ty];
-            acc.lo = add_scaled(acc.lo, s00, a, d);
-            var a2 = vec4<f32>(0.0);
+            let sc = scales(tx, 0u, u);
+            let d = xsc[2u * s * GN + ty];
+            acc.lo = add_scaled(acc.lo, s00, sc.a, d);
+            var sc2 = Scales4(vec4<f32>(0.0), vec4<f32>(0.0));
             var d2 = vec4<f32>(0.0);
             if (TM == 8u) {
-                a2 = wa[u * GM + tx + TX];
-                acc.hi = add_scaled(acc.hi, s10, a2, d);
+                sc2 = scales(tx, 1u, u);
+                acc.hi = add_scaled(acc.hi, s10, sc2.a, d);
             }
             if (TN == 8u) {
-                d2 = xd[s * GN + ty + TY];
-                acc.lo2 = add_scaled(acc.lo2, s01, a, d2);
-                if (TM == 8u) { acc.hi2 = add_scaled(acc.hi2, s11, a2, d2); }
+                d2 = xsc[2u * s * GN + ty + TY];
+                acc.lo2 = add_scaled(acc.lo2, s01, sc.a, d2);
+                if (TM == 8u) { acc.hi2 = add_scaled(acc.hi2, s11, sc2.a, d2); }
             }
             if (Q8_MIN_TERM) {                        // - b sum x (formats whose b is never 0)
-                let b = wb[u * GM + tx];
-                let m = xm[s * GN + ty];
-                acc.lo = less_offsets(acc.lo, b, m);
-                var b2 = vec4<f32>(0.0);
-                if (TM == 8u) {
-                    b2 = wb[u * GM + tx + TX];
-                    acc.hi = less_offsets(acc.hi, b2, m);
-                }
+                let m = xsc[(2u * s + 1u) * GN + ty];
+                acc.lo = less_offsets(acc.lo, sc.b, m);
+                if (TM == 8u) { acc.hi = less_offsets(acc.hi, sc2.b, m); }
                 if (TN == 8u) {
-                    let m2 = xm[s * GN + ty + TY];
-                    acc.lo2 = less_offsets(acc.lo2, b, m2);
-                    if (TM == 8u) { acc.hi2 = less_offsets(acc.hi2, b2, m2); }
+                    let m2 = xsc[(2u * s + 1u) * GN + ty + TY];
+                    acc.lo2 = less_offsets(acc.lo2, sc.b, m2);
+                    if (TM == 8u) { acc.hi2 = less_offsets(acc.hi2, sc2.b, m2); }
                 }
             }
         }

@@ -6,10 +6,13 @@
 // Shared tiles are k-major ([k][4 rows] as vec4), rows padded by one vec4 against bank conflicts
 // on the transposing stores. Loading is in units of 4 rows x 4 k (four dq4 or X vec4 reads,
 // transposed in registers): thread lid loads W unit lid and X unit (lid + NT / 2) % NT, where
-// those exist. The next step's units are read into registers while the current step computes,
-// so their global reads' latency hides behind the multiply-adds.
+// those exist, and stores each as whole vec4 (stores by component into a shared vec4 from
+// neighbouring invocations are a data race in WGSL: Metal's and D3D's compilers may write the whole
+// vector, gpuweb#2112; a Q4_K path that stored one row's 32-weight sub-block a thread did so, and
+// went). The next step's units are read into registers while the current step computes, so their
+// global reads' latency hides behind the multiply-adds.
 //
-// Tile shape constants MM_BM, MM_BN, MM_BK, MM_TN and W_Q4K come from the prelude
+// Tile shape constants MM_BM, MM_BN, MM_BK and MM_TN come from the prelude
 // (pyapp.gpu.kernels.matmul_prelude: its dispatch uses the same values), and two types:
 // MM_S, the shared tiles' scalar, and MM_M, the multiply-adds'. f32 / f32 is the portable tile;
 // with shader-f16, f16 tiles halve the shared memory a step reads (and holds), and f16 multiply-adds
@@ -66,60 +69,11 @@ fn load_x(ok: bool, xr: vec4<u32>, gk: u32) -> mat4x4<f32> {
                        tile_x(X[xr.w * kg + gk]));
 }
 
-// Q4_K (W_Q4K, from the prelude; BK a multiple of 32): a thread takes one row's 32-weight sub-block
-// a step, decoding its scale and min once rather than once per 4 weights: the header and 8 words
-// of nibbles are read ahead like the other units, the weights written to ws at the step's start.
-const SUBS: u32 = max(BK / 32u, 1u);   // Q4_K sub-blocks per step (the path needs BK % 32 == 0)
-const WJ: u32 = BM * SUBS;             // Q4_K sub-block jobs per step
-
-struct SubBlock {
-    lo: vec4<u32>,       // nibble words 0..3 and 4..7 (the sub-block's 32 bytes)
-    hi: vec4<u32>,
-    ab: vec2<f32>,       // w = a q - b
-    shift: u32,          // 4 for the high nibbles
-}
-
-fn load_sub_block(ok: bool, base: u32, kw: u32) -> SubBlock {
-    if (!ok || kw >= K) { return SubBlock(vec4<u32>(0u), vec4<u32>(0u), vec2<f32>(0.0), 0u); }
-    let bb = base + (kw / 256u) * 144u;
-    let s = (kw % 256u) / 32u;
-    let dm = unpack2x16float(W[bb >> 2u]);
-    let sm = scale_min_k4(bb + 4u, s);
-    let w0 = ((bb + 16u) >> 2u) + 8u * (s / 2u);
-    return SubBlock(vec4<u32>(W[w0], W[w0 + 1u], W[w0 + 2u], W[w0 + 3u]),
-                    vec4<u32>(W[w0 + 4u], W[w0 + 5u], W[w0 + 6u], W[w0 + 7u]),
-                    vec2<f32>(dm.x * sm.x, dm.y * sm.y), 4u * (s % 2u));
-}
-
-// Weights k .. k + 3 of the step (4 nibbles of word q), tile row r, into ws.
-fn store_nibbles(r: u32, k: u32, q: u32, b: SubBlock) {
-    let w = b.ab.x * vec4<f32>((bytes4(q) >> vec4<u32>(b.shift)) & vec4<u32>(15u)) - b.ab.y;
-    let g = r / 4u;
-    let c = r % 4u;
-    ws[k * GMP + g][c] = MM_S(w.x);
-    ws[(k + 1u) * GMP + g][c] = MM_S(w.y);
-    ws[(k + 2u) * GMP + g][c] = MM_S(w.z);
-    ws[(k + 3u) * GMP + g][c] = MM_S(w.w);
-}
-
-// Weights 32 sub .. 32 sub + 31 of the step, tile row r, into ws.
-fn store_sub_block(r: u32, sub: u32, b: SubBlock) {
-    let k = 32u * sub;
-    store_nibbles(r, k, b.lo.x, b);
-    store_nibbles(r, k + 4u, b.lo.y, b);
-    store_nibbles(r, k + 8u, b.lo.z, b);
-    store_nibbles(r, k + 12u, b.lo.w, b);
-    store_nibbles(r, k + 16u, b.hi.x, b);
-    store_nibbles(r, k + 20u, b.hi.y, b);
-    store_nibbles(r, k + 24u, b.hi.z, b);
-    store_nibbles(r, k + 28u, b.hi.w, b);
-}
-
 fn tile_product(lid: u32, q_lo: u32, q_hi: u32) -> TileAcc {
     let tx = lid % TXN;
     let ty = lid / TXN;
     let wu = lid;                      // this thread's W unit: rows 4 wg .., K group wkq of each step
-    let has_w = !W_Q4K && wu < WU;
+    let has_w = wu < WU;
     let wkq = wu % KQ;
     let wg = min(wu / KQ, TXN - 1u);
     let xu = (lid + NT / 2u) % NT;     // its X unit
@@ -130,11 +84,6 @@ fn tile_product(lid: u32, q_lo: u32, q_hi: u32) -> TileAcc {
                        tile_w_base(4u * wg + 3u));
     let xr = vec4<u32>(tile_x_row(4u * xh), tile_x_row(4u * xh + 1u), tile_x_row(4u * xh + 2u),
                        tile_x_row(4u * xh + 3u));
-    let has_job = W_Q4K && lid < WJ;   // Q4_K: this thread's sub-block job, row jr, sub-block js of each step
-    let jr = lid % BM;
-    let js = (lid / BM) % SUBS;
-    let jbase = tile_w_base(jr);
-    var jn = load_sub_block(has_job, jbase, 4u * q_lo + 32u * js);
     var wn = load_w(has_w, wb, q_lo + wkq);
     var xn = load_x(has_x, xr, q_lo + xkq);
     var acc = mat4x4<f32>();
@@ -142,7 +91,6 @@ fn tile_product(lid: u32, q_lo: u32, q_hi: u32) -> TileAcc {
     var part = mat4x4<MM_M>();         // the sums in MM_M: the whole K's, or (MM_FOLD) this step's
     var part2 = mat4x4<MM_M>();
     for (var k0 = q_lo; k0 < q_hi; k0 += KQ) {
-        if (has_job) { store_sub_block(jr, js, jn); }
         if (has_w) {
             let t = transpose(wn);
             for (var c = 0u; c < 4u; c++) { ws[(4u * wkq + c) * GMP + wg] = vec4<MM_S>(t[c]); }
@@ -152,7 +100,6 @@ fn tile_product(lid: u32, q_lo: u32, q_hi: u32) -> TileAcc {
             for (var c = 0u; c < 4u; c++) { xs[(4u * xkq + c) * GNP + xh] = vec4<MM_S>(t[c]); }
         }
         workgroupBarrier();
-        jn = load_sub_block(has_job, jbase, 4u * (k0 + KQ) + 32u * js);
         wn = load_w(has_w, wb, k0 + KQ + wkq);
         xn = load_x(has_x, xr, k0 + KQ + xkq);
         for (var k = 0u; k < BK; k++) {

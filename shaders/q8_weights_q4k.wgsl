@@ -35,18 +35,14 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
 }
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
-    for (var m = 0u; m < 4u; m++) {
-        ws[(4u * jh + m) * GM + r / 4u][r % 4u] = j.q[m] & 0x0f0f0f0fu;
-        ws[(8u + 4u * jh + m) * GM + r / 4u][r % 4u] = (j.q[m] >> 4u) & 0x0f0f0f0fu;
-    }
+    put_codes(r, jh, j.q & vec4<u32>(0x0f0f0f0fu));               // words 4 jh ..: sub-block 2c's codes
+    put_codes(r, 2u + jh, (j.q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu));   // 8 + 4 jh ..: 2c + 1's
     if (jh == 0u) {
         let dm = unpack2x16float(j.p.x);
         let c = (k % 256u) / 64u;
         let s0 = scale_min(j.p, 2u * c);
         let s1 = scale_min(j.p, 2u * c + 1u);
-        wa[r / 4u][r % 4u] = dm.x * s0.x;
-        wb[r / 4u][r % 4u] = dm.y * s0.y;
-        wa[GM + r / 4u][r % 4u] = dm.x * s1.x;
-        wb[GM + r / 4u][r % 4u] = dm.y * s1.y;
+        put_scales(0u, r, dm * s0);
+        put_scales(1u, r, dm * s1);
     }
 }

@@ -56,10 +56,7 @@ fn q8_w_fetch(row: u32, jh: u32, k: u32) -> WJob {
 }
 
 fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32) {
-    for (var m = 0u; m < 4u; m++) {
-        ws[(8u * jh + m) * GM + r / 4u][r % 4u] = j.p[m];
-        ws[(8u * jh + 4u + m) * GM + r / 4u][r % 4u] = j.q[m];
-    }
-    wa[2u * jh * GM + r / 4u][r % 4u] = j.ab.x;
-    wa[(2u * jh + 1u) * GM + r / 4u][r % 4u] = j.ab.y;
+    put_codes(r, 2u * jh, j.p);
+    put_codes(r, 2u * jh + 1u, j.q);
+    put_scales(jh, r, j.ab);          // the scales of codes 0..15 and 16..31
 }

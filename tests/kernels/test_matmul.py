@@ -261,8 +261,8 @@ def sliced_as_whole(dev, plan, whole, sliced, split: int, rows: int, t: int, pla
                                                 ("q4_k", 768, 3, "few"), ("q4_k", 512, 2, "engine"),
                                                 ("q6_k", 512, 2, "few"), ("q8_0", 64 * 5, 2, "short")])
 def test_matmul_slices_of_k(dev, qtype, k, split, tile):
-    """The f32 tile over slices of K (matmul.wgsl SPLIT, sum_slices.wgsl; Q4_K's sub-block jobs and the other
-    formats' 4-weight units, three tile shapes): the sum of the slices' partial sums is the whole product up to
+    """The f32 tile over slices of K (matmul.wgsl SPLIT, sum_slices.wgsl; every format's 4-weight units, three
+    tile shapes): the sum of the slices' partial sums is the whole product up to
     float rounding and close to numpy's, for a step shorter than its plan (70 of 100 tokens), rows past the
     tile, two row blocks writing their columns of a wider Y; refused where the slices are not whole tile steps,
     without room, or with a clippable linear's bounds (the sums would clamp nothing)."""

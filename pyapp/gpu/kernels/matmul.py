@@ -25,7 +25,6 @@ class MatmulTile:
     tokens: int = 64
     k: int = 32
     thread_tokens: int = 4
-    q4k_sub_blocks: bool = True  # Q4_K W read a 32-weight sub-block per thread (where k % 32 == 0)
     f16: bool = False
     f16_math: bool = False
 
@@ -33,8 +32,7 @@ class MatmulTile:
         units = self.k // 4 * max(self.rows, self.tokens) // 4       # a step's load units of W or X
         if self.rows % 4 or self.tokens % self.thread_tokens or self.thread_tokens not in (4, 8) \
                 or self.k % 4 or units > self.threads or self.threads > 1024 \
-                or self.k % 32 == 0 and self.rows * self.k // 32 > self.threads \
-                or self.f16_math and not self.f16:     # Q4_K sub-block jobs; f16 math on f16 tiles
+                or self.f16_math and not self.f16:     # f16 math on f16 tiles
             raise ValueError(f"bad matmul tile {self}")
 
     @property
@@ -104,9 +102,8 @@ def matmul_tile_for(rows: int, n_tokens: int) -> MatmulTile:
 
 
 def matmul_prelude(qtype, tile: MatmulTile) -> str:
-    """quant_prelude plus the tile's shape; W_Q4K: Q4_K rows dequantized a 32-weight sub-block at a time."""
-    q4k = quant_type(qtype) == ggml.Q4_K and tile.k % 32 == 0 and tile.q4k_sub_blocks
-    return quant_prelude(qtype) + tile.prelude() + f"const W_Q4K: bool = {'true' if q4k else 'false'};\n"
+    """quant_prelude plus the tile's shape."""
+    return quant_prelude(qtype) + tile.prelude()
 
 
 def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: Buffer,
@@ -199,8 +196,8 @@ Q8_BLOCK = 32             # activations per int8 scale
 @dataclass(frozen=True)
 class Q8Tile:
     """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
-    rows and tokens per thread (4 or 8 each). A thread has one or two load jobs of each kind (2 per row
-    of W, 4 per token of X)."""
+    rows and tokens per thread (4 or 8 each). A thread has one or two load jobs of W (2 a row) and at most
+    two of X (4 a group of 4 tokens)."""
     rows: int = 64
     tokens: int = 64
     thread_rows: int = 4
@@ -209,7 +206,7 @@ class Q8Tile:
     def __post_init__(self):
         if self.thread_rows not in (4, 8) or self.thread_tokens not in (4, 8) or self.rows % 64 \
                 or self.tokens % 32 \
-                or 2 * self.rows > 2 * self.threads or 4 * self.tokens > 2 * self.threads:   # <= 2 jobs each
+                or 2 * self.rows > 2 * self.threads or self.tokens > 2 * self.threads:   # <= 2 jobs each
             raise ValueError(f"bad int8 matmul tile {self}")
 
     @property
