@@ -50,12 +50,17 @@ MOE = dict(hidden_size=128, intermediate_size=128, num_hidden_layers=4, num_atte
            hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=4, top_k_experts=2,
            moe_intermediate_size=64)
 
-# name -> (config, vocabulary size, GGUF types)
+# The dense structure at Gemma 4's real head widths (E2B / E4B: 256 sliding, 512 global), so the engine's golden
+# path runs the kernels only heads that wide take (the wide attention tiles); a 99-token prompt besides.
+WIDE = dict(DENSE, num_attention_heads=2, head_dim=256, global_head_dim=512)
+
+# name -> (config, vocabulary size, GGUF types, golden prompt lengths after BOS)
 MODELS = {
-    "gemma4-dense": (DENSE, 512, ["F32", "F16", "Q8_0", "Q4_K", "Q6_K"]),
-    "gemma4-moe": (MOE, 512, ["F32", "Q8_0"]),
+    "gemma4-dense": (DENSE, 512, ["F32", "F16", "Q8_0", "Q4_K", "Q6_K"], (23, 7, 39)),
+    "gemma4-moe": (MOE, 512, ["F32", "Q8_0"], (23, 7, 39)),
+    "gemma4-wide": (WIDE, 512, ["Q4_K"], (23, 7, 39, 99)),
 }
-DEMO = ("demo", DENSE, 4096, "Q8_0")
+DEMO = ("demo", DENSE, 4096, "Q8_0", (23, 7, 39))
 
 
 def hf_model(cfg_kw: dict, vocab: int, seed: int):
@@ -159,10 +164,10 @@ def load_gguf_weights(model, gguf_path: Path, names: dict[str, str]) -> None:
             state[hname].copy_(torch.from_numpy(load_tensor(g, gname)).reshape(state[hname].shape))
 
 
-def golden(model, vocab: int, seed: int) -> dict[str, np.ndarray]:
+def golden(model, vocab: int, seed: int, lengths=(23, 7, 39)) -> dict[str, np.ndarray]:
     import torch
     rng = np.random.default_rng(seed)
-    seqs = [[2] + rng.integers(5, vocab, n).tolist() for n in (23, 7, 39)]
+    seqs = [[2] + rng.integers(5, vocab, n).tolist() for n in lengths]
     out = {}
     with torch.no_grad():
         for i, s in enumerate(seqs):
@@ -176,7 +181,8 @@ def golden(model, vocab: int, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def make(name: str, cfg_kw: dict, vocab: int, types: list[str], out_dir: Path, seed: int, stems=None) -> None:
+def make(name: str, cfg_kw: dict, vocab: int, types: list[str], lengths, out_dir: Path, seed: int,
+         stems=None) -> None:
     model = hf_model(cfg_kw, vocab, seed)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "hf"
@@ -196,7 +202,7 @@ def make(name: str, cfg_kw: dict, vocab: int, types: list[str], out_dir: Path, s
                 requantize(f32, qtype, dest)
             q = hf_model(cfg_kw, vocab, seed)
             load_gguf_weights(q, dest, names)
-            np.savez_compressed(out_dir / f"{stem}.golden.npz", **golden(q, vocab, seed + 1))
+            np.savez_compressed(out_dir / f"{stem}.golden.npz", **golden(q, vocab, seed + 1, lengths))
             print(f"{dest.name}: {dest.stat().st_size / 2**20:.2f} MiB", flush=True)
 
 
@@ -210,12 +216,12 @@ def main() -> int:
         raise SystemExit(f"{VOCAB} missing: run `python3 build.py setup` first")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for i, (name, (cfg, vocab, types)) in enumerate(MODELS.items()):
+    for i, (name, (cfg, vocab, types, lengths)) in enumerate(MODELS.items()):
         if not args.only or name in args.only:
-            make(name, cfg, vocab, types, out, args.seed + 10 * i)
+            make(name, cfg, vocab, types, lengths, out, args.seed + 10 * i)
     if not args.only or "demo" in args.only:
-        stem, cfg, vocab, qtype = DEMO
-        make(stem, cfg, vocab, [qtype], out, args.seed + 100, stems={qtype: stem})
+        stem, cfg, vocab, qtype, lengths = DEMO
+        make(stem, cfg, vocab, [qtype], lengths, out, args.seed + 100, stems={qtype: stem})
     manifest = {p.name: p.stat().st_size for p in sorted(out.glob("*.gguf"))}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return 0

@@ -385,20 +385,23 @@ def _pipelines(engine) -> set[str]:
             for plan in program if isinstance(plan, Plan) for op in plan.ops if op[0] == "d"}
 
 
-@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "toy-moe-1-layer"])
+@pytest.mark.parametrize("model", ["fixture-dense", "fixture-dense-q6_k", "fixture-wide", "toy-moe-1-layer"])
 def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     """A 90-token prompt runs in the 128-token plan, whose Q4_K / Q6_K matmuls (the dense ones and the
     grouped experts) take int8 activations (K.INT8_MIN_TOKENS), the dense down projections' rounded by the
     GeGLU's kernel (quantize_q8's geglu), the pre-norms' and the stream's by the residual adds
     (add_normed_q8, add_q8): logits within int8's rounding of the f32 reference and the same pick wherever
     the top two are 0.5 apart; int8=False keeps f32 matmuls, within float rounding. The MoE toy has one layer: deeper random-weight toys are chaotic (see the
-    module's docstring), so int8's rounding says nothing there."""
+    module's docstring), so int8's rounding says nothing there. The wide fixture has Gemma 4's head widths
+    (256, 512): its prompt attention takes the wide tiles."""
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
     from pyapp.reference.forward import ReferenceModel
     if model.startswith("fixture-dense"):
         quant = model.removeprefix("fixture-dense").lstrip("-") or "q4_k"
         path, kernels = FIXTURES / f"gemma4-dense-{quant}.gguf", {"matmul_q8:main"}
+    elif model == "fixture-wide":
+        path, kernels = FIXTURES / "gemma4-wide-q4_k.gguf", {"matmul_q8:main", "attention_prefill_wide:main"}
     else:
         path, kernels = one_layer_toy(tmp_path, "tiny-moe", "Q4_K"), {"matmul_q8:main", "moe_grouped_q8:matmul"}
     g = read_gguf(path)
@@ -417,7 +420,7 @@ def test_int8_prefill_within_its_rounding(dev, tmp_path, model):
     geglus = layers * (2 if model.startswith("toy-moe") else 1)
     assert "elementwise:geglu_halves" not in chunk_kernels(int8)
     assert chunk_kernels(f32).count("elementwise:geglu_halves") == geglus
-    if model.startswith("fixture-dense"):
+    if model.startswith("fixture-"):
         # q, k and v round their x once (shared_quantized_inputs); the residual adds round the next pre-norm
         # for gate|up and for the next layer's q, k, v, and the stream for the per-layer-input gate
         # (quantized_norms)
