@@ -15,7 +15,7 @@
 //   fn q8_w_store(j: WJob, r: u32, jh: u32, k: u32)       its 8 words of codes and scales: put_codes, put_scales
 // Each thread owns TM rows (4 or 8: tx + TX i) x TN tokens (4 or 8: token groups ty and ty + TY of 4):
 // eight tokens halve the shared-memory reads a DP4A needs. W's shared tile is row-major ([row][16 words
-// of the step], a vec4 a read: 4 words of one row), X's word-major ([word][tokens 4h .. 4h + 3]): every
+// of the step], a vec4 a read: 4 words of one row; ws_at), X's word-major ([word][tokens 4h .. 4h + 3]): every
 // vec4 in shared memory is written whole by one invocation (stores by component from neighbouring
 // invocations are a data race in WGSL, and Metal's and D3D's compilers may write the whole vector:
 // gpuweb#2112). The next step's loads are read into registers while the current one computes. Load jobs
@@ -41,7 +41,6 @@ const TY: u32 = BN / TN;                 // threads along the tokens
 const NT: u32 = TX * TY;                 // threads per workgroup
 const WJOBS: u32 = (2u * BM + NT - 1u) / NT;
 const XJOBS: u32 = (BN + NT - 1u) / NT;
-const WRS: u32 = 5u;                     // vec4 a row of ws: 4 (16 words), and one against bank conflicts
 
 struct Q8Acc {
     lo: mat4x4<f32>,     // rows tx + TX i (i < 4), tokens of group ty
@@ -68,13 +67,18 @@ const SUM_BIAS: i32 = 0x4b400000;
 const SUM_BIAS_F: f32 = 12582912.0;
 fn q8_sum(i: vec4<i32>) -> vec4<f32> { return bitcast<vec4<f32>>(i) - SUM_BIAS_F; }
 
-var<workgroup> ws: array<vec4<u32>, WRS * BM>;   // [row][words 4q .. 4q + 3 of the step]: codes, 4 to a word
+var<workgroup> ws: array<vec4<u32>, 4u * BM>;    // [row][words 4q .. 4q + 3 of the step]: codes, 4 to a word
 var<workgroup> wsc: array<vec2<f32>, 2u * BM>;   // [job half][row]: (a, b) of its 32 weights (Q6_K: a, a')
 var<workgroup> xs: array<vec4<u32>, 16u * GN>;   // [word][tokens 4h .. 4h + 3]
 var<workgroup> xsc: array<vec4<f32>, 4u * GN>;   // [d of block 0, its sum of x, d of block 1, its sum][tokens]
 
+// Row r's words 4q .. 4q + 3 in ws: its 4 vec4 in an order that turns with r, so that the rows 8 consecutive
+// threads read (or store) at one q fall in 8 different 16-byte bank groups (a quarter-warp's 16-byte reads
+// are one wavefront then), without padding the rows (the tile within WebGPU's default 16 KiB).
+fn ws_at(r: u32, q: u32) -> u32 { return 4u * r + (q ^ ((r >> 1u) & 3u)); }
+
 // The format's stores (q8_w_store) for tile row r: words 4q .. 4q + 3 of its step; job half h's scales
-fn put_codes(r: u32, q: u32, v: vec4<u32>) { ws[r * WRS + q] = v; }
+fn put_codes(r: u32, q: u32, v: vec4<u32>) { ws[ws_at(r, q)] = v; }
 fn put_scales(h: u32, r: u32, v: vec2<f32>) { wsc[h * BM + r] = v; }
 
 // A W load job's registers: what q8_w_fetch read for one row's half step, for q8_w_store.
@@ -156,10 +160,10 @@ fn x_words(q: u32, h: u32) -> X4 {
 // s plus rows tx + TX (4 g + i) (i < 4) times x over words 4q .. 4q + 3
 fn add_dots(s: Sums4, tx: u32, g: u32, q: u32, x: X4) -> Sums4 {
     let r = tx + 4u * g * TX;
-    return Sums4(row_dots(s.r0, ws[r * WRS + q], x.x0, x.x1, x.x2, x.x3),
-                 row_dots(s.r1, ws[(r + TX) * WRS + q], x.x0, x.x1, x.x2, x.x3),
-                 row_dots(s.r2, ws[(r + 2u * TX) * WRS + q], x.x0, x.x1, x.x2, x.x3),
-                 row_dots(s.r3, ws[(r + 3u * TX) * WRS + q], x.x0, x.x1, x.x2, x.x3));
+    return Sums4(row_dots(s.r0, ws[ws_at(r, q)], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r1, ws[ws_at(r + TX, q)], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r2, ws[ws_at(r + 2u * TX, q)], x.x0, x.x1, x.x2, x.x3),
+                 row_dots(s.r3, ws[ws_at(r + 3u * TX, q)], x.x0, x.x1, x.x2, x.x3));
 }
 
 // (a, b) of sub-block u for rows tx + TX (4 g + i): a in .x of each, b in .y (b = 0 where Q8_SUBS = 2)

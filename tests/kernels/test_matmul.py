@@ -196,7 +196,7 @@ Q8_CASES = [("q4_k", 45, 19, None), ("q4_k", 150, 70, None), ("q4_k", 64, 130, N
             ("q4_k", 64, 130, K.Q8Tile(128, 128, 8)), ("q5_0", 150, 70, None), ("q5_0", 45, 19, K.Q8Tile(128, 64, 8)),
             ("q4_0", 150, 70, None), ("q8_0", 150, 70, None), ("q8_0", 64, 130, K.Q8Tile(128, 64, 8)),
             ("q6_k", 45, 19, None), ("q6_k", 150, 70, K.Q8Tile(128, 64, 8)), ("q6_k", 64, 130, K.Q8Tile(64, 32)),
-            # eight tokens a thread: two load jobs of each kind a thread (128 x 64), of X only (128 x 128)
+            # eight tokens a thread: two W load jobs a thread (128 x 64), one (128 x 128; X: one, or none)
             ("q4_k", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q4_k", 64, 130, K.Q8Tile(128, 128, 8, 8)),
             ("q4_0", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q8_0", 45, 19, K.Q8Tile(64, 64, 4, 8)),
             ("q6_k", 150, 70, K.Q8Tile(128, 64, 8, 8)), ("q5_0", 64, 130, K.Q8Tile(128, 128, 8, 8))]
@@ -382,3 +382,37 @@ def test_q8_split_rule():
     assert K.q8_tile_split(256, 1536, 512, room) == (small, 3)             # E2B's gate: 192 workgroups
     assert K.q8_tile_split(256, 2560, 512, room) == (small, 4)             # E4B's: 256
     assert K.q8_tile_split(1536, 256, 512, room) == (small, 1)             # the PLE projection: K too short
+
+
+def _workgroup_bytes(source: str, consts: dict[str, int]) -> int:
+    """Bytes of the var<workgroup> declarations in source, array lengths evaluated with consts."""
+    import re
+    size = {"u32": 4, "i32": 4, "f32": 4}
+    total = 0
+    for ty, n in re.findall(r"var<workgroup>\s+\w+\s*:\s*(?:array<\s*([\w<>]+)\s*,\s*([^;]+)>|(?:[\w<>]+))\s*;", source):
+        if not ty:                               # a scalar
+            total += 4
+            continue
+        m = re.fullmatch(r"vec(\d)<(\w+)>", ty)
+        elem = int(m[1]) * size[m[2]] if m else size[ty]
+        total += elem * eval(re.sub(r"(\d+)u\b", r"\1", n), {}, dict(consts))
+    return total
+
+
+def test_q8_tile_storage_is_what_its_shaders_declare():
+    """Q8Tile.storage, by which fit_q8_tile keeps the tile within a device's workgroup storage, is the bytes the
+    int8 tile and the grouped MoE kernel's slot list declare (the large tile within WebGPU's default 16 KiB);
+    a device with less takes the small tile."""
+    from support.paths import ROOT
+    src = (ROOT / "shaders" / "matmul_q8_tile.wgsl").read_text() + (ROOT / "shaders" / "moe_tiles.wgsl").read_text()
+    for tile in (K.Q8_MATMUL, K.Q8_SMALL, K.Q8Tile(128, 128, 8, 8), K.Q8Tile(64, 64, 4, 8)):
+        consts = {"BM": tile.rows, "BN": tile.tokens, "GN": tile.tokens // 4, "Q8_SUBS": 2}
+        assert _workgroup_bytes(src, consts) == tile.storage
+    assert K.Q8_MATMUL.storage <= 16384
+
+    class Device:
+        limits = {"max_compute_invocations_per_workgroup": 256, "max_compute_workgroup_size_x": 256,
+                  "max_compute_workgroup_storage_size": 16384}
+    assert K.fit_q8_tile(Device, K.Q8_MATMUL) == K.Q8_MATMUL
+    Device.limits = dict(Device.limits, max_compute_workgroup_storage_size=12288)
+    assert K.fit_q8_tile(Device, K.Q8_MATMUL) == K.Q8_SMALL

@@ -197,7 +197,7 @@ Q8_BLOCK = 32             # activations per int8 scale
 class Q8Tile:
     """Shape of the int8 matmul's tile (shaders/matmul_q8_tile.wgsl): W rows x tokens per workgroup,
     rows and tokens per thread (4 or 8 each). A thread has one or two load jobs of W (2 a row) and at most
-    two of X (4 a group of 4 tokens)."""
+    one of X (4 a group of 4 tokens: there are never more tokens than threads)."""
     rows: int = 64
     tokens: int = 64
     thread_rows: int = 4
@@ -206,12 +206,18 @@ class Q8Tile:
     def __post_init__(self):
         if self.thread_rows not in (4, 8) or self.thread_tokens not in (4, 8) or self.rows % 64 \
                 or self.tokens % 32 \
-                or 2 * self.rows > 2 * self.threads or self.tokens > 2 * self.threads:   # <= 2 jobs each
+                or 2 * self.rows > 2 * self.threads:   # <= 2 W jobs a thread
             raise ValueError(f"bad int8 matmul tile {self}")
 
     @property
     def threads(self) -> int:
         return self.rows // self.thread_rows * self.tokens // self.thread_tokens
+
+    @property
+    def storage(self) -> int:
+        """Bytes of workgroup storage: W's codes (16 a row and step) and scales (16 a row), X's codes and scales
+        (16 + 4 a token), and the grouped MoE kernel's slot list (4 a token, 4)."""
+        return 80 * (self.rows + self.tokens) + 4 * self.tokens + 4
 
     def prelude(self, qtype, k: int) -> str:
         """The tile's shape and the weight format's include for qtype."""
@@ -283,9 +289,11 @@ def q8_tile_split(rows: int, k: int, n_tokens: int, room: int) -> tuple[Q8Tile, 
 
 
 def fit_q8_tile(dev: Device, tile: Q8Tile) -> Q8Tile:
+    """tile, or the small one where the device's workgroups cannot hold its threads or its storage."""
     limit = min(dev.limits.get("max_compute_invocations_per_workgroup", 256),
                 dev.limits.get("max_compute_workgroup_size_x", 256))
-    return tile if tile.threads <= limit else Q8_SMALL
+    room = dev.limits.get("max_compute_workgroup_storage_size", 16384)
+    return tile if tile.threads <= limit and tile.storage <= room else Q8_SMALL
 
 
 # weight types whose codes are int8 as they stand (shaders/q8_weights_*.wgsl): K a multiple of this
