@@ -134,14 +134,14 @@ fn sums_start() -> Sums4 {
     return Sums4(vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS), vec4<i32>(SUM_BIAS));
 }
 
+// a word of one row's codes (w) times a word of 4 tokens (x)
+fn dots(w: u32, x: vec4<u32>) -> vec4<i32> {
+    return vec4<i32>(dot4I8Packed(w, x.x), dot4I8Packed(w, x.y), dot4I8Packed(w, x.z), dot4I8Packed(w, x.w));
+}
+
 // s plus one row's 4 words of codes (w) times 4 words of 4 tokens (x0 .. x3: word c of each token in xc)
 fn row_dots(s: vec4<i32>, w: vec4<u32>, x0: vec4<u32>, x1: vec4<u32>, x2: vec4<u32>, x3: vec4<u32>) -> vec4<i32> {
-    var r = s;
-    r += vec4<i32>(dot4I8Packed(w.x, x0.x), dot4I8Packed(w.x, x0.y), dot4I8Packed(w.x, x0.z), dot4I8Packed(w.x, x0.w));
-    r += vec4<i32>(dot4I8Packed(w.y, x1.x), dot4I8Packed(w.y, x1.y), dot4I8Packed(w.y, x1.z), dot4I8Packed(w.y, x1.w));
-    r += vec4<i32>(dot4I8Packed(w.z, x2.x), dot4I8Packed(w.z, x2.y), dot4I8Packed(w.z, x2.z), dot4I8Packed(w.z, x2.w));
-    r += vec4<i32>(dot4I8Packed(w.w, x3.x), dot4I8Packed(w.w, x3.y), dot4I8Packed(w.w, x3.z), dot4I8Packed(w.w, x3.w));
-    return r;
+    return s + dots(w.x, x0) + dots(w.y, x1) + dots(w.z, x2) + dots(w.w, x3);
 }
 
 // 4 words of the tokens of group h: word 4q + c in x[c]
