@@ -72,10 +72,9 @@ def bench_model(path: str, args) -> dict:
     g = read_gguf(path)
     diffusion = g.metadata.get("general.architecture") == DIFFUSION_ARCH
     t = time.perf_counter()
-    from pyapp.engine import DEFAULT_CHUNK
-    args.chunk = args.chunk or DEFAULT_CHUNK
     eng = Engine.open(g, backend="native", context_length=args.context, chunk=args.chunk,
                       gpu_memory_mib=args.gpu_memory)
+    args.chunk = eng.runner.chunk              # the engine's choice where none was given
     load_s = time.perf_counter() - t
     prompt = args.prompt_tokens or DEFAULT_PROMPT_TOKENS[diffusion]
     gen = args.gen_tokens or DEFAULT_GEN_TOKENS[diffusion]

@@ -192,7 +192,7 @@ const run = py.runPythonAsync(`
 import json, sys, time
 sys.path.insert(0, "/repo/bench")
 from engine_bench import bench_async
-from pyapp.engine import DEFAULT_CHUNK, Engine
+from pyapp.engine import Engine
 from pyapp.gguf import read_gguf
 from pyapp.gpu import get_device_async
 from js import wasm_heap_bytes
@@ -209,7 +209,7 @@ for m in ${JSON.stringify(models)}:
         g.source.blob = await open_model_blob(m[len("/models"):])
     t = time.perf_counter()
     eng = await Engine.open_async(g, dev, context_length=${Number(process.env.CONTEXT || 2048)},
-                                  chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
+                                  chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "None"},
                                   gpu_memory_mib=${process.env.GPU_MEMORY ? Number(process.env.GPU_MEMORY) : "None"},
                                   int8=${process.env.INT8 === "0" ? "False" : "True"})
     drafter_file = ${JSON.stringify(process.env.DRAFTER ? "/models" + path.resolve(process.env.DRAFTER) : "")}
@@ -238,7 +238,7 @@ for m in ${JSON.stringify(models)}:
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              file_bytes="blob" if hasattr(g.source, "blob") else "python",
              int8=${process.env.INT8 === "0" ? "False" : "True"},
-             chunk=${process.env.CHUNK ? Number(process.env.CHUNK) : "DEFAULT_CHUNK"},
+             chunk=eng.runner.chunk,
              wasm_heap_mib_after_load=heap_after_load, wasm_heap_mib_peak=heap_mib())
     out.append(json.dumps(r))
     eng.close()

@@ -348,7 +348,7 @@ async function loadModel() {
   showError("chat-error", "");
   $("model-info").innerHTML = describe(r.model,
     `<div class="ok">Loaded in ${r.seconds.toFixed(1)} s · context ${plural(r.context_length, "token")}` +
-    `${state.promptStep ? ` · prompt steps of ${r.prompt_step}` : ""}</div>`);
+    ` · prompt steps of up to ${plural(r.prompt_step, "token")}</div>`);
   state.loadedPlan = planHtml(r.plan, r.plan_figures, "On the GPU now");
   $("memory-plan").innerHTML = state.loadedPlan;
   showAdapter(r.adapter);

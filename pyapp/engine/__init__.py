@@ -12,7 +12,7 @@ pyapp.runtime.loaded's; benchmarks are bench/engine_bench.py's, through this pub
 from ..runtime.loaded import EngineError, GenerationResult, LoadedModel
 from ..sampling import DEFAULT_CONTEXT, ParamError, SamplingParams, check_context_length
 from .engine import Engine
-from .loading import DEFAULT_CHUNK
+from .loading import DEFAULT_CHUNK, LONG_STEP
 
-__all__ = ["DEFAULT_CHUNK", "DEFAULT_CONTEXT", "Engine", "EngineError", "GenerationResult", "LoadedModel",
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_CONTEXT", "Engine", "EngineError", "GenerationResult", "LONG_STEP", "LoadedModel",
            "ParamError", "SamplingParams", "check_context_length"]

@@ -31,8 +31,11 @@ from ..source import SourceError
 # The most tokens one prefill step takes. Long prompts need wide steps to fill a big GPU (on an
 # H100, E2B prefill: 928 tok/s in steps of 64, 3026 in steps of 512; a 16,000-token prompt 3.26 s in steps
 # of 512, 2.98 in 1024, 2.79 in 2048, for 242 / 724 MiB more GPU memory: bench/RESULTS.md); short ones
-# take a 64-token plan.
+# take a 64-token plan. Without a --prompt-step, a context longer than LONG_STEP takes steps of LONG_STEP
+# where the memory plan has room for their activations (long_step); prompts shorter than that still run
+# in the DEFAULT_CHUNK plan (pyapp.runtime.runner: a plan per step size).
 DEFAULT_CHUNK = 512
+LONG_STEP = 2048
 MAX_CHUNK = 16384
 
 
@@ -75,19 +78,37 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
          gpu_memory_mib: float | None = None, expert_cache_mib: float | None = None, ple_in_file: bool | None = None,
          beside: int = 0, int8: bool = True):
     """(family, config, bound weights, MemoryPlan) of a load with these options (see load), without a GPU.
-    chunk: the most tokens a prefill step takes (None: default_chunk)."""
+    chunk: the most tokens a prefill step takes (None: default_chunk, or LONG_STEP where long_step allows;
+    the plan's prompt_step says which)."""
     family = family_for(gguf)
     try:
         cfg = family.config.from_gguf(gguf)
-        chunk = default_chunk(cfg) if chunk is None else check_chunk(chunk)
+        chosen = chunk is not None
+        chunk = check_chunk(chunk) if chosen else default_chunk(cfg)
         bound = bind(cfg, gguf.tensors)
         ctx = check_context_length(context_length, cfg.context_length)
         _check_context_fits(limits, cfg, ctx)
-        mem = plan_memory(limits, cfg, bound, ctx, chunk, _mib(gpu_memory_mib), _mib(expert_cache_mib),
-                          ple_in_file, state_class=family.runner.state_class, beside=beside, int8=int8)
+
+        def memory(step: int):
+            return plan_memory(limits, cfg, bound, ctx, step, _mib(gpu_memory_mib), _mib(expert_cache_mib),
+                               ple_in_file, state_class=family.runner.state_class, beside=beside, int8=int8)
+        mem = memory(chunk)
+        if not chosen and chunk < LONG_STEP < ctx:
+            mem = long_step(mem, memory)
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
         raise EngineError(str(e)) from e
     return family, cfg, bound, mem
+
+
+def long_step(mem, memory):
+    """The plan with prompt steps of LONG_STEP tokens where it costs nothing but GPU memory the budget has
+    spare: the same experts cached and the per-layer embeddings in the same place (no budget: everything
+    resident, as fast as it gets); else `mem`, steps of DEFAULT_CHUNK. memory(step): the plan for a step."""
+    try:
+        wide = memory(LONG_STEP)
+    except PlanError:
+        return mem
+    return wide if (wide.slots, wide.ple_in_file) == (mem.slots, mem.ple_in_file) else mem
 
 
 def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | None, progress, cancelled,
@@ -112,7 +133,6 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                    ple_in_file, beside, int8)
-    chunk = chunk or default_chunk(cfg)
     try:
         adapters = [load_lora(src, cfg, bound, scale, gguf.architecture) for src, scale in lora]
     except (LoraError, GGUFError, SourceError, OSError) as e:
@@ -146,7 +166,7 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
         if adapters:
             gpu_adapters = GpuAdapters(dev, adapters)
             gpu_adapters.attach(layout)        # before the plans are recorded: they include the deltas
-        runner = family.runner(dev, cfg, layout, gguf.source, mem.context_length, chunk, expert_slots=mem.slots,
+        runner = family.runner(dev, cfg, layout, gguf.source, mem.context_length, mem.prompt_step, expert_slots=mem.slots,
                                int8=int8, f16=f16)
         runner.prepare()
     except ModelError as e:

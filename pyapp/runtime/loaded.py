@@ -172,7 +172,7 @@ class LoadedModel:
         n = 0
         whole = any(r.both_ways for r in soft) and self.config.image_attention_both_ways
         try:
-            bounds = step_bounds(len(tokens), self.runner.chunk, pos, soft, whole)
+            bounds = step_bounds(len(tokens), self.runner.chunk, pos, soft, whole, self.runner.prompt_steps)
         except SoftTokensError as e:
             raise EngineError(str(e)) from e
         for i, end in bounds:

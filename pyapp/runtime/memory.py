@@ -75,6 +75,7 @@ class MemoryPlan:
     slots: int | None         # experts held per MoE layer when they stream; None: all resident
     budget: int | None        # bytes, or None (no budget: everything resident)
     context_length: int       # the KV cache's positions, counted in state
+    prompt_step: int          # the most tokens a prompt step takes, their activations counted in state
     beside: int = 0           # what is loaded beside the model within the budget (an assistant drafter)
 
     @property
@@ -117,7 +118,7 @@ class MemoryPlan:
                   " (expert cache set directly)" if self.streams else " (no budget set: everything resident)")
         lines = [f"GPU memory: {size(self.total)}{budget}",
                  f"  resident weights {size(self.weights + (0 if self.ple_in_file else self.ple_table))}, "
-                 f"activations and KV cache {size(self.state)}"]
+                 f"activations and KV cache {size(self.state)} (prompt steps of up to {self.prompt_step} tokens)"]
         if self.beside:
             lines.append(f"  assistant drafter {size(self.beside)}")
         if self.ple_table:
@@ -156,7 +157,7 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
     plan = MemoryPlan(weights=weights, state=state, ple_table=ple_table, ple_in_file=bool(ple_in_file),
                       experts=sum(t.nbytes for t in experts), expert_each=sum(t.nbytes // E for t in experts),
                       n_experts=E, n_used=cfg.n_experts_used, slots=None, budget=gpu_memory,
-                      context_length=context_length, beside=beside)
+                      context_length=context_length, prompt_step=chunk, beside=beside)
 
     if expert_cache is not None:
         if not streamable:

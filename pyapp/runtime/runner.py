@@ -34,6 +34,11 @@ from .requests import ReadGpu, ReadMapped
 from .state import State
 
 
+# The usual prompt step: where a runner's largest (its chunk) is wider, a prompt's tail of fewer tokens
+# than that takes steps of this size instead of one wide step mostly idle (a plan does the work of its size).
+PROMPT_STEP = 512
+
+
 class Runner:
     model_class = Gemma4          # what layers_program records (DiffusionGemma's runner: its encoder)
     state_class = State           # the buffers it allocates (DiffusionGemma's: the canvas's too)
@@ -49,7 +54,11 @@ class Runner:
         self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
         self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None
-        self.step_sizes = sorted({1, min(64, self.chunk), self.chunk})   # a plan per size, built at load
+        # a plan per size, built at load: one token, a short prompt's 64, the usual step and the largest
+        self.step_sizes = sorted({1, min(64, self.chunk), min(PROMPT_STEP, self.chunk), self.chunk})
+        # the sizes a long prompt is cut into, largest first (pyapp.runtime.soft_tokens.step_bounds)
+        self.prompt_steps = tuple(sorted((s for s in self.step_sizes if s >= min(PROMPT_STEP, self.chunk)),
+                                         reverse=True))
         self._plans: dict = {}
 
     def step_size(self, n: int) -> int:

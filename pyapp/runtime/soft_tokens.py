@@ -112,13 +112,17 @@ def step_share(runs, pos0: int, n: int) -> list[tuple[int, object, int, int, int
     return out
 
 
-def step_bounds(n_tokens: int, chunk: int, pos: int, runs, whole: bool) -> list[tuple[int, int]]:
-    """(start, end) of each step feeding n_tokens tokens at pos, up to chunk each; whole: no run split
-    between two steps (where an image's tokens see each other both ways, all of them must be in the
-    step that computes them)."""
+def step_bounds(n_tokens: int, chunk: int, pos: int, runs, whole: bool, sizes=()) -> list[tuple[int, int]]:
+    """(start, end) of each step feeding n_tokens tokens at pos, up to chunk each; sizes (largest first): the
+    step plans, each step the largest the tokens left fill (a long prompt's tail in the usual steps, not in a
+    wide one mostly idle; fewer tokens than any: one step); whole: no run split between two steps (where an
+    image's tokens see each other both ways, all of them must be in the step that computes them), so every
+    step is up to chunk."""
     out, i = [], 0
     while i < n_tokens:
-        end = min(i + chunk, n_tokens)
+        left = n_tokens - i
+        step = chunk if whole else next((s for s in sizes if s <= left), chunk)
+        end = min(i + step, n_tokens)
         for r in (r for r in runs if r.both_ways) if whole else ():
             a, b = r.at - pos, r.end - pos
             if a < end < b:

@@ -926,24 +926,29 @@ def test_content_security_policy_held_everywhere(page, browser, server):
 
 
 def test_prompt_step_setting(page):
-    """Prompt step (beside GPU memory): 2048 chosen, the plan for it shows more activation memory, a reload is
-    offered, the choice is remembered for the GPU; reloaded, the model reads prompts in steps of 2048 (the card
-    says so) and its logits are the default steps' (float rounding); back to the model's own, reloaded."""
+    """Prompt step (beside GPU memory). The model's own: steps of 2048 where the context is longer and the budget
+    has room (the card says so), 512 in a shorter context. 512 chosen: the plan for it shows less activation
+    memory, a reload is offered, the choice is remembered for the GPU; reloaded, the model reads prompts in
+    steps of 512 and its logits are the default steps' (float rounding); back to the model's own, reloaded."""
     ensure_model(page)
+    assert "prompt steps of up to 2048 tokens" in page.inner_text("#model-info")
     tokens = [2] + np.random.default_rng(6).integers(3, 250, 40).tolist()
     before = np.array(page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")["rows"])
-    state_bytes = page.evaluate("window.app.call('memory_plan', 4096, 2048, '')")["state"]
-    page.select_option("#prompt_step", "2048")
+
+    def state_bytes(context, step):
+        return page.evaluate(f"window.app.call('memory_plan', {context}, 2048, '{step}')")["state"]
+    assert state_bytes(4096, "512") < state_bytes(4096, "") == state_bytes(4096, "2048")
+    assert state_bytes(1024, "") == state_bytes(1024, "512")
+    page.select_option("#prompt_step", "512")
     assert page.is_visible("#reload-model")                    # the loaded model keeps its steps until reloaded
-    assert page.evaluate("window.app.call('memory_plan', 4096, 2048, '2048')")["state"] > state_bytes
-    assert page.evaluate("JSON.parse(localStorage.getItem('gemma4.prompt_step.v1'))[window.app.state.adapter]") == "2048"
+    assert page.evaluate("JSON.parse(localStorage.getItem('gemma4.prompt_step.v1'))[window.app.state.adapter]") == "512"
     reload_model(page)
     wait_loaded_file(page, DEMO.name)
-    assert "prompt steps of 2048" in page.inner_text("#model-info")
+    assert "prompt steps of up to 512 tokens" in page.inner_text("#model-info")
     after = np.array(page.evaluate(f"window.app.call('logits', {json.dumps(json.dumps(tokens))})")["rows"])
     assert np.abs(after - before).max() < 1e-3
     assert "error" in page.evaluate("window.app.call('memory_plan', 4096, 2048, '99999')")   # refused, in a sentence
     page.select_option("#prompt_step", "")
     reload_model(page)
     wait_loaded_file(page, DEMO.name)
-    assert "prompt steps" not in page.inner_text("#model-info")
+    assert "prompt steps of up to 2048 tokens" in page.inner_text("#model-info")

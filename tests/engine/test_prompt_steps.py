@@ -1,0 +1,93 @@
+"""Prompt steps: how a prompt is cut into steps, the long step a long context takes where the memory plan has
+room for it, and prompts read in long steps giving the logits of the usual ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support.paths import ROOT
+
+FIX = ROOT / "tests" / "fixtures"
+LIMITS = {"max_storage_buffer_binding_size": 128 << 20, "max_buffer_size": 256 << 20}
+
+
+def steps(n, chunk, sizes, runs=(), whole=False):
+    from pyapp.runtime.soft_tokens import step_bounds
+    return [end - start for start, end in step_bounds(n, chunk, 0, runs, whole, sizes)]
+
+
+def test_a_long_prompt_takes_the_widest_step_it_fills_and_its_tail_the_usual_ones():
+    assert steps(16000, 2048, (2048, 512)) == [2048] * 7 + [512] * 3 + [128]
+    assert steps(2048, 2048, (2048, 512)) == [2048]
+    assert steps(2047, 2048, (2048, 512)) == [512] * 3 + [511]
+    assert steps(600, 2048, (2048, 512)) == [512, 88]
+    assert steps(30, 2048, (2048, 512)) == [30]                  # fewer than any: one step (the 64-token plan)
+    assert steps(1300, 512, (512,)) == [512, 512, 276]          # one size: steps of up to chunk, as before
+    assert steps(100, 64, (64,)) == [64, 36]
+
+
+def test_an_image_seen_both_ways_keeps_to_the_widest_step():
+    from pyapp.runtime.soft_tokens import SoftRun
+    image = SoftRun(at=300, rows=None, n=1000, key="image")
+    assert steps(1400, 2048, (2048, 512), [image], whole=True) == [1400]
+    assert steps(3000, 2048, (2048, 512), [image], whole=True) == [2048, 952]
+
+
+def _plan(path, context, **kw):
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    return Engine.plan(read_gguf(path), LIMITS, context, **kw)
+
+
+def test_a_long_context_takes_long_steps_where_the_budget_has_room():
+    from pyapp.engine import DEFAULT_CHUNK, LONG_STEP
+    dense = FIX / "gemma4-dense-q4_k.gguf"
+    wide = _plan(dense, 4096)
+    narrow = _plan(dense, 4096, chunk=DEFAULT_CHUNK)
+    assert (wide.prompt_step, narrow.prompt_step) == (LONG_STEP, DEFAULT_CHUNK)
+    assert wide.state > narrow.state and wide.weights == narrow.weights
+    assert "prompt steps of up to 2048 tokens" in "\n".join(wide.describe())
+    assert _plan(dense, LONG_STEP).prompt_step == DEFAULT_CHUNK            # no prompt that long fits
+    assert _plan(dense, 4096, chunk=1024).prompt_step == 1024              # the user's step, as chosen
+    mib = 1 / 2**20
+    assert _plan(dense, 4096, gpu_memory_mib=wide.total * mib).prompt_step == LONG_STEP
+    between = (narrow.total + wide.total) / 2 * mib
+    assert _plan(dense, 4096, gpu_memory_mib=between).prompt_step == DEFAULT_CHUNK
+
+
+def test_long_steps_move_nothing_else_off_the_gpu():
+    """Where the long step's activations would push experts out of their cache, the usual step stays."""
+    from pyapp.engine import LONG_STEP
+    moe = FIX / "gemma4-moe-q8_0.gguf"
+    usual = _plan(moe, LONG_STEP).prompt_step                   # 1120: a 26B-A4B-like model's whole image
+    wide = _plan(moe, 4096, chunk=LONG_STEP)
+    narrow = _plan(moe, 4096, chunk=usual)
+    assert wide.state - narrow.state > wide.expert_each        # the difference would take a cached expert
+    budget = (wide.total - wide.expert_each / 2) / 2**20         # room for the usual step, every expert resident
+    plan = _plan(moe, 4096, gpu_memory_mib=budget)
+    assert plan.prompt_step == usual < LONG_STEP and not plan.streams
+    assert _plan(moe, 4096, chunk=LONG_STEP, gpu_memory_mib=budget).slots == plan.n_experts - 1
+
+
+@pytest.mark.gpu
+def test_a_prompt_read_in_long_steps_gives_the_usual_steps_logits():
+    """A 2,100-token prompt: one step of 2048 and one of 52 in the long-step plan, five steps of up to 512 in the
+    usual one; the last token's logits agree within float rounding (int8 activations in both: rounded by token)."""
+    from pyapp.engine import DEFAULT_CHUNK, Engine
+    from pyapp.engine.decode import prefill
+    from pyapp.gguf import read_gguf
+    prompt = [2] + np.random.default_rng(7).integers(3, 250, 2099).tolist()
+    last = {}
+    for chunk in (None, DEFAULT_CHUNK):
+        eng = Engine.open(read_gguf(FIX / "gemma4-dense-q4_k.gguf"), context_length=4096, chunk=chunk)
+        assert eng.runner.prompt_steps == ((2048, 512) if chunk is None else (512,))
+        fed = []
+        run_layers = eng.runner.run_layers
+        eng.runner.run_layers = lambda n, **kw: fed.append(n) or run_layers(n, **kw)
+        row = eng.drive(prefill(eng, prompt, 0))
+        last[chunk] = np.frombuffer(eng.drive(eng.runner.logits(row)), np.float32)
+        assert fed == ([2048, 52] if chunk is None else [512, 512, 512, 512, 52])
+        eng.close()
+    assert np.isfinite(last[None]).all() and np.abs(last[None]).max() > 1
+    np.testing.assert_allclose(last[None], last[DEFAULT_CHUNK], atol=2e-4)
