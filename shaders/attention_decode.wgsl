@@ -9,11 +9,11 @@
 // j % CTX. Read as vec4 (HD % 4 == 0, HD <= 512).
 //   attend_split:   workgroup (h, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's range
 //                   [lo, pos] and writes its partial softmax state PART[t, h, s] = (m, l, 0, 0,
-//                   acc[HD]) (m = NEG, l = 0 when empty). Dispatch (H, NSPLIT, T), NSPLIT * CH >=
-//                   the most keys a query sees.
+//                   acc[HD]); a split past the range writes nothing (a plan sized for the context
+//                   has many such early on). Dispatch (H, NSPLIT, T), NSPLIT * CH >= the most keys
+//                   a query sees.
 //   attend_combine: O[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that
-//                   held keys (a plan sized for the context has many empty ones early on).
-//                   Dispatch (H, 1, T).
+//                   held keys, CS vec4 of O[t, h] a workgroup. Dispatch (H, ceil(HD / 4 / CS), T).
 // Both are bound by memory latency, not bandwidth (a decode step reads ~1 MB per layer): every
 // loop over keys or splits keeps four independent vec4 loads in flight, and no thread walks a
 // serial chain of global loads (a chain of 32 costs ~10 us on an H100).
@@ -131,11 +131,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let k0 = lo + s * CH;
     let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
     let pbase = ((t * H + h) * NSPLIT + s) * stride;
-    if (k0 >= end) {                         // past the last key: an empty partial
-        if (lid == 0u) { PART[pbase] = vec4<f32>(NEG, 0.0, 0.0, 0.0); }
-        for (var d = lid; d < hd4(); d += WG) { PART[pbase + 1u + d] = vec4<f32>(0.0); }
-        return;
-    }
+    if (k0 >= end) { return; }               // past the last key: attend_combine reads only the splits before
     let n = min(CH, end - k0);
     if (PREP == 0u) {
         for (var d = lid; d < hd4(); d += WG) {
@@ -216,6 +212,11 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 
 var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weight e^(m_s - M) / L
 
+// attend_combine: a workgroup takes CS vec4 slots of the head's output, its threads CS slots by WG / CS parts
+// of the splits, so that a long context's hundreds of partials are summed by several workgroups a head, each
+// thread's chain of loads 8x shorter than with one workgroup a head and a thread a slot.
+override CS: u32 = 16u;
+
 @compute @workgroup_size(WG)
 fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -240,12 +241,12 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         cw[s] = e;
     }
     let total_l = workgroup_sum(lid, l);
-    // the weighted sum of the splits' acc: vec4 slot lid % HD4, splits part, part + parts, ...
-    let slot = lid % hd4();
-    let part = lid / hd4();
-    let np = parts();
+    // the weighted sum of the splits' acc: slot wid.y * CS + lid % CS, splits part, part + np, ...
+    let slot = wid.y * CS + lid % CS;
+    let part = lid / CS;
+    let np = WG / CS;
     var acc = vec4<f32>(0.0);
-    if (part < np) {
+    if (slot < hd4()) {
         var s = part;
         for (; s + 3u * np < used; s += 4u * np) {
             let a0 = PART[(p0 + s) * stride + 1u + slot];
@@ -256,6 +257,12 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
         for (; s < used; s += np) { acc += cw[s] * PART[(p0 + s) * stride + 1u + slot]; }
     }
-    let o = sum_parts(lid, acc);
-    if (lid < hd4()) { O[(t * H + h) * hd4() + lid] = o / total_l; }
+    workgroupBarrier();
+    red4[lid] = acc;
+    workgroupBarrier();
+    if (lid < CS && slot < hd4()) {
+        var o = vec4<f32>(0.0);
+        for (var p = 0u; p < np; p++) { o += red4[p * CS + lid]; }
+        O[(t * H + h) * hd4() + slot] = o / total_l;
+    }
 }

@@ -153,6 +153,30 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
 
 
+@pytest.mark.parametrize("hd,pos,ctx", [(512, 2999, 4096), (256, 1000, 2048), (36, 700, 1024)])
+def test_attention_decode_long_context(dev, hd, pos, ctx):
+    """Deep in a long context (tens of splits, summed by several combine workgroups a head, each thread over
+    several groups of four): the reference attention; the partials of the splits past the query's keys are
+    never written nor read (the scratch starts as NaN, and a NaN read would show in every output)."""
+    rng = np.random.default_rng(hd + pos)
+    h, hkv = 8, 1
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((h, hd)).astype(np.float32) * 0.1
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    kc[:, :pos + 1], vc[:, :pos + 1] = keys, vals
+    part = f32(dev, np.full(K.decode_partials(h, hd, ctx), np.nan, np.float32))
+    out = dev.buffer(4 * h * hd)
+    dev.submit(K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
+                                  h, hkv, hd, ctx, ctx))
+    want = decode_attention_ref(q, keys, vals, pos, 0)
+    got = read_f32(dev, out, h * hd).reshape(h, hd)
+    assert np.abs(want).max() > 0.02          # the query is not so flat that every output is ~0
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    empty = read_f32(dev, part, K.decode_partials(h, hd, ctx)).reshape(h, -1, hd + 4)[:, -(-(pos + 1) // 32):]
+    assert np.isnan(empty).all()
+
+
 @pytest.mark.parametrize("hd,window,pos0,t", [(64, 0, 40, 5), (36, 8, 70, 9), (128, 0, 0, 3)])
 def test_attention_decode_few_tokens(dev, hd, window, pos0, t):
     """The split-K kernel over a few queries (speculative decoding's token and drafts): query i at pos0 + i

@@ -134,12 +134,17 @@ class QueryPrep:
     k_weight: Buffer | None = None
 
 
+# attend_combine's vec4 of a head's output a workgroup (its 128 threads: 16 slots x 8 parts of the splits)
+COMBINE_SLOTS = 16
+
+
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
                      max_tokens: int = 1, keys_before: int = 0) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
-    workgroups of partial softmax states, then one combine per head. max_keys: the most keys a query sees.
+    workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
+    output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
     prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
     keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
     target's cache), the window counted back from there; it stores nothing (prep mode 1 at most).
@@ -162,5 +167,6 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     plan = plan or dev.plan()
     p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
     plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
-    p = pipeline(dev, "attention_decode", entry="attend_combine", constants=c)
-    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, 1, max_tokens)
+    p = pipeline(dev, "attention_decode", entry="attend_combine", constants=dict(c, CS=COMBINE_SLOTS))
+    groups = -(-(head_dim // 4) // COMBINE_SLOTS)          # workgroups a head, COMBINE_SLOTS vec4 of its output each
+    return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, groups, max_tokens)
