@@ -584,10 +584,11 @@ def _memory_args(p) -> None:
                    help="keep the per-layer embedding table (E2B/E4B) in the file and read one row per token: "
                         "less GPU memory, slower decode")
     p.add_argument("--prompt-step", type=_integer, metavar="TOKENS",
-                   help="the most prompt tokens one step reads (default 512; 1120 for 26B-A4B and 31B, whose "
-                        "images must fit one step): larger steps read long prompts faster and take more GPU "
-                        "memory (E2B on an H100, a 16,000-token prompt: 3.26 s in steps of 512, 2.79 s in steps "
-                        "of 2048 for 724 MiB more)")
+                   help="the most prompt tokens one step reads (default: 2048 where the context is longer and "
+                        "the GPU memory plan has room, else 512; 1120 for 26B-A4B and 31B, whose images must fit "
+                        "one step): larger steps read long prompts faster and take more GPU memory (E2B on an "
+                        "H200, a 16,000-token prompt: 2.07 s in steps of 512, 1.89 s in steps of 2048 for 724 MiB "
+                        "more)")
     p.add_argument("--no-int8", action="store_true",
                    help="every matmul and matvec in f32 (default: steps of more than 64 prompt tokens multiply "
                         "Q4_K, Q4_0, Q5_0 and Q8_0 weights, and decoding Q4_K weights and the experts, by "

@@ -74,7 +74,7 @@ def prefill(eng, tokens: list[int], pos: int, on_prefill=None, soft=()):
     shows), read one chunk late: chunk i's mark is awaited once chunk i + 1 is submitted, so the
     GPU never waits for the CPU."""
     r = eng.runner
-    if on_prefill is None or len(tokens) <= r.chunk:
+    if on_prefill is None or len(tokens) <= min(r.prompt_steps):     # one step: nothing to report before it ends
         return (yield from eng.feed(tokens, pos, soft=soft)) - 1
     marked = []
 

@@ -24,6 +24,7 @@ from ..model.weights import WeightsError, bind
 from ..runtime.adapters import GpuAdapters
 from ..runtime.loaded import EngineError
 from ..runtime.memory import PlanError, plan_memory
+from ..runtime.runner import LONG_STEP, PROMPT_STEP
 from ..runtime.upload import ModelError, binding_limit, perform, plan_uploads
 from ..sampling import check_context_length
 from ..source import SourceError
@@ -34,8 +35,7 @@ from ..source import SourceError
 # take a 64-token plan. Without a --prompt-step, a context longer than LONG_STEP takes steps of LONG_STEP
 # where the memory plan has room for their activations (long_step); prompts shorter than that still run
 # in the DEFAULT_CHUNK plan (pyapp.runtime.runner: a plan per step size).
-DEFAULT_CHUNK = 512
-LONG_STEP = 2048
+DEFAULT_CHUNK = PROMPT_STEP
 MAX_CHUNK = 16384
 
 
@@ -94,19 +94,23 @@ def plan(gguf, limits: dict, context_length: int | None = None, chunk: int | Non
                                ple_in_file, state_class=family.runner.state_class, beside=beside, int8=int8)
         mem = memory(chunk)
         if not chosen and chunk < LONG_STEP < ctx:
-            mem = long_step(mem, memory)
+            mem = long_step(mem, memory, binding_limit(limits))
     except (ConfigError, WeightsError, ModelError, PlanError, GPUError) as e:
         raise EngineError(str(e)) from e
     return family, cfg, bound, mem
 
 
-def long_step(mem, memory):
+def long_step(mem, memory, binding: int):
     """The plan with prompt steps of LONG_STEP tokens where it costs nothing but GPU memory the budget has
     spare: the same experts cached and the per-layer embeddings in the same place (no budget: everything
-    resident, as fast as it gets); else `mem`, steps of DEFAULT_CHUNK. memory(step): the plan for a step."""
+    resident, as fast as it gets), and no activation buffer past what the device allows (its largest buffer,
+    or one it binds whole: `binding` bytes) that the usual step's stays within; else `mem`, the model's usual
+    step. memory(step): the plan for a step."""
     try:
         wide = memory(LONG_STEP)
-    except PlanError:
+    except (PlanError, GPUError):          # over the budget, or a buffer over the device's largest
+        return mem
+    if wide.largest_state_buffer > max(binding, mem.largest_state_buffer):
         return mem
     return wide if (wide.slots, wide.ple_in_file) == (mem.slots, mem.ple_in_file) else mem
 

@@ -54,9 +54,11 @@ class MemoryCounter(Device):
         super().__init__()
         self.limits = dict(limits)
         self.total = 0
+        self.largest = 0         # the largest buffer since it was last set to 0
 
     def _create_buffer(self, size, kind, label):
         self.total += size
+        self.largest = max(self.largest, size)
 
     def _write(self, buf, offset, data):
         pass
@@ -76,6 +78,7 @@ class MemoryPlan:
     budget: int | None        # bytes, or None (no budget: everything resident)
     context_length: int       # the KV cache's positions, counted in state
     prompt_step: int          # the most tokens a prompt step takes, their activations counted in state
+    largest_state_buffer: int = 0   # bytes of the largest of state's buffers (each is bound whole)
     beside: int = 0           # what is loaded beside the model within the budget (an assistant drafter)
 
     @property
@@ -149,6 +152,7 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
     counter = MemoryCounter(limits)
     layout, _ = plan_uploads(counter, cfg, bound, ple_in_file=True, expert_slots=0 if streamable else None)
     weights = counter.total
+    counter.largest = 0
     state_class(counter, cfg, layout, context_length, chunk, int8=int8)
     state = counter.total - weights
     # the PLE table's rows buffer (PLE in the file) is counted in state: a few KiB
@@ -157,7 +161,8 @@ def plan_memory(limits: dict, cfg, bound, context_length: int, chunk: int, gpu_m
     plan = MemoryPlan(weights=weights, state=state, ple_table=ple_table, ple_in_file=bool(ple_in_file),
                       experts=sum(t.nbytes for t in experts), expert_each=sum(t.nbytes // E for t in experts),
                       n_experts=E, n_used=cfg.n_experts_used, slots=None, budget=gpu_memory,
-                      context_length=context_length, prompt_step=chunk, beside=beside)
+                      context_length=context_length, prompt_step=chunk, largest_state_buffer=counter.largest,
+                      beside=beside)
 
     if expert_cache is not None:
         if not streamable:

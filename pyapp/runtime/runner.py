@@ -34,9 +34,12 @@ from .requests import ReadGpu, ReadMapped
 from .state import State
 
 
-# The usual prompt step: where a runner's largest (its chunk) is wider, a prompt's tail of fewer tokens
-# than that takes steps of this size instead of one wide step mostly idle (a plan does the work of its size).
+# The prompt step plans a runner builds below its largest (its chunk): each step of a prompt takes the largest
+# that its tokens left fill (pyapp.runtime.soft_tokens.step_bounds), so a long prompt's tail goes in the usual
+# steps instead of one wide step mostly idle (a plan does the work of its size). LONG_STEP is also the step
+# a long context takes by default where the memory plan has room (pyapp.engine.loading.long_step).
 PROMPT_STEP = 512
+LONG_STEP = 2048
 
 
 class Runner:
@@ -54,8 +57,9 @@ class Runner:
         self.model = self.model_class(cfg, layout, self.state)
         # experts streamed from the file into a cache of expert_slots per layer (None: all resident)
         self.experts = ExpertCache(dev, cfg, self.state, layout, expert_slots) if expert_slots is not None else None
-        # a plan per size, built at load: one token, a short prompt's 64, the usual step and the largest
-        self.step_sizes = sorted({1, min(64, self.chunk), min(PROMPT_STEP, self.chunk), self.chunk})
+        # a plan per size, built at load: one token, a short prompt's 64, the usual and the long step, the largest
+        self.step_sizes = sorted({1, min(64, self.chunk), min(PROMPT_STEP, self.chunk), min(LONG_STEP, self.chunk),
+                                  self.chunk})
         # the sizes a long prompt is cut into, largest first (pyapp.runtime.soft_tokens.step_bounds)
         self.prompt_steps = tuple(sorted((s for s in self.step_sizes if s >= min(PROMPT_STEP, self.chunk)),
                                          reverse=True))

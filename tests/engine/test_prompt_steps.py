@@ -23,6 +23,7 @@ def test_a_long_prompt_takes_the_widest_step_it_fills_and_its_tail_the_usual_one
     assert steps(2047, 2048, (2048, 512)) == [512] * 3 + [511]
     assert steps(600, 2048, (2048, 512)) == [512, 88]
     assert steps(30, 2048, (2048, 512)) == [30]                  # fewer than any: one step (the 64-token plan)
+    assert steps(4000, 4096, (4096, 2048, 512)) == [2048, 512, 512, 512, 416]   # a step chosen over 2048
     assert steps(1300, 512, (512,)) == [512, 512, 276]          # one size: steps of up to chunk, as before
     assert steps(100, 64, (64,)) == [64, 36]
 
@@ -34,10 +35,10 @@ def test_an_image_seen_both_ways_keeps_to_the_widest_step():
     assert steps(3000, 2048, (2048, 512), [image], whole=True) == [2048, 952]
 
 
-def _plan(path, context, **kw):
+def _plan(path, context, limits=LIMITS, **kw):
     from pyapp.engine import Engine
     from pyapp.gguf import read_gguf
-    return Engine.plan(read_gguf(path), LIMITS, context, **kw)
+    return Engine.plan(read_gguf(path), limits, context, **kw)
 
 
 def test_a_long_context_takes_long_steps_where_the_budget_has_room():
@@ -54,6 +55,19 @@ def test_a_long_context_takes_long_steps_where_the_budget_has_room():
     assert _plan(dense, 4096, gpu_memory_mib=wide.total * mib).prompt_step == LONG_STEP
     between = (narrow.total + wide.total) / 2 * mib
     assert _plan(dense, 4096, gpu_memory_mib=between).prompt_step == DEFAULT_CHUNK
+
+
+def test_long_steps_need_no_buffer_past_what_the_device_allows():
+    """Where the long step's largest activation buffer would exceed the device's largest buffer, or the most it
+    binds at once, the usual step stays (the plan does not fail)."""
+    from pyapp.engine import DEFAULT_CHUNK, LONG_STEP
+    dense = FIX / "gemma4-dense-q4_k.gguf"
+    wide, narrow = _plan(dense, 4096), _plan(dense, 4096, chunk=DEFAULT_CHUNK)
+    assert wide.prompt_step == LONG_STEP and wide.largest_state_buffer > narrow.largest_state_buffer
+    between = (wide.largest_state_buffer + narrow.largest_state_buffer) // 2
+    for limit in ("max_buffer_size", "max_storage_buffer_binding_size"):
+        limits = dict(LIMITS, **{limit: between})
+        assert _plan(dense, 4096, limits=limits).prompt_step == DEFAULT_CHUNK, limit
 
 
 def test_long_steps_move_nothing_else_off_the_gpu():
@@ -73,7 +87,8 @@ def test_long_steps_move_nothing_else_off_the_gpu():
 @pytest.mark.gpu
 def test_a_prompt_read_in_long_steps_gives_the_usual_steps_logits():
     """A 2,100-token prompt: one step of 2048 and one of 52 in the long-step plan, five steps of up to 512 in the
-    usual one; the last token's logits agree within float rounding (int8 activations in both: rounded by token)."""
+    usual one; the last token's logits agree within float rounding (int8 activations in both: rounded by token).
+    Progress after each step but the last, also for a prompt of 1,100 tokens (steps of 512 under a 2048 chunk)."""
     from pyapp.engine import DEFAULT_CHUNK, Engine
     from pyapp.engine.decode import prefill
     from pyapp.gguf import read_gguf
@@ -85,9 +100,17 @@ def test_a_prompt_read_in_long_steps_gives_the_usual_steps_logits():
         fed = []
         run_layers = eng.runner.run_layers
         eng.runner.run_layers = lambda n, **kw: fed.append(n) or run_layers(n, **kw)
-        row = eng.drive(prefill(eng, prompt, 0))
+        seen = []
+        row = eng.drive(prefill(eng, prompt, 0, on_prefill=lambda done, total: seen.append(done)))
         last[chunk] = np.frombuffer(eng.drive(eng.runner.logits(row)), np.float32)
         assert fed == ([2048, 52] if chunk is None else [512, 512, 512, 512, 52])
+        assert seen == ([2048] if chunk is None else [512, 1024, 1536, 2048])    # after each step but the last
+        if chunk is None:            # a prompt within the long step but past the usual one: its steps reported
+            fed.clear()
+            seen.clear()
+            eng.reset()
+            eng.drive(prefill(eng, prompt[:1100], 0, on_prefill=lambda done, total: seen.append(done)))
+            assert fed == [512, 512, 76] and seen == [512, 1024]
         eng.close()
     assert np.isfinite(last[None]).all() and np.abs(last[None]).max() > 1
     np.testing.assert_allclose(last[None], last[DEFAULT_CHUNK], atol=2e-4)
