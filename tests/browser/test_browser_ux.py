@@ -331,7 +331,10 @@ def test_the_memory_plan_bar_of_a_mixture_of_experts_model(page):
     assert page.evaluate("document.querySelectorAll('#memory-plan svg rect').length") == 3   # weights, experts, state
     whole = page.evaluate("window.app.call('memory_plan', 4096, 0)")
     assert whole["in_file"] == 0 and whole["experts"] > 0, whole
-    type_field(page, "gpu_memory", f"{(whole['minimum'] + whole['expert_each'] // 2) / 2**20:.4f}")
+    # a budget for 2 of 4 experts at the model's usual step (1120: its images' tokens), too tight for the long one
+    usual = page.evaluate("window.app.call('memory_plan', 4096, 0, '1120')")
+    assert usual["state"] < whole["state"]         # no budget: the long step's activations
+    type_field(page, "gpu_memory", f"{(usual['minimum'] + usual['expert_each'] // 2) / 2**20:.4f}")
     page.dispatch_event("#gpu_memory", "change")
     page.wait_for_function("document.getElementById('memory-plan').textContent.includes('After a reload')")
     legend = page.inner_text("#memory-plan .plan-legend")
