@@ -105,15 +105,15 @@ fn query_range(pos: u32) -> u32 {
 // part, part + parts, ... (part = lid / HD4, parts = WG / HD4; threads past parts * HD4 idle).
 fn parts() -> u32 { return WG / hd4(); }
 
-// red4[lid] holds each thread's vec4 share; the sum over the parts of slot `slot` (call in
-// uniform control flow; the result is meaningful for threads with part 0).
-fn sum_parts(lid: u32, v: vec4<f32>) -> vec4<f32> {
+// red4[lid] holds each thread's vec4 share of slot lid % slots (part lid / slots); the sum over the
+// WG / slots parts of each slot (call in uniform control flow; meaningful for threads lid < slots).
+fn sum_parts(lid: u32, v: vec4<f32>, slots: u32) -> vec4<f32> {
     workgroupBarrier();
     red4[lid] = v;
     workgroupBarrier();
     var total = vec4<f32>(0.0);
-    if (lid < hd4()) {
-        for (var p = 0u; p < parts(); p++) { total += red4[p * hd4() + lid]; }
+    if (lid < slots) {
+        for (var p = 0u; p < WG / slots; p++) { total += red4[p * slots + lid]; }
     }
     return total;
 }
@@ -205,7 +205,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         }
         for (; i < n; i += np) { acc += sc[i] * VC[(vb + (k0 + i) % CTX) * hd4() + slot]; }
     }
-    let total = sum_parts(lid, acc);
+    let total = sum_parts(lid, acc, hd4());
     if (lid < hd4()) { PART[pbase + 1u + lid] = total; }
     if (lid == 0u) { PART[pbase] = vec4<f32>(m, l, 0.0, 0.0); }
 }
@@ -257,12 +257,6 @@ fn attend_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
         for (; s < used; s += np) { acc += cw[s] * PART[(p0 + s) * stride + 1u + slot]; }
     }
-    workgroupBarrier();
-    red4[lid] = acc;
-    workgroupBarrier();
-    if (lid < CS && slot < hd4()) {
-        var o = vec4<f32>(0.0);
-        for (var p = 0u; p < np; p++) { o += red4[p * CS + lid]; }
-        O[(t * H + h) * hd4() + slot] = o / total_l;
-    }
+    let o = sum_parts(lid, acc, CS);
+    if (lid < CS && slot < hd4()) { O[(t * H + h) * hd4() + slot] = o / total_l; }
 }
