@@ -7,11 +7,12 @@
 //
 // Q: f32 [T, H, HD] (or raw projections, PREP). KC, VC: f32 [HKV, CTX, HD], position j in slot
 // j % CTX. Read as vec4 (HD % 4 == 0, HD <= 512).
-//   attend_split:   workgroup (h, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's range
-//                   [lo, pos] and writes its partial softmax state PART[t, h, s] = (m, l, 0, 0,
-//                   acc[HD]); a split past the range writes nothing (a plan sized for the context
-//                   has many such early on). Dispatch (H, NSPLIT, T), NSPLIT * CH >= the most keys
-//                   a query sees.
+//   attend_split:   workgroup (g, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's range
+//                   [lo, pos] for the GH query heads h = g*GH .. g*GH + GH - 1 (all of one KV head:
+//                   each key and value is read once for all of them) and writes each head's partial
+//                   softmax state PART[t, h, s] = (m, l, 0, 0, acc[HD]); a split past the range
+//                   writes nothing (a plan sized for the context has many such early on). Dispatch
+//                   (H / GH, NSPLIT, T), NSPLIT * CH >= the most keys a query sees.
 //   attend_combine: O[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that
 //                   held keys, CS vec4 of O[t, h] a workgroup. Dispatch (H, ceil(HD / 4 / CS), T).
 // Both are bound by memory latency, not bandwidth (a decode step reads ~1 MB per layer): every
@@ -57,10 +58,12 @@ override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
 override EPS: f32 = 1e-6;
 
-const HD4_MAX: u32 = 128u;                  // vec4s of the largest head (512 dims)
-var<workgroup> qd: array<vec4<f32>, HD4_MAX>;   // the query (HD / 4 used)
-var<workgroup> sc: array<f32, CH>;
-var<workgroup> part4: array<f32, WG>;
+override GH: u32 = 1u;                      // query heads an attend_split workgroup (dividing H / HKV)
+const GH_MAX: u32 = 8u;
+var<workgroup> qd: array<vec4<f32>, GH * HD / 4u>;  // the GH queries, head g's at g * HD / 4
+var<workgroup> sc: array<f32, GH * CH>;             // head g's scores, then probabilities, at g * CH
+var<workgroup> part4: array<f32, GH * WG>;          // head g's quarter dot products at g * WG
+var<workgroup> smax: array<f32, GH>;                // head g's largest score in the split
 var<workgroup> red4: array<vec4<f32>, WG>;
 
 fn hd4() -> u32 { return HD / 4u; }
@@ -118,31 +121,37 @@ fn sum_parts(lid: u32, v: vec4<f32>, slots: u32) -> vec4<f32> {
     return total;
 }
 
-@compute @workgroup_size(WG)
-fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
-    let s = wid.y;
-    let t = wid.z;
-    if (t >= S.n_tokens) { return; }         // uniform per workgroup
-    let pos = S.pos0 + t;
-    let kvh = h / (H / HKV);
-    let lo = query_range(pos);
-    let end = key_end(pos);
-    let k0 = lo + s * CH;
-    let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
-    let pbase = ((t * H + h) * NSPLIT + s) * stride;
-    if (k0 >= end) { return; }               // past the last key: attend_combine reads only the splits before
-    let n = min(CH, end - k0);
+// Head h's query into qd at g * HD / 4, scaled (PREP 0: as it stands; else normed and roped at pos).
+// Call in uniform control flow (the norm's sum holds barriers).
+fn load_query(h: u32, g: u32, t: u32, pos: u32, lid: u32) {
+    let at = g * hd4();
     if (PREP == 0u) {
         for (var d = lid; d < hd4(); d += WG) {
             let b = (t * H + h) * HD + 4u * d;
-            qd[d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
+            qd[at + d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
         }
     } else {
         let qb = QOFF + h * HD;
         let inv_q = inv_rms_q(qb, lid);
-        for (var d = lid; d < hd4(); d += WG) { qd[d] = prep_vec4(qb, d, inv_q, f32(pos), false) * SCALE; }
+        for (var d = lid; d < hd4(); d += WG) { qd[at + d] = prep_vec4(qb, d, inv_q, f32(pos), false) * SCALE; }
     }
+}
+
+@compute @workgroup_size(WG)
+fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h0 = wid.x * GH;                      // the workgroup's first query head
+    let s = wid.y;
+    let t = wid.z;
+    if (t >= S.n_tokens) { return; }         // uniform per workgroup
+    let pos = S.pos0 + t;
+    let kvh = h0 / (H / HKV);
+    let lo = query_range(pos);
+    let end = key_end(pos);
+    let k0 = lo + s * CH;
+    let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
+    if (k0 >= end) { return; }               // past the last key: attend_combine reads only the splits before
+    let n = min(CH, end - k0);
+    for (var g = 0u; g < GH; g++) { load_query(h0 + g, g, t, pos, lid); }
     if (PREP == 2u && pos < k0 + CH) {       // this split holds the current position: its K, V into the caches
         let kb = KOFF + kvh * HD;
         let vb = VOFF + kvh * HD;
@@ -158,10 +167,10 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     workgroupBarrier();
 
     // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims (the four read
-    // 64 contiguous bytes at a time), four loads in flight per thread
+    // 64 contiguous bytes at a time), four loads in flight per thread, each load used by the GH heads
     let j = lid / 4u;
     let quarter = lid % 4u;
-    var a = vec4<f32>(0.0);
+    var a: array<vec4<f32>, GH_MAX>;
     if (j < n) {
         let kb = (kvh * CTX + (k0 + j) % CTX) * hd4();
         var d = quarter;
@@ -170,29 +179,44 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             let k1v = KC[kb + d + 4u];
             let k2v = KC[kb + d + 8u];
             let k3v = KC[kb + d + 12u];
-            a += vec4<f32>(dot(qd[d], k0v), dot(qd[d + 4u], k1v), dot(qd[d + 8u], k2v), dot(qd[d + 12u], k3v));
+            for (var g = 0u; g < GH; g++) {
+                let q = g * hd4() + d;
+                a[g] += vec4<f32>(dot(qd[q], k0v), dot(qd[q + 4u], k1v), dot(qd[q + 8u], k2v), dot(qd[q + 12u], k3v));
+            }
         }
-        for (; d < hd4(); d += 4u) { a.x += dot(qd[d], KC[kb + d]); }
+        for (; d < hd4(); d += 4u) {
+            let kv = KC[kb + d];
+            for (var g = 0u; g < GH; g++) { a[g].x += dot(qd[g * hd4() + d], kv); }
+        }
     }
-    part4[lid] = a.x + a.y + a.z + a.w;
+    for (var g = 0u; g < GH; g++) { part4[g * WG + lid] = a[g].x + a[g].y + a[g].z + a[g].w; }
     workgroupBarrier();
-    if (quarter == 0u && j < CH) {
-        sc[j] = select(NEG, part4[lid] + part4[lid + 1u] + part4[lid + 2u] + part4[lid + 3u], j < n);
+    for (var i = lid; i < GH * CH; i += WG) {          // head i / CH's score of key i % CH
+        let b = (i / CH) * WG + 4u * (i % CH);
+        sc[i] = select(NEG, part4[b] + part4[b + 1u] + part4[b + 2u] + part4[b + 3u], i % CH < n);
     }
     workgroupBarrier();
-    var m = NEG;
-    for (var i = 0u; i < n; i++) { m = max(m, sc[i]); }
+    if (lid < GH) {
+        var m = NEG;
+        for (var i = 0u; i < n; i++) { m = max(m, sc[lid * CH + i]); }
+        smax[lid] = m;
+    }
     workgroupBarrier();
-    if (lid < n) { sc[lid] = exp(sc[lid] - m); }      // scores -> unnormalized probabilities
+    for (var i = lid; i < GH * CH; i += WG) {          // scores -> unnormalized probabilities
+        if (i % CH < n) { sc[i] = exp(sc[i] - smax[i / CH]); }
+    }
     workgroupBarrier();
-    var l = 0.0;
-    for (var i = 0u; i < n; i++) { l += sc[i]; }
+    if (lid < GH) {
+        var l = 0.0;
+        for (var i = 0u; i < n; i++) { l += sc[lid * CH + i]; }
+        PART[(((t * H + h0 + lid) * NSPLIT) + s) * stride] = vec4<f32>(smax[lid], l, 0.0, 0.0);
+    }
 
-    // values: vec4 slot lid % HD4, keys part, part + parts, ..., four loads in flight
+    // values: vec4 slot lid % HD4, keys part, part + parts, ..., four loads in flight, each used by the GH heads
     let slot = lid % hd4();
     let part = lid / hd4();
     let np = parts();
-    var acc = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, GH_MAX>;
     if (part < np) {
         let vb = kvh * CTX;
         var i = part;
@@ -201,13 +225,25 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             let v1 = VC[(vb + (k0 + i + np) % CTX) * hd4() + slot];
             let v2 = VC[(vb + (k0 + i + 2u * np) % CTX) * hd4() + slot];
             let v3 = VC[(vb + (k0 + i + 3u * np) % CTX) * hd4() + slot];
-            acc += sc[i] * v0 + sc[i + np] * v1 + sc[i + 2u * np] * v2 + sc[i + 3u * np] * v3;
+            for (var g = 0u; g < GH; g++) {
+                let p = g * CH + i;
+                acc[g] += sc[p] * v0 + sc[p + np] * v1 + sc[p + 2u * np] * v2 + sc[p + 3u * np] * v3;
+            }
         }
-        for (; i < n; i += np) { acc += sc[i] * VC[(vb + (k0 + i) % CTX) * hd4() + slot]; }
+        for (; i < n; i += np) {
+            let v = VC[(vb + (k0 + i) % CTX) * hd4() + slot];
+            for (var g = 0u; g < GH; g++) { acc[g] += sc[g * CH + i] * v; }
+        }
     }
-    let total = sum_parts(lid, acc, hd4());
-    if (lid < hd4()) { PART[pbase + 1u + lid] = total; }
-    if (lid == 0u) { PART[pbase] = vec4<f32>(m, l, 0.0, 0.0); }
+    for (var g = 0u; g < GH; g++) {
+        let pbase = ((t * H + h0 + g) * NSPLIT + s) * stride;
+        if (np == 1u) {                                  // a thread a slot: its sum is the head's (no barriers)
+            if (lid < hd4()) { PART[pbase + 1u + lid] = acc[g]; }
+        } else {
+            let total = sum_parts(lid, acc[g], hd4());
+            if (lid < hd4()) { PART[pbase + 1u + lid] = total; }
+        }
+    }
 }
 
 var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weight e^(m_s - M) / L
