@@ -261,7 +261,8 @@ async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32
                                        groups=(1, 2, 4, 8), repeat=20, per_submit=20):
     """The decode attention (split + combine) of one token at each position, its plan sized for a context of
     ctx (as a model's is: global layers split over ctx keys, sliding ones over their window), by query heads
-    a split workgroup serves (each of `groups` that divides the GQA group and fits the device)."""
+    a split workgroup serves (each of `groups` that divides the GQA group and fits the device). As in a model's
+    step, the split kernel norms and ropes the raw query and stores the key and value itself (QueryPrep 2)."""
     from pyapp.gpu import kernels as K
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
@@ -270,8 +271,10 @@ async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32
     for h, hkv, hd, window in shapes:
         max_keys = window or ctx
         slots = window or ctx
-        q, kc, vc = (_filled(dev, n, pattern) for n in (h * hd, hkv * slots * hd, hkv * slots * hd))
+        q, kc, vc = (_filled(dev, n, pattern) for n in ((h + 2 * hkv) * hd, hkv * slots * hd, hkv * slots * hd))
         o, part = dev.buffer(4 * h * hd), dev.buffer(4 * K.decode_partials(h, hd, max_keys))
+        norm = _filled(dev, hd, _pattern(1.0))
+        prep = K.QueryPrep(2, 0, norm, hd // 4, 1e6, k_off=h * hd, v_off=(h + hkv) * hd, k_weight=norm)
         for pos in positions:
             dev.write(step, K.pack_step(1, pos))
             for gh in groups:
@@ -280,11 +283,11 @@ async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32
                 plan = dev.plan()
                 for _ in range(per_submit):
                     K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys, window=window,
-                                       plan=plan, heads_per_group=gh)
+                                       plan=plan, prep=prep, heads_per_group=gh)
                 s = await _seconds_per_dispatch(dev, plan, o, repeat, per_submit)
                 out.append({"kernel": "attention_decode", "pos": pos, "ctx": ctx, "heads": h, "kv_heads": hkv,
                             "head_dim": hd, "window": window, "heads_per_group": gh, "us": round(s * 1e6, 1),
-                            "engine": gh == K.decode_heads_per_group(dev, h // hkv, hd), "adapter": dev.describe()})
+                            "engine": gh == K.decode_heads_per_group(dev, h // hkv, hd, max_keys), "adapter": dev.describe()})
     return out
 
 

@@ -75,24 +75,36 @@ fn inv_rms_q(base: u32, lid: u32) -> f32 {
     return inverseSqrt(workgroup_sum(lid, ss) / f32(HD) + EPS);
 }
 
-// Dim i of rope(norm(Q[base..base+HD]) * w) at position pos; w = KW when is_k, else QW.
-fn prep_dim(base: u32, i: u32, inv: f32, pos: f32, is_k: bool) -> f32 {
+// Dim i's rotation at position pos: (sin, cos) of pos * BASE^(-2j/NROT) / FF[j], j = i % (NROT / 2);
+// none (0, 1) for the dims past NROT. It depends on the dim alone: computed once for every head.
+fn rotation(i: u32, pos: f32) -> vec2<f32> {
+    if (i >= NROT) { return vec2<f32>(0.0, 1.0); }
+    let j = i % (NROT / 2u);
+    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
+    if (HAS_FF) { inv_freq /= FF[j]; }
+    return sin_cos(pos * inv_freq);
+}
+
+// Dim i of rope(norm(Q[base..base+HD]) * w), rot = rotation(i, pos); w = KW when is_k, else QW.
+fn roped_dim(base: u32, i: u32, inv: f32, rot: vec2<f32>, is_k: bool) -> f32 {
     let half = NROT / 2u;
     if (i >= NROT) { return Q[base + i] * inv * select(QW[i], KW[i], is_k); }
     let j = i % half;
-    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
-    if (HAS_FF) { inv_freq /= FF[j]; }
-    let a = pos * inv_freq;
     let x0 = Q[base + j] * inv * select(QW[j], KW[j], is_k);
     let x1 = Q[base + j + half] * inv * select(QW[j + half], KW[j + half], is_k);
-    let sc = sin_cos(a);
-    return select(x1 * sc.y + x0 * sc.x, x0 * sc.y - x1 * sc.x, i < half);
+    return select(x1 * rot.y + x0 * rot.x, x0 * rot.y - x1 * rot.x, i < half);
 }
 
-fn prep_vec4(base: u32, d4: u32, inv: f32, pos: f32, is_k: bool) -> vec4<f32> {
+// Dims 4*d4 .. 4*d4 + 3 of one head, rots their rotations.
+fn roped_vec4(base: u32, d4: u32, inv: f32, rots: array<vec2<f32>, 4>, is_k: bool) -> vec4<f32> {
     let i = 4u * d4;
-    return vec4<f32>(prep_dim(base, i, inv, pos, is_k), prep_dim(base, i + 1u, inv, pos, is_k),
-                     prep_dim(base, i + 2u, inv, pos, is_k), prep_dim(base, i + 3u, inv, pos, is_k));
+    return vec4<f32>(roped_dim(base, i, inv, rots[0], is_k), roped_dim(base, i + 1u, inv, rots[1], is_k),
+                     roped_dim(base, i + 2u, inv, rots[2], is_k), roped_dim(base, i + 3u, inv, rots[3], is_k));
+}
+
+fn rotations(d4: u32, pos: f32) -> array<vec2<f32>, 4> {
+    let i = 4u * d4;
+    return array<vec2<f32>, 4>(rotation(i, pos), rotation(i + 1u, pos), rotation(i + 2u, pos), rotation(i + 3u, pos));
 }
 
 // The keys a query at pos sees: [query_range(pos), key_end(pos)).
@@ -121,19 +133,38 @@ fn sum_parts(lid: u32, v: vec4<f32>, slots: u32) -> vec4<f32> {
     return total;
 }
 
-// Head h's query into qd at g * HD / 4, scaled (PREP 0: as it stands; else normed and roped at pos).
-// Call in uniform control flow (the norm's sum holds barriers).
-fn load_query(h: u32, g: u32, t: u32, pos: u32, lid: u32) {
-    let at = g * hd4();
+// The GH queries of heads h0 .. h0 + GH - 1 into qd, scaled: PREP 0 as they stand; else normed (their
+// sums of squares reduced together) and roped at pos (each dim's rotation once for all of them). Call in
+// uniform control flow (barriers); part4 is free again after the caller's next barrier.
+fn load_queries(h0: u32, t: u32, pos: u32, lid: u32) {
     if (PREP == 0u) {
-        for (var d = lid; d < hd4(); d += WG) {
-            let b = (t * H + h) * HD + 4u * d;
-            qd[at + d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
+        for (var g = 0u; g < GH; g++) {
+            for (var d = lid; d < hd4(); d += WG) {
+                let b = (t * H + h0 + g) * HD + 4u * d;
+                qd[g * hd4() + d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
+            }
         }
-    } else {
-        let qb = QOFF + h * HD;
-        let inv_q = inv_rms_q(qb, lid);
-        for (var d = lid; d < hd4(); d += WG) { qd[at + d] = prep_vec4(qb, d, inv_q, f32(pos), false) * SCALE; }
+        return;
+    }
+    for (var g = 0u; g < GH; g++) {
+        let qb = QOFF + (h0 + g) * HD;
+        var ss = 0.0;
+        for (var d = lid; d < HD; d += WG) { ss += Q[qb + d] * Q[qb + d]; }
+        part4[g * WG + lid] = ss;
+    }
+    workgroupBarrier();
+    for (var half = WG / 2u; half > 0u; half >>= 1u) {
+        if (lid < half) {
+            for (var g = 0u; g < GH; g++) { part4[g * WG + lid] += part4[g * WG + lid + half]; }
+        }
+        workgroupBarrier();
+    }
+    for (var d = lid; d < hd4(); d += WG) {
+        let rots = rotations(d, f32(pos));
+        for (var g = 0u; g < GH; g++) {
+            let inv_q = inverseSqrt(part4[g * WG] / f32(HD) + EPS);
+            qd[g * hd4() + d] = roped_vec4(QOFF + (h0 + g) * HD, d, inv_q, rots, false) * SCALE;
+        }
     }
 }
 
@@ -151,7 +182,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
     if (k0 >= end) { return; }               // past the last key: attend_combine reads only the splits before
     let n = min(CH, end - k0);
-    for (var g = 0u; g < GH; g++) { load_query(h0 + g, g, t, pos, lid); }
+    load_queries(h0, t, pos, lid);
     if (PREP == 2u && pos < k0 + CH) {       // this split holds the current position: its K, V into the caches
         let kb = KOFF + kvh * HD;
         let vb = VOFF + kvh * HD;
@@ -159,7 +190,7 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         let inv_v = inv_rms_q(vb, lid);
         let dst = (kvh * CTX + pos % CTX) * hd4();
         for (var d = lid; d < hd4(); d += WG) {
-            KC[dst + d] = prep_vec4(kb, d, inv_k, f32(pos), true);
+            KC[dst + d] = roped_vec4(kb, d, inv_k, rotations(d, f32(pos)), true);
             VC[dst + d] = vec4<f32>(Q[vb + 4u * d], Q[vb + 4u * d + 1u], Q[vb + 4u * d + 2u], Q[vb + 4u * d + 3u]) * inv_v;
         }
         storageBarrier();

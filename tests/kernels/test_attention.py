@@ -280,7 +280,8 @@ def test_attention_decode_query_heads_per_workgroup(dev, gh, hd, window, pos, ct
 
 def test_decode_heads_per_group_fits_the_device():
     """The split kernel serves the largest power of two of a KV head's query heads (at most 8) dividing
-    the group, within the device's workgroup storage: all 8 of E2B's heads of 512 in 32 KiB, 4 in 16 KiB."""
+    the group, within the device's workgroup storage: all 8 of E2B's heads of 512 in 32 KiB, 4 in 16 KiB;
+    a head a workgroup where a query sees at most 2,048 keys (a sliding window, a short context)."""
     class Dev:
         def __init__(self, storage):
             self.limits = {"max_compute_workgroup_storage_size": storage}
@@ -288,6 +289,9 @@ def test_decode_heads_per_group_fits_the_device():
     assert K.decode_heads_per_group(Dev(16384), 8, 512) == 4
     assert K.decode_heads_per_group(Dev(16384), 8, 256) == 8
     assert K.decode_split_storage(4, 512) <= 16384 < K.decode_split_storage(8, 512)
+    assert K.decode_heads_per_group(Dev(32768), 8, 256, max_keys=512) == 1
+    assert K.decode_heads_per_group(Dev(32768), 8, 512, max_keys=2048) == 1
+    assert K.decode_heads_per_group(Dev(32768), 8, 512, max_keys=2049) == 8
 
 
 @pytest.mark.parametrize("prep", [False, True])

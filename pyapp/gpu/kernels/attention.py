@@ -140,9 +140,18 @@ def decode_split_storage(heads_per_group: int, head_dim: int) -> int:
     return 4 * heads_per_group * (head_dim + DECODE_KEYS_PER_GROUP + ATTEND_WG + 1) + 20 * ATTEND_WG
 
 
-def decode_heads_per_group(dev: Device, group: int, head_dim: int) -> int:
-    """Query heads an attend_split workgroup serves: the largest power of two dividing the GQA group, at most
-    8, whose storage fits the device (each key and value is then read once for all of them)."""
+# a decode attention over more keys than this serves a KV head's query heads together (each key and value read
+# once for them); over fewer (sliding windows, short contexts) the heads' own workgroups are needed to fill the
+# GPU: on an H200, E2B's sliding layer (16 splits of its 512-key window) took 20.7 us a head a workgroup and
+# 31.5 with its 8 heads together, its global layer in a 32k context 81.3 against 63.9 us at position 16,000
+SHARED_HEADS_FROM_KEYS = 2048
+
+
+def decode_heads_per_group(dev: Device, group: int, head_dim: int, max_keys: int = SHARED_HEADS_FROM_KEYS + 1) -> int:
+    """Query heads an attend_split workgroup serves: 1 where a query sees at most SHARED_HEADS_FROM_KEYS keys,
+    else the largest power of two dividing the GQA group, at most 8, whose storage fits the device."""
+    if max_keys <= SHARED_HEADS_FROM_KEYS:
+        return 1
     limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
     gh = 8
     while gh > 1 and (group % gh or decode_split_storage(gh, head_dim) > limit):
@@ -174,7 +183,7 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     if keys_before not in (0, 1) or (keys_before and prep is not None and prep.mode == 2):
         raise ValueError("keys_before is 0 or 1, and a query that sees only earlier keys stores none")
     nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
-    gh = heads_per_group or decode_heads_per_group(dev, heads // kv_heads, head_dim)
+    gh = heads_per_group or decode_heads_per_group(dev, heads // kv_heads, head_dim, max_keys)
     if (heads // kv_heads) % gh:
         raise ValueError(f"{gh} query heads a workgroup do not divide the GQA group of {heads // kv_heads}")
     c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit, KEYS_BEFORE=keys_before)
