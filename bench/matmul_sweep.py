@@ -258,11 +258,14 @@ DECODE_SHAPES = [(8, 1, 512, 0), (8, 1, 256, 512), (8, 2, 512, 0), (16, 2, 512, 
 
 
 async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32768, shapes=DECODE_SHAPES,
-                                       groups=(1, 2, 4, 8), repeat=20, per_submit=20):
-    """The decode attention (split + combine) of one token at each position, its plan sized for a context of
-    ctx (as a model's is: global layers split over ctx keys, sliding ones over their window), by query heads
-    a split workgroup serves (each of `groups` that divides the GQA group and fits the device). As in a model's
-    step, the split kernel norms and ropes the raw query and stores the key and value itself (QueryPrep 2)."""
+                                       groups=(1, 2, 4, 8), threads=(128, 256), preps=(2, 0), repeat=10):
+    """The decode attention of one token at each position, its plan sized for a context of ctx (as a
+    model's is: global layers split over ctx keys, sliding ones over their window), by query heads a split
+    workgroup serves (each of `groups` that divides the GQA group and fits the device), by the split's threads
+    and by query prep (2: as in a model's step, the split kernel norms and ropes the raw query and stores the
+    key and value itself; 0: the query ready). GPU time of the split and the combine (timestamps, each
+    dispatch in a pass of its own, the median of `repeat`)."""
+    import statistics
     from pyapp.gpu import kernels as K
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
@@ -274,20 +277,27 @@ async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32
         q, kc, vc = (_filled(dev, n, pattern) for n in ((h + 2 * hkv) * hd, hkv * slots * hd, hkv * slots * hd))
         o, part = dev.buffer(4 * h * hd), dev.buffer(4 * K.decode_partials(h, hd, max_keys))
         norm = _filled(dev, hd, _pattern(1.0))
-        prep = K.QueryPrep(2, 0, norm, hd // 4, 1e6, k_off=h * hd, v_off=(h + hkv) * hd, k_weight=norm)
         for pos in positions:
             dev.write(step, K.pack_step(1, pos))
-            for gh in groups:
-                if (h // hkv) % gh or K.decode_split_storage(gh, hd) > limit:
-                    continue
-                plan = dev.plan()
-                for _ in range(per_submit):
-                    K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys, window=window,
-                                       plan=plan, prep=prep, heads_per_group=gh)
-                s = await _seconds_per_dispatch(dev, plan, o, repeat, per_submit)
-                out.append({"kernel": "attention_decode", "pos": pos, "ctx": ctx, "heads": h, "kv_heads": hkv,
-                            "head_dim": hd, "window": window, "heads_per_group": gh, "us": round(s * 1e6, 1),
-                            "engine": gh == K.decode_heads_per_group(dev, h // hkv, hd, max_keys), "adapter": dev.describe()})
+            for mode in preps:
+                prep = K.QueryPrep(2, 0, norm, hd // 4, 1e6, k_off=h * hd, v_off=(h + hkv) * hd,
+                                   k_weight=norm) if mode else None
+                for gh in groups:
+                    for wg in threads:
+                        if (h // hkv) % gh or K.decode_split_storage(gh, hd, wg) > limit:
+                            continue
+                        plan = K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys,
+                                                  window=window, prep=prep, heads_per_group=gh, split_threads=wg)
+                        await dev.time_plan_gpu_async(plan, 2, per_dispatch=True)          # warm-up
+                        ns = (await dev.time_plan_gpu_async(plan, repeat, per_dispatch=True))["ns"]
+                        split = statistics.median((ns[4 * r + 1] - ns[4 * r]) / 1e3 for r in range(repeat))
+                        combine = statistics.median((ns[4 * r + 3] - ns[4 * r + 2]) / 1e3 for r in range(repeat))
+                        out.append({"kernel": "attention_decode", "pos": pos, "ctx": ctx, "heads": h,
+                                    "kv_heads": hkv, "head_dim": hd, "window": window, "prep": mode,
+                                    "heads_per_group": gh, "threads": wg, "split_us": round(split, 2),
+                                    "combine_us": round(combine, 2),
+                                    "engine": gh == K.decode_heads_per_group(dev, h // hkv, hd, max_keys) and wg == 128,
+                                    "adapter": dev.describe()})
     return out
 
 

@@ -24,8 +24,9 @@ override WINDOW: u32 = 0u;
 override NSPLIT: u32 = 1u;
 override KEYS_BEFORE: u32 = 0u;
 
-const WG: u32 = 128u;
-const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
+override WG: u32 = 128u;                   // threads a workgroup: 128, or 256 for attend_split (TPK 8)
+const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup
+override TPK: u32 = WG / CH;               // attend_split's threads a key (4 or 8)
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
 @group(0) @binding(1) var<storage, read_write> KC: array<vec4<f32>>;
@@ -197,25 +198,26 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     workgroupBarrier();
 
-    // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims (the four read
-    // 64 contiguous bytes at a time), four loads in flight per thread, each load used by the GH heads
-    let j = lid / 4u;
-    let quarter = lid % 4u;
+    // scores: key j = lid / TPK; its TPK threads take interleaved vec4s of its dims (together they read
+    // 16 * TPK contiguous bytes at a time), four loads in flight per thread, each load used by the GH heads
+    let j = lid / TPK;
+    let quarter = lid % TPK;
     var a: array<vec4<f32>, GH_MAX>;
     if (j < n) {
         let kb = (kvh * CTX + (k0 + j) % CTX) * hd4();
         var d = quarter;
-        for (; d + 12u < hd4(); d += 16u) {
+        for (; d + 3u * TPK < hd4(); d += 4u * TPK) {
             let k0v = KC[kb + d];
-            let k1v = KC[kb + d + 4u];
-            let k2v = KC[kb + d + 8u];
-            let k3v = KC[kb + d + 12u];
+            let k1v = KC[kb + d + TPK];
+            let k2v = KC[kb + d + 2u * TPK];
+            let k3v = KC[kb + d + 3u * TPK];
             for (var g = 0u; g < GH; g++) {
                 let q = g * hd4() + d;
-                a[g] += vec4<f32>(dot(qd[q], k0v), dot(qd[q + 4u], k1v), dot(qd[q + 8u], k2v), dot(qd[q + 12u], k3v));
+                a[g] += vec4<f32>(dot(qd[q], k0v), dot(qd[q + TPK], k1v), dot(qd[q + 2u * TPK], k2v),
+                                  dot(qd[q + 3u * TPK], k3v));
             }
         }
-        for (; d < hd4(); d += 4u) {
+        for (; d < hd4(); d += TPK) {
             let kv = KC[kb + d];
             for (var g = 0u; g < GH; g++) { a[g].x += dot(qd[g * hd4() + d], kv); }
         }
@@ -223,8 +225,10 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     for (var g = 0u; g < GH; g++) { part4[g * WG + lid] = a[g].x + a[g].y + a[g].z + a[g].w; }
     workgroupBarrier();
     for (var i = lid; i < GH * CH; i += WG) {          // head i / CH's score of key i % CH
-        let b = (i / CH) * WG + 4u * (i % CH);
-        sc[i] = select(NEG, part4[b] + part4[b + 1u] + part4[b + 2u] + part4[b + 3u], i % CH < n);
+        let b = (i / CH) * WG + TPK * (i % CH);
+        var dot_ = 0.0;
+        for (var u = 0u; u < TPK; u++) { dot_ += part4[b + u]; }
+        sc[i] = select(NEG, dot_, i % CH < n);
     }
     workgroupBarrier();
     if (lid < GH) {

@@ -239,15 +239,15 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
         np.testing.assert_allclose(got_k, keys[:, pos], atol=2e-5)
 
 
-@pytest.mark.parametrize("gh", [1, 2, 4, 8])
+@pytest.mark.parametrize("gh,threads", [(1, 128), (2, 128), (4, 128), (8, 128), (1, 256), (8, 256)])
 @pytest.mark.parametrize("hd,window,pos,ctx,prep", [(512, 0, 700, 1024, 0), (256, 64, 130, 1024, 2), (300, 0, 77, 128, 0),
                                                     (36, 0, 100, 256, 1), (20, 9, 40, 64, 2), (512, 0, 90, 128, 2)])
-def test_attention_decode_query_heads_per_workgroup(dev, gh, hd, window, pos, ctx, prep):
-    """A split workgroup serving gh of a KV head's 8 query heads (each key and value read once for them):
-    every gh gives the reference attention, heads of 512 (a thread a vec4 slot) down to 20 (several threads
+def test_attention_decode_query_heads_per_workgroup(dev, gh, threads, hd, window, pos, ctx, prep):
+    """A split workgroup serving gh of a KV head's 8 query heads (each key and value read once for them),
+    with 128 threads (4 a key) or 256 (8 a key): each gives the reference attention, heads of 512 (a thread a vec4 slot) down to 20 (several threads
     a slot), 300 (threads past the head's 75 slots idle), a window, the query normed and roped by the kernel
     (PREP 1) and the key and value stored too (PREP 2: each KV head's by the split holding the position)."""
-    if K.decode_split_storage(gh, hd) > dev.limits.get("max_compute_workgroup_storage_size", 16384):
+    if K.decode_split_storage(gh, hd, threads) > dev.limits.get("max_compute_workgroup_storage_size", 16384):
         pytest.skip("the device's workgroup storage is too small for this many heads")
     rng = np.random.default_rng(hd + pos + gh)
     h, hkv = 16, 2
@@ -273,7 +273,8 @@ def test_attention_decode_query_heads_per_workgroup(dev, gh, hd, window, pos, ct
     part = f32(dev, np.full(K.decode_partials(h, hd, max_keys), np.nan, np.float32))
     out = dev.buffer(4 * h * hd)
     dev.submit(K.attention_decode(dev, f32(dev, raw), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
-                                  h, hkv, hd, ctx, max_keys, window=window, prep=query, heads_per_group=gh))
+                                  h, hkv, hd, ctx, max_keys, window=window, prep=query, heads_per_group=gh,
+                                  split_threads=threads))
     want = decode_attention_ref(q, keys, vals, pos, window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-4 if prep else 5e-5)   # f32 RoPE
 

@@ -134,10 +134,10 @@ class QueryPrep:
     k_weight: Buffer | None = None
 
 
-def decode_split_storage(heads_per_group: int, head_dim: int) -> int:
+def decode_split_storage(heads_per_group: int, head_dim: int, threads: int = ATTEND_WG) -> int:
     """Bytes of workgroup storage attend_split takes for heads_per_group query heads of head_dim: their
-    queries, scores and quarter dot products, a max each; the vec4 sums and workgroup_sum's floats."""
-    return 4 * heads_per_group * (head_dim + DECODE_KEYS_PER_GROUP + ATTEND_WG + 1) + 20 * ATTEND_WG
+    queries, scores and partial dot products, a max each; the vec4 sums and workgroup_sum's floats."""
+    return 4 * heads_per_group * (head_dim + DECODE_KEYS_PER_GROUP + threads + 1) + 20 * threads
 
 
 # a decode attention over more keys than this serves a KV head's query heads together (each key and value read
@@ -166,7 +166,8 @@ COMBINE_SLOTS = 16
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
-                     max_tokens: int = 1, keys_before: int = 0, heads_per_group: int | None = None) -> Plan:
+                     max_tokens: int = 1, keys_before: int = 0, heads_per_group: int | None = None,
+                     split_threads: int = ATTEND_WG) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
     workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
     output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
@@ -175,7 +176,8 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     target's cache), the window counted back from there; it stores nothing (prep mode 1 at most).
     max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
     already normed and roped; partials: decode_partials(...) * max_tokens floats.
-    heads_per_group: query heads a split workgroup serves (None: decode_heads_per_group)."""
+    heads_per_group: query heads a split workgroup serves (None: decode_heads_per_group); split_threads: a
+    split workgroup's threads (128: 4 a key; 256: 8)."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     if max_tokens > 1 and prep is not None:
@@ -194,7 +196,9 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
         res.update(QW=prep.q_weight, KW=prep.k_weight if prep.k_weight is not None else dev.dummy,
                    FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
-    p = pipeline(dev, "attention_decode", entry="attend_split", constants=dict(c, GH=gh))
+    if split_threads not in (128, 256):
+        raise ValueError(f"a decode attention split takes 128 or 256 threads, not {split_threads}")
+    p = pipeline(dev, "attention_decode", entry="attend_split", constants=dict(c, GH=gh, WG=split_threads))
     plan.dispatch(p, dev.bind_group(p, res), heads // gh, nsplit, max_tokens)
     p = pipeline(dev, "attention_decode", entry="attend_combine", constants=dict(c, CS=COMBINE_SLOTS))
     groups = -(-(head_dim // 4) // COMBINE_SLOTS)          # workgroups a head, COMBINE_SLOTS vec4 of its output each
