@@ -258,13 +258,14 @@ DECODE_SHAPES = [(8, 1, 512, 0), (8, 1, 256, 512), (8, 2, 512, 0), (16, 2, 512, 
 
 
 async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32768, shapes=DECODE_SHAPES,
-                                       groups=(1, 2, 4, 8), threads=(128, 256), preps=(2, 0), repeat=10):
+                                       groups=(1, 2, 4, 8), threads=(128, 256), preps=(2,), repeat=5, per_plan=20):
     """The decode attention of one token at each position, its plan sized for a context of ctx (as a
     model's is: global layers split over ctx keys, sliding ones over their window), by query heads a split
     workgroup serves (each of `groups` that divides the GQA group and fits the device), by the split's threads
     and by query prep (2: as in a model's step, the split kernel norms and ropes the raw query and stores the
     key and value itself; 0: the query ready). GPU time of the split and the combine (timestamps, each
-    dispatch in a pass of its own, the median of `repeat`)."""
+    dispatch in a pass of its own, the median over `repeat` submits of per_plan attentions each: a plan of
+    one would leave the GPU idle enough between submits to lower its clocks)."""
     import statistics
     from pyapp.gpu import kernels as K
     out = []
@@ -286,12 +287,15 @@ async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32
                     for wg in threads:
                         if (h // hkv) % gh or K.decode_split_storage(gh, hd, wg) > limit:
                             continue
-                        plan = K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys,
-                                                  window=window, prep=prep, heads_per_group=gh, split_threads=wg)
+                        plan = dev.plan()
+                        for _ in range(per_plan):
+                            K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys,
+                                               window=window, prep=prep, heads_per_group=gh, split_threads=wg,
+                                               plan=plan)
                         await dev.time_plan_gpu_async(plan, 2, per_dispatch=True)          # warm-up
                         ns = (await dev.time_plan_gpu_async(plan, repeat, per_dispatch=True))["ns"]
-                        split = statistics.median((ns[4 * r + 1] - ns[4 * r]) / 1e3 for r in range(repeat))
-                        combine = statistics.median((ns[4 * r + 3] - ns[4 * r + 2]) / 1e3 for r in range(repeat))
+                        us = [(ns[2 * i + 1] - ns[2 * i]) / 1e3 for i in range(len(ns) // 2)]
+                        split, combine = statistics.median(us[0::2]), statistics.median(us[1::2])
                         out.append({"kernel": "attention_decode", "pos": pos, "ctx": ctx, "heads": h,
                                     "kv_heads": hkv, "head_dim": hd, "window": window, "prep": mode,
                                     "heads_per_group": gh, "threads": wg, "split_us": round(split, 2),

@@ -145,8 +145,12 @@ fn load_queries(h0: u32, t: u32, pos: u32, lid: u32) {
                 qd[g * hd4() + d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
             }
         }
-        return;
+    } else {
+        load_prepped_queries(h0, pos, lid);
     }
+}
+
+fn load_prepped_queries(h0: u32, pos: u32, lid: u32) {
     for (var g = 0u; g < GH; g++) {
         let qb = QOFF + (h0 + g) * HD;
         var ss = 0.0;
