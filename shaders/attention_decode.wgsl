@@ -80,7 +80,8 @@ fn inv_rms_q(base: u32, lid: u32) -> f32 {
 // none (0, 1) for the dims past NROT. It depends on the dim alone: computed once for every head.
 fn rotation(i: u32, pos: f32) -> vec2<f32> {
     if (i >= NROT) { return vec2<f32>(0.0, 1.0); }
-    let j = i % (NROT / 2u);
+    let half = NROT / 2u;                    // a let: NROT is 0 without a prep, and Tint folds a constant % 0
+    let j = i % half;
     var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
     if (HAS_FF) { inv_freq /= FF[j]; }
     return sin_cos(pos * inv_freq);
