@@ -6,8 +6,6 @@ the grouped MoE expert matmul (a26b's experts) by tile, and the prefill attentio
     node bench/node_bench.mjs --sweep                                    # browser path (Pyodide + Dawn)
     python bench/matmul_sweep.py --attention-at 15872                    # the attention of a chunk late in a
     ATTENTION_AT=15872 node bench/node_bench.mjs --sweep                 # 16k prompt (LONG_ATTENTION_SHAPES)
-    python bench/matmul_sweep.py --decode-at 512 16000                   # the decode attention by query heads
-    DECODE_AT="512 16000" node bench/node_bench.mjs --sweep              # a split workgroup serves (DECODE_SHAPES)
 
 Prints one JSON line per (shape, quant, tile): microseconds per dispatch (10 per submit, wall
 clock over 20 submits after a warm-up, so a dispatch's ~10 us overhead is included) and TFLOP/s.
@@ -252,59 +250,6 @@ async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repe
     return out
 
 
-# (heads, kv heads, head dim, window) of a decode step's attention: E2B's global and sliding layers, E4B's and
-# a26b's global ones (GQA groups 8, 4, 8), a26b's sliding ones (group 2)
-DECODE_SHAPES = [(8, 1, 512, 0), (8, 1, 256, 512), (8, 2, 512, 0), (16, 2, 512, 0), (16, 8, 256, 1024)]
-
-
-async def decode_attention_sweep_async(dev, positions=(512, 4096, 16000), ctx=32768, shapes=DECODE_SHAPES,
-                                       groups=(1, 2, 4, 8), threads=(128, 256), preps=(2,), repeat=5, per_plan=20):
-    """The decode attention of one token at each position, its plan sized for a context of ctx (as a
-    model's is: global layers split over ctx keys, sliding ones over their window), by query heads a split
-    workgroup serves (each of `groups` that divides the GQA group and fits the device), by the split's threads
-    and by query prep (2: as in a model's step, the split kernel norms and ropes the raw query and stores the
-    key and value itself; 0: the query ready). GPU time of the split and the combine (timestamps, each
-    dispatch in a pass of its own, the median over `repeat` submits of per_plan attentions each: a plan of
-    one would leave the GPU idle enough between submits to lower its clocks)."""
-    import statistics
-    from pyapp.gpu import kernels as K
-    out = []
-    step = dev.buffer(K.STEP_BYTES, "uniform")
-    pattern = _pattern(0.1)
-    limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
-    for h, hkv, hd, window in shapes:
-        max_keys = window or ctx
-        slots = window or ctx
-        q, kc, vc = (_filled(dev, n, pattern) for n in ((h + 2 * hkv) * hd, hkv * slots * hd, hkv * slots * hd))
-        o, part = dev.buffer(4 * h * hd), dev.buffer(4 * K.decode_partials(h, hd, max_keys))
-        norm = _filled(dev, hd, _pattern(1.0))
-        for pos in positions:
-            dev.write(step, K.pack_step(1, pos))
-            for mode in preps:
-                prep = K.QueryPrep(2, 0, norm, hd // 4, 1e6, k_off=h * hd, v_off=(h + hkv) * hd,
-                                   k_weight=norm) if mode else None
-                for gh in groups:
-                    for wg in threads:
-                        if (h // hkv) % gh or K.decode_split_storage(gh, hd, wg) > limit:
-                            continue
-                        plan = dev.plan()
-                        for _ in range(per_plan):
-                            K.attention_decode(dev, q, kc, vc, o, part, step, h, hkv, hd, slots, max_keys,
-                                               window=window, prep=prep, heads_per_group=gh, split_threads=wg,
-                                               plan=plan)
-                        await dev.time_plan_gpu_async(plan, 2, per_dispatch=True)          # warm-up
-                        ns = (await dev.time_plan_gpu_async(plan, repeat, per_dispatch=True))["ns"]
-                        us = [(ns[2 * i + 1] - ns[2 * i]) / 1e3 for i in range(len(ns) // 2)]
-                        split, combine = statistics.median(us[0::2]), statistics.median(us[1::2])
-                        out.append({"kernel": "attention_decode", "pos": pos, "ctx": ctx, "heads": h,
-                                    "kv_heads": hkv, "head_dim": hd, "window": window, "prep": mode,
-                                    "heads_per_group": gh, "threads": wg, "split_us": round(split, 2),
-                                    "combine_us": round(combine, 2),
-                                    "engine": gh == K.decode_heads_per_group(dev, h // hkv, hd, max_keys) and wg == 128,
-                                    "adapter": dev.describe()})
-    return out
-
-
 def main() -> int:
     import asyncio
     from pyapp.gpu import get_device
@@ -314,18 +259,12 @@ def main() -> int:
     ap.add_argument("--all-tiles", action="store_true", help="every f32 tile of tiles() and moe_tiles()")
     ap.add_argument("--attention-at", type=int, metavar="POS",
                     help="only the attention, a chunk at this position (E2B's and E4B's global layers)")
-    ap.add_argument("--decode-at", type=int, nargs="+", metavar="POS",
-                    help="only the decode attention, one token at each position, by query heads a workgroup")
     ap.add_argument("--f16", action="store_true",
                     help="the engine's tiles in f32, f16 and f16 math (shader-f16), no attention")
     args = ap.parse_args()
     dev = get_device("native")
     if args.attention_at is not None:
         for r in asyncio.run(attention_sweep_async(dev, args.tokens, LONG_ATTENTION_SHAPES, pos0=args.attention_at)):
-            print(json.dumps(r), flush=True)
-        return 0
-    if args.decode_at:
-        for r in asyncio.run(decode_attention_sweep_async(dev, tuple(args.decode_at))):
             print(json.dumps(r), flush=True)
         return 0
     if args.f16:

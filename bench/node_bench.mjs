@@ -21,8 +21,7 @@
 //        SWEEP_TOKENS (512), SWEEP_SHAPES ("ROWSxCOLS ...", default its SHAPES), SWEEP_QUANTS ("q4_k"),
 //        SWEEP_ALL_TILES=1 (every f32 tile of its tiles());
 //        ATTENTION_AT=POS: only the attention of a chunk at POS (its LONG_ATTENTION_SHAPES, or ATTENTION_SHAPES:
-//        "HEADSxKV_HEADSxHEAD_DIMxWINDOW ..."); DECODE_AT="POS ...": only the decode attention of one token at
-//        each position in a 32k context, by query heads a split workgroup serves (its DECODE_SHAPES)
+//        "HEADSxKV_HEADSxHEAD_DIMxWINDOW ...")
 // Env: PYODIDE_DIR (default node_modules/pyodide), WEBGPU_DIR (default node_modules/webgpu),
 //      PROMPT_TOKENS (256), GEN_TOKENS (64), CONTEXT (2048), CHUNK (the engine's default: prefill step),
 //      REPEAT (3: timed runs after a warm-up over the same prompt; medians reported),
@@ -94,10 +93,7 @@ shapes = [tuple(int(v) for v in s.split("x")) for s in "${process.env.SWEEP_SHAP
 at = ${process.env.ATTENTION_AT === undefined ? "None" : Number(process.env.ATTENTION_AT)}
 quants = tuple("${process.env.SWEEP_QUANTS || "q4_k"}".split())
 dev = await get_device_async("browser")
-decode_at = [int(v) for v in "${process.env.DECODE_AT || ""}".split()]
-if decode_at:
-    rows = await matmul_sweep.decode_attention_sweep_async(dev, positions=decode_at)
-elif at is not None:
+if at is not None:
     heads = [tuple(int(v) for v in s.split("x")) for s in "${process.env.ATTENTION_SHAPES || ""}".split()]
     rows = await matmul_sweep.attention_sweep_async(dev, shapes=heads or matmul_sweep.LONG_ATTENTION_SHAPES, pos0=at)
 else:

@@ -7,12 +7,11 @@
 //
 // Q: f32 [T, H, HD] (or raw projections, PREP). KC, VC: f32 [HKV, CTX, HD], position j in slot
 // j % CTX. Read as vec4 (HD % 4 == 0, HD <= 512).
-//   attend_split:   workgroup (g, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's range
-//                   [lo, pos] for the GH query heads h = g*GH .. g*GH + GH - 1 (all of one KV head:
-//                   each key and value is read once for all of them) and writes each head's partial
-//                   softmax state PART[t, h, s] = (m, l, 0, 0, acc[HD]); a split past the range
-//                   writes nothing (a plan sized for the context has many such early on). Dispatch
-//                   (H / GH, NSPLIT, T), NSPLIT * CH >= the most keys a query sees.
+//   attend_split:   workgroup (h, s, t) covers keys [lo + s*CH, lo + (s+1)*CH) of token t's range
+//                   [lo, pos] and writes its partial softmax state PART[t, h, s] = (m, l, 0, 0,
+//                   acc[HD]); a split past the range writes nothing (a plan sized for the context
+//                   has many such early on). Dispatch (H, NSPLIT, T), NSPLIT * CH >= the most keys
+//                   a query sees.
 //   attend_combine: O[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits that
 //                   held keys, CS vec4 of O[t, h] a workgroup. Dispatch (H, ceil(HD / 4 / CS), T).
 // Both are bound by memory latency, not bandwidth (a decode step reads ~1 MB per layer): every
@@ -24,9 +23,8 @@ override WINDOW: u32 = 0u;
 override NSPLIT: u32 = 1u;
 override KEYS_BEFORE: u32 = 0u;
 
-override WG: u32 = 128u;                   // threads a workgroup: 128, or 256 for attend_split (TPK 8)
-const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup
-override TPK: u32 = WG / CH;               // attend_split's threads a key (4 or 8)
+const WG: u32 = 128u;
+const CH: u32 = DECODE_KEYS_PER_GROUP;     // keys per attend_split workgroup (4 threads a key)
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
 @group(0) @binding(1) var<storage, read_write> KC: array<vec4<f32>>;
@@ -59,12 +57,10 @@ override BASE: f32 = 10000.0;
 override HAS_FF: bool = false;
 override EPS: f32 = 1e-6;
 
-override GH: u32 = 1u;                      // query heads an attend_split workgroup (dividing H / HKV)
-const GH_MAX: u32 = 8u;
-var<workgroup> qd: array<vec4<f32>, GH * HD / 4u>;  // the GH queries, head g's at g * HD / 4
-var<workgroup> sc: array<f32, GH * CH>;             // head g's scores, then probabilities, at g * CH
-var<workgroup> part4: array<f32, GH * WG>;          // head g's quarter dot products at g * WG
-var<workgroup> smax: array<f32, GH>;                // head g's largest score in the split
+const HD4_MAX: u32 = 128u;                  // vec4s of the largest head (512 dims)
+var<workgroup> qd: array<vec4<f32>, HD4_MAX>;   // the query (HD / 4 used)
+var<workgroup> sc: array<f32, CH>;
+var<workgroup> part4: array<f32, WG>;
 var<workgroup> red4: array<vec4<f32>, WG>;
 
 fn hd4() -> u32 { return HD / 4u; }
@@ -76,37 +72,24 @@ fn inv_rms_q(base: u32, lid: u32) -> f32 {
     return inverseSqrt(workgroup_sum(lid, ss) / f32(HD) + EPS);
 }
 
-// Dim i's rotation at position pos: (sin, cos) of pos * BASE^(-2j/NROT) / FF[j], j = i % (NROT / 2);
-// none (0, 1) for the dims past NROT. It depends on the dim alone: computed once for every head.
-fn rotation(i: u32, pos: f32) -> vec2<f32> {
-    if (i >= NROT) { return vec2<f32>(0.0, 1.0); }
-    let half = NROT / 2u;                    // a let: NROT is 0 without a prep, and Tint folds a constant % 0
-    let j = i % half;
-    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
-    if (HAS_FF) { inv_freq /= FF[j]; }
-    return sin_cos(pos * inv_freq);
-}
-
-// Dim i of rope(norm(Q[base..base+HD]) * w), rot = rotation(i, pos); w = KW when is_k, else QW.
-fn roped_dim(base: u32, i: u32, inv: f32, rot: vec2<f32>, is_k: bool) -> f32 {
+// Dim i of rope(norm(Q[base..base+HD]) * w) at position pos; w = KW when is_k, else QW.
+fn prep_dim(base: u32, i: u32, inv: f32, pos: f32, is_k: bool) -> f32 {
     let half = NROT / 2u;
     if (i >= NROT) { return Q[base + i] * inv * select(QW[i], KW[i], is_k); }
     let j = i % half;
+    var inv_freq = pow(BASE, -2.0 * f32(j) / f32(NROT));
+    if (HAS_FF) { inv_freq /= FF[j]; }
+    let a = pos * inv_freq;
     let x0 = Q[base + j] * inv * select(QW[j], KW[j], is_k);
     let x1 = Q[base + j + half] * inv * select(QW[j + half], KW[j + half], is_k);
-    return select(x1 * rot.y + x0 * rot.x, x0 * rot.y - x1 * rot.x, i < half);
+    let sc = sin_cos(a);
+    return select(x1 * sc.y + x0 * sc.x, x0 * sc.y - x1 * sc.x, i < half);
 }
 
-// Dims 4*d4 .. 4*d4 + 3 of one head, rots their rotations.
-fn roped_vec4(base: u32, d4: u32, inv: f32, rots: array<vec2<f32>, 4>, is_k: bool) -> vec4<f32> {
+fn prep_vec4(base: u32, d4: u32, inv: f32, pos: f32, is_k: bool) -> vec4<f32> {
     let i = 4u * d4;
-    return vec4<f32>(roped_dim(base, i, inv, rots[0], is_k), roped_dim(base, i + 1u, inv, rots[1], is_k),
-                     roped_dim(base, i + 2u, inv, rots[2], is_k), roped_dim(base, i + 3u, inv, rots[3], is_k));
-}
-
-fn rotations(d4: u32, pos: f32) -> array<vec2<f32>, 4> {
-    let i = 4u * d4;
-    return array<vec2<f32>, 4>(rotation(i, pos), rotation(i + 1u, pos), rotation(i + 2u, pos), rotation(i + 3u, pos));
+    return vec4<f32>(prep_dim(base, i, inv, pos, is_k), prep_dim(base, i + 1u, inv, pos, is_k),
+                     prep_dim(base, i + 2u, inv, pos, is_k), prep_dim(base, i + 3u, inv, pos, is_k));
 }
 
 // The keys a query at pos sees: [query_range(pos), key_end(pos)).
@@ -135,60 +118,31 @@ fn sum_parts(lid: u32, v: vec4<f32>, slots: u32) -> vec4<f32> {
     return total;
 }
 
-// The GH queries of heads h0 .. h0 + GH - 1 into qd, scaled: PREP 0 as they stand; else normed (their
-// sums of squares reduced together) and roped at pos (each dim's rotation once for all of them). Call in
-// uniform control flow (barriers); part4 is free again after the caller's next barrier.
-fn load_queries(h0: u32, t: u32, pos: u32, lid: u32) {
-    if (PREP == 0u) {
-        for (var g = 0u; g < GH; g++) {
-            for (var d = lid; d < hd4(); d += WG) {
-                let b = (t * H + h0 + g) * HD + 4u * d;
-                qd[g * hd4() + d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
-            }
-        }
-    } else {
-        load_prepped_queries(h0, pos, lid);
-    }
-}
-
-fn load_prepped_queries(h0: u32, pos: u32, lid: u32) {
-    for (var g = 0u; g < GH; g++) {
-        let qb = QOFF + (h0 + g) * HD;
-        var ss = 0.0;
-        for (var d = lid; d < HD; d += WG) { ss += Q[qb + d] * Q[qb + d]; }
-        part4[g * WG + lid] = ss;
-    }
-    workgroupBarrier();
-    for (var half = WG / 2u; half > 0u; half >>= 1u) {
-        if (lid < half) {
-            for (var g = 0u; g < GH; g++) { part4[g * WG + lid] += part4[g * WG + lid + half]; }
-        }
-        workgroupBarrier();
-    }
-    for (var d = lid; d < hd4(); d += WG) {
-        let rots = rotations(d, f32(pos));
-        for (var g = 0u; g < GH; g++) {
-            let inv_q = inverseSqrt(part4[g * WG] / f32(HD) + EPS);
-            qd[g * hd4() + d] = roped_vec4(QOFF + (h0 + g) * HD, d, inv_q, rots, false) * SCALE;
-        }
-    }
-}
-
 @compute @workgroup_size(WG)
 fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h0 = wid.x * GH;                      // the workgroup's first query head
+    let h = wid.x;
     let s = wid.y;
     let t = wid.z;
     if (t >= S.n_tokens) { return; }         // uniform per workgroup
     let pos = S.pos0 + t;
-    let kvh = h0 / (H / HKV);
+    let kvh = h / (H / HKV);
     let lo = query_range(pos);
     let end = key_end(pos);
     let k0 = lo + s * CH;
     let stride = hd4() + 1u;                 // vec4s per partial: (m, l, 0, 0), acc
+    let pbase = ((t * H + h) * NSPLIT + s) * stride;
     if (k0 >= end) { return; }               // past the last key: attend_combine reads only the splits before
     let n = min(CH, end - k0);
-    load_queries(h0, t, pos, lid);
+    if (PREP == 0u) {
+        for (var d = lid; d < hd4(); d += WG) {
+            let b = (t * H + h) * HD + 4u * d;
+            qd[d] = vec4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]) * SCALE;
+        }
+    } else {
+        let qb = QOFF + h * HD;
+        let inv_q = inv_rms_q(qb, lid);
+        for (var d = lid; d < hd4(); d += WG) { qd[d] = prep_vec4(qb, d, inv_q, f32(pos), false) * SCALE; }
+    }
     if (PREP == 2u && pos < k0 + CH) {       // this split holds the current position: its K, V into the caches
         let kb = KOFF + kvh * HD;
         let vb = VOFF + kvh * HD;
@@ -196,67 +150,49 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         let inv_v = inv_rms_q(vb, lid);
         let dst = (kvh * CTX + pos % CTX) * hd4();
         for (var d = lid; d < hd4(); d += WG) {
-            KC[dst + d] = roped_vec4(kb, d, inv_k, rotations(d, f32(pos)), true);
+            KC[dst + d] = prep_vec4(kb, d, inv_k, f32(pos), true);
             VC[dst + d] = vec4<f32>(Q[vb + 4u * d], Q[vb + 4u * d + 1u], Q[vb + 4u * d + 2u], Q[vb + 4u * d + 3u]) * inv_v;
         }
         storageBarrier();
     }
     workgroupBarrier();
 
-    // scores: key j = lid / TPK; its TPK threads take interleaved vec4s of its dims (together they read
-    // 16 * TPK contiguous bytes at a time), four loads in flight per thread, each load used by the GH heads
-    let j = lid / TPK;
-    let quarter = lid % TPK;
-    var a: array<vec4<f32>, GH_MAX>;
+    // scores: key j = lid / 4; its 4 threads take interleaved vec4s of its dims (the four read
+    // 64 contiguous bytes at a time), four loads in flight per thread
+    let j = lid / 4u;
+    let quarter = lid % 4u;
+    var a = vec4<f32>(0.0);
     if (j < n) {
         let kb = (kvh * CTX + (k0 + j) % CTX) * hd4();
         var d = quarter;
-        for (; d + 3u * TPK < hd4(); d += 4u * TPK) {
+        for (; d + 12u < hd4(); d += 16u) {
             let k0v = KC[kb + d];
-            let k1v = KC[kb + d + TPK];
-            let k2v = KC[kb + d + 2u * TPK];
-            let k3v = KC[kb + d + 3u * TPK];
-            for (var g = 0u; g < GH; g++) {
-                let q = g * hd4() + d;
-                a[g] += vec4<f32>(dot(qd[q], k0v), dot(qd[q + TPK], k1v), dot(qd[q + 2u * TPK], k2v),
-                                  dot(qd[q + 3u * TPK], k3v));
-            }
+            let k1v = KC[kb + d + 4u];
+            let k2v = KC[kb + d + 8u];
+            let k3v = KC[kb + d + 12u];
+            a += vec4<f32>(dot(qd[d], k0v), dot(qd[d + 4u], k1v), dot(qd[d + 8u], k2v), dot(qd[d + 12u], k3v));
         }
-        for (; d < hd4(); d += TPK) {
-            let kv = KC[kb + d];
-            for (var g = 0u; g < GH; g++) { a[g].x += dot(qd[g * hd4() + d], kv); }
-        }
+        for (; d < hd4(); d += 4u) { a.x += dot(qd[d], KC[kb + d]); }
     }
-    for (var g = 0u; g < GH; g++) { part4[g * WG + lid] = a[g].x + a[g].y + a[g].z + a[g].w; }
+    part4[lid] = a.x + a.y + a.z + a.w;
     workgroupBarrier();
-    for (var i = lid; i < GH * CH; i += WG) {          // head i / CH's score of key i % CH
-        let b = (i / CH) * WG + TPK * (i % CH);
-        var dot_ = 0.0;
-        for (var u = 0u; u < TPK; u++) { dot_ += part4[b + u]; }
-        sc[i] = select(NEG, dot_, i % CH < n);
+    if (quarter == 0u && j < CH) {
+        sc[j] = select(NEG, part4[lid] + part4[lid + 1u] + part4[lid + 2u] + part4[lid + 3u], j < n);
     }
     workgroupBarrier();
-    if (lid < GH) {
-        var m = NEG;
-        for (var i = 0u; i < n; i++) { m = max(m, sc[lid * CH + i]); }
-        smax[lid] = m;
-    }
+    var m = NEG;
+    for (var i = 0u; i < n; i++) { m = max(m, sc[i]); }
     workgroupBarrier();
-    for (var i = lid; i < GH * CH; i += WG) {          // scores -> unnormalized probabilities
-        if (i % CH < n) { sc[i] = exp(sc[i] - smax[i / CH]); }
-    }
+    if (lid < n) { sc[lid] = exp(sc[lid] - m); }      // scores -> unnormalized probabilities
     workgroupBarrier();
-    if (lid < GH) {
-        var l = 0.0;
-        for (var i = 0u; i < n; i++) { l += sc[lid * CH + i]; }
-        PART[(((t * H + h0 + lid) * NSPLIT) + s) * stride] = vec4<f32>(smax[lid], l, 0.0, 0.0);
-    }
+    var l = 0.0;
+    for (var i = 0u; i < n; i++) { l += sc[i]; }
 
-    // values: vec4 slot lid % HD4, keys part, part + parts, ..., four loads in flight, each used by the GH heads
+    // values: vec4 slot lid % HD4, keys part, part + parts, ..., four loads in flight
     let slot = lid % hd4();
     let part = lid / hd4();
     let np = parts();
-    var acc: array<vec4<f32>, GH_MAX>;
+    var acc = vec4<f32>(0.0);
     if (part < np) {
         let vb = kvh * CTX;
         var i = part;
@@ -265,25 +201,13 @@ fn attend_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             let v1 = VC[(vb + (k0 + i + np) % CTX) * hd4() + slot];
             let v2 = VC[(vb + (k0 + i + 2u * np) % CTX) * hd4() + slot];
             let v3 = VC[(vb + (k0 + i + 3u * np) % CTX) * hd4() + slot];
-            for (var g = 0u; g < GH; g++) {
-                let p = g * CH + i;
-                acc[g] += sc[p] * v0 + sc[p + np] * v1 + sc[p + 2u * np] * v2 + sc[p + 3u * np] * v3;
-            }
+            acc += sc[i] * v0 + sc[i + np] * v1 + sc[i + 2u * np] * v2 + sc[i + 3u * np] * v3;
         }
-        for (; i < n; i += np) {
-            let v = VC[(vb + (k0 + i) % CTX) * hd4() + slot];
-            for (var g = 0u; g < GH; g++) { acc[g] += sc[g * CH + i] * v; }
-        }
+        for (; i < n; i += np) { acc += sc[i] * VC[(vb + (k0 + i) % CTX) * hd4() + slot]; }
     }
-    for (var g = 0u; g < GH; g++) {
-        let pbase = ((t * H + h0 + g) * NSPLIT + s) * stride;
-        if (np == 1u) {                                  // a thread a slot: its sum is the head's (no barriers)
-            if (lid < hd4()) { PART[pbase + 1u + lid] = acc[g]; }
-        } else {
-            let total = sum_parts(lid, acc[g], hd4());
-            if (lid < hd4()) { PART[pbase + 1u + lid] = total; }
-        }
-    }
+    let total = sum_parts(lid, acc, hd4());
+    if (lid < hd4()) { PART[pbase + 1u + lid] = total; }
+    if (lid == 0u) { PART[pbase] = vec4<f32>(m, l, 0.0, 0.0); }
 }
 
 var<workgroup> cw: array<f32, NSPLIT>;      // attend_combine: each split's weight e^(m_s - M) / L

@@ -239,62 +239,6 @@ def test_attention_decode_preps_query_and_cache(dev, mode, hd, nrot, ff, window,
         np.testing.assert_allclose(got_k, keys[:, pos], atol=2e-5)
 
 
-@pytest.mark.parametrize("gh,threads", [(1, 128), (2, 128), (4, 128), (8, 128), (1, 256), (8, 256)])
-@pytest.mark.parametrize("hd,window,pos,ctx,prep", [(512, 0, 700, 1024, 0), (256, 64, 130, 1024, 2), (300, 0, 77, 128, 0),
-                                                    (36, 0, 100, 256, 1), (20, 9, 40, 64, 2), (512, 0, 90, 128, 2)])
-def test_attention_decode_query_heads_per_workgroup(dev, gh, threads, hd, window, pos, ctx, prep):
-    """A split workgroup serving gh of a KV head's 8 query heads (each key and value read once for them),
-    with 128 threads (4 a key) or 256 (8 a key): each gives the reference attention, heads of 512 (a thread a vec4 slot) down to 20 (several threads
-    a slot), 300 (threads past the head's 75 slots idle), a window, the query normed and roped by the kernel
-    (PREP 1) and the key and value stored too (PREP 2: each KV head's by the split holding the position)."""
-    if K.decode_split_storage(gh, hd, threads) > dev.limits.get("max_compute_workgroup_storage_size", 16384):
-        pytest.skip("the device's workgroup storage is too small for this many heads")
-    rng = np.random.default_rng(hd + pos + gh)
-    h, hkv = 16, 2
-    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
-    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
-    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
-    for j in range(pos + (prep != 2)):           # PREP 2 writes the current position itself
-        kc[:, j % ctx], vc[:, j % ctx] = keys[:, j], vals[:, j]
-    q_raw, k_raw, v_raw = (rng.standard_normal((n, hd)).astype(np.float32) for n in (h, hkv, hkv))
-    qw, kw = (1 + 0.3 * rng.standard_normal(hd)).astype(np.float32), rng.standard_normal(hd).astype(np.float32)
-    nrot = hd // 2
-    if prep:
-        q = rope_neox(rms_norm(q_raw[None], qw, 1e-6), np.array([pos]), nrot, 10000.0)[0]
-        raw = np.concatenate([q_raw.ravel(), k_raw.ravel(), v_raw.ravel()])
-        query = K.QueryPrep(prep, 0, f32(dev, qw), nrot, 10000.0, k_off=h * hd, v_off=(h + hkv) * hd,
-                            k_weight=f32(dev, kw) if prep == 2 else None)
-    else:
-        q, raw, query = q_raw * 0.3, q_raw * 0.3, None
-    if prep == 2:
-        keys[:, pos] = rope_neox(rms_norm(k_raw[None], kw, 1e-6), np.array([pos]), nrot, 10000.0)[0]
-        vals[:, pos] = rms_norm(v_raw[None], None, 1e-6)[0]
-    max_keys = window or ctx
-    part = f32(dev, np.full(K.decode_partials(h, hd, max_keys), np.nan, np.float32))
-    out = dev.buffer(4 * h * hd)
-    dev.submit(K.attention_decode(dev, f32(dev, raw), f32(dev, kc), f32(dev, vc), out, part, step_buffer(dev, 1, pos),
-                                  h, hkv, hd, ctx, max_keys, window=window, prep=query, heads_per_group=gh,
-                                  split_threads=threads))
-    want = decode_attention_ref(q, keys, vals, pos, window)
-    np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-4 if prep else 5e-5)   # f32 RoPE
-
-
-def test_decode_heads_per_group_fits_the_device():
-    """The split kernel serves the largest power of two of a KV head's query heads (at most 8) dividing
-    the group, within the device's workgroup storage: all 8 of E2B's heads of 512 in 32 KiB, 4 in 16 KiB;
-    a head a workgroup where a query sees at most 2,048 keys (a sliding window, a short context)."""
-    class Dev:
-        def __init__(self, storage):
-            self.limits = {"max_compute_workgroup_storage_size": storage}
-    assert [K.decode_heads_per_group(Dev(32768), g, 512) for g in (1, 2, 4, 8, 16, 6)] == [1, 2, 4, 8, 8, 2]
-    assert K.decode_heads_per_group(Dev(16384), 8, 512) == 4
-    assert K.decode_heads_per_group(Dev(16384), 8, 256) == 8
-    assert K.decode_split_storage(4, 512) <= 16384 < K.decode_split_storage(8, 512)
-    assert K.decode_heads_per_group(Dev(32768), 8, 256, max_keys=512) == 1
-    assert K.decode_heads_per_group(Dev(32768), 8, 512, max_keys=2048) == 1
-    assert K.decode_heads_per_group(Dev(32768), 8, 512, max_keys=2049) == 8
-
-
 @pytest.mark.parametrize("prep", [False, True])
 @pytest.mark.parametrize("hd,window,pos,ctx", [(64, 0, 1, 128), (256, 0, 77, 128), (512, 0, 40, 128),
                                                 (36, 9, 70, 128), (256, 9, 5, 128), (128, 33, 100, 40)])

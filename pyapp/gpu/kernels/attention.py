@@ -134,31 +134,6 @@ class QueryPrep:
     k_weight: Buffer | None = None
 
 
-def decode_split_storage(heads_per_group: int, head_dim: int, threads: int = ATTEND_WG) -> int:
-    """Bytes of workgroup storage attend_split takes for heads_per_group query heads of head_dim: their
-    queries, scores and partial dot products, a max each; the vec4 sums and workgroup_sum's floats."""
-    return 4 * heads_per_group * (head_dim + DECODE_KEYS_PER_GROUP + threads + 1) + 20 * threads
-
-
-# a decode attention over more keys than this serves a KV head's query heads together (each key and value read
-# once for them); over fewer (sliding windows, short contexts) the heads' own workgroups are needed to fill the
-# GPU: on an H200, E2B's sliding layer (16 splits of its 512-key window) took 20.7 us a head a workgroup and
-# 31.5 with its 8 heads together, its global layer in a 32k context 81.3 against 63.9 us at position 16,000
-SHARED_HEADS_FROM_KEYS = 2048
-
-
-def decode_heads_per_group(dev: Device, group: int, head_dim: int, max_keys: int = SHARED_HEADS_FROM_KEYS + 1) -> int:
-    """Query heads an attend_split workgroup serves: 1 where a query sees at most SHARED_HEADS_FROM_KEYS keys,
-    else the largest power of two dividing the GQA group, at most 8, whose storage fits the device."""
-    if max_keys <= SHARED_HEADS_FROM_KEYS:
-        return 1
-    limit = dev.limits.get("max_compute_workgroup_storage_size", 16384)
-    gh = 8
-    while gh > 1 and (group % gh or decode_split_storage(gh, head_dim) > limit):
-        gh //= 2
-    return gh
-
-
 # attend_combine's vec4 of a head's output a workgroup (its 128 threads: 16 slots x 8 parts of the splits)
 COMBINE_SLOTS = 16
 
@@ -166,8 +141,7 @@ COMBINE_SLOTS = 16
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
-                     max_tokens: int = 1, keys_before: int = 0, heads_per_group: int | None = None,
-                     split_threads: int = ATTEND_WG) -> Plan:
+                     max_tokens: int = 1, keys_before: int = 0) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
     workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
     output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
@@ -175,9 +149,7 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
     target's cache), the window counted back from there; it stores nothing (prep mode 1 at most).
     max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
-    already normed and roped; partials: decode_partials(...) * max_tokens floats.
-    heads_per_group: query heads a split workgroup serves (None: decode_heads_per_group); split_threads: a
-    split workgroup's threads (128: 4 a key; 256: 8)."""
+    already normed and roped; partials: decode_partials(...) * max_tokens floats."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     if max_tokens > 1 and prep is not None:
@@ -185,9 +157,6 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     if keys_before not in (0, 1) or (keys_before and prep is not None and prep.mode == 2):
         raise ValueError("keys_before is 0 or 1, and a query that sees only earlier keys stores none")
     nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
-    gh = heads_per_group or decode_heads_per_group(dev, heads // kv_heads, head_dim, max_keys)
-    if (heads // kv_heads) % gh:
-        raise ValueError(f"{gh} query heads a workgroup do not divide the GQA group of {heads // kv_heads}")
     c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit, KEYS_BEFORE=keys_before)
     res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
     if prep is not None:
@@ -196,10 +165,8 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
         res.update(QW=prep.q_weight, KW=prep.k_weight if prep.k_weight is not None else dev.dummy,
                    FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
-    if split_threads not in (128, 256):
-        raise ValueError(f"a decode attention split takes 128 or 256 threads, not {split_threads}")
-    p = pipeline(dev, "attention_decode", entry="attend_split", constants=dict(c, GH=gh, WG=split_threads))
-    plan.dispatch(p, dev.bind_group(p, res), heads // gh, nsplit, max_tokens)
+    p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
+    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
     p = pipeline(dev, "attention_decode", entry="attend_combine", constants=dict(c, CS=COMBINE_SLOTS))
     groups = -(-(head_dim // 4) // COMBINE_SLOTS)          # workgroups a head, COMBINE_SLOTS vec4 of its output each
     return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, groups, max_tokens)
