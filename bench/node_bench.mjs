@@ -35,6 +35,9 @@
 //      BLOB (0: the model's bytes go through Pyodide's file system (NODEFS) and Python into writeBuffer; 1: as the
 //      page's do, Blob -> writeBuffer inside JS, FileBlob standing for the picked File: slower in Node, whose
 //      file reads then go through libuv's thread pool, so not the default).
+//      TRACE (1: where a decode token's time goes on the host and the GPU: each submit's GPU begin and end by
+//      timestamps, its encoding, and per token the Python time, the submits' and the wait for the sampled id, over
+//      the last generation's decode; one JSON line more), PROFILE_PY (1: the Python side under cProfile, to stderr).
 // A DiffusionGemma file is measured by denoising (bench/engine_bench.py's bench_async, as bench/bench.py does):
 //      PROMPT_TOKENS (128), GEN_TOKENS (256: one canvas), STEPS (the model's max denoising steps).
 // Reports the wasm heap (Pyodide's memory: it only grows, so its size at the end is the peak).
@@ -63,7 +66,107 @@ py.FS.mount(py.FS.filesystems.NODEFS, { root: "/" }, "/models");
 py.runPython("import sys; sys.path.insert(0, '/repo')");
 // the page's WebGPU helper, registered as web/worker.js does
 const { createHelper } = await import(pathToFileURL(path.join(root, "web/gpu.js")).href);
-py.registerJsModule("webgpu_helper", { createHelper });
+// TRACE=1: every queue submit's GPU begin and end (an empty timestamped pass at each end of its encoder) and its
+// CPU encoding time, then where the GPU sat idle between the last generation's decode submits
+// (bench-only: the device's createCommandEncoder is patched here, the app's code is the same).
+const trace = process.env.TRACE === "1" ? { records: [], slots: 4096 } : null;
+function traced(helper) {
+  // CPU side of each token: submit() calls (encode + submit) and readMapped's wait (the sampled id's readback)
+  trace.cpu = [];
+  const submit = helper.submit.bind(helper), readMapped = helper.readMapped.bind(helper);
+  helper.submit = (device, ops) => {
+    const t = performance.now();
+    submit(device, ops);
+    trace.cpu.push(["submit", t, performance.now()]);
+    if (ops.length > 50 && ops.length < 400) {      // a decode step: dispatches whose pipeline / bind group the one before set
+      trace.repeats = { ops: ops.length, same_pipeline: ops.filter((op, i) => i && op[0] === 0 && op[1] === ops[i - 1][1]).length,
+                        same_bind_group: ops.filter((op, i) => i && op[0] === 0 && op[2] === ops[i - 1][2]).length };
+    }
+  };
+  helper.readMapped = async (buf, offset, size) => {
+    const t = performance.now();
+    try { return await readMapped(buf, offset, size); } finally { trace.cpu.push(["read", t, performance.now()]); }
+  };
+  const init = helper.init.bind(helper);
+  helper.init = async (opts) => {
+    const r = await init(opts);
+    const device = r.device;
+    trace.device = device;
+    trace.qs = device.createQuerySet({ type: "timestamp", count: trace.slots });
+    const make = device.createCommandEncoder.bind(device);
+    device.createCommandEncoder = (desc) => {
+      const enc = make(desc);
+      const rec = { i: trace.records.length, t0: performance.now(), dispatches: 0 };
+      trace.records.push(rec);
+      const slot = (2 * rec.i) % trace.slots;
+      enc.beginComputePass({ timestampWrites: { querySet: trace.qs, beginningOfPassWriteIndex: slot } }).end();
+      const begin = enc.beginComputePass.bind(enc);
+      enc.beginComputePass = (d) => {
+        const pass = begin(d);
+        const dispatch = pass.dispatchWorkgroups.bind(pass);
+        pass.dispatchWorkgroups = (x, y, z) => { rec.dispatches++; dispatch(x, y, z); };
+        return pass;
+      };
+      const finish = enc.finish.bind(enc);
+      enc.finish = (d) => {
+        begin({ timestampWrites: { querySet: trace.qs, endOfPassWriteIndex: slot + 1 } }).end();
+        rec.t1 = performance.now();
+        return finish(d);
+      };
+      return enc;
+    };
+    return r;
+  };
+  return helper;
+}
+async function traceReport() {
+  // the last generation's decode: the submits after the last prefill chunk (more than 400 dispatches)
+  const { device, qs, slots, records } = trace;
+  const res = device.createBuffer({ size: 8 * slots, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+  const rd = device.createBuffer({ size: 8 * slots, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const enc = device.createCommandEncoder();      // itself recorded: the last record, dropped below
+  enc.resolveQuerySet(qs, 0, slots, res, 0);
+  enc.copyBufferToBuffer(res, 0, rd, 0, 8 * slots);
+  device.queue.submit([enc.finish()]);
+  await rd.mapAsync(GPUMapMode.READ);
+  const ns = Array.from(new BigUint64Array(rd.getMappedRange()), Number);
+  let recs = records.slice(0, -1).slice(-slots / 2);
+  let last = -1;
+  recs.forEach((r, k) => { if (r.dispatches > 400) last = k; });
+  recs = recs.slice(last + 2);                     // after the last chunk and its head's sampling
+  for (const r of recs) { const s = (2 * r.i) % slots; r.b = ns[s]; r.e = ns[s + 1]; }
+  const stats = (xs) => {
+    const s = [...xs].sort((x, y) => x - y), q = (f) => Math.round(s[Math.floor(f * (s.length - 1))]);
+    return { n: s.length, sum_ms: Math.round(s.reduce((x, y) => x + y, 0)) / 1e3, p10: q(0.1), med: q(0.5), p90: q(0.9), max: q(1) };
+  };
+  const kinds = {};
+  recs.forEach((r, k) => {
+    const kind = r.dispatches > 50 ? "step" : r.dispatches > 0 ? "small plan" : "copy";
+    const o = kinds[kind] || (kinds[kind] = { gpu_us: [], idle_before_us: [], encode_us: [], cpu_since_last_us: [] });
+    o.gpu_us.push((r.e - r.b) / 1e3);
+    o.encode_us.push((r.t1 - r.t0) * 1e3);
+    if (k > 0) { o.idle_before_us.push(Math.max(0, r.b - recs[k - 1].e) / 1e3); o.cpu_since_last_us.push((r.t1 - recs[k - 1].t1) * 1e3); }
+  });
+  for (const o of Object.values(kinds)) for (const k of Object.keys(o)) o[k] = stats(o[k]);
+  // per token, from a read's end (the id known) to the next read's end: python (the CPU outside submit and the
+  // wait), submit (encode + queue.submit of the sampling and the step), wait (readMapped until it resolves)
+  const cpu = trace.cpu.filter((c) => c[1] >= recs[0].t0);
+  const tok = { python_us: [], submit_us: [], wait_us: [] };
+  let from = null, sub = 0;
+  for (const [kind, t0, t1] of cpu) {
+    if (kind === "submit") { sub += t1 - t0; continue; }
+    if (from !== null) {
+      tok.wait_us.push((t1 - t0) * 1e3);
+      tok.submit_us.push(sub * 1e3);
+      tok.python_us.push((t1 - from - (t1 - t0) - sub) * 1e3);
+    }
+    from = t1; sub = 0;
+  }
+  for (const k of Object.keys(tok)) tok[k] = stats(tok[k]);
+  return { step_ops: trace.repeats, per_token_cpu: tok, decode_submits: recs.length, span_ms: (recs[recs.length - 1].e - recs[0].b) / 1e6,
+           wall_ms: recs[recs.length - 1].t1 - recs[0].t0, kinds };
+}
+py.registerJsModule("webgpu_helper", { createHelper: trace ? () => traced(createHelper()) : createHelper });
 // Pyodide's wasm memory (the Python heap lives in it); 0 where this Pyodide hides it
 // The model file as the page's File is (BLOB=1): slice(a, b).arrayBuffer() reads those bytes in JS, so weights and
 // streamed experts copy file -> GPU without Python. (fs.openAsBlob's slices read short past 2 GiB in Node 20.)
@@ -230,11 +333,25 @@ for m in ${JSON.stringify(models)}:
                               gen_tokens=${Number(process.env.GEN_TOKENS || 256)}, repeat=${Number(process.env.REPEAT || 3)},
                               steps=${process.env.STEPS ? Number(process.env.STEPS) : "None"})
     else:
+        if ${process.env.PROFILE_PY === "1" ? "True" : "False"}:      # PROFILE_PY=1: the Python side by cProfile
+            sys.modules.pop("profile", None)      # bench/profile.py, on sys.path, is not the standard library's
+            saved = list(sys.path)
+            sys.path[:] = [p for p in saved if not p.rstrip("/").endswith("bench")]
+            import cProfile
+            sys.path[:] = saved
+            profiler = cProfile.Profile()
+            profiler.enable()
         r = await bench_async(eng, prompt_tokens=${Number(process.env.PROMPT_TOKENS || 256)},
                               gen_tokens=${Number(process.env.GEN_TOKENS || 64)}, repeat=${Number(process.env.REPEAT || 3)},
                               temperature=${Number(process.env.TEMPERATURE || 0)},
                               speculate=${Number(process.env.SPECULATE || 0)},
                               prompt=${JSON.stringify(process.env.PROMPT_KIND || "random")})
+        if ${process.env.PROFILE_PY === "1" ? "True" : "False"}:
+            import io, pstats
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+            print(text.getvalue(), file=sys.stderr)
     r.update(file=m.rsplit("/", 1)[-1], load_s=round(load, 2), runtime="pyodide+dawn (node)",
              file_bytes="blob" if hasattr(g.source, "blob") else "python",
              int8=${process.env.INT8 === "0" ? "False" : "True"},
@@ -245,4 +362,5 @@ for m in ${JSON.stringify(models)}:
 "\\n".join(out)
 `);
 console.log(await run);
+if (trace) console.log(JSON.stringify(await traceReport()));
 process.exit(0);

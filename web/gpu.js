@@ -40,6 +40,13 @@ export function createHelper() {
       const view = py.getBuffer("u8");
       try { device.queue.writeBuffer(buf, offset, view.data); } finally { view.release(); }
     },
+    // Small writes (a step's uniforms, sampling parameters: a few every token) go through this array:
+    // Python copies its bytes in (TypedArray.assign) and writeStaged sends the first n. A buffer proxy
+    // and its getBuffer cost ~4x as much per call in Pyodide as that copy and one plain call.
+    staging: new Uint8Array(4096),
+    writeStaged(device, buf, offset, n) {
+      device.queue.writeBuffer(buf, offset, this.staging, 0, n);
+    },
     async uploadBlob(device, buf, dstOffset, blob, offset, n, chunk) {
       for (let done = 0; done < n; done += chunk) {
         const k = Math.min(chunk, n - done);

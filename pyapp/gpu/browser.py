@@ -15,6 +15,9 @@ from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import LIMIT_NAMES, UPLOAD_CHUNK, Device, GPUError, Plan
 
+# writes up to this many bytes are copied into the helper's staging array (web/gpu.js writeStaged)
+STAGED_WRITE_MAX = 4096
+
 # camelCase names of LIMIT_NAMES
 _JS_LIMITS = {n: n.split("_")[0] + "".join(w.capitalize() for w in n.split("_")[1:]) for n in LIMIT_NAMES}
 
@@ -52,6 +55,7 @@ class BrowserDevice(Device):
         lim = r.limits.to_py()
         self.limits = {n: int(lim[c]) for n, c in _JS_LIMITS.items() if lim.get(c) is not None}
         self.info = r.info.to_py()
+        self._staging_views = {}
 
     def _check(self):
         if self.lost_reason is not None:
@@ -73,7 +77,15 @@ class BrowserDevice(Device):
         return self.js.buffer(self.device, size, kind, label)
 
     def _write(self, buf, offset, data):
-        self.js.write(self.device, buf.handle, offset, data)
+        n = len(data)
+        if n > STAGED_WRITE_MAX:
+            self.js.write(self.device, buf.handle, offset, data)
+            return
+        view = self._staging_views.get(n)            # the staging array's first n bytes, one proxy a size
+        if view is None:
+            view = self._staging_views[n] = self.js.staging.subarray(0, n)
+        view.assign(data)
+        self.js.writeStaged(self.device, buf.handle, offset, n)
 
     async def upload_async(self, buf, source, src_offset, n, dst_offset=0, chunk=UPLOAD_CHUNK):
         """A source with a JS `blob` (File/Blob) is copied in JS; others go through Python."""
