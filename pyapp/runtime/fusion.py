@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gpu import Buffer
-from .lowering import (AddNorm, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd, GegluHalves,
-                       GeluTimes, Linear, MoeTail, Op, QuantizedInput, RmsNorm, RmsNormPair, RoundedAsOneToken,
-                       RoundedInput, Route, Scale, buffer_of)
+from .lowering import (AddNorm, Attend, AttendCanvas, Combine, ExpertRoundsBegin, ExpertRoundsEnd, Experts, FromAdd,
+                       FromSplits, GegluHalves, GeluTimes, Linear, MoeTail, Op, QuantizedInput, RmsNorm, RmsNormPair,
+                       RoundedAsOneToken, RoundedInput, Route, Scale, buffer_of)
 
 BARRIERS = (ExpertRoundsBegin, ExpertRoundsEnd)      # a plan boundary: nothing moves or merges across it
 
@@ -41,6 +41,8 @@ class Rules:
                                    # then rounds those inputs as the one-token plan does)
     quantized_inputs: object = None   # (qtype, k) -> whether a chunk's matmul of qtype takes its k-long x as
                                       # int8 (K.int8_matmul); None: never (a tape, a few tokens, f32 only)
+    combined_inputs: object = None    # (Attend, Linear) -> whether a one-token attention's output may be left as
+                                      # its split's partials for that matvec reading it to combine; None: never
 
 
 def fuse(ops: list, rules: Rules) -> list:
@@ -54,6 +56,8 @@ def fuse(ops: list, rules: Rules) -> list:
         ops = route_tails(ops, rules.route_tails)
     if rules.residual_inputs:
         ops = residual_inputs(ops, rules)
+    if rules.one_token and rules.combined_inputs is not None:
+        ops = combined_inputs(ops, rules.combined_inputs)
     if rules.one_token and rules.reads_rounded is not None:
         ops = rounded_inputs(ops, rules.reads_rounded)
     if rules.few and rules.reads_rounded is not None:
@@ -259,6 +263,29 @@ def residual_inputs(ops: list, rules: Rules) -> list:
         add.built = True
         for op, n in [readers[0]] + normed:
             op.input = FromAdd(add, n)
+    return ops
+
+
+def combined_inputs(ops: list, combines) -> list:
+    """A one-token attention dispatches no combine when the only reader of its output (before anything writes it
+    again) is a plain matvec reading it whole, with no other attention between them (they share the partials'
+    scratch): the o projection, whose workgroups combine the split's partials into their x."""
+    for i, att in enumerate(ops):
+        if not isinstance(att, Attend):
+            continue
+        out, readers, crossed = id(buffer_of(att.out)), [], False
+        for op in ops[i + 1:]:
+            if out in reads(op):
+                readers.append((op, crossed))
+            if out in writes(op):
+                break
+            crossed = crossed or isinstance(op, (Attend, AttendCanvas, *BARRIERS))
+        if len(readers) != 1 or readers[0][1]:
+            continue
+        reader = readers[0][0]
+        if plain_matvec(reader) and reader.x is att.out and combines(att, reader):
+            att.combined = True
+            reader.input = FromSplits(att)
     return ops
 
 

@@ -182,6 +182,18 @@ class FromAdd:
 
 
 @dataclass(eq=False)
+class FromSplits:
+    """A one-token matvec's x combined from the partial softmax states of the attention before it (Attend with
+    combined set: its split only), in every workgroup (K.CombineInput)."""
+    attend: "Attend"
+
+    def kernel_input(self, L: "Lowering") -> K.CombineInput:
+        a = self.attend
+        return K.combine_input(L.s.partials, L.step, L.cfg.n_heads, a.lc.head_dim, L.s.max_keys(a.lc),
+                               window=a.window(L.cfg), keys_before=a.keys_before)
+
+
+@dataclass(eq=False)
 class RoundedInput:
     """A one-token matvec's x read as the int8 codes that the matvec writing x stored beside it
     (its rounds_out): no rounding of x in this matvec's workgroups."""
@@ -208,7 +220,7 @@ class Linear(Op):
     w: GpuTensor
     x: Buffer
     y: object
-    input: object = None                 # FromAdd | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8;
+    input: object = None                 # FromAdd | FromSplits | RmsNormPair: the matvec builds x; RoundedInput: reads it as int8;
                                          # QuantizedInput: a chunk's x already in state.xq; RoundedAsOneToken: a
                                          # few tokens' x rounded to int8 where one token's is
     route: "Route | None" = None
@@ -263,6 +275,8 @@ class Linear(Op):
         built, int8, rounded = None, L.matvec_int8(self.w.qtype, rows=n), None
         if isinstance(self.input, FromAdd):
             x, built = None, self.input.kernel_input()
+        elif isinstance(self.input, FromSplits):
+            x, built = None, self.input.kernel_input(L)
         elif isinstance(self.input, RmsNormPair):           # the router's: its normed input stays f32
             x, built, int8 = None, self.input.kernel_input(L), False
         elif isinstance(self.input, RoundedInput):
@@ -586,6 +600,7 @@ class Attend(Op):
     prep: K.QueryPrep | None = None
     keys_before: int = 0
     sliding_keys: int | None = None
+    combined: bool = False               # one token: the split only; the matvec reading `out` combines (FromSplits)
 
     def reads(self) -> tuple:
         return (self.q, self.cache.k, self.cache.v)
@@ -593,15 +608,24 @@ class Attend(Op):
     def writes(self) -> tuple:
         return (self.out,) + ((self.cache.k, self.cache.v) if self.prep is not None and self.prep.mode == 2 else ())
 
+    def window(self, cfg) -> int:
+        """The keys a query sees back from its position: the layer's sliding window (or sliding_keys); 0: all."""
+        return (cfg.sliding_window if self.sliding_keys is None else self.sliding_keys) if self.lc.sliding else 0
+
+    def combines_in_matvec(self, cfg, state) -> bool:
+        """Whether one token's output may be left as the split's partials for its reader to combine."""
+        return K.combines_in_matvec(cfg.n_heads, self.lc.head_dim, state.max_keys(self.lc))
+
     def lower(self, L: Lowering) -> None:
         s, lc, c, cfg = L.s, self.lc, self.cache, L.cfg
         H, hd, kvh = cfg.n_heads, lc.head_dim, lc.n_kv_heads
-        window = (cfg.sliding_window if self.sliding_keys is None else self.sliding_keys) if lc.sliding else 0
+        window = self.window(cfg)
         if self.keys_before and L.T != 1:
             raise AssertionError("a query that sees only earlier keys is one token's (the drafter's)")
         if L.T == 1:
             K.attention_decode(L.dev, self.q, c.k, c.v, self.out, s.partials, L.step, H, kvh, hd, c.slots,
-                               s.max_keys(lc), window=window, plan=L.plan, prep=self.prep, keys_before=self.keys_before)
+                               s.max_keys(lc), window=window, plan=L.plan, prep=self.prep, keys_before=self.keys_before,
+                               combine=not self.combined)
         elif L.few and s.few_partials() is not None:     # a few queries: each split over the keys too
             K.attention_decode(L.dev, self.q, c.k, c.v, self.out, s.few_partials(), L.step, H, kvh, hd, c.slots,
                                s.max_keys(lc), window=window, plan=L.plan, max_tokens=L.T)

@@ -35,6 +35,7 @@ Fused kernels and the reference ops each replaces (the rules: pyapp.runtime.fusi
 | `add_q8` (norm.wgsl) | chunk (int8) | `h = x + rms_norm(y, w)` rounded to int8 for the per-layer-input gate reading it | `quantized_norms` |
 | `add_normed*` with `XSPLIT` (norm.wgsl) | chunk | the o or down projection's partial sums over slices of K (sum_slices.wgsl) added as the residual add reads them | `sums_in_norms` |
 | `attention_decode` with `K.QueryPrep` | one token | q/k norms, RoPE, v norm, the cache append | shape (`qkv_into_cache`, `q_proj`) |
+| matvec with `K.CombineInput` (matvec_input_combine.wgsl) | one token, an attention of few splits (`K.combines_in_matvec`) read by a matvec of few workgroups (`K.combines_into_matvec`) | the decode attention's combine of its split partials, into the o projection's x | `combined_inputs` |
 | `norm_rope` | chunk, few | `rope(rms_norm(q or k, norm))` | shape (`q_proj`, `qkv`) |
 | `norm_pair` | chunk, few | the router's and the experts' norms of h | one op (`rms_norm_pair`) |
 | `ple` | all | per_layer_inputs' tail: `(rms_norm(proj / sqrt(d), norm) + emb) / sqrt(2)` | one op (`ple_combine`) |
@@ -86,7 +87,8 @@ class Ops:
                            residual_inputs=(fuse_residual and one and K.fuses_residual_input(dev)
                                             and self._fits(cfg.hidden)),
                            reads_rounded=self._reads_rounded if fuse_residual and (one or self.few) and int8 else None,
-                           quantized_inputs=self._quantized if self._lowering.int8 else None)
+                           quantized_inputs=self._quantized if self._lowering.int8 else None,
+                           combined_inputs=self._combines if fuse_residual and one else None)
 
     def _quantized(self, qtype, k: int) -> bool:
         """Whether a chunk's matmul of qtype takes its k-long x as int8 activations (quantize_q8's)."""
@@ -95,6 +97,14 @@ class Ops:
     def _reads_rounded(self, qtype, k: int) -> bool:
         """Whether a one-token matvec of qtype reads its k-long x as int8 codes stored by x's producer."""
         return K.rounds_output(self.dev, k) and K.int8_rounded_matvec(self.dev, qtype)
+
+    def _combines(self, attend: Attend, reader: Linear) -> bool:
+        """Whether a one-token attention leaves its partials for the matvec reading its output to combine: few
+        splits (K.combines_in_matvec), and a matvec of few workgroups (K.combines_into_matvec)."""
+        w = reader.w
+        k, n = w.shape[0], w.shape[1]
+        return (attend.combines_in_matvec(self.cfg, self.s)
+                and K.combines_into_matvec(w.qtype, k, n, self._lowering.matvec_int8(w.qtype, rows=n)))
 
     def _fits(self, k: int) -> bool:
         """Whether a matvec workgroup (256 threads) builds a k-float residual input: its registers

@@ -105,8 +105,36 @@ def test_decode_fuses_residual_adds_into_their_consumers(dev, toy, shape, monkey
     assert_logits_agree(fused, plain, atol=2e-2)      # the toy models are chaotic (module docstring)
     monkeypatch.setitem(dev.limits, "max_storage_buffers_per_shader_stage", 8)
     _, limited_ops, _ = decode(True)
-    routing = ("moe_route", "route")         # rides on a plain matvec either way (7 buffers)
-    assert [f for f in limited_ops if f != routing] == [f for f in plain_ops if f != routing]
+    # the routing rides on a plain matvec either way (7 buffers), the attention's combine on the o projection
+    either = (("moe_route", "route"), ("attention_decode", "attend_combine"))
+    assert [f for f in limited_ops if f not in either] == [f for f in plain_ops if f not in either]
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-moe"])
+def test_decode_combines_the_attention_in_the_o_projection(dev, toy, shape, monkeypatch):
+    """A one-token plan leaves each attention's split partials to the o projection, whose workgroups combine
+    them into their x (K.CombineInput): one dispatch fewer a layer, and the logits of the plan with an
+    attend_combine dispatch each within float rounding. An attention of more splits than
+    K.COMBINE_INPUT_MAX_VEC4 allows (here: every one) keeps its combine."""
+    from pyapp.engine import Engine
+    from pyapp.gguf import read_gguf
+    import importlib
+    attention = importlib.import_module("pyapp.gpu.kernels.attention")   # (K.attention is the kernel)
+
+    def decode():
+        eng = Engine.open(read_gguf(toy(shape, "Q4_K")), device=dev, context_length=64, chunk=1, int8=False)
+        families = [op[1].key[:2] for op in eng.runner.layers_plan(1).ops if op[0] == "d"]
+        return engine_logits(eng, TOKENS[:9]), families, eng.config
+
+    fused, fused_ops, cfg = decode()
+    monkeypatch.setattr(attention, "COMBINE_INPUT_MAX_VEC4", 0)
+    plain, plain_ops, _ = decode()
+    combine = ("attention_decode", "attend_combine")
+    assert plain_ops.count(combine) == cfg.n_layers and combine not in fused_ops
+    assert [f for f in fused_ops if f != combine] == [f for f in plain_ops if f != combine]
+    diff = np.abs(fused - plain).max()
+    assert 0 < diff < 1e-3, diff              # the same sums in another order
+    assert (fused.argmax(-1) == plain.argmax(-1)).all()
 
 
 def test_decode_router_and_routing_ride_on_other_dispatches(dev, toy):

@@ -11,7 +11,7 @@ import pytest
 from pyapp.gpu import kernels as K
 from pyapp.reference.forward import rms_norm, rope_neox
 
-from support.gpu import f32, read_f32, step_buffer
+from support.gpu import assert_close_dot, f32, read_f32, step_buffer
 
 pytestmark = pytest.mark.gpu
 
@@ -154,6 +154,53 @@ def test_attention_decode_split_matches_single_pass(dev, hd, window, pos):
                                   h, hkv, hd, ctx, max_keys, window=window))
     want = decode_attention_ref(q, keys, vals, pos, window)
     np.testing.assert_allclose(read_f32(dev, out, h * hd).reshape(h, hd), want, atol=2e-5)
+
+
+@pytest.mark.parametrize("h,hkv,hd,window,pos,keys_before,qtype,int8", [
+    (8, 1, 256, 512, 700, 0, "q4_k", False),     # E2B's sliding layer deep in a context: 16 splits, all used
+    (8, 1, 256, 512, 700, 0, "q4_k", True),      # ... x rounded to int8 by each workgroup after the combine
+    (8, 1, 256, 512, 5, 0, "q6_k", False),       # early: 1 split of 16 holds keys (the others NaN)
+    (4, 2, 64, 40, 100, 0, "q8_0", False),
+    (3, 3, 20, 0, 33, 0, "f16", False),          # odd: a head of 20, 3 heads, no window
+    (4, 1, 32, 96, 200, 1, "f32", False),        # a drafter's query: the keys before its position
+    (8, 1, 32, 64, 100, 0, "q8_0", False),       # 1536 rows: 192 workgroups, each combining
+])
+@pytest.mark.parametrize("subgroups", [False, True], ids=["shared", "subgroup"])
+def test_a_matvec_combines_the_decode_splits_into_its_input(dev, h, hkv, hd, window, pos, keys_before, qtype, int8,
+                                                           subgroups):
+    """attention_decode(combine=False) leaves its partials; the matvec reading the attention output combines
+    them in each workgroup (K.CombineInput, shaders/matvec_input_combine.wgsl): y = W attention(q) as the
+    reference computes it. The splits past the query's keys hold NaN (an earlier step's states): never read."""
+    if subgroups and not dev.has_subgroups:
+        pytest.skip("device has no subgroups feature")
+    from support.gpu import dequantize, int8_reference, random_tensor, weight_buffer
+    rng = np.random.default_rng(hd + pos + h)
+    ctx = 1024
+    keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)
+    q = rng.standard_normal((h, hd)).astype(np.float32) * 0.3
+    kc, vc = np.zeros((hkv, ctx, hd), np.float32), np.zeros((hkv, ctx, hd), np.float32)
+    kc[:, :pos + 1], vc[:, :pos + 1] = keys, vals
+    max_keys = window or ctx
+    assert K.combines_in_matvec(h, hd, max_keys) == (window > 0 or hd < 64)
+    part = f32(dev, np.full(K.decode_partials(h, hd, max_keys), np.nan, np.float32))
+    step = step_buffer(dev, 1, pos)
+    k, n = h * hd, 1536 if qtype == "q8_0" else 37
+    raw = random_tensor(qtype, n, k, rng)
+    y = dev.buffer(4 * n)
+    plan = K.attention_decode(dev, f32(dev, q), f32(dev, kc), f32(dev, vc), dev.dummy_out, part, step, h, hkv, hd,
+                              ctx, max_keys, window=window, keys_before=keys_before, combine=False)
+    combined = K.combine_input(part, step, h, hd, max_keys, window=window, keys_before=keys_before)
+    dev.submit(K.matvec(dev, qtype, k, n, weight_buffer(dev, raw), None, y, plan=plan, subgroups=subgroups,
+                        residual=combined, int8=int8))
+    last = pos - keys_before                      # the query sees keys 0..last (in its window)
+    x = decode_attention_ref(q, keys[:, :last + 1], vals[:, :last + 1], last, window).reshape(-1)
+    w = dequantize(qtype, raw, n, k)
+    if int8:                                      # x within float rounding of a rounding tie may round either way
+        np.testing.assert_allclose(read_f32(dev, y, n), int8_reference(raw, n, x), rtol=1e-3,
+                                   atol=1e-3 * np.abs(w @ x).max())
+    else:
+        assert_close_dot(read_f32(dev, y, n), w, x, w @ x, tol=1e-4)
 
 
 @pytest.mark.parametrize("hd,pos,ctx", [(512, 2999, 4096), (256, 1000, 2048), (36, 700, 1024)])

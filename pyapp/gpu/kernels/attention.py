@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import Buffer, Device, Plan
+from .matvec import CombineInput
 from .shared import DECODE_KEYS_PER_GROUP, pipeline, thread_groups
 
 
@@ -134,6 +135,24 @@ class QueryPrep:
     k_weight: Buffer | None = None
 
 
+# The most partial vec4s (heads x splits x (head_dim / 4 + 1)) a matvec combines into its x in each of its
+# workgroups (combine_input) instead of attend_combine's dispatch: E2B's and E4B's sliding layers (8 heads of
+# 256 over a 512-key window: 16 splits, 8,320 vec4s, 133 KB a workgroup from L2); a long context's global
+# layers (hundreds of splits) keep the combine dispatch.
+COMBINE_INPUT_MAX_VEC4 = 8448
+
+
+def combines_in_matvec(heads: int, head_dim: int, max_keys: int) -> bool:
+    """Whether one token's attention output is left to its reader's workgroups to combine (combine_input)."""
+    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim // 4 + 1) <= COMBINE_INPUT_MAX_VEC4
+
+
+def combine_input(partials: Buffer, step: Buffer, heads: int, head_dim: int, max_keys: int, window: int = 0,
+                  keys_before: int = 0) -> CombineInput:
+    """The CombineInput of a matvec reading attention_decode(..., combine=False)'s output over max_keys keys."""
+    return CombineInput(partials, step, heads, head_dim, -(-max_keys // DECODE_KEYS_PER_GROUP), window, keys_before)
+
+
 # attend_combine's vec4 of a head's output a workgroup (its 128 threads: 16 slots x 8 parts of the splits)
 COMBINE_SLOTS = 16
 
@@ -141,7 +160,7 @@ COMBINE_SLOTS = 16
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
-                     max_tokens: int = 1, keys_before: int = 0) -> Plan:
+                     max_tokens: int = 1, keys_before: int = 0, combine: bool = True) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
     workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
     output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
@@ -149,7 +168,9 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
     target's cache), the window counted back from there; it stores nothing (prep mode 1 at most).
     max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
-    already normed and roped; partials: decode_partials(...) * max_tokens floats."""
+    already normed and roped; partials: decode_partials(...) * max_tokens floats.
+    combine=False (one token): the split only; the matvec reading `out` combines the partials into its x
+    (combine_input)."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     if max_tokens > 1 and prep is not None:
@@ -167,6 +188,10 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     plan = plan or dev.plan()
     p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
     plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
+    if not combine:
+        if max_tokens != 1:
+            raise ValueError("a matvec combines one token's partials (combine=False is for one token)")
+        return plan
     p = pipeline(dev, "attention_decode", entry="attend_combine", constants=dict(c, CS=COMBINE_SLOTS))
     groups = -(-(head_dim // 4) // COMBINE_SLOTS)          # workgroups a head, COMBINE_SLOTS vec4 of its output each
     return plan.dispatch(p, dev.bind_group(p, {"O": out, "PART": partials, "S": step}), heads, groups, max_tokens)

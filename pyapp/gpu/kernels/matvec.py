@@ -47,6 +47,30 @@ class NormInput:
     eps: float = 1e-6
 
 
+@dataclass(frozen=True)
+class CombineInput:
+    """The partial softmax states attention_decode's split left for one token (combine=False), combined by
+    every workgroup of the matvec reading the attention output (shaders/matvec_input_combine.wgsl) instead
+    of attend_combine's dispatch: x = that output, heads * head_dim floats. nsplit, window, keys_before:
+    the split's (attention_decode's NSPLIT, WINDOW, KEYS_BEFORE); step: its per-step uniform."""
+    partials: Buffer
+    step: Buffer
+    heads: int
+    head_dim: int
+    nsplit: int
+    window: int = 0
+    keys_before: int = 0
+
+
+# A matvec combining an attention's partials (CombineInput) reads them all in every workgroup (E2B's sliding
+# layers: 133 KB), so it takes them only where its shape has few workgroups. GPU timestamps of E2B's decode step
+# on the browser path (H200, bench/RESULTS.md, seventeenth session), the o projection 1536 x 2048: in 96
+# workgroups (Q4_K and Q4_0 with int8 x, 16 threads a row) it cost what attend_combine saved (2.600 -> 2.598 ms,
+# 2.475 -> 2.482); in 192 (Q8_0, f32 x, 32 threads a row) 4% more (2.663 -> 2.780), and made 96 by 16 threads a
+# row, 13% more (2.662 -> 3.006: Q8_0 rows want their 32 threads).
+COMBINE_INPUT_WORKGROUPS = 96
+
+
 # Storage buffers a matvec with a residual input binds (W, Y, B and the six of ResidualInput).
 RESIDUAL_INPUT_BUFFERS = 9
 
@@ -106,14 +130,21 @@ def matvec_prelude(t, int8: bool = False, rounded: RoundedX | None = None) -> st
             "fn x_prepare(lid: u32) {}\n")
 
 
-def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInput | None,
+def _matvec_input(k: int, wg: int, x: Buffer, residual: ResidualInput | NormInput | CombineInput | None,
                   dev: Device, rounded: RoundedX | None = None) -> tuple[str, dict, dict]:
-    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput or NormInput,
-    or its producer's int8 codes (rounded: x8_stored.wgsl, which the int8 prelude includes)."""
+    """(prelude, constants, bindings) of a matvec's input: X, or built from a ResidualInput, NormInput or
+    CombineInput, or its producer's int8 codes (rounded: x8_stored.wgsl, which the int8 prelude includes)."""
     if rounded is not None:
         return "", {}, {"XQS": rounded.codes, "XSS": rounded.scales}
     if residual is None:
         return "//!include matvec_input\n", {}, {"X": x}
+    if isinstance(residual, CombineInput):
+        c = residual
+        if k != c.heads * c.head_dim or c.head_dim % 4:
+            raise ValueError(f"a combined attention input of {c.heads} heads x {c.head_dim} is not a {k}-long x")
+        consts = {"XS": k // 4, "AH": c.heads, "AHD": c.head_dim, "ANSPLIT": c.nsplit, "AWINDOW": c.window,
+                  "AKEYS_BEFORE": c.keys_before, "AHS": c.heads * c.nsplit}
+        return "//!include matvec_input_combine\n", consts, {"PART": c.partials, "AS": c.step}
     if k % 4 or k > 4 * RESIDUAL_INPUT_ROUNDS * wg:
         raise ValueError(f"an input built by the workgroups of {k} floats needs k % 4 == 0 and k <= "
                          f"{4 * RESIDUAL_INPUT_ROUNDS} x the workgroup ({wg})")
@@ -148,17 +179,56 @@ def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, d
             {"IDS": route.ids, "WTS": route.weights, "LOG": route.logits}, workgroups + 1)
 
 
+def matvec_shape(qtype, k: int, n: int, chunks: bool, built: bool = False, int8: bool = False, rounded: bool = False,
+                 round_out: bool = False, tpr: int | None = None, wg: int | None = None) -> tuple[int, int]:
+    """(threads a row, threads a workgroup) of a decode matvec: tpr and wg where given, else the defaults for its
+    kernel (chunks: Q4_K's 16-byte chunks; else 4-weight groups or 32-weight units), its input (built by the
+    workgroups: ResidualInput, NormInput, CombineInput; int8; rounded: its producer's int8 codes) and its output
+    (round_out: whole blocks of 32 rows a workgroup)."""
+    if chunks:
+        if rounded:
+            tpr, wg = tpr or ROUNDED_Q4K_THREADS[0], wg or ROUNDED_Q4K_THREADS[1]
+        tpr = tpr or q4k_threads_per_row(k, n, int8)
+        # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
+        wg = wg or (Q4K_RESIDUAL_WORKGROUP if built or int8 else Q4K_WORKGROUP)
+    else:
+        # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
+        # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
+        # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
+        # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
+        # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
+        # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
+        if rounded:      # (at least two units a thread: 2112-long rows take 32)
+            tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << max(0, (k // 64).bit_length() - 1)))
+            wg = wg or ROUNDED_UNIT_THREADS[1]
+        if int8:             # units only
+            tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
+        tpr = tpr or (64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64)
+        wg = wg or 256
+    if round_out:
+        tpr, wg = _whole_blocks(tpr, wg)
+    return tpr, wg
+
+
+def combines_into_matvec(qtype, k: int, n: int, int8: bool) -> bool:
+    """Whether a decode matvec of W [n, k] takes a CombineInput: its default shape for an input built by the
+    workgroups has at most COMBINE_INPUT_WORKGROUPS workgroups."""
+    tpr, wg = matvec_shape(qtype, k, n, quant_type(qtype) == ggml.Q4_K, built=True, int8=int8)
+    return -(-n // (wg // tpr)) <= COMBINE_INPUT_WORKGROUPS
+
+
 def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, plan: Plan | None = None,
            tpr: int | None = None, wg: int | None = None, subgroups: bool | None = None, geglu: bool = False,
            gelu_times: Buffer | tuple | None = None, units: bool | None = None, chunks: bool | None = None,
-           probe: int = 0, residual: ResidualInput | NormInput | None = None, route: RouteTail | None = None,
+           probe: int = 0, residual: ResidualInput | NormInput | CombineInput | None = None,
+           route: RouteTail | None = None,
            int8: bool = False, rounded_x: RoundedX | None = None, round_out: RoundedX | None = None) -> Plan:
     """y[n] = W[n, k] @ x[k] for quantized W (raw GGUF bytes in w).
 
     geglu: W holds 2n rows (gate then up); y = gelu(gate x) * (up x).
     gelu_times: y = gelu(W x) * gelu_times[:n] (the PLE gate).
-    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput)
-    or by norming a row (NormInput).
+    residual: x (None here) is built by every workgroup from a pending residual add (ResidualInput),
+    by norming a row (NormInput) or by combining an attention's split partials (CombineInput).
     route: one workgroup more routes a MoE token (RouteTail).
     subgroups: use the subgroup variant (default: when the device has the feature).
     chunks: Q4_K read in 16-byte chunks (matvec_q4k*.wgsl; default for Q4_K); tpr, wg: threads per
@@ -185,13 +255,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
-        if rounded_x is not None:
-            tpr, wg = tpr or ROUNDED_Q4K_THREADS[0], wg or ROUNDED_Q4K_THREADS[1]
-        tpr = tpr or q4k_threads_per_row(k, n, int8)
-        # a residual input and int8 x are built once per workgroup: wider workgroups build them fewer times
-        wg = wg or (Q4K_RESIDUAL_WORKGROUP if residual is not None or int8 else Q4K_WORKGROUP)
-        if round_out is not None:
-            tpr, wg = _whole_blocks(tpr, wg)
+        tpr, wg = matvec_shape(qtype, k, n, True, residual is not None, int8, rounded_x is not None,
+                               round_out is not None, tpr, wg)
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev, rounded_x)
         t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
         o_prelude, o_res = _matvec_output(round_out)
@@ -203,21 +268,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         return plan.dispatch(p, bg, *groups(workgroups))
     if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
         raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
-    # 64 threads a row, 4 rows a workgroup: best or within 3% for the dense shapes of a decode step
-    # (bench/matvec_sweep.py --gpu-time, 2026-11-26: Q6_K 2048 x 2816 11.0 us, Q5_0 2816 x 2112 9.7, F16
-    # 1536 x 256 9.6). With an input built by the workgroups and many rows 32 (8 rows a workgroup: half
-    # the workgroups build the input; a26b's Q6_K v 27.7 -> 20.7 us); few rows keep 64 (e2b's 256-row
-    # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
-    # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
-    if rounded_x is not None:      # (at least two units a thread: 2112-long rows take 32)
-        tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << max(0, (k // 64).bit_length() - 1)))
-        wg = wg or ROUNDED_UNIT_THREADS[1]
-    if int8:             # units only
-        tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
-    tpr = tpr or (64 if residual is None else 32 if n >= 1024 else 128 if n <= 128 else 64)
-    wg = wg or 256
-    if round_out is not None:
-        tpr, wg = _whole_blocks(tpr, wg)
+    tpr, wg = matvec_shape(qtype, k, n, False, residual is not None, int8, rounded_x is not None,
+                           round_out is not None, tpr, wg)
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
