@@ -276,7 +276,7 @@ def test_live_feedback_while_a_reply_streams(page):
     """The token count, tokens/s and the context meter move while the reply streams; the demo model's
     stray <channel|> markers (kept in the text, which the next prompt needs) are never shown."""
     ensure_model(page)
-    fresh_chat(page, max_tokens=16)                  # greedy "Hi": 16 tokens, two <channel|> markers first
+    fresh_chat(page, max_tokens=8)                   # greedy "Hi": 8 tokens, two <channel|> markers first
     page.evaluate("""() => {
         window.__live = [];
         const record = () => window.__live.push({
