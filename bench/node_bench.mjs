@@ -69,19 +69,17 @@ const { createHelper } = await import(pathToFileURL(path.join(root, "web/gpu.js"
 // TRACE=1: every queue submit's GPU begin and end (an empty timestamped pass at each end of its encoder) and its
 // CPU encoding time, then where the GPU sat idle between the last generation's decode submits
 // (bench-only: the device's createCommandEncoder is patched here, the app's code is the same).
-const trace = process.env.TRACE === "1" ? { records: [], slots: 4096 } : null;
+const trace = process.env.TRACE === "1" ? { records: [], slots: 4096, ops: 0 } : null;
 function traced(helper) {
   // CPU side of each token: submit() calls (encode + submit) and readMapped's wait (the sampled id's readback)
   trace.cpu = [];
   const submit = helper.submit.bind(helper), readMapped = helper.readMapped.bind(helper);
   helper.submit = (device, ops) => {
     const t = performance.now();
+    trace.ops = ops.length;                          // the plan's size, for each encoder it makes (its kind)
     submit(device, ops);
+    trace.ops = 0;
     trace.cpu.push(["submit", t, performance.now()]);
-    if (ops.length > 50 && ops.length < 400) {      // a decode step: dispatches whose pipeline / bind group the one before set
-      trace.repeats = { ops: ops.length, same_pipeline: ops.filter((op, i) => i && op[0] === 0 && op[1] === ops[i - 1][1]).length,
-                        same_bind_group: ops.filter((op, i) => i && op[0] === 0 && op[2] === ops[i - 1][2]).length };
-    }
   };
   helper.readMapped = async (buf, offset, size) => {
     const t = performance.now();
@@ -96,17 +94,11 @@ function traced(helper) {
     const make = device.createCommandEncoder.bind(device);
     device.createCommandEncoder = (desc) => {
       const enc = make(desc);
-      const rec = { i: trace.records.length, t0: performance.now(), dispatches: 0 };
+      const rec = { i: trace.records.length, t0: performance.now(), ops: trace.ops };
       trace.records.push(rec);
       const slot = (2 * rec.i) % trace.slots;
       enc.beginComputePass({ timestampWrites: { querySet: trace.qs, beginningOfPassWriteIndex: slot } }).end();
       const begin = enc.beginComputePass.bind(enc);
-      enc.beginComputePass = (d) => {
-        const pass = begin(d);
-        const dispatch = pass.dispatchWorkgroups.bind(pass);
-        pass.dispatchWorkgroups = (x, y, z) => { rec.dispatches++; dispatch(x, y, z); };
-        return pass;
-      };
       const finish = enc.finish.bind(enc);
       enc.finish = (d) => {
         begin({ timestampWrites: { querySet: trace.qs, endOfPassWriteIndex: slot + 1 } }).end();
@@ -120,7 +112,7 @@ function traced(helper) {
   return helper;
 }
 async function traceReport() {
-  // the last generation's decode: the submits after the last prefill chunk (more than 400 dispatches)
+  // the last generation's decode: the submits after the last prefill chunk (a plan of more than 400 ops)
   const { device, qs, slots, records } = trace;
   const res = device.createBuffer({ size: 8 * slots, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
   const rd = device.createBuffer({ size: 8 * slots, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
@@ -132,7 +124,7 @@ async function traceReport() {
   const ns = Array.from(new BigUint64Array(rd.getMappedRange()), Number);
   let recs = records.slice(0, -1).slice(-slots / 2);
   let last = -1;
-  recs.forEach((r, k) => { if (r.dispatches > 400) last = k; });
+  recs.forEach((r, k) => { if (r.ops > 400) last = k; });
   recs = recs.slice(last + 2);                     // after the last chunk and its head's sampling
   for (const r of recs) { const s = (2 * r.i) % slots; r.b = ns[s]; r.e = ns[s + 1]; }
   const stats = (xs) => {
@@ -141,7 +133,7 @@ async function traceReport() {
   };
   const kinds = {};
   recs.forEach((r, k) => {
-    const kind = r.dispatches > 50 ? "step" : r.dispatches > 0 ? "small plan" : "copy";
+    const kind = r.ops > 50 ? "step" : r.ops > 0 ? "small plan" : "other";      // other: a read's copy, ...
     const o = kinds[kind] || (kinds[kind] = { gpu_us: [], idle_before_us: [], encode_us: [], cpu_since_last_us: [] });
     o.gpu_us.push((r.e - r.b) / 1e3);
     o.encode_us.push((r.t1 - r.t0) * 1e3);
@@ -163,7 +155,7 @@ async function traceReport() {
     from = t1; sub = 0;
   }
   for (const k of Object.keys(tok)) tok[k] = stats(tok[k]);
-  return { step_ops: trace.repeats, per_token_cpu: tok, decode_submits: recs.length, span_ms: (recs[recs.length - 1].e - recs[0].b) / 1e6,
+  return { per_token_cpu: tok, decode_submits: recs.length, span_ms: (recs[recs.length - 1].e - recs[0].b) / 1e6,
            wall_ms: recs[recs.length - 1].t1 - recs[0].t0, kinds };
 }
 py.registerJsModule("webgpu_helper", { createHelper: trace ? () => traced(createHelper()) : createHelper });

@@ -15,9 +15,6 @@ from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import LIMIT_NAMES, UPLOAD_CHUNK, Device, GPUError, Plan
 
-# writes up to this many bytes are copied into the helper's staging array (web/gpu.js writeStaged)
-STAGED_WRITE_MAX = 4096
-
 # camelCase names of LIMIT_NAMES
 _JS_LIMITS = {n: n.split("_")[0] + "".join(w.capitalize() for w in n.split("_")[1:]) for n in LIMIT_NAMES}
 
@@ -55,7 +52,8 @@ class BrowserDevice(Device):
         lim = r.limits.to_py()
         self.limits = {n: int(lim[c]) for n, c in _JS_LIMITS.items() if lim.get(c) is not None}
         self.info = r.info.to_py()
-        self._staging_views = {}
+        self._staging_views = {}                    # the helper's staging array's first n bytes, a proxy a size
+        self._staged_max = int(helper.staging.length)   # writes up to this size go through it (web/gpu.js writeStaged)
 
     def _check(self):
         if self.lost_reason is not None:
@@ -78,10 +76,10 @@ class BrowserDevice(Device):
 
     def _write(self, buf, offset, data):
         n = len(data)
-        if n > STAGED_WRITE_MAX:
+        if n > self._staged_max:
             self.js.write(self.device, buf.handle, offset, data)
             return
-        view = self._staging_views.get(n)            # the staging array's first n bytes, one proxy a size
+        view = self._staging_views.get(n)
         if view is None:
             view = self._staging_views[n] = self.js.staging.subarray(0, n)
         view.assign(data)

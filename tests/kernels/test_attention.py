@@ -11,7 +11,8 @@ import pytest
 from pyapp.gpu import kernels as K
 from pyapp.reference.forward import rms_norm, rope_neox
 
-from support.gpu import assert_close_dot, f32, read_f32, step_buffer
+from support.gpu import (assert_close_dot, dequantize, f32, int8_reference, random_tensor, read_f32, step_buffer,
+                         weight_buffer)
 
 pytestmark = pytest.mark.gpu
 
@@ -173,7 +174,6 @@ def test_a_matvec_combines_the_decode_splits_into_its_input(dev, h, hkv, hd, win
     reference computes it. The splits past the query's keys hold NaN (an earlier step's states): never read."""
     if subgroups and not dev.has_subgroups:
         pytest.skip("device has no subgroups feature")
-    from support.gpu import dequantize, int8_reference, random_tensor, weight_buffer
     rng = np.random.default_rng(hd + pos + h)
     ctx = 1024
     keys = rng.standard_normal((hkv, pos + 1, hd)).astype(np.float32)

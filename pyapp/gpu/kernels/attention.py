@@ -113,9 +113,14 @@ def attention_heads_per_group(dev: Device, group: int, head_dim: int) -> int:
     return gh
 
 
+def decode_splits(max_keys: int) -> int:
+    """attention_decode's splits a head (NSPLIT): DECODE_KEYS_PER_GROUP keys each, max_keys in all."""
+    return -(-max_keys // DECODE_KEYS_PER_GROUP)
+
+
 def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
     """Floats of scratch attention_decode needs."""
-    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim + 4)    # (m, l, 0, 0) + acc per split
+    return heads * decode_splits(max_keys) * (head_dim + 4)    # (m, l, 0, 0) + acc per split
 
 
 @dataclass
@@ -144,13 +149,13 @@ COMBINE_INPUT_MAX_VEC4 = 8448
 
 def combines_in_matvec(heads: int, head_dim: int, max_keys: int) -> bool:
     """Whether one token's attention output is left to its reader's workgroups to combine (combine_input)."""
-    return heads * -(-max_keys // DECODE_KEYS_PER_GROUP) * (head_dim // 4 + 1) <= COMBINE_INPUT_MAX_VEC4
+    return heads * decode_splits(max_keys) * (head_dim // 4 + 1) <= COMBINE_INPUT_MAX_VEC4
 
 
 def combine_input(partials: Buffer, step: Buffer, heads: int, head_dim: int, max_keys: int, window: int = 0,
                   keys_before: int = 0) -> CombineInput:
     """The CombineInput of a matvec reading attention_decode(..., combine=False)'s output over max_keys keys."""
-    return CombineInput(partials, step, heads, head_dim, -(-max_keys // DECODE_KEYS_PER_GROUP), window, keys_before)
+    return CombineInput(partials, step, heads, head_dim, decode_splits(max_keys), window, keys_before)
 
 
 # attend_combine's vec4 of a head's output a workgroup (its 128 threads: 16 slots x 8 parts of the splits)
@@ -177,7 +182,7 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
         raise ValueError("decode attention over several tokens takes q normed and roped (no prep)")
     if keys_before not in (0, 1) or (keys_before and prep is not None and prep.mode == 2):
         raise ValueError("keys_before is 0 or 1, and a query that sees only earlier keys stores none")
-    nsplit = -(-max_keys // DECODE_KEYS_PER_GROUP)
+    nsplit = decode_splits(max_keys)
     c = dict(attention_constants(heads, kv_heads, head_dim, ctx, window, scale), NSPLIT=nsplit, KEYS_BEFORE=keys_before)
     res = {"Q": q, "KC": kc, "VC": vc, "S": step, "PART": partials, "QW": dev.dummy, "KW": dev.dummy, "FF": dev.dummy}
     if prep is not None:

@@ -179,7 +179,7 @@ def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, d
             {"IDS": route.ids, "WTS": route.weights, "LOG": route.logits}, workgroups + 1)
 
 
-def matvec_shape(qtype, k: int, n: int, chunks: bool, built: bool = False, int8: bool = False, rounded: bool = False,
+def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, int8: bool = False, rounded: bool = False,
                  round_out: bool = False, tpr: int | None = None, wg: int | None = None) -> tuple[int, int]:
     """(threads a row, threads a workgroup) of a decode matvec: tpr and wg where given, else the defaults for its
     kernel (chunks: Q4_K's 16-byte chunks; else 4-weight groups or 32-weight units), its input (built by the
@@ -213,7 +213,7 @@ def matvec_shape(qtype, k: int, n: int, chunks: bool, built: bool = False, int8:
 def combines_into_matvec(qtype, k: int, n: int, int8: bool) -> bool:
     """Whether a decode matvec of W [n, k] takes a CombineInput: its default shape for an input built by the
     workgroups has at most COMBINE_INPUT_WORKGROUPS workgroups."""
-    tpr, wg = matvec_shape(qtype, k, n, quant_type(qtype) == ggml.Q4_K, built=True, int8=int8)
+    tpr, wg = matvec_shape(qtype, k, n, chunks=quant_type(qtype) == ggml.Q4_K, built=True, int8=int8)
     return -(-n // (wg // tpr)) <= COMBINE_INPUT_WORKGROUPS
 
 
@@ -255,8 +255,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if chunks:
         if quant_type(qtype) != ggml.Q4_K:
             raise ValueError("the 16-byte chunk matvec reads Q4_K only")
-        tpr, wg = matvec_shape(qtype, k, n, True, residual is not None, int8, rounded_x is not None,
-                               round_out is not None, tpr, wg)
+        tpr, wg = matvec_shape(qtype, k, n, chunks=True, built=residual is not None, int8=int8,
+                               rounded=rounded_x is not None, round_out=round_out is not None, tpr=tpr, wg=wg)
         x_prelude, x_consts, x_res = _matvec_input(k, wg, x, residual, dev, rounded_x)
         t_prelude, t_consts, t_res, workgroups = _matvec_tail(route, -(-n // (wg // tpr)))
         o_prelude, o_res = _matvec_output(round_out)
@@ -268,8 +268,8 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
         return plan.dispatch(p, bg, *groups(workgroups))
     if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
         raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
-    tpr, wg = matvec_shape(qtype, k, n, False, residual is not None, int8, rounded_x is not None,
-                           round_out is not None, tpr, wg)
+    tpr, wg = matvec_shape(qtype, k, n, chunks=False, built=residual is not None, int8=int8,
+                           rounded=rounded_x is not None, round_out=round_out is not None, tpr=tpr, wg=wg)
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
