@@ -40,13 +40,14 @@ def _families(plan) -> list[str]:
 
 
 def _shapes(plan) -> list[str]:
-    """Each dispatch's family with the constants that set its shape (SHAPE_CONSTANTS)."""
+    """Each dispatch's family with the constants that set its shape (SHAPE_CONSTANTS), or where it has none of
+    them (the prefill matmuls read theirs at run time) its workgroup grid."""
     out = []
     for op in plan.ops:
         if op[0] == "d":
             consts = dict(op[1].key[3])
-            out.append(":".join(op[1].key[:2]) + " " + " ".join(f"{c}={consts[c]}" for c in SHAPE_CONSTANTS
-                                                              if c in consts))
+            shape = " ".join(f"{c}={consts[c]}" for c in SHAPE_CONSTANTS if c in consts)
+            out.append(":".join(op[1].key[:2]) + " " + (shape or "grid={}x{}x{}".format(*op[3:6])))
     return out
 
 

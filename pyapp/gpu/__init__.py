@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 
 from ..errors import Gemma4Error
@@ -140,6 +141,7 @@ class Device:
         self.limits: dict[str, int] = {}
         self._pipelines: dict[tuple, Pipeline] = {}
         self._sources: dict[str, str] = {}
+        self._uniform_values: dict[tuple, Buffer] = {}
         self.allocated_bytes = 0      # every buffer created so far (none is freed by us: a running peak)
 
     # -- capabilities ------------------------------------------------------
@@ -200,6 +202,17 @@ class Device:
         if getattr(self, "_dummy_out", None) is None:
             self._dummy_out = self.buffer(256, label="dummy out")
         return self._dummy_out
+
+    def uniform_values(self, *values: int) -> Buffer:
+        """A uniform buffer of these u32 values, made once a tuple: a kernel's shape read at run time rather
+        than set by override constants, so one pipeline serves every shape (a pipeline is a compile: seconds
+        each on a CPU rasterizer, and the model's load waits for them)."""
+        buf = self._uniform_values.get(values)
+        if buf is None:
+            buf = self._uniform_values[values] = self.buffer(4 * len(values), "uniform",
+                                                             "values " + " ".join(map(str, values)))
+            self.write(buf, struct.pack(f"<{len(values)}I", *values))
+        return buf
 
     def write(self, buf: Buffer, data, offset: int = 0) -> None:
         """Queue a write of bytes-like `data` (padded to 4 bytes) at `offset`."""

@@ -127,10 +127,10 @@ def matmul(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer, y, params: 
     if split > 1 and (clamp is not None or k % (tile.k * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
     p = pipeline(dev, "matmul", prelude=matmul_prelude(qtype, tile), enables=tile.enables,
-                 constants={"K": k, "N": n, "LDY": 0 if split > 1 else ldy, "CLAMP": clamp is not None,
-                            "SPLIT": split})
+                 constants={"CLAMP": clamp is not None})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": partials if split > 1 else y, "S": params,
-                            "CB": clamp if clamp is not None else dev.dummy})
+                            "CB": clamp if clamp is not None else dev.dummy,
+                            "D": dev.uniform_values(k, n, 0 if split > 1 else ldy, split)})
     plan = plan if plan is not None else dev.plan()
     plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
     if split > 1 and summed:
@@ -354,9 +354,9 @@ def matmul_q8(dev: Device, qtype, k: int, n: int, w: Buffer, xq: Buffer, xs: Buf
     tile, split = q8_shape(dev, n, k, n_tokens, room, tile, split)
     if split > 1 and (k % (64 * split) or n % 4 or split * n_tokens * n > room):
         raise ValueError(f"no {split} slices of K = {k} for {n} rows x {n_tokens} tokens in {room} floats")
-    p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k),
-                 constants={"K": k, "N": n, "LDY": 0 if split > 1 else ldy, "SPLIT": split})
-    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": partials if split > 1 else y, "S": params})
+    p = pipeline(dev, "matmul_q8", prelude=tile.prelude(qtype, k))
+    bg = dev.bind_group(p, {"W": w, "XQ": xq, "XS": xs, "Y": partials if split > 1 else y, "S": params,
+                            "D": dev.uniform_values(k, n, 0 if split > 1 else ldy, split)})
     plan = plan if plan is not None else dev.plan()
     plan.dispatch(p, bg, -(-n // tile.rows), -(-n_tokens // tile.tokens), split)
     if split > 1 and summed:
