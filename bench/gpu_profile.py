@@ -40,14 +40,16 @@ def _families(plan) -> list[str]:
 
 
 def _shapes(plan) -> list[str]:
-    """Each dispatch's family with the constants that set its shape (SHAPE_CONSTANTS), or where it has none of
-    them (the prefill matmuls read theirs at run time) its workgroup grid."""
+    """Each dispatch's family with the constants that set its shape (SHAPE_CONSTANTS), or the values it reads
+    its shape from at run time (the prefill matmuls: K, N, Y's row stride, slices)."""
     out = []
     for op in plan.ops:
         if op[0] == "d":
             consts = dict(op[1].key[3])
             shape = " ".join(f"{c}={consts[c]}" for c in SHAPE_CONSTANTS if c in consts)
-            out.append(":".join(op[1].key[:2]) + " " + (shape or "grid={}x{}x{}".format(*op[3:6])))
+            if op[2].values:
+                shape += " values=" + ",".join(map(str, op[2].values))
+            out.append(":".join(op[1].key[:2]) + " " + shape)
     return out
 
 

@@ -191,10 +191,10 @@ class Tokenizer:
             return sym
         nxt = list(range(1, n + 1))
         prv = list(range(-1, n - 1))
-        ranks = self.ranks
+        ranks = self.ranks                 # by "left right": the run has no spaces (they are ▁ by now)
         heap = []
         for i in range(n - 1):
-            r = ranks.get((sym[i], sym[i + 1]))
+            r = ranks.get(sym[i] + " " + sym[i + 1])
             if r is not None:
                 heap.append((r, i, sym[i] + sym[i + 1]))
         heapq.heapify(heap)
@@ -210,12 +210,12 @@ class Tokenizer:
                 prv[nxt[j]] = i
             p = prv[i]
             if p >= 0:
-                rr = ranks.get((sym[p], merged))
+                rr = ranks.get(sym[p] + " " + merged)
                 if rr is not None:
                     heapq.heappush(heap, (rr, p, sym[p] + merged))
             q = nxt[i]
             if q < n:
-                rr = ranks.get((merged, sym[q]))
+                rr = ranks.get(merged + " " + sym[q])
                 if rr is not None:
                     heapq.heappush(heap, (rr, i, merged + sym[q]))
         return [s for s in sym if s is not None]
@@ -275,17 +275,11 @@ def _valid(text: str) -> str:
 
 
 def _merge_ranks(merges: list[str]) -> dict:
-    """(left, right) -> rank; a merge is "left right" and left may itself start with a space."""
-    pairs = []
-    for m in merges:
-        cut = m.find(" ", 1)
-        pairs.append((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""))
-    ranks = dict(zip(pairs, range(len(pairs))))
-    if len(ranks) != len(pairs):          # a repeated merge keeps its first rank, as in llama.cpp
-        ranks = {}
-        for rank, pair in enumerate(pairs):
-            ranks.setdefault(pair, rank)
-    return ranks
+    """"left right" -> rank: the merges as the file spells them, with no split and no tuple for each of Gemma 4's
+    515k merges at load. A merge joins the text before its first space past the first character with the
+    text after it; BPE looks a pair up as left + " " + right, which is that split because its symbols hold no
+    spaces. A repeated merge keeps its first rank, as in llama.cpp."""
+    return dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
 
 
 class StreamDecoder:

@@ -85,6 +85,9 @@ class PageEvents(Events):
     def progress(self, **figures):
         emit("progress", **figures)
 
+    def compiling(self, done, made):
+        emit("compiling", done=done, made=made)
+
     def prefill(self, denoise: bool = False, **figures):
         emit("prefill", **figures, **({"denoise": True} if denoise else {}))
 

@@ -22,7 +22,7 @@ let DEFAULTS = {};
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 const pending = new Map();
 let nextId = 1;
-const listeners = { token: [], progress: [], status: [], denoise: [], prefill: [], prefill_done: [] };
+const listeners = { token: [], progress: [], compiling: [], status: [], denoise: [], prefill: [], prefill_done: [] };
 
 function call(cmd, ...args) {
   const id = nextId++;
@@ -365,6 +365,11 @@ on("progress", (m) => {
   $("load-progress").value = m.total ? m.done / m.total : 0;
   const eta = m.eta >= 0 ? ` · ${Math.ceil(m.eta)} s left` : "";
   $("load-text").textContent = `${(m.done / 2 ** 20).toFixed(1)} / ${(m.total / 2 ** 20).toFixed(1)} MiB${eta}`;
+});
+// after the upload the GPU compiles the model's programs (seconds; a minute on a CPU rasterizer)
+on("compiling", (m) => {
+  $("load-progress").value = m.made ? m.done / m.made : 0;
+  $("load-text").textContent = `Preparing the GPU programs: ${m.done} / ${m.made}`;
 });
 $("cancel-load").onclick = () => call("cancel_load", state.loadId);
 $("reload-model").onclick = () => { if (!state.busy) loadModel(); };

@@ -63,10 +63,21 @@ export function createHelper() {
         all.push(this.uploadBlob(device, copies[i], copies[i + 1], blob, copies[i + 2], copies[i + 3], chunk));
       await Promise.all(all);
     },
+    // Pipelines made, and those the GPU process has compiled: createComputePipeline returns at once and the
+    // compile happens there, in order, so a queue callback after each one resolves when that one is compiled.
+    programs: {made: 0, done: 0},
     pipeline(device, code, entryPoint, constants, label) {
       const module = device.createShaderModule({code, label});
-      return device.createComputePipeline({layout: "auto", label,
-                                           compute: {module, entryPoint, constants}});
+      const p = device.createComputePipeline({layout: "auto", label, compute: {module, entryPoint, constants}});
+      const programs = this.programs;
+      programs.made++;
+      const done = () => { programs.done++; };
+      device.queue.onSubmittedWorkDone().then(done, done);
+      return p;
+    },
+    // Resolves when every pipeline made so far is compiled (the load waits for this rather than the first reply).
+    programsReady(device) {
+      return device.queue.onSubmittedWorkDone();
     },
     bindGroup(device, pipeline, entries) {
       // entries: flat [binding, buffer, offset, size, ...]

@@ -15,6 +15,10 @@ class Events:
     def progress(self, done: int, total: int, eta: float) -> None:
         """Loading: `done` of `total` bytes are on the GPU; eta: seconds left at the rate so far (-1: unknown)."""
 
+    def compiling(self, done: int, made: int) -> None:
+        """Loading, after the upload: `done` of the `made` GPU programs are compiled (the browser compiles them after
+        the load has made them; natively they are compiled when made, and this never comes)."""
+
     def prefill(self, tokens: int, prompt_tokens: int, eta: float, measured: bool, context_used: int,
                 context_length: int, denoise: bool = False) -> None:
         """Before a reply: the prompt tokens the model must read first (those the KV cache does not hold) of

@@ -100,7 +100,8 @@ def load(session: Session, events: Events | None = None, *, context_length: int 
     engine = yield call(Engine.open, model.gguf, device=session.device, context_length=context_length,
                         chunk=prompt_step, progress=progress, cancelled=cancelled, gpu_memory_mib=gpu_memory_mib,
                         expert_cache_mib=expert_cache_mib, ple_in_file=ple_in_file, on_plan=events.plan,
-                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16, beside=beside)
+                        lora=session.lora() if lora is None else lora, int8=int8, f16=f16, beside=beside,
+                        compiling=events.compiling)
     session.engine, session.device = engine, engine.dev
     try:
         session.check_gpu_accepted("the model")

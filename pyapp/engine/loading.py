@@ -24,6 +24,7 @@ from ..model.weights import WeightsError, bind
 from ..runtime.adapters import GpuAdapters
 from ..runtime.loaded import EngineError
 from ..runtime.memory import PlanError, plan_memory
+from ..runtime.requests import ProgramsReady
 from ..runtime.runner import LONG_STEP, PROMPT_STEP
 from ..runtime.upload import ModelError, binding_limit, perform, plan_uploads
 from ..sampling import check_context_length
@@ -118,7 +119,7 @@ def long_step(mem, memory, binding: int):
 def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | None, progress, cancelled,
          gpu_memory_mib: int | None = None, expert_cache_mib: int | None = None,
          ple_in_file: bool | None = None, on_plan=None, lora=(), int8: bool = True, f16: bool = False,
-         beside: int = 0):
+         beside: int = 0, compiling=None):
     """Steps: plan the memory and the layout, copy every resident tensor to the GPU, build the
     plans; returns the engine. gpu_memory_mib: the GPU memory budget (None: everything
     resident); expert_cache_mib: the streamed experts' cache, directly; ple_in_file: keep the
@@ -133,7 +134,8 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     tiles where the device has shader-f16 (K.MatmulTile.half: activations rounded to f16, so they must stay
     within +-65504); False (default): in f32. beside: bytes the caller loads on the GPU beside the model (an
     assistant drafter: pyapp.app.model, gpu_bytes of pyapp.families.gemma4_assistant): the plan counts them within
-    the budget (MemoryPlan.beside); loading them stays the caller's. next_token_engine: the engine class of the families that declare none
+    the budget (MemoryPlan.beside); loading them stays the caller's. compiling(done, made): the GPU programs
+    compiled so far, while the load waits for them (the browser's; natively they are compiled when made). next_token_engine: the engine class of the families that declare none
     (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                    ple_in_file, beside, int8)
@@ -173,6 +175,9 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
         runner = family.runner(dev, cfg, layout, gguf.source, mem.context_length, mem.prompt_step, expert_slots=mem.slots,
                                int8=int8, f16=f16)
         runner.prepare()
+        yield ProgramsReady(compiling, cancelled)    # a load is done when its programs are, not at the first reply
+        if cancelled and cancelled():
+            raise EngineError("loading cancelled")
     except ModelError as e:
         raise EngineError(str(e)) from e
     except GPUError as e:

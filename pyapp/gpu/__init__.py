@@ -57,6 +57,7 @@ class Pipeline:
 @dataclass(eq=False)
 class BindGroup:
     handle: object
+    values: tuple = ()     # what a Device.uniform_values buffer bound in it holds (a kernel's shape), for profiles
 
 
 @dataclass(eq=False)
@@ -142,6 +143,7 @@ class Device:
         self._pipelines: dict[tuple, Pipeline] = {}
         self._sources: dict[str, str] = {}
         self._uniform_values: dict[tuple, Buffer] = {}
+        self._values_of: dict[int, tuple] = {}      # id of a uniform_values buffer -> its values
         self.allocated_bytes = 0      # every buffer created so far (none is freed by us: a running peak)
 
     # -- capabilities ------------------------------------------------------
@@ -212,6 +214,7 @@ class Device:
             buf = self._uniform_values[values] = self.buffer(4 * len(values), "uniform",
                                                              "values " + " ".join(map(str, values)))
             self.write(buf, struct.pack(f"<{len(values)}I", *values))
+            self._values_of[id(buf)] = values
         return buf
 
     def write(self, buf: Buffer, data, offset: int = 0) -> None:
@@ -283,11 +286,18 @@ class Device:
         return Pipeline(self._create_pipeline(source, entry, consts, label), (label, entry, source, tuple(consts.items())),
                         binding_numbers(source))
 
+    def programs_ready(self, progress=None, cancelled=None) -> None:
+        """Return once every pipeline made so far is compiled (natively they are when made), or once cancelled()."""
+
+    async def programs_ready_async(self, progress=None, cancelled=None) -> None:
+        """programs_ready, awaited (the browser: its GPU process compiles after the calls return)."""
+        self.programs_ready(progress, cancelled)
+
     def bind_group(self, pipeline: Pipeline, resources: dict) -> BindGroup:
         """Bind @group(0) by the shader's variable names: {"X": resource, ...}, where a resource
         is a Buffer or (Buffer, offset, size). Name exactly the bindings the entry point uses:
         its auto layout holds those only, and both Dawn and wgpu reject a mismatch."""
-        entries = []
+        entries, values = [], ()
         for name, r in resources.items():
             i = pipeline.bindings.get(name)
             if i is None:
@@ -295,10 +305,11 @@ class Device:
                                f"(it declares {', '.join(sorted(pipeline.bindings)) or 'none'})")
             if isinstance(r, Buffer):
                 entries.append((i, r, 0, r.size))
+                values = self._values_of.get(id(r), values)
             else:
                 b, off, size = r
                 entries.append((i, b, int(off), int(size)))
-        return BindGroup(self._create_bind_group(pipeline, entries))
+        return BindGroup(self._create_bind_group(pipeline, entries), values)
 
     # -- work --------------------------------------------------------------
     def plan(self) -> Plan:

@@ -10,10 +10,14 @@ Python's heap; Python bytes are written through a zero-copy view of wasm memory.
 
 from __future__ import annotations
 
+import asyncio
+
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from . import LIMIT_NAMES, UPLOAD_CHUNK, Device, GPUError, Plan
+
+PROGRESS_S = 0.25    # how often programs_ready_async reports
 
 # camelCase names of LIMIT_NAMES
 _JS_LIMITS = {n: n.split("_")[0] + "".join(w.capitalize() for w in n.split("_")[1:]) for n in LIMIT_NAMES}
@@ -117,6 +121,21 @@ class BrowserDevice(Device):
     def _create_pipeline(self, source, entry, constants, label):
         self._check()
         return self.js.pipeline(self.device, source, entry, _constants(constants), label)
+
+    async def programs_ready_async(self, progress=None, cancelled=None):
+        """Wait for the GPU process to compile the pipelines made so far (web/gpu.js programs), calling
+        progress(compiled, made) about every PROGRESS_S while it does; returns early once cancelled()."""
+        self._check()
+        ready = asyncio.ensure_future(self.js.programsReady(self.device))
+        programs = self.js.programs
+        while not ready.done():
+            if cancelled and cancelled():
+                return
+            if progress:
+                progress(int(programs.done), int(programs.made))
+            await asyncio.wait([ready], timeout=PROGRESS_S)
+        await ready
+        self._check()
 
     def _create_bind_group(self, pipeline, entries):
         flat = []

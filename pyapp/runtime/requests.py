@@ -50,6 +50,15 @@ class FilesToGpu:
     copies: tuple
 
 
+@dataclass(frozen=True)
+class ProgramsReady:
+    """Wait until the GPU has compiled every program made so far (the browser's GPU process compiles them after
+    the calls that made them return); progress(done, made) while it does, where the backend can tell; the wait
+    ends early once cancelled() is true."""
+    progress: object = None
+    cancelled: object = None
+
+
 def handler(dev: Device, source, asynchronous: bool = False):
     """Answers to the requests: direct calls natively; awaitables (for drive_async) in the browser,
     where file bytes go Blob -> GPU inside JS and readbacks wait for a buffer map."""
@@ -57,6 +66,7 @@ def handler(dev: Device, source, asynchronous: bool = False):
     upload_many = dev.upload_many_async if asynchronous else dev.upload_many
     read_gpu = dev.read_async if asynchronous else dev.read
     read_mapped = dev.read_mapped_async if asynchronous else dev.read_mapped
+    programs_ready = dev.programs_ready_async if asynchronous else dev.programs_ready
 
     def handle(req):
         if isinstance(req, FileToGpu):
@@ -67,6 +77,8 @@ def handler(dev: Device, source, asynchronous: bool = False):
             return read_gpu(req.buffer, req.offset, req.n)
         if isinstance(req, ReadMapped):
             return read_mapped(req.buffer, req.offset, req.n)
+        if isinstance(req, ProgramsReady):
+            return programs_ready(req.progress, req.cancelled)
         if isinstance(req, FilesToGpu):
             return upload_many(source, [(c.buffer, c.offset, c.n, c.dst_offset) for c in req.copies])
         raise TypeError(f"unknown request {req!r}")

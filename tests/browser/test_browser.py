@@ -30,9 +30,9 @@ import numpy as np
 import pytest
 
 from support.browser import (ARTIFACTS, CHROMIUM, DEMO, DIST, FIXTURES, SCREENSHOTS, TIMEOUT, as_sent,
-                             click_and_wait_reply, demo_engine, ensure_model, fresh_chat, greedy, messages,
-                             native_greedy, ollama_folder, reload_model, send, set_field, under_csp, wait_idle,
-                             wait_loaded_file, wait_state, write_opfs_folder)
+                             click_and_wait_reply, demo_engine, ensure_model, fresh_chat, greedy, load_box_texts,
+                             messages, native_greedy, ollama_folder, reload_model, send, set_field, under_csp,
+                             wait_idle, wait_loaded_file, wait_state, write_opfs_folder)
 
 pytestmark = pytest.mark.browser
 
@@ -809,6 +809,11 @@ def test_device_lost_then_reload_the_model(own_page):
     assert page.is_visible("#reload-model") and page.is_disabled("#send")
     assert messages(page)[-1] == {"role": "user", "content": "Are you there?"}     # nothing typed is lost
     page.click("#reload-model")
+    # the new device compiles every program again, and the load (not the first reply) waits for them, counting
+    compiling = [t for t in load_box_texts(page) if t.startswith("Preparing the GPU programs")]
+    counts = [tuple(map(int, t.split(": ")[1].split(" / "))) for t in compiling]
+    assert len(counts) >= 2 and counts[0][0] < counts[-1][0] <= counts[-1][1], compiling
+    assert all(a[0] <= b[0] and a[1] == b[1] > 20 for a, b in zip(counts, counts[1:])), compiling
     wait_state(page, "loaded")
     assert page.is_hidden("#reload-model") and page.inner_text("#chat-error") == ""
     # answers the unanswered message; the first reply on the new device (its plans made again, on SwiftShader)

@@ -640,7 +640,7 @@ def test_f32_prefill_over_slices_of_k(dev, monkeypatch):
     split = [op for op in ops if op[1].label == "matmul:main" and op[5] > 1]
     assert split and "sum_slices:main" in {op[1].label for op in ops}
     assert all(op[3] * op[4] < K.MATMUL_SPLIT_MIN_WORKGROUPS for op in split)     # the tile's few workgroups
-    floats = max(op[5] * 128 * dict(op[1].key[3])["N"] for op in split)
+    floats = max(op[5] * 128 * op[2].values[1] for op in split)      # the matmul's (K, N, LDY, SPLIT)
     assert sliced.runner.state.matmul_partials.size >= 4 * floats
     np.testing.assert_allclose(got, engine_logits(whole, tokens), atol=1e-4)
     np.testing.assert_allclose(got, np.asarray(ReferenceModel(g).forward(tokens)), atol=2e-3)
@@ -666,7 +666,7 @@ def test_int8_prefill_over_slices_of_k(dev, monkeypatch):
     got = engine_logits(sliced, tokens)
     ops = [op for plan in sliced.runner._plans[("layers", 128, False, False)] if hasattr(plan, "ops")
            for op in plan.ops if op[0] == "d"]
-    split_floats = [op[5] * 128 * dict(op[1].key[3])["N"] for op in ops
+    split_floats = [op[5] * 128 * op[2].values[1] for op in ops            # the matmul's (K, N, LDY, SPLIT)
                     if op[1].label == "matmul_q8:main" and op[5] > 1]
     summed_in_adds = sum(op[1].label.startswith("norm:add") and dict(op[1].key[3])["XSPLIT"] > 1 for op in ops)
     assert summed_in_adds >= sliced.config.n_layers                        # the downs at least
@@ -694,3 +694,27 @@ def test_int8_prefill_on_split_tensors(dev, monkeypatch):
     assert any(len(lw.ffn_up.parts) > 1 for lw in split.runner.layout.layers if lw.ffn_up is not None)
     assert "matmul_q8:main" in _pipelines(split)
     np.testing.assert_allclose(engine_logits(split, tokens), whole, atol=1e-5)
+
+
+def test_a_load_waits_for_its_gpu_programs(dev, monkeypatch):
+    """A load's last step waits for every GPU program its plans made (the browser's GPU process compiles them
+    after the calls that made them return: the load, not the first reply, waits), reporting compiling(done,
+    made) as the device does; a load cancelled during that wait ends as cancelled."""
+    from pyapp.engine import Engine, EngineError, SamplingParams
+    from pyapp.gguf import read_gguf
+    g = read_gguf(FIXTURES / "gemma4-dense-q8_0.gguf")
+    waits, seen = [], []
+
+    def ready(progress=None, cancelled=None):
+        waits.append(len(dev._pipelines))            # the programs made by then
+        progress(len(dev._pipelines) - 1, len(dev._pipelines))
+    monkeypatch.setattr(dev, "programs_ready", ready)
+    eng = Engine.open(g, device=dev, context_length=96, compiling=lambda done, made: seen.append((done, made)))
+    assert waits == [len(dev._pipelines)] and len(waits) == 1 and waits[0] > 10     # after the plans, once
+    assert seen == [(waits[0] - 1, waits[0])]
+    assert len(eng.generate([2, 10, 11], SamplingParams(temperature=0, max_tokens=2), stop_ids=()).tokens) == 2
+
+    cancel = []
+    monkeypatch.setattr(dev, "programs_ready", lambda progress=None, cancelled=None: cancel.append(True))
+    with pytest.raises(EngineError, match="loading cancelled"):
+        Engine.open(g, device=dev, context_length=96, cancelled=lambda: bool(cancel))

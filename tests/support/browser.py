@@ -186,6 +186,21 @@ def wait_loaded_file(page, name: str) -> None:
     wait_state(page, "loaded")
 
 
+def load_box_texts(page, poll_ms: int = 100) -> list[str]:
+    """What the load box said, each text once in order, from now until the page is loaded (or back to ready)."""
+    texts: list[str] = []
+    deadline = time.monotonic() + TIMEOUT / 1000
+    while page.evaluate("document.body.dataset.state") not in ("loaded", "ready"):
+        text = page.evaluate("document.getElementById('load-box').hidden ? '' : "
+                             "document.getElementById('load-text').textContent")
+        if text and (not texts or texts[-1] != text):
+            texts.append(text)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still loading after {TIMEOUT} ms: {texts[-3:]}")
+        page.wait_for_timeout(poll_ms)
+    return texts
+
+
 @functools.cache
 def demo_engine():
     """The native engine on the demo model, opened once for every test that compares with it."""
