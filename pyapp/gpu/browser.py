@@ -58,6 +58,7 @@ class BrowserDevice(Device):
         self.info = r.info.to_py()
         self._staging_views = {}                    # the helper's staging array's first n bytes, a proxy a size
         self._staged_max = int(helper.staging.length)   # writes up to this size go through it (web/gpu.js writeStaged)
+        self._programs_waited = 0                       # pipelines made before the last programs_ready_async
 
     def _check(self):
         if self.lost_reason is not None:
@@ -124,17 +125,19 @@ class BrowserDevice(Device):
 
     async def programs_ready_async(self, progress=None, cancelled=None):
         """Wait for the GPU process to compile the pipelines made so far (web/gpu.js programs), calling
-        progress(compiled, made) about every PROGRESS_S while it does; returns early once cancelled()."""
+        progress(compiled, made) about every PROGRESS_S while it does, counting those made since the last wait
+        (a second model's load counts its own); returns early once cancelled()."""
         self._check()
         ready = asyncio.ensure_future(self.js.programsReady(self.device))
-        programs = self.js.programs
+        programs, before = self.js.programs, self._programs_waited
         while not ready.done():
             if cancelled and cancelled():
                 return
             if progress:
-                progress(int(programs.done), int(programs.made))
+                progress(int(programs.done) - before, int(programs.made) - before)
             await asyncio.wait([ready], timeout=PROGRESS_S)
         await ready
+        self._programs_waited = int(programs.made)
         self._check()
 
     def _create_bind_group(self, pipeline, entries):
