@@ -47,5 +47,9 @@ class LoadedInSteps:
 
     @classmethod
     async def open_async(cls, dev, gguf, *args):
-        """load in the browser: file bytes go Blob -> GPU inside JS."""
-        return await drive_async(cls.load(dev, gguf, *args), handler(dev, gguf.source, asynchronous=True))
+        """load in the browser: file bytes go Blob -> GPU inside JS; returns once the GPU has compiled the
+        programs its plans made (there the GPU process compiles them after the calls return: the load waits,
+        not its first use)."""
+        part = await drive_async(cls.load(dev, gguf, *args), handler(dev, gguf.source, asynchronous=True))
+        await dev.programs_ready_async()
+        return part
