@@ -135,8 +135,8 @@ def load(dev, gguf, next_token_engine, context_length: int | None, chunk: int | 
     within +-65504); False (default): in f32. beside: bytes the caller loads on the GPU beside the model (an
     assistant drafter: pyapp.app.model, gpu_bytes of pyapp.families.gemma4_assistant): the plan counts them within
     the budget (MemoryPlan.beside); loading them stays the caller's. compiling(done, made): the GPU programs
-    compiled so far, while the load waits for them (the browser's; natively they are compiled when made). next_token_engine: the engine class of the families that declare none
-    (pyapp.engine.Engine)."""
+    compiled so far, while the load waits for them (the browser's; natively they are compiled when made).
+    next_token_engine: the engine class of the families that declare none (pyapp.engine.Engine)."""
     family, cfg, bound, mem = plan(gguf, dev.limits, context_length, chunk, gpu_memory_mib, expert_cache_mib,
                                    ple_in_file, beside, int8)
     try:
