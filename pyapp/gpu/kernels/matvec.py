@@ -203,7 +203,10 @@ def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, in
             wg = wg or ROUNDED_UNIT_THREADS[1]
         if int8:             # units only
             tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
-        tpr = tpr or (64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64)
+        # (at most one 4-weight group a thread: threads past K / 4 would only idle; a short row, a tiny
+        # model's, takes fewer workgroups, which a CPU-emulated GPU pays for one by one)
+        tpr = tpr or min(64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64,
+                         1 << (max(1, k // 4).bit_length() - 1))
         wg = wg or 256
     if round_out:
         tpr, wg = _whole_blocks(tpr, wg)
