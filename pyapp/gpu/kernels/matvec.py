@@ -203,10 +203,11 @@ def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, in
             wg = wg or ROUNDED_UNIT_THREADS[1]
         if int8:             # units only
             tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
-        # (at most one 4-weight group a thread: threads past K / 4 would only idle; a short row, a tiny
-        # model's, takes fewer workgroups, which a CPU-emulated GPU pays for one by one)
+        # At most K / 8 threads a row (two 4-weight groups a thread): short rows take fewer workgroups,
+        # which CPU drivers (lavapipe, SwiftShader: the tests' GPUs) pay for one by one, ~20-100 us each
+        # with barriers. Of Gemma 4's shapes only K = 256 (the PLE's projection) is that short.
         tpr = tpr or min(64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64,
-                         1 << (max(1, k // 4).bit_length() - 1))
+                         1 << (max(1, k // 8).bit_length() - 1))
         wg = wg or 256
     if round_out:
         tpr, wg = _whole_blocks(tpr, wg)
