@@ -201,14 +201,14 @@ def test_training_a_mixture_of_experts_model(dev):
 
 
 def test_resume_continues_exactly(demo):
-    """4 updates straight, or 2, a checkpoint, a new trainer resumed from it and 2 more: the same parameters,
-    loss log and data position."""
+    """2 updates straight, or 1 (the warm-up's), a checkpoint, a new trainer resumed from it and 1 more: the same
+    parameters, optimizer moments, loss log and data position."""
     g, engine = demo
     ds = text_dataset(engine, copies=3)
-    config = TrainConfig(rank=4, alpha=8, steps=4, batch=2, lr=5e-3, warmup=1, seed=1)
+    config = TrainConfig(rank=4, alpha=8, steps=2, batch=2, lr=5e-3, warmup=1, seed=1)
     straight = Trainer(engine, ds, config)
     try:
-        for _ in range(4):
+        for _ in range(2):
             straight.train_step()
         want = straight.checkpoint_bytes()
     finally:
@@ -216,20 +216,18 @@ def test_resume_continues_exactly(demo):
     first = Trainer(engine, ds, config)
     try:
         first.train_step()
-        first.train_step()
         ck = checkpoint_from_bytes(first.checkpoint_bytes())
     finally:
         first.close()
     resumed = Trainer(engine, ds, config, checkpoint=ck)
     try:
-        assert resumed.step == 2
-        resumed.train_step()
+        assert resumed.step == 1
         resumed.train_step()
         got = resumed.checkpoint_bytes()
     finally:
         resumed.close()
     a, b = checkpoint_from_bytes(want), checkpoint_from_bytes(got)
-    assert a.step == b.step == 4 and a.data == b.data
+    assert a.step == b.step == 2 and a.data == b.data
     assert [e["loss"] for e in a.log] == [e["loss"] for e in b.log]
     for name, values in a.params.items():
         np.testing.assert_array_equal(np.asarray(b.params[name]), np.asarray(values), err_msg=name)
