@@ -3,8 +3,9 @@
 The worker's `generate_tokens` command takes any SamplingParams field, `speculate` included, and runs
 Engine.generate_async: the same step generator as natively, driven by awaited readbacks. A fixture model
 opened through the file input generates greedily with speculation: the native engine's greedy tokens (those
-the page generates without it: test_browser.py's golden tests). The app's setting (Advanced sampling, "Speculative drafts") goes with each chat
-request; the reply equals the native greedy one and its stats line counts the drafts accepted.
+the page generates without it: test_browser.py's golden tests). The app's setting (Advanced sampling,
+"Speculative drafts") goes with each chat request; the reply equals the native greedy one and its stats line
+counts the drafts accepted.
 """
 
 from __future__ import annotations

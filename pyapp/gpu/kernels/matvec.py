@@ -199,19 +199,23 @@ def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, in
         # PLE gate: 16.2 us at 32, 13.3 at 64), at most 128 rows take 128 (a26b's F16 router, 128 x 2816
         # with a NormInput: 6.5 us vs 7.2 at 64, 9.2 at 32; --norm-input, 2026-11-26)
         if rounded:      # (at least two units a thread: 2112-long rows take 32)
-            tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, 1 << max(0, (k // 64).bit_length() - 1)))
+            tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, _floor_pow2(k // 64)))
             wg = wg or ROUNDED_UNIT_THREADS[1]
         if int8:             # units only
             tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
         # At most K / 8 threads a row (two 4-weight groups a thread): short rows take fewer workgroups,
         # which CPU drivers (lavapipe, SwiftShader: the tests' GPUs) pay for one by one, ~20-100 us each
         # with barriers. Of Gemma 4's shapes only K = 256 (the PLE's projection) is that short.
-        tpr = tpr or min(64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64,
-                         1 << (max(1, k // 8).bit_length() - 1))
+        tpr = tpr or min(64 if not built else 32 if n >= 1024 else 128 if n <= 128 else 64, _floor_pow2(k // 8))
         wg = wg or 256
     if round_out:
         tpr, wg = _whole_blocks(tpr, wg)
     return tpr, wg
+
+
+def _floor_pow2(x: int) -> int:
+    """The largest power of two at most x (1 for x < 2): a thread count that divides a workgroup."""
+    return 1 << max(0, x.bit_length() - 1)
 
 
 def combines_into_matvec(qtype, k: int, n: int, int8: bool) -> bool:
@@ -323,7 +327,7 @@ INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0, ggml.Q8_0: 2048, ggml.Q5_0
 
 
 def int8_unit_threads_per_row(k: int, n: int) -> int:
-    """Threads per row of the 32-weight-block int8 units (a power of two, 4-16): enough threads in all
+    """Threads per row of the 32-weight-block int8 units (a power of two, 4-64): enough threads in all
     for the GPU (a 1536 x 12288 matrix at 8 a row had 48 workgroups: 42.8 us on the H100's browser
     path, eleventh session), at most 16 so that a workgroup's rounding of x serves 16 rows or more;
     up to 64 for at most 512 rows, where 16 a row leaves most SMs idle (E4B's PLE gate, 256 x 2560 Q4_0:
