@@ -35,27 +35,50 @@ fn finish(row: u32, a: f32, b: f32) -> f32 {
 //!include quants
 //!include quants_dot
 
-// This thread's share of row . X: 32-weight units (dot32: scales decoded once per unit, but a
-// thread reads 32 weights in a row) for long rows, else 4-weight groups (neighbouring threads
-// read neighbouring words: better coalescing, all TPR threads busy on short rows).
+// This thread's shares of row . X and, MODE 1, of the up row N rows further (else 0): 32-weight units
+// (dot32: scales decoded once per unit, but a thread reads 32 weights in a row) for long rows, else
+// 4-weight groups (neighbouring threads read neighbouring words: better coalescing, all TPR threads
+// busy on short rows).
 override UNITS: bool = false;
 
-fn partial_dot(rowbase: u32, t: u32) -> f32 {
-    var acc = 0.0;
-    if (UNITS) {
-        for (var u = t; u < K / 32u; u += TPR) { acc += dot32(rowbase, u); }
-    } else {
-        let gpb = QK / 4u;
-        for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv(g)); }
+// Unit u of the row at rowbase and, MODE 1, of its up row.
+fn unit_pair(rowbase: u32, u: u32) -> vec2<f32> {
+    var v = vec2<f32>(dot32(rowbase, u), 0.0);
+    if (MODE == 1u) { v.y = dot32(rowbase + N * (K / QK) * QB, u); }
+    return v;
+}
+
+// A decode matvec is bound by memory latency (a few warps per SM), not bandwidth: the units go four,
+// then two a round, so that their loads (and the up row's) are in flight together, not one after another
+// (as matvec_q4k_common.wgsl's chunks).
+fn unit_partials(rowbase: u32, t: u32) -> vec2<f32> {
+    let n = K / 32u;
+    var acc = vec2<f32>(0.0);
+    var u = t;
+    for (; u + 3u * TPR < n; u += 4u * TPR) {
+        acc += unit_pair(rowbase, u) + unit_pair(rowbase, u + TPR) + unit_pair(rowbase, u + 2u * TPR)
+             + unit_pair(rowbase, u + 3u * TPR);
     }
+    if (u + TPR < n) {
+        acc += unit_pair(rowbase, u) + unit_pair(rowbase, u + TPR);
+        u += 2u * TPR;
+    }
+    if (u < n) { acc += unit_pair(rowbase, u); }
     return acc;
 }
 
-// Thread t's shares of row . X and, MODE 1, of the up row N rows further (else 0).
+fn group_dot(rowbase: u32, t: u32) -> f32 {
+    let gpb = QK / 4u;
+    var acc = 0.0;
+    for (var g = t; g < K / 4u; g += TPR) { acc += dot(dq4(rowbase + (g / gpb) * QB, g % gpb), xv(g)); }
+    return acc;
+}
+
 fn row_partials(row: u32, t: u32) -> vec2<f32> {
     let rowbase = min(row, N - 1u) * (K / QK) * QB;
-    var acc = vec2<f32>(partial_dot(rowbase, t), 0.0);
-    if (MODE == 1u) { acc.y = partial_dot(rowbase + N * (K / QK) * QB, t); }
+    if (UNITS) { return unit_partials(rowbase, t); }
+    var acc = vec2<f32>(group_dot(rowbase, t), 0.0);
+    if (MODE == 1u) { acc.y = group_dot(rowbase + N * (K / QK) * QB, t); }
     return acc;
 }
 
