@@ -123,7 +123,7 @@ def bench_kernels(args) -> list[dict]:
     dev.write(xm, rng.standard_normal(t_step * k).astype(np.float32).tobytes())
     ym = dev.buffer(4 * t_step * n)
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(t_step, 0))
+    K.write_step(dev, step, t_step, 0)
     for q in ("f16", "q8_0", "q4_k", "q6_k"):
         nbytes = ggml.row_bytes(q, k) * n
         w = dev.buffer(nbytes + 4)
@@ -136,7 +136,7 @@ def bench_kernels(args) -> list[dict]:
                     "us": round(s * 1e6, 1), "tflop_s": round(2 * t_step * n * k / s / 1e12, 2),
                     "adapter": dev.describe()})
     # the dispatch floor: an empty-ish elementwise op
-    dev.write(step, K.pack_step(1, 0))
+    K.write_step(dev, step, 1, 0)
     plan = dev.plan()
     for _ in range(500):
         K.elementwise(dev, "add", 4, y, step, 1, b=x, plan=plan)

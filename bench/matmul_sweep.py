@@ -110,7 +110,7 @@ async def moe_sweep_async(dev, n_tokens=512, n_experts=128, k_used=8, shapes=MOE
     from pyapp import ggml
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(n_tokens, 0))
+    K.write_step(dev, step, n_tokens, 0)
     rnd = random.Random(0)
     ids = []
     for _ in range(n_tokens):
@@ -157,7 +157,7 @@ async def sweep_async(dev, quants=("q4_k",), n_tokens=512, shapes=SHAPES, tile_l
     tile_list = tile_list or [K.MATMUL]
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(n_tokens, 0))
+    K.write_step(dev, step, n_tokens, 0)
     pattern = _pattern()
     for n, k in shapes:
         x = _filled(dev, n_tokens * k, pattern)
@@ -226,7 +226,7 @@ async def attention_sweep_async(dev, n_tokens=512, shapes=ATTENTION_SHAPES, repe
     from pyapp.gpu import kernels as K
     out = []
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(n_tokens, pos0))
+    K.write_step(dev, step, n_tokens, pos0)
     pattern = _pattern(0.1)
     for h, hkv, hd, window in shapes:
         ctx = pos0 + n_tokens

@@ -151,7 +151,7 @@ def few_sweep(dev, rng, tokens: int, shapes, quants, threads, reps: int = 30) ->
     from pyapp import ggml
     from pyapp.gpu import kernels as K
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(tokens, 0))
+    K.write_step(dev, step, tokens, 0)
     for n, k in shapes:
         x = dev.buffer(4 * K.FEW_TOKENS * k)
         dev.write(x, rng.standard_normal(K.FEW_TOKENS * k).astype(np.float32).tobytes())
@@ -194,7 +194,7 @@ def head_sweep(dev, rng, tokens: int, quants, threads, k: int = 1536, n: int = 2
     from pyapp.gpu import kernels as K
     from pyapp.gpu.kernels import few_tokens
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(tokens, 0))
+    K.write_step(dev, step, tokens, 0)
     x = dev.buffer(4 * K.HEAD_ROWS * k)
     dev.write(x, rng.standard_normal(K.HEAD_ROWS * k).astype(np.float32).tobytes())
     out = dev.buffer(4 * (K.HEAD_ROWS + 1))
@@ -285,7 +285,7 @@ def _step(dev):
     """A step uniform of one token at position 0."""
     from pyapp.gpu import kernels as K
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(1, 0))
+    K.write_step(dev, step, 1, 0)
     return step
 
 
@@ -307,7 +307,7 @@ def expert_sweep(dev, rng, n_experts: int = 128, k_used: int = 8, reps: int = 30
     from pyapp import ggml
     from pyapp.gpu import kernels as K
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(1, 0))
+    K.write_step(dev, step, 1, 0)
     ids = dev.buffer(4 * k_used)
     dev.write(ids, (np.arange(k_used, dtype=np.uint32) * 3 + 1).tobytes())
     for q, k, n, geglu in EXPERT_SHAPES:

@@ -5,6 +5,14 @@
 // An idle GPU's first submit of a long plan: dispatches encoded before the GPU starts (web/gpu.js submit).
 const FIRST_PIECE = 32;
 
+// A plan's dispatch op (web/gpu.js submit) into a compute pass.
+function dispatch(pass, op) {
+  pass.setPipeline(op[1]);
+  pass.setBindGroup(0, op[2]);
+  if (op[0] === 0) pass.dispatchWorkgroups(op[3], op[4], op[5]);
+  else pass.dispatchWorkgroupsIndirect(op[3], op[4]);
+}
+
 // A helper per device: it keeps a staging buffer of that device.
 export function createHelper() {
   return {
@@ -12,6 +20,7 @@ export function createHelper() {
       storage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC,
       uniform: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
       readback: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      indirect: GPUBufferUsage.INDIRECT | GPUBufferUsage.COPY_DST,
     },
     async init(opts) {
       if (!navigator.gpu) throw new Error("WebGPU is not available in this browser (navigator.gpu is missing)");
@@ -95,7 +104,8 @@ export function createHelper() {
       device.queue.onSubmittedWorkDone().then(done, done);
     },
     submit(device, ops) {
-      // ops: [0, pipeline, bindGroup, x, y, z] dispatch | [1, src, srcOff, dst, dstOff, size] copy.
+      // ops: [0, pipeline, bindGroup, x, y, z] dispatch | [1, src, srcOff, dst, dstOff, size] copy |
+      // [2, pipeline, bindGroup, buffer, offset] dispatch of the counts there.
       // On an idle GPU the plan goes out in pieces of FIRST_PIECE dispatches, then four times as many
       // each: the GPU starts on the first while the rest are encoded (a prompt's first chunk is 600-900
       // dispatches, 4-8 ms of encoding on Dawn that the GPU would otherwise wait out). A busy GPU (a later
@@ -105,11 +115,9 @@ export function createHelper() {
       let enc = device.createCommandEncoder();
       let pass = null, n = 0, size = FIRST_PIECE, end = this.inflight === 0 ? size : Infinity, pending = false;
       for (const op of ops) {
-        if (op[0] === 0) {
+        if (op[0] !== 1) {
           if (!pass) pass = enc.beginComputePass();
-          pass.setPipeline(op[1]);
-          pass.setBindGroup(0, op[2]);
-          pass.dispatchWorkgroups(op[3], op[4], op[5]);
+          dispatch(pass, op);
           pending = true;
           if (++n === end) {
             pass.end(); pass = null;
@@ -133,11 +141,11 @@ export function createHelper() {
       // timestamp queries: perDispatch false: the first pass's start and the last pass's end;
       // true: every dispatch in a pass of its own, its start and end. Returns {cpu: ms of each
       // encode + submit, ns: the stamps in order (ns as numbers)}. Needs "timestamp-query".
-      const nd = ops.reduce((n, op) => n + (op[0] === 0), 0);
+      const nd = ops.reduce((n, op) => n + (op[0] !== 1), 0);
       const per = perDispatch ? 2 * nd : 2;
       const cpu = [], sets = [];
       let lastD = -1;
-      ops.forEach((op, i) => { if (op[0] === 0) lastD = i; });
+      ops.forEach((op, i) => { if (op[0] !== 1) lastD = i; });
       for (let r = 0; r < repeat; r++) {
         const qs = device.createQuerySet({type: "timestamp", count: per});
         const res = device.createBuffer({size: 8 * per, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC});
@@ -146,11 +154,11 @@ export function createHelper() {
         const enc = device.createCommandEncoder();
         let pass = null, q = 0, first = true;
         ops.forEach((op, i) => {
-          if (op[0] === 0) {
+          if (op[0] !== 1) {
             if (!pass) {
               // does this pass reach the last dispatch (no copy between here and it)?
               let last = true;
-              for (let j = i; j < lastD; j++) if (ops[j][0] !== 0) { last = false; break; }
+              for (let j = i; j < lastD; j++) if (ops[j][0] === 1) { last = false; break; }
               const tw = {querySet: qs};
               if (perDispatch) { tw.beginningOfPassWriteIndex = q++; tw.endOfPassWriteIndex = q++; }
               else {
@@ -160,9 +168,7 @@ export function createHelper() {
               pass = (perDispatch || first || last) ? enc.beginComputePass({timestampWrites: tw}) : enc.beginComputePass();
               first = false;
             }
-            pass.setPipeline(op[1]);
-            pass.setBindGroup(0, op[2]);
-            pass.dispatchWorkgroups(op[3], op[4], op[5]);
+            dispatch(pass, op);
             if (perDispatch) { pass.end(); pass = null; }
           } else {
             if (pass) { pass.end(); pass = null; }

@@ -8,6 +8,7 @@ The engine talks only to `Device`, `Buffer`, `Pipeline`, `BindGroup` and `Plan`:
     p = dev.pipeline("matvec", prelude=quant_prelude("Q4_0"), constants={...})
     bg = dev.bind_group(p, {"W": w, "X": x, "Y": y})  # by the WGSL variable names
     plan = dev.plan(); plan.dispatch(p, bg, rows)   # built once per shape
+    plan.dispatch(p, bg, rows, indirect=(args, 0))  # or: counts (x, y, z) read from an "indirect" buffer
     dev.submit(plan)                                # replayed per token: one submit
     ids = dev.read(out, 0, 4)                       # await dev.read_async(...) in the browser
 
@@ -67,8 +68,11 @@ class Plan:
     ops: list = field(default_factory=list)
     _native: object = None  # backend cache (e.g. the JS arrays), dropped on change
 
-    def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1) -> "Plan":
-        self.ops.append(("d", pipeline, bind_group, int(x), int(y), int(z)))
+    def dispatch(self, pipeline: Pipeline, bind_group: BindGroup, x: int, y: int = 1, z: int = 1,
+                 indirect: tuple[Buffer, int] | None = None) -> "Plan":
+        """(x, y, z) workgroups; indirect = (buffer, offset): as many as the three u32 there say when the
+        plan runs (a buffer of kind "indirect"), x, y, z then the most it may say."""
+        self.ops.append(("d", pipeline, bind_group, int(x), int(y), int(z), indirect))
         self._native = None
         return self
 
@@ -179,8 +183,9 @@ class Device:
 
     # -- buffers -----------------------------------------------------------
     def buffer(self, size: int, kind: str = "storage", label: str = "") -> Buffer:
-        """kind: storage (read/write, copy src+dst), uniform (copy dst), readback (map read)."""
-        if kind not in ("storage", "uniform", "readback"):
+        """kind: storage (read/write, copy src+dst), uniform (copy dst), readback (map read), indirect
+        (dispatch counts, copy dst)."""
+        if kind not in ("storage", "uniform", "readback", "indirect"):
             raise ValueError(f"unknown buffer kind {kind!r}")
         size = max(16, (int(size) + 15) & ~15)  # writes/copies need 4-byte multiples; 16 suits vec4
         if size > self.limits.get("max_buffer_size", size):

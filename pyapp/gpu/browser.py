@@ -151,8 +151,11 @@ class BrowserDevice(Device):
             ops = []
             for op in plan.ops:
                 if op[0] == "d":
-                    _, p, bg, x, y, z = op
-                    ops.append([0, p.handle, bg.handle, x, y, z])
+                    _, p, bg, x, y, z, indirect = op
+                    if indirect is None:
+                        ops.append([0, p.handle, bg.handle, x, y, z])
+                    else:
+                        ops.append([2, p.handle, bg.handle, indirect[0].handle, indirect[1]])
                 else:
                     _, src, so, dst, do, n = op
                     ops.append([1, src.handle, so, dst.handle, do, n])

@@ -12,6 +12,7 @@ _USAGE = {
     "storage": wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC,
     "uniform": wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST,
     "readback": wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+    "indirect": wgpu.BufferUsage.INDIRECT | wgpu.BufferUsage.COPY_DST,
 }
 
 
@@ -101,10 +102,13 @@ class NativeDevice(Device):
                         if len(tw) == 1:     # a pass between the first and the last: no stamp
                             tw = None
                     cpass = enc.begin_compute_pass(timestamp_writes=tw) if tw else enc.begin_compute_pass()
-                _, p, bg, x, y, z = op
+                _, p, bg, x, y, z, indirect = op
                 cpass.set_pipeline(p.handle)
                 cpass.set_bind_group(0, bg.handle)
-                cpass.dispatch_workgroups(x, y, z)
+                if indirect is None:
+                    cpass.dispatch_workgroups(x, y, z)
+                else:
+                    cpass.dispatch_workgroups_indirect(indirect[0].handle, indirect[1])
                 if per_dispatch and stamps is not None:
                     cpass.end()
                     cpass = None

@@ -153,7 +153,7 @@ class State:
             self.ple_out = f32(T * d, "ple_out")                    # [T, d] @ proj
         # head: one row at a time
         self.one = dev.buffer(K.STEP_BYTES, "uniform", "one token")  # Step of one token (head ops)
-        dev.write(self.one, K.pack_step(1, 0))
+        K.write_step(dev, self.one, 1, 0)
         self.x_last = f32(d, "x_last")                  # [d] the row whose logits are wanted
         self.x_last_norm = f32(d, "x_last_norm")        # [d]
         self.logits = f32(V, "logits")                  # [V] softcapped
@@ -244,7 +244,7 @@ class State:
 
     def write_position(self, pos: int) -> None:
         """A one-token step at `pos` whose id the sampler already wrote on the GPU."""
-        self.dev.write(self.step, K.pack_step(1, pos))
+        K.write_step(self.dev, self.step, 1, pos)
 
     def write_step(self, tokens: list[int], pos0: int, source, soft=()) -> None:
         """Token ids, positions and (PLE models) the tokens' per-layer embedding rows from `source`;
@@ -252,7 +252,7 @@ class State:
         copied in and whose positions take the pad id."""
         if not 0 < len(tokens) <= self.chunk:
             raise GPUError(f"a step takes 1..{self.chunk} tokens, got {len(tokens)}")
-        self.dev.write(self.step, K.pack_step(len(tokens), pos0))
+        K.write_step(self.dev, self.step, len(tokens), pos0)
         if soft or self.soft_written:
             tokens = self._write_soft(tokens, soft)
         self.dev.write(self.ids, array("I", tokens).tobytes())

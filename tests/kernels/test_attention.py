@@ -227,6 +227,48 @@ def test_attention_decode_long_context(dev, hd, pos, ctx):
     assert np.isnan(empty).all()
 
 
+@pytest.mark.parametrize("window,keys_before,rows", [(0, 0, 1), (600, 0, 1), (0, 1, 1), (0, 0, 3)])
+def test_one_decode_plan_serves_every_position(dev, window, keys_before, rows):
+    """A plan recorded once for a 1,024-key context (32 splits: past DECODE_SPLITS_DIRECT, so dispatched by the
+    step's counts) and replayed at positions from the first to the last, a step written before each: every
+    output is the reference attention's, though each step runs only the splits its keys fill."""
+    rng = np.random.default_rng(window + keys_before + rows)
+    h, hkv, hd, ctx = 4, 2, 64, 1024
+    keys = rng.standard_normal((hkv, ctx, hd)).astype(np.float32)
+    vals = rng.standard_normal((hkv, ctx, hd)).astype(np.float32)
+    q = (rng.standard_normal((rows, h, hd)) * 0.3).astype(np.float32)
+    max_keys = window or ctx
+    assert K.decode_splits(max_keys) > K.DECODE_SPLITS_DIRECT
+    part = dev.buffer(4 * rows * K.decode_partials(h, hd, max_keys))
+    out = dev.buffer(4 * rows * h * hd)
+    step = step_buffer(dev, rows, 5)
+    plan = K.attention_decode(dev, f32(dev, q), f32(dev, keys), f32(dev, vals), out, part, step, h, hkv, hd, ctx,
+                              max_keys, window=window, keys_before=keys_before, max_tokens=rows)
+    assert plan.ops[0][6] is not None                    # attend_split: an indirect dispatch
+    for pos0 in (1, 31, 32, 33, 500, 700, ctx - rows):
+        K.write_step(dev, step, rows, pos0)
+        dev.submit(plan)
+        got = read_f32(dev, out, rows * h * hd).reshape(rows, h, hd)
+        for i in range(rows):
+            last = pos0 + i - keys_before              # the query's last key
+            want = decode_attention_ref(q[i], keys[:, :last + 1], vals[:, :last + 1], last, window)
+            np.testing.assert_allclose(got[i], want, atol=2e-5, err_msg=f"query at {pos0 + i}")
+
+
+def test_decode_split_counts_cover_the_last_querys_keys():
+    """The step's attend_split workgroups (heads, splits, tokens): the splits of 32 keys the step's last query
+    fills, within the window and the plan's splits, and no more tokens than the plan's."""
+    rule = K.decode_split_counts(8, 64, 0, 0, 1)
+    assert [rule(1, p)[1] for p in (0, 30, 31, 32, 63, 64, 2047, 5000)] == [1, 1, 1, 2, 2, 3, 64, 64]
+    assert rule(1, 40) == (8, 2, 1) and rule(7, 40) == (8, 2, 1)     # a prefill step: the one-token plan idle
+    few = K.decode_split_counts(4, 40, 0, 0, 4)
+    assert few(3, 61) == (4, 2, 3) and few(4, 61) == (4, 3, 4) and few(9, 61) == (4, 3, 4)
+    windowed = K.decode_split_counts(4, 19, 600, 0, 1)
+    assert [windowed(1, p)[1] for p in (100, 575, 576, 599, 10_000)] == [4, 18, 19, 19, 19]
+    before = K.decode_split_counts(4, 32, 0, 1, 1)
+    assert [before(1, p)[1] for p in (0, 1, 32, 33)] == [0, 1, 1, 2]     # pos 0 sees no key: nothing runs
+
+
 @pytest.mark.parametrize("hd,window,pos0,t", [(64, 0, 40, 5), (36, 8, 70, 9), (128, 0, 0, 3)])
 def test_attention_decode_few_tokens(dev, hd, window, pos0, t):
     """The split-K kernel over a few queries (speculative decoding's token and drafts): query i at pos0 + i

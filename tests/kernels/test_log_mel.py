@@ -43,7 +43,7 @@ def gpu_log_mel(dev, clip: np.ndarray, max_frames: int) -> np.ndarray:
     mel = dev.buffer(4 * max_frames * F.MEL_BINS)
     dev.write(mel, np.full(max_frames * F.MEL_BINS, 7.0, np.float32).tobytes())
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(F.frames(len(clip)), len(clip)))
+    K.write_step(dev, step, F.frames(len(clip)), len(clip))
     dev.submit(K.log_mel(dev, f32(dev, clip), roots, window, filters, mel, step, max_frames, floor=F.MEL_FLOOR))
     return read_f32(dev, mel, max_frames * F.MEL_BINS).reshape(max_frames, F.MEL_BINS)
 

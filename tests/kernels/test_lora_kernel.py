@@ -29,7 +29,7 @@ def test_lora_delta_matches_numpy(dev, k, n, r, t):
     scales = f32(dev, np.zeros(K.LORA_SCALE_STRIDE // 4))
     dev.write(scales, np.float32(-1.75).tobytes(), 0)
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(t, 0))
+    K.write_step(dev, step, t, 0)
     dev.submit(K.lora(dev, k, n, r, f32(dev, a), f32(dev, b), f32(dev, x), yb, (scales, 0, 4), step, t + 1,
                       ldy=ldy, col0=col0))
     got = np.frombuffer(dev.read(yb, 0, 4 * y0.size), np.float32).reshape(y0.shape)
@@ -49,7 +49,7 @@ def test_lora_scale_slot_is_read_at_run_time(dev):
     a, b, x = rng.standard_normal((r, k)), rng.standard_normal((n, r)), rng.standard_normal((1, k))
     scales = f32(dev, np.zeros(2 * K.LORA_SCALE_STRIDE // 4))
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(1, 0))
+    K.write_step(dev, step, 1, 0)
     yb = f32(dev, np.zeros(n))
     plan = K.lora(dev, k, n, r, f32(dev, a), f32(dev, b), f32(dev, x), yb, (scales, K.LORA_SCALE_STRIDE, 4),
                   step, 1)
@@ -78,7 +78,7 @@ def test_grouped_lora_deltas_match_numpy(dev, k, widths, r, t):
     scales = f32(dev, np.zeros(K.LORA_SCALE_STRIDE // 4))
     dev.write(scales, np.float32(0.6).tobytes(), 0)
     step = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(step, K.pack_step(t, 0))
+    K.write_step(dev, step, t, 0)
     bounds = tuple(np.cumsum(widths)[:-1].tolist())
     dev.submit(K.lora(dev, k, n, r, f32(dev, np.concatenate(a)), f32(dev, np.concatenate(b)), f32(dev, x), yb,
                       (scales, 0, 4), step, t, ldy=ldy, col0=col0, bounds=bounds))

@@ -31,7 +31,7 @@ def step_buffer(dev, n_tokens, pos0=0):
     """The per-step uniform: n_tokens tokens, the first at position pos0."""
     from pyapp.gpu import kernels as K
     b = dev.buffer(K.STEP_BYTES, "uniform")
-    dev.write(b, K.pack_step(n_tokens, pos0))
+    K.write_step(dev, b, n_tokens, pos0)
     return b
 
 

@@ -168,7 +168,7 @@ class GpuDrafter(LoadedInSteps):
         if not 1 <= n <= MAX_DRAFTS or position < 1:
             raise ValueError(f"a round drafts 1..{MAX_DRAFTS} tokens after a position past 0, not {n} at {position}")
         s = self.state
-        self.dev.write(s.step, K.pack_step(1, position))
+        K.write_step(self.dev, s.step, 1, position)
         self.dev.write(s.ids, array("I", [token]).tobytes())
         self.dev.submit(self.draft_plan(row, n, into))
 

@@ -68,7 +68,7 @@ class AudioEncoder(LoadedInSteps):
         # the uniforms: each conv's input rows, the soft tokens' Step, the positions'
         self.frames0, self.frames1, self.step = uniform("frames"), uniform("half frames"), uniform("step")
         self.rel_step = uniform("positions")
-        dev.write(self.rel_step, K.pack_step(PAST + 1, 0))
+        K.write_step(dev, self.rel_step, PAST + 1, 0)
         # the features' inputs: the clip, and features.py's tables (the DFT's roots, the window, the filters)
         if cfg.n_mels != K.LOG_MEL_BINS:
             raise AudioError(f"an audio encoder of {cfg.n_mels} mel bins: Gemma 4's features have {K.LOG_MEL_BINS}")
@@ -204,7 +204,7 @@ class AudioEncoder(LoadedInSteps):
             raise AudioError(f"a clip of {n} samples ({frames} frames) does not fit this encoder "
                              f"(1 to {self.max_frames} frames)")
         self.dev.write(self.clip, clip.tobytes())
-        self.dev.write(self.clip_step, K.pack_step(frames, n))
+        K.write_step(self.dev, self.clip_step, frames, n)
         self.dev.submit(self.features_plan)
         return self._encode(frames)
 
@@ -223,9 +223,9 @@ class AudioEncoder(LoadedInSteps):
         """The plan over the log-mel rows in self.mel: the soft tokens copied into a buffer of their own."""
         cfg = self.cfg
         n = soft_tokens_of(frames)
-        self.dev.write(self.frames0, K.pack_step(frames, 0))
-        self.dev.write(self.frames1, K.pack_step((frames + 1) // 2, 0))
-        self.dev.write(self.step, K.pack_step(n, 0))
+        K.write_step(self.dev, self.frames0, frames, 0)
+        K.write_step(self.dev, self.frames1, (frames + 1) // 2, 0)
+        K.write_step(self.dev, self.step, n, 0)
         self.dev.submit(self.plan)
         out = self.dev.buffer(4 * n * cfg.text_hidden, label="audio soft tokens")
         self.dev.submit(self.dev.plan().copy(self.soft, 0, out, 0, 4 * n * cfg.text_hidden))

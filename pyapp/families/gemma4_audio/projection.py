@@ -65,7 +65,7 @@ class FrameProjectionEncoder(LoadedInSteps):
         n = self.soft_tokens(len(samples))
         if not 0 < n <= self.max_frames:
             raise AudioError(f"a clip of {n} frames does not fit this projection (1 to {self.max_frames})")
-        self.dev.write(self.step, K.pack_step(n, 0))
+        K.write_step(self.dev, self.step, n, 0)
         self.dev.write(self.frames, waveform_frames.frames(samples, self.cfg.frame).tobytes())
         self.dev.submit(self.plan)
         size = 4 * n * self.cfg.text_hidden

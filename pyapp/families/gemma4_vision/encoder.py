@@ -151,8 +151,8 @@ class ImageEncoder(GpuEncoder):
                               f"{cfg.pool}, at most {self.max_patches} patches)")
         soft = n // (cfg.pool * cfg.pool)
         self.dev.write(self.grid, K.pack_grid(across, down))
-        self.dev.write(self.step, K.pack_step(n, 0))
-        self.dev.write(self.soft_step, K.pack_step(soft, 0))
+        K.write_step(self.dev, self.step, n, 0)
+        K.write_step(self.dev, self.soft_step, soft, 0)
         return soft
 
 

@@ -89,5 +89,5 @@ class PatchProjectionEncoder(GpuEncoder):
             raise VisionError(f"an image of {across} x {down} patches: this encoder's position table holds "
                               f"{self.cfg.n_positions} a side")
         self.dev.write(self.grid, K.pack_grid(across, down))
-        self.dev.write(self.step, K.pack_step(n, 0))
+        K.write_step(self.dev, self.step, n, 0)
         return n

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .. import Buffer, Device, Plan
 from .matvec import CombineInput
-from .shared import DECODE_KEYS_PER_GROUP, pipeline, thread_groups
+from .shared import DECODE_KEYS_PER_GROUP, pipeline, step_counts, thread_groups
 
 
 def attention_constants(heads, kv_heads, head_dim, ctx, window=0, scale=1.0):
@@ -118,6 +118,24 @@ def decode_splits(max_keys: int) -> int:
     return -(-max_keys // DECODE_KEYS_PER_GROUP)
 
 
+# attend_split's splits a head up to which a plan dispatches them all (the sliding layers' 512-key window: 16);
+# a longer range (a global layer's context) is dispatched by the step's position, only the splits holding keys
+# (an indirect dispatch: Dawn adds a small check before each).
+DECODE_SPLITS_DIRECT = 16
+
+
+def decode_split_counts(heads: int, nsplit: int, window: int, keys_before: int, max_tokens: int):
+    """rule(n_tokens, pos0) -> attend_split's workgroups (heads, splits, tokens) for a step: the splits its
+    last query's keys fill (the most of any of its queries), as the kernel and attend_combine count them."""
+    def rule(n_tokens: int, pos0: int) -> tuple[int, int, int]:
+        tokens = max(1, min(n_tokens, max_tokens))
+        keys = max(0, pos0 + tokens - keys_before)          # key_end of the last query
+        if window:
+            keys = min(keys, window)
+        return heads, min(nsplit, -(-keys // DECODE_KEYS_PER_GROUP)), tokens
+    return rule
+
+
 def decode_partials(heads: int, head_dim: int, max_keys: int) -> int:
     """Floats of scratch attention_decode needs."""
     return heads * decode_splits(max_keys) * (head_dim + 4)    # (m, l, 0, 0) + acc per split
@@ -167,7 +185,8 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
                      max_tokens: int = 1, keys_before: int = 0, combine: bool = True) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
-    workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
+    workgroups of partial softmax states (none written past the query's keys; past DECODE_SPLITS_DIRECT splits
+    only those the step's positions fill are dispatched: write the step with write_step), then the combine: each head's
     output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
     prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
     keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
@@ -192,7 +211,11 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
                    FF=prep.freq_factors if prep.freq_factors is not None else dev.dummy)
     plan = plan or dev.plan()
     p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
-    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens)
+    indirect = None
+    if nsplit > DECODE_SPLITS_DIRECT:
+        key = ("attend_split", heads, nsplit, window, keys_before, max_tokens)
+        indirect = step_counts(dev, step).slot(key, decode_split_counts(heads, nsplit, window, keys_before, max_tokens))
+    plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens, indirect=indirect)
     if not combine:
         if max_tokens != 1:
             raise ValueError("a matvec combines one token's partials (combine=False is for one token)")

@@ -8,8 +8,9 @@ Resources are bound by the shaders' variable names ("X", "S", ...).
 from __future__ import annotations
 
 import struct
+import weakref
 
-from .. import Device, Pipeline
+from .. import Buffer, Device, GPUError, Pipeline
 
 
 # Struct layouts as (field, WGSL scalar type[, array length]); all fields are 4 bytes wide.
@@ -55,6 +56,58 @@ SHARED_WGSL = (
 def pack_step(n_tokens: int, pos0: int) -> bytes:
     """Bytes of the per-step uniform (Step): n_tokens tokens this step, the first at position pos0."""
     return _STEP.pack(n_tokens, pos0, 0, 0)
+
+
+class StepCounts:
+    """Workgroup counts that follow a Step uniform: indirect dispatch arguments (x, y, z), each set by its
+    rule(n_tokens, pos0) whenever the step is written (write_step). A plan recorded once for the whole context
+    then runs only what the step's positions need (attend_split: the splits that hold keys; on a CPU driver
+    every empty workgroup still costs its start, ~1 ms on SwiftShader)."""
+
+    SLOTS = 32                      # rules a step uniform may have: a model's few kinds of attention layer
+
+    def __init__(self, dev: Device, step: Buffer):
+        self.dev = dev
+        self.label = f"{step.label} counts"
+        self.args: Buffer | None = None     # made with the first rule
+        self.rules: dict = {}               # key -> rule, in slot order
+        self.step: tuple | None = None      # the last (n_tokens, pos0) written
+
+    def slot(self, key, rule) -> tuple[Buffer, int]:
+        """The indirect (buffer, offset) of key's counts (made with rule on its first call)."""
+        if key not in self.rules:
+            if len(self.rules) == self.SLOTS:
+                raise GPUError(f"a step uniform has room for {self.SLOTS} dispatch counts")
+            if self.args is None:
+                self.args = self.dev.buffer(12 * self.SLOTS, "indirect", self.label)
+            self.rules[key] = rule
+            if self.step is not None:
+                self.write(*self.step)
+        return self.args, 12 * list(self.rules).index(key)
+
+    def write(self, n_tokens: int, pos0: int) -> None:
+        self.step = (n_tokens, pos0)
+        if not self.rules:
+            return
+        counts = [c for rule in self.rules.values() for c in rule(n_tokens, pos0)]
+        self.dev.write(self.args, struct.pack(f"<{len(counts)}I", *counts))
+
+
+_step_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # step uniform -> its StepCounts
+
+
+def step_counts(dev: Device, step: Buffer) -> StepCounts:
+    """The StepCounts of a Step uniform (made on first use)."""
+    counts = _step_counts.get(step)
+    if counts is None:
+        counts = _step_counts[step] = StepCounts(dev, step)
+    return counts
+
+
+def write_step(dev: Device, step: Buffer, n_tokens: int, pos0: int) -> None:
+    """Write a Step uniform (pack_step) and the dispatch counts that follow it."""
+    dev.write(step, pack_step(n_tokens, pos0))
+    step_counts(dev, step).write(n_tokens, pos0)
 
 
 def pack_sample_params(temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
