@@ -139,6 +139,12 @@ class Device:
     # H100, Dawn's compiler (the browser path) runs E2B Q4_0's decode 1.47x faster with them, naga (native
     # wgpu) 1.42x slower (bench/RESULTS.md, eleventh session)
     int8_block_units = False
+    # Whether the adapter is a CPU rasterizer (lavapipe, SwiftShader: Chrome's fallback without a usable GPU),
+    # where every workgroup costs its start however little it does (~1 ms with barriers on SwiftShader): there
+    # a dispatch sized by the step's position (indirect) beats one sized for the whole context. On a GPU the
+    # check Dawn runs before each indirect dispatch costs more than the empty workgroups it saves (E2B's decode
+    # step 2,356 -> 2,580 us with its 7 global layers' attention so sized, H200; bench/RESULTS.md).
+    cpu_adapter = False
 
     def __init__(self):
         self.info: dict = {}

@@ -227,24 +227,24 @@ def test_attention_decode_long_context(dev, hd, pos, ctx):
     assert np.isnan(empty).all()
 
 
+@pytest.mark.parametrize("sized", [True, False], ids=["sized", "whole"])
 @pytest.mark.parametrize("window,keys_before,rows", [(0, 0, 1), (600, 0, 1), (0, 1, 1), (0, 0, 3)])
-def test_one_decode_plan_serves_every_position(dev, window, keys_before, rows):
-    """A plan recorded once for a 1,024-key context (32 splits: past DECODE_SPLITS_DIRECT, so dispatched by the
-    step's counts) and replayed at positions from the first to the last, a step written before each: every
-    output is the reference attention's, though each step runs only the splits its keys fill."""
+def test_one_decode_plan_serves_every_position(dev, window, keys_before, rows, sized):
+    """A plan recorded once for a 1,024-key context (32 splits) and replayed at positions from the first to the
+    last, a step written before each: every output is the reference attention's, whether the plan dispatches
+    every split (whole: a GPU's) or only those the step's keys fill (sized by the step: a CPU adapter's)."""
     rng = np.random.default_rng(window + keys_before + rows)
     h, hkv, hd, ctx = 4, 2, 64, 1024
     keys = rng.standard_normal((hkv, ctx, hd)).astype(np.float32)
     vals = rng.standard_normal((hkv, ctx, hd)).astype(np.float32)
     q = (rng.standard_normal((rows, h, hd)) * 0.3).astype(np.float32)
     max_keys = window or ctx
-    assert K.decode_splits(max_keys) > K.DECODE_SPLITS_DIRECT
     part = dev.buffer(4 * rows * K.decode_partials(h, hd, max_keys))
     out = dev.buffer(4 * rows * h * hd)
     step = step_buffer(dev, rows, 5)
     plan = K.attention_decode(dev, f32(dev, q), f32(dev, keys), f32(dev, vals), out, part, step, h, hkv, hd, ctx,
-                              max_keys, window=window, keys_before=keys_before, max_tokens=rows)
-    assert plan.ops[0][6] is not None                    # attend_split: an indirect dispatch
+                              max_keys, window=window, keys_before=keys_before, max_tokens=rows, sized=sized)
+    assert (plan.ops[0][6] is not None) == sized         # attend_split: an indirect dispatch or not
     for pos0 in (1, 31, 32, 33, 500, 700, ctx - rows):
         K.write_step(dev, step, rows, pos0)
         dev.submit(plan)

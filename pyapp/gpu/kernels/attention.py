@@ -118,12 +118,6 @@ def decode_splits(max_keys: int) -> int:
     return -(-max_keys // DECODE_KEYS_PER_GROUP)
 
 
-# attend_split's splits a head up to which a plan dispatches them all (the sliding layers' 512-key window: 16);
-# a longer range (a global layer's context) is dispatched by the step's position, only the splits holding keys
-# (an indirect dispatch: Dawn adds a small check before each).
-DECODE_SPLITS_DIRECT = 16
-
-
 def decode_split_counts(heads: int, nsplit: int, window: int, keys_before: int, max_tokens: int):
     """rule(n_tokens, pos0) -> attend_split's workgroups (heads, splits, tokens) for a step: the splits its
     last query's keys fill (the most of any of its queries), as the kernel and attend_combine count them."""
@@ -183,10 +177,10 @@ COMBINE_SLOTS = 16
 def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer, partials: Buffer, step: Buffer,
                      heads: int, kv_heads: int, head_dim: int, ctx: int, max_keys: int, window: int = 0,
                      scale: float = 1.0, plan: Plan | None = None, prep: QueryPrep | None = None,
-                     max_tokens: int = 1, keys_before: int = 0, combine: bool = True) -> Plan:
+                     max_tokens: int = 1, keys_before: int = 0, combine: bool = True,
+                     sized: bool | None = None) -> Plan:
     """attention() for one query token, split over the keys: (heads x ceil(max_keys / DECODE_KEYS_PER_GROUP))
-    workgroups of partial softmax states (none written past the query's keys; past DECODE_SPLITS_DIRECT splits
-    only those the step's positions fill are dispatched: write the step with write_step), then the combine: each head's
+    workgroups of partial softmax states (none written past the query's keys), then the combine: each head's
     output in slices of COMBINE_SLOTS vec4, a workgroup each. max_keys: the most keys a query sees.
     prep: q holds the raw projections, normed and roped (and k, v stored) by the split kernel.
     keys_before = 1: the query sees only the keys before its position (an assistant drafter reading its
@@ -194,7 +188,8 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     max_tokens > 1: a few tokens (speculative decoding's step), each its own query at step.pos0 + t, q
     already normed and roped; partials: decode_partials(...) * max_tokens floats.
     combine=False (one token): the split only; the matvec reading `out` combines the partials into its x
-    (combine_input)."""
+    (combine_input). sized (default: dev.cpu_adapter): only the splits the step's keys fill are dispatched
+    (indirect, the counts set by write_step of `step`)."""
     if head_dim % 4 or head_dim > 512:
         raise ValueError(f"decode attention needs head_dim % 4 == 0 and <= 512, got {head_dim}")
     if max_tokens > 1 and prep is not None:
@@ -212,7 +207,7 @@ def attention_decode(dev: Device, q: Buffer, kc: Buffer, vc: Buffer, out: Buffer
     plan = plan or dev.plan()
     p = pipeline(dev, "attention_decode", entry="attend_split", constants=c)
     indirect = None
-    if nsplit > DECODE_SPLITS_DIRECT:
+    if (dev.cpu_adapter if sized is None else sized) and nsplit > 1:
         key = ("attend_split", heads, nsplit, window, keys_before, max_tokens)
         indirect = step_counts(dev, step).slot(key, decode_split_counts(heads, nsplit, window, keys_before, max_tokens))
     plan.dispatch(p, dev.bind_group(p, res), heads, nsplit, max_tokens, indirect=indirect)
