@@ -180,11 +180,12 @@ def _matvec_tail(route: RouteTail | None, workgroups: int) -> tuple[str, dict, d
 
 
 def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, int8: bool = False, rounded: bool = False,
-                 round_out: bool = False, tpr: int | None = None, wg: int | None = None) -> tuple[int, int]:
+                 round_out: bool = False, geglu: bool = False, tpr: int | None = None,
+                 wg: int | None = None) -> tuple[int, int]:
     """(threads a row, threads a workgroup) of a decode matvec: tpr and wg where given, else the defaults for its
     kernel (chunks: Q4_K's 16-byte chunks; else 4-weight groups or 32-weight units), its input (built by the
-    workgroups: ResidualInput, NormInput, CombineInput; int8; rounded: its producer's int8 codes) and its output
-    (round_out: whole blocks of 32 rows a workgroup)."""
+    workgroups: ResidualInput, NormInput, CombineInput; int8; rounded: its producer's int8 codes), its epilogue
+    (geglu: a gate and an up row a thread) and its output (round_out: whole blocks of 32 rows a workgroup)."""
     if chunks:
         if rounded:
             tpr, wg = tpr or ROUNDED_Q4K_THREADS[0], wg or ROUNDED_Q4K_THREADS[1]
@@ -202,7 +203,7 @@ def matvec_shape(qtype, k: int, n: int, *, chunks: bool, built: bool = False, in
             tpr = tpr or min(ROUNDED_UNIT_THREADS[0], max(4, _floor_pow2(k // 64)))
             wg = wg or ROUNDED_UNIT_THREADS[1]
         if int8:             # units only
-            tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n))
+            tpr = tpr or (INT8_Q6K_TPR if quant_type(qtype) == ggml.Q6_K else int8_unit_threads_per_row(k, n, geglu))
         # At most K / 8 threads a row (two 4-weight groups a thread): short rows take fewer workgroups,
         # which CPU drivers (lavapipe, SwiftShader: the tests' GPUs) pay for one by one, ~20-100 us each
         # with barriers. Of Gemma 4's shapes only K = 256 (the PLE's projection) is that short.
@@ -277,7 +278,7 @@ def matvec(dev: Device, qtype, k: int, n: int, w: Buffer, x: Buffer | None, y, p
     if int8 and (quant_type(qtype) not in INT8_UNIT_TYPES or k % 32):
         raise ValueError("int8 x is for the Q4_K chunk matvec and the units of INT8_UNIT_TYPES only")
     tpr, wg = matvec_shape(qtype, k, n, chunks=False, built=residual is not None, int8=int8,
-                           rounded=rounded_x is not None, round_out=round_out is not None, tpr=tpr, wg=wg)
+                           rounded=rounded_x is not None, round_out=round_out is not None, geglu=geglu, tpr=tpr, wg=wg)
     # 32-weight units pay off once every thread of a row gets several, and only for the K-quants
     # whose scales are costly to decode: on an H100 (bench/matvec_sweep.py, bench/RESULTS.md)
     # Q6_K rows of 4096-6144 gain 5-30%; Q4_K ties at 6144 and wins on E2B's 12288-long rows
@@ -326,20 +327,28 @@ INT8_Q6K_TPR = 8          # the head's best (16: 411 us, 32: 592)
 INT8_UNIT_MIN_ROWS = {ggml.Q6_K: 65536, ggml.Q4_0: 0, ggml.Q8_0: 2048, ggml.Q5_0: 2048}
 
 
-def int8_unit_threads_per_row(k: int, n: int) -> int:
+def int8_unit_threads_per_row(k: int, n: int, geglu: bool = False) -> int:
     """Threads per row of the 32-weight-block int8 units (a power of two, 4-64): enough threads in all
     for the GPU (a 1536 x 12288 matrix at 8 a row had 48 workgroups: 42.8 us on the H100's browser
     path, eleventh session), at most 16 so that a workgroup's rounding of x serves 16 rows or more;
     up to 64 for at most 512 rows, where 16 a row leaves most SMs idle (E4B's PLE gate, 256 x 2560 Q4_0:
     14.4 -> 12.3 us at 32 a row, the decode step 4.00 -> 3.91 ms; E2B's, 1536 long, 11.7 -> 12.0 us, its
-    step unchanged; H200, nineteenth session)."""
+    step unchanged; H200, nineteenth session). A GeGLU's rows of INT8_GEGLU_LONG_ROW weights or more get
+    half the threads in all (INT8_GEGLU_LONG_THREADS): a thread's units go four to a round, so more of
+    them a thread keep more loads in flight."""
+    budget = INT8_GEGLU_LONG_THREADS if geglu and k >= INT8_GEGLU_LONG_ROW else INT8_UNIT_THREADS
     tpr = 4
-    while tpr < (64 if n <= 512 else 16) and tpr * 2 * n <= INT8_UNIT_THREADS and tpr * 2 <= k // 32:
+    while tpr < (64 if n <= 512 else 16) and tpr * 2 * n <= budget and tpr * 2 <= k // 32:
         tpr *= 2
     return tpr
 
 
 INT8_UNIT_THREADS = 131072     # e2b's 24576-row gate|up (1536 x 12288 x 2): 25.3 us at 8 a row, 31.4 at 4
+# E4B's gate|up (2560 x 10240 x 2, Q4_0 units four to a round): the decode step 3,937 -> 3,691 us at 4 threads
+# a row instead of 8 (41.5 us a layer before); E2B's (1536 long) at 4: 2,327 -> 2,386 us (H200, browser path,
+# twentieth session)
+INT8_GEGLU_LONG_ROW = 2048
+INT8_GEGLU_LONG_THREADS = 65536
 
 
 def int8_matvec(dev: Device, qtype, experts: bool = False, rows: int = 0) -> bool:
