@@ -142,8 +142,8 @@ class Device:
     # Whether the adapter is a CPU rasterizer (lavapipe, SwiftShader: Chrome's fallback without a usable GPU),
     # where every workgroup costs its start however little it does (~1 ms with barriers on SwiftShader): there
     # a dispatch sized by the step's position (indirect) beats one sized for the whole context. On a GPU the
-    # check Dawn runs before each indirect dispatch costs more than the empty workgroups it saves (E2B's decode
-    # step 2,356 -> 2,580 us with its 7 global layers' attention so sized, H200; bench/RESULTS.md).
+    # indirect dispatches cost more than the empty workgroups they save (E2B's decode step 2,356 -> 2,580 us
+    # with its decode attention so sized, H200, browser path; bench/RESULTS.md, twentieth session).
     cpu_adapter = False
 
     def __init__(self):
