@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..families.diffusion_gemma import DenoiseParams
+from ..gpu import software_adapter
 from ..sampling import DENOISE_SETTINGS, SamplingParams, check_temperature_range, denoise_settings
 
 
@@ -59,18 +60,6 @@ def denoise_params_from_settings(cfg, settings: dict, room: int) -> DenoiseParam
 # suits an 8 GB GPU (a CPU adapter such as SwiftShader borrows system memory: less).
 DEFAULT_GPU_MEMORY_MIB = 6144
 CPU_ADAPTER_GPU_MEMORY_MIB = 2048
-SOFTWARE_ADAPTERS = {"swiftshader": "SwiftShader", "llvmpipe": "llvmpipe", "lavapipe": "lavapipe",
-                     "warp": "Microsoft WARP", "basic render": "Microsoft Basic Render Driver"}
-
-
-def software_adapter(info: dict) -> str | None:
-    """The name of a software (CPU) adapter, or None for a GPU: the browser's fallback adapter, or one whose
-    name says it renders on the CPU (SwiftShader, llvmpipe, ...)."""
-    described = " ".join(str(info.get(k, "")) for k in ("vendor", "architecture", "description", "device")).lower()
-    for key, name in SOFTWARE_ADAPTERS.items():
-        if key in described:
-            return name
-    return "the browser's fallback adapter" if info.get("fallback") else None
 
 
 def default_gpu_memory(info: dict) -> int:

@@ -131,6 +131,20 @@ def binding_numbers(source: str) -> dict[str, int]:
     return out
 
 
+SOFTWARE_ADAPTERS = {"swiftshader": "SwiftShader", "llvmpipe": "llvmpipe", "lavapipe": "lavapipe",
+                     "warp": "Microsoft WARP", "basic render": "Microsoft Basic Render Driver"}
+
+
+def software_adapter(info: dict) -> str | None:
+    """The name of a software (CPU) adapter, or None for a GPU: the browser's fallback adapter, or one whose
+    name says it renders on the CPU (SwiftShader, llvmpipe, ...)."""
+    described = " ".join(str(info.get(k, "")) for k in ("vendor", "architecture", "description", "device")).lower()
+    for key, name in SOFTWARE_ADAPTERS.items():
+        if key in described:
+            return name
+    return "the browser's fallback adapter" if info.get("fallback") else None
+
+
 class Device:
     """Backend-independent device. Subclasses implement the `_`-prefixed hooks."""
 
@@ -139,12 +153,6 @@ class Device:
     # H100, Dawn's compiler (the browser path) runs E2B Q4_0's decode 1.47x faster with them, naga (native
     # wgpu) 1.42x slower (bench/RESULTS.md, eleventh session)
     int8_block_units = False
-    # Whether the adapter is a CPU rasterizer (lavapipe, SwiftShader: Chrome's fallback without a usable GPU),
-    # where every workgroup costs its start however little it does (~1 ms with barriers on SwiftShader): there
-    # a dispatch sized by the step's position (indirect) beats one sized for the whole context. On a GPU the
-    # indirect dispatches cost more than the empty workgroups they save (E2B's decode step 2,356 -> 2,580 us
-    # with its decode attention so sized, H200, browser path; bench/RESULTS.md, twentieth session).
-    cpu_adapter = False
 
     def __init__(self):
         self.info: dict = {}
@@ -157,6 +165,15 @@ class Device:
         self.allocated_bytes = 0      # every buffer created so far (none is freed by us: a running peak)
 
     # -- capabilities ------------------------------------------------------
+    @property
+    def cpu_adapter(self) -> bool:
+        """Whether the adapter renders on the CPU (software_adapter: lavapipe, SwiftShader, Chrome's fallback),
+        where every workgroup costs its start however little it does (~1 ms with barriers on SwiftShader):
+        there a dispatch sized by the step's position (indirect) beats one sized for the whole context. On a
+        GPU the indirect dispatches cost more than the empty workgroups they save (E2B's decode step 2,356 ->
+        2,580 us with its decode attention so sized, H200, browser path; bench/RESULTS.md, twentieth session)."""
+        return software_adapter(self.info) is not None
+
     @property
     def has_f16(self) -> bool:
         return "shader-f16" in self.features

@@ -56,8 +56,6 @@ class BrowserDevice(Device):
         lim = r.limits.to_py()
         self.limits = {n: int(lim[c]) for n, c in _JS_LIMITS.items() if lim.get(c) is not None}
         self.info = r.info.to_py()
-        names = " ".join(str(self.info.get(k, "")) for k in ("vendor", "architecture", "device", "description"))
-        self.cpu_adapter = bool(self.info.get("fallback")) or "swiftshader" in names.lower()
         self._staging_views = {}                    # the helper's staging array's first n bytes, a proxy a size
         self._staged_max = int(helper.staging.length)   # writes up to this size go through it (web/gpu.js writeStaged)
         self._programs_waited = 0                       # pipelines made before the last programs_ready_async

@@ -45,7 +45,6 @@ class NativeDevice(Device):
         info = adapter.info
         self.info = {k: info.get(k, "") for k in ("vendor", "architecture", "device", "description",
                                                    "adapter_type", "backend_type")}
-        self.cpu_adapter = str(self.info["adapter_type"]).upper() == "CPU"
 
     def enables(self, *exts):
         # naga enables subgroup ops with the device feature and rejects `enable subgroups;`

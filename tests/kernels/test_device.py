@@ -33,6 +33,17 @@ def test_native_device_reports_no_loss_or_error(dev):
     dev.clear_error()
 
 
+def test_cpu_adapters_are_told_from_gpus(dev):
+    """software_adapter names a CPU adapter from its info (Chrome's SwiftShader, Mesa's llvmpipe, the browser's
+    fallback flag) and nothing for a GPU; Device.cpu_adapter follows it (the tests' lavapipe is one)."""
+    from pyapp.gpu import software_adapter
+    assert software_adapter({"vendor": "google", "architecture": "swiftshader", "fallback": False}) == "SwiftShader"
+    assert software_adapter({"vendor": "llvmpipe", "device": "llvmpipe (LLVM 15.0.6, 256 bits)"}) == "llvmpipe"
+    assert software_adapter({"vendor": "", "architecture": "", "fallback": True}) == "the browser's fallback adapter"
+    assert software_adapter({"vendor": "nvidia", "architecture": "hopper", "fallback": False}) is None
+    assert dev.cpu_adapter == (software_adapter(dev.info) is not None)
+
+
 def test_shared_layouts_pack_as_the_shaders_read_them():
     import struct
     assert K.pack_step(7, 123) == struct.pack("<4I", 7, 123, 0, 0) and K.STEP_BYTES == 16
