@@ -344,9 +344,10 @@ def int8_unit_threads_per_row(k: int, n: int, geglu: bool = False) -> int:
 
 
 INT8_UNIT_THREADS = 131072     # e2b's 24576-row gate|up (1536 x 12288 x 2): 25.3 us at 8 a row, 31.4 at 4
-# E4B's gate|up (2560 x 10240 x 2, Q4_0 units four to a round): the decode step 3,937 -> 3,691 us at 4 threads
-# a row instead of 8 (41.5 us a layer before); E2B's (1536 long) at 4: 2,327 -> 2,386 us (H200, browser path,
-# twentieth session)
+# E4B's gate|up (2560 x 10240 x 2, Q4_0 units four to a round): the decode step 3,939 -> 3,693 us at 4 threads a
+# row instead of 8 (that run also had its PLE model projection, 10752 rows once a step, at 4; this rule leaves it at
+# 8), the gate|up 41.5 -> 34.2 us a layer; E2B's (1536 long) at 4: 2,327 -> 2,386 us (H200, browser path, GPU
+# timestamps, twentieth session)
 INT8_GEGLU_LONG_ROW = 2048
 INT8_GEGLU_LONG_THREADS = 65536
 
